@@ -1,0 +1,90 @@
+//! Byte-level JSON helpers shared by the fingerprints and the wire codecs.
+//!
+//! Everything here produces exactly the bytes `serde_json` produces for the same value, so a
+//! prefix encoded by hand and a value serialised by `serde_json` can be spliced together.
+
+/// Appends the JSON string escape of `s` to `out`, without the surrounding quotes.
+///
+/// The escapes are `serde_json`'s: `\"`, `\\`, `\n`, `\r`, `\t`, `\b`, `\f`, and `\u00xx`
+/// (lowercase hex) for the remaining control characters; everything else is copied as UTF-8.
+///
+/// ```
+/// let mut out = Vec::new();
+/// forkhive_core::json::escape_str_into(&mut out, "say \"hi\"\n");
+/// assert_eq!(out, br#"say \"hi\"\n"#);
+/// ```
+pub fn escape_str_into(out: &mut Vec<u8>, s: &str) {
+    escape_str_chunks(s, |chunk| out.extend_from_slice(chunk));
+}
+
+/// Feeds the JSON string escape of `s` to `emit` in chunks, without allocating.
+///
+/// Concatenating the chunks gives exactly what [`escape_str_into`] appends; this form lets a
+/// hasher consume the escape directly.
+pub fn escape_str_chunks(s: &str, mut emit: impl FnMut(&[u8])) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let short: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            0x00..=0x1f => {
+                emit(&bytes[start..i]);
+                emit(&[
+                    b'\\',
+                    b'u',
+                    b'0',
+                    b'0',
+                    HEX[usize::from(b >> 4)],
+                    HEX[usize::from(b & 0xf)],
+                ]);
+                start = i + 1;
+                continue;
+            }
+            _ => continue,
+        };
+        emit(&bytes[start..i]);
+        emit(short);
+        start = i + 1;
+    }
+    emit(&bytes[start..]);
+}
+
+/// Appends `s` as a quoted JSON string to `out`.
+pub fn write_str(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    escape_str_into(out, s);
+    out.push(b'"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn escapes_every_control_character_like_serde_json() {
+        for c in 0u8..0x80 {
+            let s = char::from(c).to_string();
+            let mut ours = Vec::new();
+            write_str(&mut ours, &s);
+            let theirs = serde_json::to_vec(&s).unwrap_or_default();
+            assert_eq!(ours, theirs, "byte {c:#04x}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn matches_serde_json_for_any_string(s in any::<String>()) {
+            let mut ours = Vec::new();
+            write_str(&mut ours, &s);
+            prop_assert_eq!(ours, serde_json::to_vec(&s).unwrap_or_default());
+        }
+    }
+}

@@ -1,0 +1,502 @@
+//! [`CacheSafeParams`]: everything a prompt-cache key depends on, held once and shared.
+//!
+//! "Coordinator Mode: A Working Multi-Agent System, From the Source — Fork Subagent: Why
+//! Parallelism Is Almost Free" and "Chapter 9: Sub-Agents and the Fork Pattern —
+//! CacheSafeParams: Five Dimensions" name the five dimensions: the rendered system prompt,
+//! user context, system context, tool definitions with the model (and thinking config), and
+//! the conversation prefix. A fork child must reuse the parent's *already rendered* values —
+//! re-rendering risks a different byte and a cache miss — so the value is built once from
+//! rendered parts, fingerprinted once, and cloned in O(1) after that.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+use crate::fingerprint::{Digest, HeadFingerprint, PrefixFingerprint};
+use crate::message::{Message, RawJson};
+
+/// One tool the model may call, as sent to the provider.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolDefinition {
+    /// The tool's name.
+    pub name: String,
+    /// What the tool does, for the model.
+    pub description: String,
+    /// The JSON Schema of the tool's input, byte for byte.
+    pub input_schema: RawJson,
+}
+
+impl ToolDefinition {
+    /// A tool definition; `input_schema` must be valid JSON and is kept verbatim.
+    pub fn new(
+        name: impl Into<String>,
+        description: impl Into<String>,
+        input_schema: &str,
+    ) -> Result<Self> {
+        Ok(Self {
+            name: name.into(),
+            description: description.into(),
+            input_schema: RawJson::parse(input_schema)?,
+        })
+    }
+}
+
+/// Extended-thinking configuration (part of the cache key: changing it invalidates the
+/// message cache).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ThinkingConfig {
+    /// Thinking is off.
+    Disabled,
+    /// Thinking with a token budget.
+    Enabled {
+        /// Maximum thinking tokens.
+        budget_tokens: u32,
+    },
+    /// The model decides how much to think.
+    Adaptive,
+}
+
+/// The parts of a prefix that come before the messages; shared between prefixes that only
+/// differ in their messages.
+struct Head {
+    model: String,
+    thinking: Option<ThinkingConfig>,
+    tools: Vec<ToolDefinition>,
+    system_prompt: Vec<String>,
+    system_context: Vec<(String, String)>,
+    user_context: Vec<(String, String)>,
+    fingerprint: Arc<HeadFingerprint>,
+}
+
+struct Inner {
+    head: Arc<Head>,
+    messages: Arc<[Message]>,
+    fingerprint: PrefixFingerprint,
+}
+
+/// The cache-safe prefix of a request: system prompt, user context, system context, tools
+/// with model and thinking config, and the conversation prefix.
+///
+/// Built once (with [`CacheSafeParams::builder`]) from already rendered parts and fingerprinted
+/// at that moment; cloning is O(1). Encoders must render it deterministically: same value, same
+/// bytes.
+///
+/// ```
+/// use forkhive_core::{CacheSafeParams, Message};
+/// let params = CacheSafeParams::builder("claude-sonnet-4-5")
+///     .system_block("You are a careful engineer.")
+///     .user_context("cwd", "/repo")
+///     .messages(vec![Message::user_text("Fix the build.")])
+///     .build();
+/// let again = params.clone(); // O(1)
+/// assert_eq!(params.fingerprint(), again.fingerprint());
+/// ```
+#[derive(Clone)]
+pub struct CacheSafeParams {
+    inner: Arc<Inner>,
+}
+
+impl CacheSafeParams {
+    /// Starts a builder for the given model.
+    pub fn builder(model: impl Into<String>) -> CacheSafeParamsBuilder {
+        CacheSafeParamsBuilder {
+            model: model.into(),
+            thinking: None,
+            tools: Vec::new(),
+            system_prompt: Vec::new(),
+            system_context: Vec::new(),
+            user_context: Vec::new(),
+            messages: Vec::new(),
+        }
+    }
+
+    /// The model name.
+    pub fn model(&self) -> &str {
+        &self.inner.head.model
+    }
+
+    /// The thinking config, if any.
+    pub fn thinking(&self) -> Option<ThinkingConfig> {
+        self.inner.head.thinking
+    }
+
+    /// The tool definitions, in order.
+    pub fn tools(&self) -> &[ToolDefinition] {
+        &self.inner.head.tools
+    }
+
+    /// The rendered system prompt blocks, in order.
+    pub fn system_prompt(&self) -> &[String] {
+        &self.inner.head.system_prompt
+    }
+
+    /// The system context entries, in order.
+    pub fn system_context(&self) -> &[(String, String)] {
+        &self.inner.head.system_context
+    }
+
+    /// The user context entries, in order.
+    pub fn user_context(&self) -> &[(String, String)] {
+        &self.inner.head.user_context
+    }
+
+    /// The conversation prefix.
+    pub fn messages(&self) -> &[Message] {
+        &self.inner.messages
+    }
+
+    /// The conversation prefix as a shared allocation.
+    pub fn shared_messages(&self) -> &Arc<[Message]> {
+        &self.inner.messages
+    }
+
+    /// The fingerprint, computed when the value was built.
+    pub fn fingerprint(&self) -> &PrefixFingerprint {
+        &self.inner.fingerprint
+    }
+
+    /// Whether `self` and `other` are the same allocation (a clone of one another).
+    pub fn ptr_eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// The same system, context and tools with a different message prefix.
+    ///
+    /// The parts before the messages are shared, not copied; only `messages` is hashed.
+    pub fn with_messages(&self, messages: impl Into<Arc<[Message]>>) -> Self {
+        let messages = messages.into();
+        let head = Arc::clone(&self.inner.head);
+        let fingerprint = PrefixFingerprint::new(Arc::clone(&head.fingerprint), &messages);
+        Self {
+            inner: Arc::new(Inner {
+                head,
+                messages,
+                fingerprint,
+            }),
+        }
+    }
+
+    /// The system context as one text block (`# key` heading, then the value, per entry), or
+    /// `None` when there is none. Encoders append it after the system prompt blocks.
+    pub fn rendered_system_context(&self) -> Option<String> {
+        render_entries(&self.inner.head.system_context)
+    }
+
+    /// The user context as one text (`# key` heading, then the value, per entry), wrapped in
+    /// `<system-reminder>` tags, or `None` when there is none. Encoders send it as a user
+    /// message ahead of the conversation prefix.
+    pub fn rendered_user_context(&self) -> Option<String> {
+        render_entries(&self.inner.head.user_context)
+            .map(|body| format!("<system-reminder>\n{body}\n</system-reminder>"))
+    }
+}
+
+fn render_entries(entries: &[(String, String)]) -> Option<String> {
+    if entries.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = entries.iter().map(|(k, v)| format!("# {k}\n{v}")).collect();
+    Some(parts.join("\n\n"))
+}
+
+impl fmt::Debug for CacheSafeParams {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CacheSafeParams")
+            .field("model", &self.model())
+            .field("tools", &self.tools().len())
+            .field("system_blocks", &self.system_prompt().len())
+            .field("messages", &self.messages().len())
+            .field("fingerprint", &self.fingerprint().total())
+            .finish()
+    }
+}
+
+/// Builds a [`CacheSafeParams`]; see [`CacheSafeParams::builder`].
+#[derive(Debug, Clone)]
+pub struct CacheSafeParamsBuilder {
+    model: String,
+    thinking: Option<ThinkingConfig>,
+    tools: Vec<ToolDefinition>,
+    system_prompt: Vec<String>,
+    system_context: Vec<(String, String)>,
+    user_context: Vec<(String, String)>,
+    messages: Vec<Message>,
+}
+
+impl CacheSafeParamsBuilder {
+    /// Sets the thinking config.
+    pub fn thinking(mut self, thinking: ThinkingConfig) -> Self {
+        self.thinking = Some(thinking);
+        self
+    }
+
+    /// Appends a tool definition.
+    pub fn tool(mut self, tool: ToolDefinition) -> Self {
+        self.tools.push(tool);
+        self
+    }
+
+    /// Appends tool definitions.
+    pub fn tools(mut self, tools: impl IntoIterator<Item = ToolDefinition>) -> Self {
+        self.tools.extend(tools);
+        self
+    }
+
+    /// Appends one rendered system prompt block.
+    pub fn system_block(mut self, text: impl Into<String>) -> Self {
+        self.system_prompt.push(text.into());
+        self
+    }
+
+    /// Appends a system context entry (order is kept).
+    pub fn system_context(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.system_context.push((key.into(), value.into()));
+        self
+    }
+
+    /// Appends a user context entry (order is kept).
+    pub fn user_context(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.user_context.push((key.into(), value.into()));
+        self
+    }
+
+    /// Sets the conversation prefix.
+    pub fn messages(mut self, messages: Vec<Message>) -> Self {
+        self.messages = messages;
+        self
+    }
+
+    /// Fingerprints the parts and freezes them.
+    pub fn build(self) -> CacheSafeParams {
+        let head_fp = hash_head(&self);
+        let head = Arc::new(Head {
+            model: self.model,
+            thinking: self.thinking,
+            tools: self.tools,
+            system_prompt: self.system_prompt,
+            system_context: self.system_context,
+            user_context: self.user_context,
+            fingerprint: Arc::new(head_fp),
+        });
+        let messages: Arc<[Message]> = self.messages.into();
+        let fingerprint = PrefixFingerprint::new(Arc::clone(&head.fingerprint), &messages);
+        CacheSafeParams {
+            inner: Arc::new(Inner {
+                head,
+                messages,
+                fingerprint,
+            }),
+        }
+    }
+}
+
+fn json<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
+    // Only plain data with string keys is serialised here, which cannot fail.
+    serde_json::to_vec(value).unwrap_or_default()
+}
+
+fn hash_head(b: &CacheSafeParamsBuilder) -> HeadFingerprint {
+    let tools: Vec<Vec<u8>> = b.tools.iter().map(json).collect();
+    let system: Vec<Vec<u8>> = b.system_prompt.iter().map(json).collect();
+    let sys_ctx: Vec<Vec<u8>> = b.system_context.iter().map(json).collect();
+    let user_ctx: Vec<Vec<u8>> = b.user_context.iter().map(json).collect();
+    let (tools, tool_items) =
+        HeadFingerprint::list(b"forkhive/tools/v1\0", tools.iter().map(Vec::as_slice));
+    let (system_prompt, system_items) =
+        HeadFingerprint::list(b"forkhive/system/v1\0", system.iter().map(Vec::as_slice));
+    let (system_context, system_context_items) = HeadFingerprint::list(
+        b"forkhive/system-context/v1\0",
+        sys_ctx.iter().map(Vec::as_slice),
+    );
+    let (user_context, user_context_items) = HeadFingerprint::list(
+        b"forkhive/user-context/v1\0",
+        user_ctx.iter().map(Vec::as_slice),
+    );
+    HeadFingerprint {
+        model: Digest::of(&json(&b.model)),
+        thinking: Digest::of(&json(&b.thinking)),
+        tools,
+        tool_items,
+        system_prompt,
+        system_items,
+        system_context,
+        system_context_items,
+        user_context,
+        user_context_items,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fingerprint::{CacheBreak, Change, Dimension};
+
+    fn tool(name: &str, desc: &str) -> ToolDefinition {
+        ToolDefinition::new(name, desc, r#"{"type":"object","properties":{}}"#).unwrap()
+    }
+
+    fn base() -> CacheSafeParamsBuilder {
+        CacheSafeParams::builder("model-a")
+            .tool(tool("Read", "read"))
+            .tool(tool("Grep", "grep"))
+            .system_block("You are helpful.")
+            .system_context("os", "linux")
+            .user_context("cwd", "/repo")
+            .messages(vec![
+                Message::user_text("one"),
+                Message::assistant_text("two"),
+                Message::user_text("three"),
+            ])
+    }
+
+    fn brk(a: CacheSafeParamsBuilder, b: CacheSafeParamsBuilder) -> Option<CacheBreak> {
+        a.build().fingerprint().diff(b.build().fingerprint())
+    }
+
+    #[test]
+    fn identical_parts_give_identical_fingerprints() {
+        let (a, b) = (base().build(), base().build());
+        assert_eq!(a.fingerprint(), b.fingerprint());
+        assert_eq!(a.fingerprint().total(), b.fingerprint().total());
+        assert_eq!(a.fingerprint().diff(b.fingerprint()), None);
+    }
+
+    #[test]
+    fn model_change_is_named() {
+        let b = base();
+        let mut changed = b.clone();
+        changed.model = "model-b".into();
+        assert_eq!(brk(b, changed), Some(CacheBreak::Model));
+    }
+
+    #[test]
+    fn tool_changes_are_named_with_index() {
+        let changed = CacheSafeParams::builder("model-a")
+            .tool(tool("Read", "read"))
+            .tool(tool("Grep", "grep files"));
+        let mut c = base();
+        c.tools = changed.tools;
+        let b = brk(base(), c).unwrap();
+        assert_eq!(
+            b,
+            CacheBreak::Tool {
+                index: 1,
+                change: Change::Changed
+            }
+        );
+        assert_eq!(b.to_string(), "tools[1] changed");
+        assert_eq!(b.dimension(), Dimension::Tools);
+
+        let added = brk(base(), base().tool(tool("Write", "write"))).unwrap();
+        assert_eq!(added.to_string(), "tools[2] added");
+        let removed = brk(base().tool(tool("Write", "write")), base()).unwrap();
+        assert_eq!(removed.to_string(), "tools[2] removed");
+    }
+
+    #[test]
+    fn system_prompt_change_is_named() {
+        let mut c = base();
+        c.system_prompt = vec!["You are helpful!".into()];
+        let b = brk(base(), c).unwrap();
+        assert_eq!(b.to_string(), "system prompt block 0 changed");
+        assert_eq!(b.dimension(), Dimension::SystemPrompt);
+    }
+
+    #[test]
+    fn system_context_change_is_named() {
+        let b = brk(base(), base().system_context("shell", "bash")).unwrap();
+        assert_eq!(
+            b,
+            CacheBreak::SystemContext {
+                entry: 1,
+                change: Change::Added
+            }
+        );
+        assert_eq!(b.dimension(), Dimension::SystemContext);
+    }
+
+    #[test]
+    fn thinking_change_is_named() {
+        let b = brk(
+            base(),
+            base().thinking(ThinkingConfig::Enabled {
+                budget_tokens: 1024,
+            }),
+        )
+        .unwrap();
+        assert_eq!(b, CacheBreak::Thinking);
+        assert_eq!(b.to_string(), "thinking config changed");
+    }
+
+    #[test]
+    fn user_context_change_is_named() {
+        let mut c = base();
+        c.user_context = vec![("cwd".into(), "/other".into())];
+        let b = brk(base(), c).unwrap();
+        assert_eq!(b.to_string(), "user context entry 0 changed");
+        assert_eq!(b.dimension(), Dimension::UserContext);
+    }
+
+    #[test]
+    fn message_changes_are_named_and_growth_is_not_a_break() {
+        let a = base().build();
+        let mut msgs = a.messages().to_vec();
+        msgs[1] = Message::assistant_text("TWO");
+        let b = a.with_messages(msgs);
+        let brk = a.fingerprint().diff(b.fingerprint()).unwrap();
+        assert_eq!(brk.to_string(), "messages[1] changed");
+        assert_eq!(brk.dimension(), Dimension::Messages);
+
+        let mut longer = a.messages().to_vec();
+        longer.push(Message::assistant_text("four"));
+        let c = a.with_messages(longer);
+        assert_eq!(a.fingerprint().diff(c.fingerprint()), None);
+        assert_eq!(
+            c.fingerprint().diff(a.fingerprint()),
+            Some(CacheBreak::Message {
+                index: 3,
+                change: Change::Removed
+            })
+        );
+    }
+
+    #[test]
+    fn model_is_checked_before_everything_else() {
+        let mut c = base();
+        c.model = "other".into();
+        c.system_prompt = vec!["x".into()];
+        assert_eq!(brk(base(), c), Some(CacheBreak::Model));
+    }
+
+    #[test]
+    fn extend_equals_fingerprint_from_scratch() {
+        let a = base().build();
+        let extra = [Message::assistant_text("four"), Message::user_text("five")];
+        let mut all = a.messages().to_vec();
+        all.extend_from_slice(&extra);
+        assert_eq!(
+            a.fingerprint().extend(&extra),
+            *a.with_messages(all).fingerprint()
+        );
+    }
+
+    #[test]
+    fn rendering_of_contexts_is_stable() {
+        let p = base().user_context("branch", "main").build();
+        assert_eq!(
+            p.rendered_user_context().unwrap(),
+            "<system-reminder>\n# cwd\n/repo\n\n# branch\nmain\n</system-reminder>"
+        );
+        assert_eq!(p.rendered_system_context().unwrap(), "# os\nlinux");
+        assert_eq!(
+            CacheSafeParams::builder("m")
+                .build()
+                .rendered_user_context(),
+            None
+        );
+    }
+}

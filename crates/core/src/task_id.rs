@@ -1,0 +1,300 @@
+//! Task ids: a one-letter kind prefix and eight base-36 characters.
+//!
+//! "Coordinator Mode: A Working Multi-Agent System, From the Source — File-Based IPC" gives
+//! the format (`a3kx9zq2…`: prefix letter, then 8 of `0-9a-z`, about 2.8 trillion values) and
+//! the prefixes. Task ids become file names (`tasks/<id>.output`), so [`TaskId`]'s `FromStr` is
+//! a security boundary: anything but the exact format — a path separator, `..`, a wrong length,
+//! an upper-case letter — is rejected.
+
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::hash::{BuildHasher, Hasher};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::error::Error;
+
+const ALPHABET: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+/// 36^8: the number of distinct suffixes.
+const SUFFIX_SPACE: u64 = 2_821_109_907_456;
+
+/// What kind of task an id names; its letter prefixes the id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum TaskKind {
+    /// A shell command (`b`).
+    Bash,
+    /// An agent: subagent, fork or coordinator worker (`a`).
+    Agent,
+    /// A remote agent session (`r`).
+    Remote,
+    /// A long-lived teammate (`t`).
+    Teammate,
+    /// A workflow (`w`).
+    Workflow,
+    /// A monitor (`m`).
+    Monitor,
+    /// A dream (background reflection) task (`d`).
+    Dream,
+}
+
+impl TaskKind {
+    /// Every kind, in prefix order of the seeds.
+    pub const ALL: [TaskKind; 7] = [
+        TaskKind::Bash,
+        TaskKind::Agent,
+        TaskKind::Remote,
+        TaskKind::Teammate,
+        TaskKind::Workflow,
+        TaskKind::Monitor,
+        TaskKind::Dream,
+    ];
+
+    /// The prefix letter.
+    pub fn prefix(self) -> char {
+        match self {
+            TaskKind::Bash => 'b',
+            TaskKind::Agent => 'a',
+            TaskKind::Remote => 'r',
+            TaskKind::Teammate => 't',
+            TaskKind::Workflow => 'w',
+            TaskKind::Monitor => 'm',
+            TaskKind::Dream => 'd',
+        }
+    }
+
+    /// The kind for a prefix letter.
+    pub fn from_prefix(c: char) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.prefix() == c)
+    }
+}
+
+/// A validated task id such as `a0k3x9zq2`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskId {
+    kind: TaskKind,
+    suffix: [u8; 8],
+}
+
+impl TaskId {
+    /// A fresh random id of the given kind.
+    ///
+    /// The randomness comes from the standard library's per-process random hasher keys mixed
+    /// with a counter and the clock: unpredictable enough for names, unique within a process.
+    pub fn generate(kind: TaskKind) -> Self {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let mut h = RandomState::new().build_hasher();
+        h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        h.write_u128(nanos);
+        Self::from_entropy(kind, h.finish())
+    }
+
+    /// The id of the given kind derived from 64 bits of entropy (deterministic: for tests and
+    /// replay). Values are reduced modulo 36^8.
+    pub fn from_entropy(kind: TaskKind, entropy: u64) -> Self {
+        let mut n = entropy % SUFFIX_SPACE;
+        let mut suffix = [b'0'; 8];
+        for slot in suffix.iter_mut().rev() {
+            *slot = ALPHABET[(n % 36) as usize];
+            n /= 36;
+        }
+        Self { kind, suffix }
+    }
+
+    /// The task's kind.
+    pub fn kind(&self) -> TaskKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut buf = [0u8; 9];
+        // The prefix is ASCII, so it fits in one byte.
+        buf[0] = self.kind.prefix() as u8;
+        buf[1..].copy_from_slice(&self.suffix);
+        // Only ASCII bytes are ever stored.
+        f.write_str(std::str::from_utf8(&buf).map_err(|_| fmt::Error)?)
+    }
+}
+
+impl fmt::Debug for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TaskId({self})")
+    }
+}
+
+impl FromStr for TaskId {
+    type Err = Error;
+
+    /// Accepts exactly one known prefix letter followed by 8 characters of `0-9a-z`.
+    ///
+    /// ```
+    /// use forkhive_core::task_id::{TaskId, TaskKind};
+    /// let id: TaskId = "a3kx9zq2b".parse()?;
+    /// assert_eq!(id.kind(), TaskKind::Agent);
+    /// assert!("a3kx9/../".parse::<TaskId>().is_err());
+    /// # Ok::<(), forkhive_core::Error>(())
+    /// ```
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let fail = |reason: String| Error::InvalidTaskId {
+            input: s.chars().take(64).collect(),
+            reason,
+        };
+        let mut chars = s.chars();
+        let Some(first) = chars.next() else {
+            return Err(fail("it is empty".to_owned()));
+        };
+        let kind = TaskKind::from_prefix(first).ok_or_else(|| {
+            fail(format!(
+                "unknown kind prefix {first:?} (expected one of b, a, r, t, w, m, d)"
+            ))
+        })?;
+        let count = s.chars().count();
+        if count != 9 {
+            return Err(fail(format!(
+                "expected 9 characters (a prefix and 8 of 0-9a-z), found {count}"
+            )));
+        }
+        let mut suffix = [0u8; 8];
+        for (i, c) in chars.enumerate() {
+            if !(c.is_ascii_digit() || c.is_ascii_lowercase()) {
+                return Err(fail(format!(
+                    "character {c:?} at position {} is not one of 0-9a-z",
+                    i + 1
+                )));
+            }
+            suffix[i] = c as u8;
+        }
+        Ok(Self { kind, suffix })
+    }
+}
+
+impl Serialize for TaskId {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for TaskId {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let s = std::borrow::Cow::<'de, str>::deserialize(deserializer)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn reason(s: &str) -> String {
+        match s.parse::<TaskId>() {
+            Err(Error::InvalidTaskId { reason, .. }) => reason,
+            other => panic!("{s:?} should be rejected, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn generated_ids_have_the_format_and_differ() {
+        for kind in TaskKind::ALL {
+            let id = TaskId::generate(kind);
+            let s = id.to_string();
+            assert_eq!(s.len(), 9);
+            assert!(s.starts_with(kind.prefix()));
+            assert_eq!(s.parse::<TaskId>().unwrap(), id);
+        }
+        let ids: std::collections::HashSet<String> = (0..1000)
+            .map(|_| TaskId::generate(TaskKind::Agent).to_string())
+            .collect();
+        assert_eq!(ids.len(), 1000);
+    }
+
+    #[test]
+    fn entropy_is_encoded_deterministically() {
+        assert_eq!(
+            TaskId::from_entropy(TaskKind::Bash, 0).to_string(),
+            "b00000000"
+        );
+        assert_eq!(
+            TaskId::from_entropy(TaskKind::Dream, 35).to_string(),
+            "d0000000z"
+        );
+        assert_eq!(
+            TaskId::from_entropy(TaskKind::Agent, SUFFIX_SPACE - 1).to_string(),
+            "azzzzzzzz"
+        );
+        assert_eq!(
+            TaskId::from_entropy(TaskKind::Agent, SUFFIX_SPACE).to_string(),
+            "a00000000"
+        );
+    }
+
+    #[test]
+    fn hostile_inputs_are_rejected_with_a_reason() {
+        assert_eq!(reason(""), "it is empty");
+        assert_eq!(
+            reason("x12345678"),
+            "unknown kind prefix 'x' (expected one of b, a, r, t, w, m, d)"
+        );
+        assert_eq!(
+            reason("a1234567"),
+            "expected 9 characters (a prefix and 8 of 0-9a-z), found 8"
+        );
+        assert_eq!(
+            reason("a123456789"),
+            "expected 9 characters (a prefix and 8 of 0-9a-z), found 10"
+        );
+        assert_eq!(
+            reason("a12/45678"),
+            "character '/' at position 3 is not one of 0-9a-z"
+        );
+        assert_eq!(
+            reason("a..345678"),
+            "character '.' at position 1 is not one of 0-9a-z"
+        );
+        assert_eq!(
+            reason("a1234567\\"),
+            "character '\\\\' at position 8 is not one of 0-9a-z"
+        );
+        assert_eq!(
+            reason("aABCDEFGH"),
+            "character 'A' at position 1 is not one of 0-9a-z"
+        );
+        assert_eq!(
+            reason("a1234567\u{e9}"),
+            "character 'é' at position 8 is not one of 0-9a-z"
+        );
+        assert_eq!(
+            reason("../../etc"),
+            "unknown kind prefix '.' (expected one of b, a, r, t, w, m, d)"
+        );
+        let err = "a12/45678".parse::<TaskId>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid task id \"a12/45678\": character '/' at position 3 is not one of 0-9a-z"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn display_parse_round_trip(entropy in any::<u64>(), k in 0usize..7) {
+            let id = TaskId::from_entropy(TaskKind::ALL[k], entropy);
+            prop_assert_eq!(id.to_string().parse::<TaskId>().unwrap(), id);
+        }
+
+        #[test]
+        fn anything_that_parses_is_a_safe_file_name(s in "\\PC{0,12}") {
+            if let Ok(id) = s.parse::<TaskId>() {
+                let shown = id.to_string();
+                prop_assert_eq!(&shown, &s);
+                prop_assert!(shown.bytes().all(|b| b.is_ascii_alphanumeric()));
+            }
+        }
+    }
+}

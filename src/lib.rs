@@ -1,0 +1,57 @@
+//! # forkhive
+//!
+//! Embeddable multi-agent delegation for Rust: spawn fresh subagents, fork children that share
+//! the parent's prompt cache byte for byte, run a coordinator with background workers, and keep
+//! long-lived teammates — on any LLM backend.
+//!
+//! This facade re-exports the three crates:
+//!
+//! | crate | role |
+//! | --- | --- |
+//! | [`core`] (`forkhive-core`) | messages, cache-safe parameters, fingerprints, fork prefixes, task envelopes, task ids, usage — pure data, no runtime |
+//! | [`transport`] (`forkhive-transport`) | the LLM backend contract, wire codecs and backends |
+//! | [`spawn`] (`forkhive-spawn`) | the agent runtime and the spawn strategies |
+//!
+//! The dependency direction is `core` <- `transport` <- `spawn` <- `forkhive`.
+//!
+//! ## Features
+//!
+//! | feature | default | what it enables |
+//! | --- | --- | --- |
+//! | `http` | yes | the Anthropic and OpenAI-compatible HTTP backends (reqwest + rustls) |
+//!
+//! ## Example
+//!
+//! ```
+//! use forkhive::prelude::*;
+//!
+//! let params = CacheSafeParams::builder("claude-sonnet-4-5")
+//!     .system_block("You are a careful engineer.")
+//!     .messages(vec![Message::user_text("Audit the repository.")])
+//!     .build();
+//! let turn = Message::assistant(vec![ContentBlock::text("Splitting the audit.")]);
+//! let prefix = ForkPrefix::new(params, turn)?;
+//! let (a, b) = (prefix.child("audit src/net"), prefix.child("audit src/db"));
+//! assert_eq!(a.fingerprint().diff(&b.fingerprint()).map(|b| b.to_string()),
+//!            Some("messages[2] changed".to_owned()));
+//! # Ok::<(), forkhive::core::Error>(())
+//! ```
+
+#![forbid(unsafe_code)]
+
+#[doc(inline)]
+pub use forkhive_core as core;
+#[doc(inline)]
+pub use forkhive_spawn as spawn;
+#[doc(inline)]
+pub use forkhive_transport as transport;
+
+/// The names most programs need, in one import.
+pub mod prelude {
+    #[doc(inline)]
+    pub use forkhive_core::{
+        CacheBreak, CacheSafeParams, ContentBlock, ForkChild, ForkPrefix, Message,
+        PrefixFingerprint, RawJson, Role, TaskId, TaskKind, TaskNotification, TaskStatus,
+        ToolDefinition, Usage,
+    };
+}
