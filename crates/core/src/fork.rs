@@ -290,6 +290,17 @@ impl ForkChild {
         &self.shared.placeholders
     }
 
+    /// The fingerprint every sibling shares: the parent's prefix plus the assistant turn.
+    pub fn shared_fingerprint(&self) -> &PrefixFingerprint {
+        &self.shared.base
+    }
+
+    /// The child message without the directive: the boilerplate and `fork-directive: `,
+    /// identical for every sibling.
+    pub fn child_message_head(&self) -> &str {
+        &self.text[..FORK_BOILERPLATE.len() + FORK_DIRECTIVE_PREFIX.len()]
+    }
+
     /// The child's user message, materialised.
     pub fn user_message(&self) -> Message {
         let mut content = Vec::with_capacity(self.shared.placeholders.len() + 1);

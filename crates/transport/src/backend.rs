@@ -1,0 +1,66 @@
+//! The [`Backend`] contract: send a request, or stream it as events.
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::{Stream, StreamExt};
+
+use crate::error::Result;
+use crate::request::{Request, Response, ResponseBuilder, StreamEvent};
+
+/// A stream of answer events; ends after [`StreamEvent::MessageStop`] or an error.
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<StreamEvent>> + Send + 'static>>;
+
+/// An LLM backend. Object-safe: `Arc<dyn Backend>` is the common currency.
+///
+/// Implementations must report usage exactly as the provider did, and must be deterministic
+/// in what they send: the same [`Request`] always becomes the same bytes.
+#[async_trait]
+pub trait Backend: Send + Sync + fmt::Debug + 'static {
+    /// Sends `request` and returns the complete answer.
+    async fn send(&self, request: &Request) -> Result<Response>;
+
+    /// Sends `request` and returns the answer as a stream of events.
+    async fn stream(&self, request: &Request) -> Result<EventStream>;
+}
+
+#[async_trait]
+impl<B: Backend + ?Sized> Backend for Arc<B> {
+    async fn send(&self, request: &Request) -> Result<Response> {
+        (**self).send(request).await
+    }
+
+    async fn stream(&self, request: &Request) -> Result<EventStream> {
+        (**self).stream(request).await
+    }
+}
+
+#[async_trait]
+impl<B: Backend + ?Sized> Backend for Box<B> {
+    async fn send(&self, request: &Request) -> Result<Response> {
+        (**self).send(request).await
+    }
+
+    async fn stream(&self, request: &Request) -> Result<EventStream> {
+        (**self).stream(request).await
+    }
+}
+
+/// Conveniences for every [`Backend`].
+#[async_trait]
+pub trait BackendExt: Backend {
+    /// Streams `request` and folds the events into a [`Response`]; a stream that ends before
+    /// `MessageStop` is an [`Error::TruncatedStream`](crate::Error::TruncatedStream).
+    async fn stream_to_response(&self, request: &Request) -> Result<Response> {
+        let mut stream = self.stream(request).await?;
+        let mut builder = ResponseBuilder::new();
+        while let Some(event) = stream.next().await {
+            builder.push(&event?)?;
+        }
+        builder.finish()
+    }
+}
+
+impl<B: Backend + ?Sized> BackendExt for B {}

@@ -1,0 +1,675 @@
+//! The Anthropic Messages wire format.
+//!
+//! Request body, in this key order: `model`, `system` (the system prompt blocks, then the
+//! rendered system context as one more block), `tools`, `messages` (the rendered user context
+//! as a first user message, the prefix, the suffix), then the per-call `max_tokens`,
+//! `thinking`, `temperature`, `stop_sequences`, `tool_choice` and `stream`.
+//!
+//! `cache_control` breakpoints are placed by a [`CachePolicy`]; render order for the cache is
+//! tools, then system, then messages, so the markers follow that order.
+
+use bytes::Bytes;
+use forkhive_core::{CacheSafeParams, ContentBlock, ForkChild, Message, json};
+use serde::Deserialize;
+
+use super::{
+    CachePolicy, CacheTtl, Codec, EncodedBody, Memo, StreamDecoder, WireFormat, last_cacheable,
+    parse_json, push_json, suffix_breakpoint,
+};
+use crate::error::{Error, Result};
+use crate::request::{BlockStart, PartialUsage, Request, Response, StopReason, StreamEvent};
+use crate::sse::SseEvent;
+
+/// Encodes and decodes Anthropic Messages requests, remembering encoded prefixes.
+#[derive(Debug)]
+pub struct AnthropicCodec {
+    policy: CachePolicy,
+    prefixes: Memo,
+    forks: Memo,
+}
+
+impl Default for AnthropicCodec {
+    fn default() -> Self {
+        Self::new(CachePolicy::default())
+    }
+}
+
+impl AnthropicCodec {
+    /// A codec placing breakpoints by `policy`.
+    pub fn new(policy: CachePolicy) -> Self {
+        Self {
+            policy,
+            prefixes: Memo::new(8),
+            forks: Memo::new(8),
+        }
+    }
+
+    /// The breakpoint policy.
+    pub fn policy(&self) -> CachePolicy {
+        self.policy
+    }
+
+    fn marker(&self) -> &'static [u8] {
+        match self.policy.ttl {
+            CacheTtl::FiveMinutes => br#""cache_control":{"type":"ephemeral"}"#,
+            CacheTtl::OneHour => br#""cache_control":{"type":"ephemeral","ttl":"1h"}"#,
+        }
+    }
+
+    /// The encoded prefix: everything up to and including the prefix's last message, before
+    /// the closing `]` of `messages`.
+    pub fn encode_prefix(&self, prefix: &CacheSafeParams) -> Bytes {
+        self.prefixes
+            .get_or_insert_with(prefix.fingerprint().total(), || self.prefix_bytes(prefix))
+    }
+
+    fn prefix_bytes(&self, p: &CacheSafeParams) -> Vec<u8> {
+        let history_bytes: usize = p.messages().len() * 256;
+        let mut out = Vec::with_capacity(4096 + history_bytes);
+        out.extend_from_slice(br#"{"model":"#);
+        json::write_str(&mut out, p.model());
+
+        let system_context = p.rendered_system_context();
+        let mut system: Vec<&str> = p.system_prompt().iter().map(String::as_str).collect();
+        if let Some(ctx) = &system_context {
+            system.push(ctx);
+        }
+        if !system.is_empty() {
+            out.extend_from_slice(br#","system":["#);
+            for (i, text) in system.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(br#"{"type":"text","text":"#);
+                json::write_str(&mut out, text);
+                if self.policy.system && i + 1 == system.len() {
+                    out.push(b',');
+                    out.extend_from_slice(self.marker());
+                }
+                out.push(b'}');
+            }
+            out.push(b']');
+        }
+
+        if !p.tools().is_empty() {
+            out.extend_from_slice(br#","tools":["#);
+            let n = p.tools().len();
+            for (i, tool) in p.tools().iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                let mark = self.policy.tools && i + 1 == n;
+                push_marked(&mut out, tool, mark.then(|| self.marker()));
+            }
+            out.push(b']');
+        }
+
+        out.extend_from_slice(br#","messages":["#);
+        let user_context = p.rendered_user_context().map(Message::user_text);
+        let messages: Vec<&Message> = user_context.iter().chain(p.messages()).collect();
+        let mark = if self.policy.prefix_messages {
+            last_cacheable(&messages)
+        } else {
+            None
+        };
+        for (mi, m) in messages.iter().enumerate() {
+            if mi > 0 {
+                out.push(b',');
+            }
+            let block = mark.filter(|(i, _)| *i == mi).map(|(_, b)| b);
+            self.push_message(&mut out, m, block);
+        }
+        out
+    }
+
+    fn push_message(&self, out: &mut Vec<u8>, m: &Message, marked: Option<usize>) {
+        out.extend_from_slice(br#"{"role":"#);
+        json::write_str(out, m.role.as_str());
+        out.extend_from_slice(br#","content":["#);
+        for (bi, b) in m.content.iter().enumerate() {
+            if bi > 0 {
+                out.push(b',');
+            }
+            push_marked(out, b, (marked == Some(bi)).then(|| self.marker()));
+        }
+        out.extend_from_slice(b"]}");
+    }
+
+    /// The part a fork child shares with its siblings: the assistant turn, the placeholder
+    /// results and the child message up to the directive.
+    fn fork_shared(&self, child: &ForkChild, prefix_has_messages: bool) -> Bytes {
+        self.forks
+            .get_or_insert_with(child.shared_fingerprint().total(), || {
+                let placeholders = child.placeholder_results();
+                let mut out = Vec::with_capacity(1024 + 128 * placeholders.len());
+                if prefix_has_messages {
+                    out.push(b',');
+                }
+                // The breakpoint sits on the last cacheable block before the directive: the last
+                // placeholder, or (without tool calls) the assistant turn's last cacheable block.
+                let assistant_mark = if self.policy.suffix && placeholders.is_empty() {
+                    last_cacheable(&[child.assistant()]).map(|(_, b)| b)
+                } else {
+                    None
+                };
+                self.push_message(&mut out, child.assistant(), assistant_mark);
+                out.extend_from_slice(br#",{"role":"user","content":["#);
+                for (i, p) in placeholders.iter().enumerate() {
+                    let mark = self.policy.suffix && i + 1 == placeholders.len();
+                    push_marked(&mut out, p, mark.then(|| self.marker()));
+                    out.push(b',');
+                }
+                out.extend_from_slice(br#"{"type":"text","text":""#);
+                json::escape_str_into(&mut out, child.child_message_head());
+                out
+            })
+    }
+
+    fn push_tail(&self, out: &mut Vec<u8>, request: &Request, stream: bool) {
+        let s = &request.settings;
+        out.extend_from_slice(br#"],"max_tokens":"#);
+        push_json(out, &s.max_tokens);
+        if let Some(t) = request.thinking() {
+            out.extend_from_slice(br#","thinking":"#);
+            push_json(out, &t);
+        }
+        if let Some(t) = s.temperature {
+            out.extend_from_slice(br#","temperature":"#);
+            push_json(out, &t);
+        }
+        if !s.stop_sequences.is_empty() {
+            out.extend_from_slice(br#","stop_sequences":"#);
+            push_json(out, &s.stop_sequences);
+        }
+        if let Some(tc) = &s.tool_choice {
+            out.extend_from_slice(br#","tool_choice":"#);
+            push_json(out, tc);
+        }
+        if stream {
+            out.extend_from_slice(br#","stream":true"#);
+        }
+        out.push(b'}');
+    }
+}
+
+fn push_marked<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, value: &T, marker: Option<&[u8]>) {
+    push_json(out, value);
+    if let Some(marker) = marker {
+        // Every marked value is a JSON object: reopen it to add the marker as its last key.
+        if out.last() == Some(&b'}') {
+            out.pop();
+            out.push(b',');
+            out.extend_from_slice(marker);
+            out.push(b'}');
+        }
+    }
+}
+
+impl Codec for AnthropicCodec {
+    fn wire(&self) -> WireFormat {
+        WireFormat::Anthropic
+    }
+
+    fn encode(&self, request: &Request, stream: bool) -> EncodedBody {
+        let prefix = self.encode_prefix(&request.prefix);
+        let prefix_has_messages =
+            !request.prefix.messages().is_empty() || !request.prefix.user_context().is_empty();
+        match &request.suffix {
+            crate::request::Suffix::Fork(child) => {
+                let shared = self.fork_shared(child, prefix_has_messages);
+                let mut own = Vec::with_capacity(64 + child.directive().len());
+                json::escape_str_into(&mut own, child.directive());
+                own.extend_from_slice(br#""}]}"#);
+                self.push_tail(&mut own, request, stream);
+                EncodedBody::from_chunks(vec![prefix, shared, Bytes::from(own)])
+            }
+            crate::request::Suffix::Messages(messages) => {
+                let mut own = Vec::with_capacity(256 * (messages.len() + 1));
+                let mark = if self.policy.suffix {
+                    suffix_breakpoint(messages)
+                } else {
+                    None
+                };
+                for (mi, m) in messages.iter().enumerate() {
+                    if mi > 0 || prefix_has_messages {
+                        own.push(b',');
+                    }
+                    let block = mark.filter(|(i, _)| *i == mi).map(|(_, b)| b);
+                    self.push_message(&mut own, m, block);
+                }
+                self.push_tail(&mut own, request, stream);
+                EncodedBody::from_chunks(vec![prefix, Bytes::from(own)])
+            }
+        }
+    }
+
+    fn decode_response(&self, body: &[u8]) -> Result<Response> {
+        let r: WireResponse = parse_json("Anthropic response", body)?;
+        Ok(Response {
+            message: Message::assistant(r.content),
+            stop_reason: r.stop_reason.as_deref().map(StopReason::from_anthropic),
+            usage: {
+                let mut u = forkhive_core::Usage::default();
+                r.usage.partial().apply_to(&mut u);
+                u
+            },
+            id: r.id,
+            model: r.model,
+        })
+    }
+
+    fn stream_decoder(&self) -> Box<dyn StreamDecoder> {
+        Box::new(AnthropicStream::default())
+    }
+
+    fn error_message(&self, body: &[u8]) -> Option<(String, String)> {
+        let e: WireErrorBody = serde_json::from_slice(body).ok()?;
+        Some((e.error.kind, e.error.message))
+    }
+}
+
+#[derive(Deserialize)]
+struct WireResponse {
+    id: Option<String>,
+    model: Option<String>,
+    content: Vec<ContentBlock>,
+    stop_reason: Option<String>,
+    #[serde(default)]
+    usage: WireUsage,
+}
+
+#[derive(Deserialize, Default)]
+struct WireUsage {
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    cache_creation_input_tokens: Option<u64>,
+    cache_read_input_tokens: Option<u64>,
+    cache_creation: Option<WireCacheCreation>,
+}
+
+#[derive(Deserialize)]
+struct WireCacheCreation {
+    ephemeral_1h_input_tokens: Option<u64>,
+}
+
+impl WireUsage {
+    fn partial(&self) -> PartialUsage {
+        PartialUsage {
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            cache_write_tokens: self.cache_creation_input_tokens,
+            cache_write_1h_tokens: self
+                .cache_creation
+                .as_ref()
+                .and_then(|c| c.ephemeral_1h_input_tokens),
+            cache_read_tokens: self.cache_read_input_tokens,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct WireErrorBody {
+    error: WireError,
+}
+
+#[derive(Deserialize)]
+struct WireError {
+    #[serde(rename = "type")]
+    kind: String,
+    message: String,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WireEvent {
+    MessageStart {
+        message: WireStartMessage,
+    },
+    ContentBlockStart {
+        index: usize,
+        content_block: WireStartBlock,
+    },
+    ContentBlockDelta {
+        index: usize,
+        delta: WireDelta,
+    },
+    ContentBlockStop {
+        index: usize,
+    },
+    MessageDelta {
+        delta: WireMessageDelta,
+        #[serde(default)]
+        usage: WireUsage,
+    },
+    MessageStop,
+    Ping,
+    Error {
+        error: WireError,
+    },
+    #[serde(other)]
+    Unknown,
+}
+
+#[derive(Deserialize)]
+struct WireStartMessage {
+    id: Option<String>,
+    model: Option<String>,
+    #[serde(default)]
+    usage: WireUsage,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WireStartBlock {
+    Text {
+        #[serde(default)]
+        text: String,
+    },
+    Thinking {},
+    RedactedThinking {
+        data: String,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+    },
+    #[serde(other)]
+    Unknown,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WireDelta {
+    TextDelta {
+        text: String,
+    },
+    InputJsonDelta {
+        partial_json: String,
+    },
+    ThinkingDelta {
+        thinking: String,
+    },
+    SignatureDelta {
+        signature: String,
+    },
+    #[serde(other)]
+    Unknown,
+}
+
+#[derive(Deserialize)]
+struct WireMessageDelta {
+    stop_reason: Option<String>,
+}
+
+/// Decodes Anthropic's SSE events: message_start, content_block_start/delta/stop,
+/// message_delta, message_stop, ping and error; unknown event types are ignored.
+#[derive(Debug, Default)]
+struct AnthropicStream {
+    complete: bool,
+    /// Blocks whose type this crate does not model (e.g. server tool results): their deltas
+    /// are skipped.
+    skipped: Vec<usize>,
+}
+
+impl StreamDecoder for AnthropicStream {
+    fn decode(&mut self, event: &SseEvent, out: &mut Vec<StreamEvent>) -> Result<()> {
+        if event.data.is_empty() {
+            return Ok(());
+        }
+        let e: WireEvent = parse_json("Anthropic stream event", event.data.as_bytes())?;
+        match e {
+            WireEvent::MessageStart { message } => out.push(StreamEvent::MessageStart {
+                id: message.id,
+                model: message.model,
+                usage: message.usage.partial(),
+            }),
+            WireEvent::ContentBlockStart {
+                index,
+                content_block,
+            } => {
+                let block = match content_block {
+                    WireStartBlock::Text { text } => BlockStart::Text(text),
+                    WireStartBlock::Thinking {} => BlockStart::Thinking,
+                    WireStartBlock::RedactedThinking { data } => BlockStart::RedactedThinking(data),
+                    WireStartBlock::ToolUse { id, name } => BlockStart::ToolUse { id, name },
+                    WireStartBlock::Unknown => {
+                        self.skipped.push(index);
+                        return Ok(());
+                    }
+                };
+                out.push(StreamEvent::BlockStart { index, block });
+            }
+            WireEvent::ContentBlockDelta { index, delta } => {
+                if self.skipped.contains(&index) {
+                    return Ok(());
+                }
+                out.push(match delta {
+                    WireDelta::TextDelta { text } => StreamEvent::TextDelta { index, text },
+                    WireDelta::InputJsonDelta { partial_json } => StreamEvent::InputJsonDelta {
+                        index,
+                        partial_json,
+                    },
+                    WireDelta::ThinkingDelta { thinking } => {
+                        StreamEvent::ThinkingDelta { index, thinking }
+                    }
+                    WireDelta::SignatureDelta { signature } => {
+                        StreamEvent::SignatureDelta { index, signature }
+                    }
+                    WireDelta::Unknown => return Ok(()),
+                });
+            }
+            WireEvent::ContentBlockStop { index } => {
+                if !self.skipped.contains(&index) {
+                    out.push(StreamEvent::BlockStop { index });
+                }
+            }
+            WireEvent::MessageDelta { delta, usage } => out.push(StreamEvent::MessageDelta {
+                stop_reason: delta.stop_reason.as_deref().map(StopReason::from_anthropic),
+                usage: usage.partial(),
+            }),
+            WireEvent::MessageStop => {
+                self.complete = true;
+                out.push(StreamEvent::MessageStop);
+            }
+            WireEvent::Ping => out.push(StreamEvent::Ping),
+            WireEvent::Error { error } => {
+                return Err(Error::from_provider_type(&error.kind, error.message));
+            }
+            WireEvent::Unknown => {}
+        }
+        Ok(())
+    }
+
+    fn is_complete(&self) -> bool {
+        self.complete
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use forkhive_core::{ForkPrefix, RawJson, ToolDefinition, Usage};
+
+    fn params() -> CacheSafeParams {
+        CacheSafeParams::builder("claude-x")
+            .system_block("sys")
+            .system_context("os", "linux")
+            .user_context("cwd", "/r")
+            .tool(ToolDefinition::new("Read", "read", r#"{"type":"object"}"#).unwrap())
+            .messages(vec![
+                Message::user_text("hi"),
+                Message::assistant_text("yo"),
+            ])
+            .build()
+    }
+
+    fn body(codec: &AnthropicCodec, r: &Request, stream: bool) -> String {
+        String::from_utf8(codec.encode(r, stream).to_bytes().to_vec()).unwrap()
+    }
+
+    #[test]
+    fn encodes_the_documented_layout_byte_for_byte() {
+        let codec = AnthropicCodec::default();
+        let r = Request::new(params(), vec![Message::user_text("go")]).with_max_tokens(64);
+        assert_eq!(
+            body(&codec, &r, true),
+            concat!(
+                r##"{"model":"claude-x","system":[{"type":"text","text":"sys"},{"type":"text","text":"# os\nlinux","cache_control":{"type":"ephemeral"}}],"##,
+                r#""tools":[{"name":"Read","description":"read","input_schema":{"type":"object"},"cache_control":{"type":"ephemeral"}}],"#,
+                r##""messages":[{"role":"user","content":[{"type":"text","text":"<system-reminder>\n# cwd\n/r\n</system-reminder>"}]},"##,
+                r#"{"role":"user","content":[{"type":"text","text":"hi"}]},"#,
+                r#"{"role":"assistant","content":[{"type":"text","text":"yo","cache_control":{"type":"ephemeral"}}]},"#,
+                r#"{"role":"user","content":[{"type":"text","text":"go"}]}],"max_tokens":64,"stream":true}"#
+            )
+        );
+        let v: serde_json::Value = serde_json::from_str(&body(&codec, &r, false)).unwrap();
+        assert!(v.get("stream").is_none());
+    }
+
+    #[test]
+    fn fork_children_share_encoded_bytes_and_match_a_fresh_encoding() {
+        let turn = Message::assistant(vec![
+            ContentBlock::text("splitting"),
+            ContentBlock::tool_use("t1", "Agent", RawJson::parse(r#"{ "a": 1 }"#).unwrap()),
+            ContentBlock::tool_use("t2", "Agent", RawJson::parse(r#"{"b":2}"#).unwrap()),
+        ]);
+        let prefix = ForkPrefix::new(params(), turn).unwrap();
+        let codec = AnthropicCodec::default();
+        let bodies: Vec<EncodedBody> = ["one", "two \"quoted\"\n"]
+            .iter()
+            .map(|d| codec.encode(&Request::fork(prefix.child(d)), false))
+            .collect();
+        // The prefix and the shared fork part are the same allocations.
+        assert_eq!(
+            bodies[0].chunks()[0].as_ptr(),
+            bodies[1].chunks()[0].as_ptr()
+        );
+        assert_eq!(
+            bodies[0].chunks()[1].as_ptr(),
+            bodies[1].chunks()[1].as_ptr()
+        );
+        for (b, d) in bodies.iter().zip(["one", "two \"quoted\"\n"]) {
+            let child = prefix.child(d);
+            // A fresh codec on the generic (materialised) path produces the same bytes.
+            let fresh = AnthropicCodec::default()
+                .encode(&Request::new(params(), child.suffix().to_vec()), false);
+            assert_eq!(b.to_bytes(), fresh.to_bytes());
+            let text = String::from_utf8(b.to_bytes().to_vec()).unwrap();
+            assert_eq!(text.matches("cache_control").count(), 4);
+            assert!(text.contains(r#""content":[{"type":"text","text":"Fork started — processing in background"}],"cache_control":{"type":"ephemeral"}},{"type":"text","text":"<fork-boilerplate>"#));
+        }
+    }
+
+    #[test]
+    fn one_hour_ttl_and_no_policy() {
+        let r = Request::new(params(), vec![]);
+        let one_hour = AnthropicCodec::new(CachePolicy {
+            ttl: CacheTtl::OneHour,
+            ..CachePolicy::default()
+        });
+        assert_eq!(
+            body(&one_hour, &r, false).matches(r#""ttl":"1h""#).count(),
+            3
+        );
+        assert!(
+            !body(&AnthropicCodec::new(CachePolicy::none()), &r, false).contains("cache_control")
+        );
+    }
+
+    #[test]
+    fn decodes_a_response_with_exact_tool_input_and_usage() {
+        let json = br#"{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[{"type":"text","text":"ok"},{"type":"tool_use","id":"t","name":"Read","input":{ "p" : 1.0 }}],"stop_reason":"tool_use","stop_sequence":null,"usage":{"input_tokens":3,"output_tokens":9,"cache_creation_input_tokens":100,"cache_read_input_tokens":2000,"cache_creation":{"ephemeral_5m_input_tokens":60,"ephemeral_1h_input_tokens":40}}}"#;
+        let r = AnthropicCodec::default().decode_response(json).unwrap();
+        assert_eq!(r.stop_reason, Some(StopReason::ToolUse));
+        assert_eq!(
+            r.usage,
+            Usage {
+                input_tokens: 3,
+                output_tokens: 9,
+                cache_write_tokens: 100,
+                cache_write_1h_tokens: 40,
+                cache_read_tokens: 2000,
+                ..Usage::default()
+            }
+        );
+        assert_eq!(
+            r.message.tool_uses().next().unwrap().2.as_str(),
+            r#"{ "p" : 1.0 }"#
+        );
+    }
+
+    #[test]
+    fn decodes_every_stream_event_type() {
+        let mut d = AnthropicCodec::default().stream_decoder();
+        let mut out = Vec::new();
+        let events = [
+            r#"{"type":"message_start","message":{"id":"msg_1","model":"m","usage":{"input_tokens":5,"cache_read_input_tokens":7,"output_tokens":1}}}"#,
+            r#"{"type":"ping"}"#,
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":""}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"hm"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"s"}}"#,
+            r#"{"type":"content_block_stop","index":0}"#,
+            r#"{"type":"content_block_start","index":1,"content_block":{"type":"text","text":""}}"#,
+            r#"{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"Hi"}}"#,
+            r#"{"type":"content_block_delta","index":1,"delta":{"type":"citations_delta","citation":{}}}"#,
+            r#"{"type":"content_block_stop","index":1}"#,
+            r#"{"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"t","name":"Read","input":{}}}"#,
+            r#"{"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"{\"p\":"}}"#,
+            r#"{"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"1}"}}"#,
+            r#"{"type":"content_block_stop","index":2}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":12}}"#,
+            r#"{"type":"brand_new_event"}"#,
+            r#"{"type":"message_stop"}"#,
+        ];
+        for data in events {
+            d.decode(
+                &SseEvent {
+                    event: None,
+                    data: data.into(),
+                },
+                &mut out,
+            )
+            .unwrap();
+        }
+        assert!(d.is_complete());
+        let mut b = crate::request::ResponseBuilder::new();
+        for e in &out {
+            b.push(e).unwrap();
+        }
+        let r = b.finish().unwrap();
+        assert_eq!(r.message.content.len(), 3);
+        assert_eq!(r.message.text(), "Hi");
+        assert_eq!(r.usage.output_tokens, 12);
+        assert_eq!(r.usage.cache_read_tokens, 7);
+        assert_eq!(r.stop_reason, Some(StopReason::ToolUse));
+    }
+
+    #[test]
+    fn error_events_are_typed() {
+        let mut d = AnthropicCodec::default().stream_decoder();
+        let err = d
+            .decode(
+                &SseEvent { event: Some("error".into()), data: r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#.into() },
+                &mut Vec::new(),
+            )
+            .unwrap_err();
+        assert!(matches!(err, Error::Overloaded { .. }));
+        assert!(err.is_retryable());
+        let bad = d
+            .decode(
+                &SseEvent {
+                    event: None,
+                    data: "{not json".into(),
+                },
+                &mut Vec::new(),
+            )
+            .unwrap_err();
+        assert!(matches!(
+            bad,
+            Error::Decode {
+                what: "Anthropic stream event",
+                ..
+            }
+        ));
+    }
+}

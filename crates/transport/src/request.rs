@@ -1,0 +1,729 @@
+//! Requests, responses and stream events: the data a [`Backend`](crate::Backend) exchanges.
+
+use std::fmt;
+
+use forkhive_core::{
+    CacheSafeParams, ContentBlock, ForkChild, Message, RawJson, Role, ThinkingConfig, Usage,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// What to do with tools on this call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ToolChoice {
+    /// The model decides.
+    Auto,
+    /// The model must call some tool.
+    Any,
+    /// The model must not call tools.
+    None,
+    /// The model must call this tool.
+    Tool {
+        /// The tool's name.
+        name: String,
+    },
+}
+
+/// Per-call settings: everything that is not part of the cache-safe prefix.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestSettings {
+    /// The most output tokens to generate.
+    pub max_tokens: u32,
+    /// Sampling temperature.
+    pub temperature: Option<f32>,
+    /// Strings that stop generation.
+    pub stop_sequences: Vec<String>,
+    /// Tool-use constraint (changing it invalidates a provider's message cache).
+    pub tool_choice: Option<ToolChoice>,
+    /// A thinking config for this call, overriding the prefix's (changing it invalidates a
+    /// provider's message cache; it is encoded after the messages so the prefix bytes stay
+    /// shared).
+    pub thinking: Option<ThinkingConfig>,
+    /// OpenAI's optional `prompt_cache_key` routing hint.
+    pub prompt_cache_key: Option<String>,
+}
+
+impl Default for RequestSettings {
+    fn default() -> Self {
+        Self {
+            max_tokens: 1024,
+            temperature: None,
+            stop_sequences: Vec::new(),
+            tool_choice: None,
+            thinking: None,
+            prompt_cache_key: None,
+        }
+    }
+}
+
+/// The messages a request adds after its cache-safe prefix.
+#[derive(Debug, Clone)]
+pub enum Suffix {
+    /// Ordinary messages.
+    Messages(Vec<Message>),
+    /// A fork child's two messages. Codecs encode the part shared with its siblings once.
+    Fork(ForkChild),
+}
+
+impl Suffix {
+    /// The suffix as messages (materialises a fork child's two messages).
+    pub fn to_messages(&self) -> Vec<Message> {
+        match self {
+            Suffix::Messages(m) => m.clone(),
+            Suffix::Fork(c) => c.suffix().to_vec(),
+        }
+    }
+
+    /// Whether there are no suffix messages.
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Suffix::Messages(m) => m.is_empty(),
+            Suffix::Fork(_) => false,
+        }
+    }
+}
+
+/// One call to a model: a cache-safe prefix, the messages after it, and per-call settings.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// System prompt, context, tools, model and the conversation prefix (shared, O(1) clone).
+    pub prefix: CacheSafeParams,
+    /// The messages after the prefix.
+    pub suffix: Suffix,
+    /// Per-call settings.
+    pub settings: RequestSettings,
+    /// A name for logs and recordings (`child-2`); never sent.
+    pub label: Option<String>,
+}
+
+impl Request {
+    /// A request continuing `prefix` with `suffix`.
+    pub fn new(prefix: CacheSafeParams, suffix: Vec<Message>) -> Self {
+        Self {
+            prefix,
+            suffix: Suffix::Messages(suffix),
+            settings: RequestSettings::default(),
+            label: None,
+        }
+    }
+
+    /// The request of a fork child: the parent's prefix plus the child's two messages.
+    pub fn fork(child: ForkChild) -> Self {
+        Self {
+            prefix: child.params().clone(),
+            suffix: Suffix::Fork(child),
+            settings: RequestSettings::default(),
+            label: None,
+        }
+    }
+
+    /// Sets the settings.
+    pub fn with_settings(mut self, settings: RequestSettings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// Sets `max_tokens`.
+    pub fn with_max_tokens(mut self, max_tokens: u32) -> Self {
+        self.settings.max_tokens = max_tokens;
+        self
+    }
+
+    /// Sets the label.
+    pub fn with_label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// The thinking config in force: the settings' override, else the prefix's.
+    pub fn thinking(&self) -> Option<ThinkingConfig> {
+        self.settings.thinking.or(self.prefix.thinking())
+    }
+
+    /// Every message of the request, materialised (O(history): for inspection and tests).
+    pub fn all_messages(&self) -> Vec<Message> {
+        let mut out = self.prefix.messages().to_vec();
+        out.extend(self.suffix.to_messages());
+        out
+    }
+}
+
+/// Why the model stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StopReason {
+    /// It finished its turn.
+    EndTurn,
+    /// It hit `max_tokens`.
+    MaxTokens,
+    /// It produced a stop sequence.
+    StopSequence,
+    /// It wants tool results.
+    ToolUse,
+    /// A long turn was paused by the provider.
+    PauseTurn,
+    /// It refused.
+    Refusal,
+    /// Something this crate does not know.
+    Other(String),
+}
+
+impl StopReason {
+    /// From Anthropic's spelling.
+    pub fn from_anthropic(s: &str) -> Self {
+        match s {
+            "end_turn" => StopReason::EndTurn,
+            "max_tokens" => StopReason::MaxTokens,
+            "stop_sequence" => StopReason::StopSequence,
+            "tool_use" => StopReason::ToolUse,
+            "pause_turn" => StopReason::PauseTurn,
+            "refusal" => StopReason::Refusal,
+            other => StopReason::Other(other.to_owned()),
+        }
+    }
+
+    /// From OpenAI's `finish_reason`.
+    pub fn from_openai(s: &str) -> Self {
+        match s {
+            "stop" => StopReason::EndTurn,
+            "length" => StopReason::MaxTokens,
+            "tool_calls" | "function_call" => StopReason::ToolUse,
+            "content_filter" => StopReason::Refusal,
+            other => StopReason::Other(other.to_owned()),
+        }
+    }
+
+    /// Anthropic's spelling.
+    pub fn as_str(&self) -> &str {
+        match self {
+            StopReason::EndTurn => "end_turn",
+            StopReason::MaxTokens => "max_tokens",
+            StopReason::StopSequence => "stop_sequence",
+            StopReason::ToolUse => "tool_use",
+            StopReason::PauseTurn => "pause_turn",
+            StopReason::Refusal => "refusal",
+            StopReason::Other(s) => s,
+        }
+    }
+}
+
+impl fmt::Display for StopReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A complete answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Response {
+    /// The assistant message.
+    pub message: Message,
+    /// Why the model stopped, if the provider said.
+    pub stop_reason: Option<StopReason>,
+    /// Token counts exactly as the provider reported them.
+    pub usage: Usage,
+    /// The provider's id for the answer, if any.
+    pub id: Option<String>,
+    /// The model that answered, if the provider said.
+    pub model: Option<String>,
+}
+
+impl Response {
+    /// An end-of-turn text answer with the given usage.
+    pub fn text(text: impl Into<String>, usage: Usage) -> Self {
+        Self {
+            message: Message::assistant_text(text),
+            stop_reason: Some(StopReason::EndTurn),
+            usage,
+            id: None,
+            model: None,
+        }
+    }
+}
+
+/// Usage fields as a stream event reports them: each may be absent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PartialUsage {
+    /// Uncached input tokens.
+    pub input_tokens: Option<u64>,
+    /// Output tokens so far (cumulative).
+    pub output_tokens: Option<u64>,
+    /// Tokens written to the cache.
+    pub cache_write_tokens: Option<u64>,
+    /// Of those, written with the 1-hour TTL.
+    pub cache_write_1h_tokens: Option<u64>,
+    /// Tokens read from the cache.
+    pub cache_read_tokens: Option<u64>,
+}
+
+impl PartialUsage {
+    /// Overwrites the fields of `usage` this report carries.
+    pub fn apply_to(&self, usage: &mut Usage) {
+        if let Some(v) = self.input_tokens {
+            usage.input_tokens = v;
+        }
+        if let Some(v) = self.output_tokens {
+            usage.output_tokens = v;
+        }
+        if let Some(v) = self.cache_write_tokens {
+            usage.cache_write_tokens = v;
+        }
+        if let Some(v) = self.cache_write_1h_tokens {
+            usage.cache_write_1h_tokens = v;
+        }
+        if let Some(v) = self.cache_read_tokens {
+            usage.cache_read_tokens = v;
+        }
+    }
+
+    /// Every field of `usage`, present.
+    pub fn full(usage: &Usage) -> Self {
+        Self {
+            input_tokens: Some(usage.input_tokens),
+            output_tokens: Some(usage.output_tokens),
+            cache_write_tokens: Some(usage.cache_write_tokens),
+            cache_write_1h_tokens: Some(usage.cache_write_1h_tokens),
+            cache_read_tokens: Some(usage.cache_read_tokens),
+        }
+    }
+}
+
+/// How a content block begins in a stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BlockStart {
+    /// A text block (with any initial text).
+    Text(String),
+    /// A thinking block.
+    Thinking,
+    /// A redacted thinking block and its payload.
+    RedactedThinking(String),
+    /// A tool call.
+    ToolUse {
+        /// The call's id.
+        id: String,
+        /// The tool's name.
+        name: String,
+    },
+}
+
+/// One event of a streamed answer, provider-neutral.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum StreamEvent {
+    /// The answer began; usage known so far (input and cache counters).
+    MessageStart {
+        /// The provider's id for the answer.
+        id: Option<String>,
+        /// The answering model.
+        model: Option<String>,
+        /// Usage reported at the start.
+        usage: PartialUsage,
+    },
+    /// A content block began at `index`.
+    BlockStart {
+        /// Block index.
+        index: usize,
+        /// Its kind.
+        block: BlockStart,
+    },
+    /// Text for the block at `index`.
+    TextDelta {
+        /// Block index.
+        index: usize,
+        /// The text.
+        text: String,
+    },
+    /// Thinking text for the block at `index`.
+    ThinkingDelta {
+        /// Block index.
+        index: usize,
+        /// The thinking text.
+        thinking: String,
+    },
+    /// The thinking signature for the block at `index`.
+    SignatureDelta {
+        /// Block index.
+        index: usize,
+        /// The signature.
+        signature: String,
+    },
+    /// A fragment of a tool call's JSON input.
+    InputJsonDelta {
+        /// Block index.
+        index: usize,
+        /// The fragment.
+        partial_json: String,
+    },
+    /// The block at `index` is complete.
+    BlockStop {
+        /// Block index.
+        index: usize,
+    },
+    /// The answer's end state and cumulative usage.
+    MessageDelta {
+        /// Why the model stopped.
+        stop_reason: Option<StopReason>,
+        /// Usage fields reported here (cumulative).
+        usage: PartialUsage,
+    },
+    /// The answer is complete.
+    MessageStop,
+    /// Keep-alive.
+    Ping,
+}
+
+#[derive(Debug)]
+enum Building {
+    Text(String),
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
+    Redacted(String),
+    ToolUse {
+        id: String,
+        name: String,
+        json: String,
+    },
+}
+
+/// Folds stream events into a [`Response`].
+#[derive(Debug, Default)]
+pub struct ResponseBuilder {
+    blocks: Vec<(usize, Building)>,
+    usage: Usage,
+    stop_reason: Option<StopReason>,
+    id: Option<String>,
+    model: Option<String>,
+    started: bool,
+    stopped: bool,
+    events: usize,
+}
+
+impl ResponseBuilder {
+    /// An empty builder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Events seen so far.
+    pub fn events(&self) -> usize {
+        self.events
+    }
+
+    /// Whether `MessageStop` was seen.
+    pub fn is_complete(&self) -> bool {
+        self.stopped
+    }
+
+    fn block(&mut self, index: usize) -> Result<&mut Building> {
+        self.blocks
+            .iter_mut()
+            .find(|(i, _)| *i == index)
+            .map(|(_, b)| b)
+            .ok_or_else(|| Error::Decode {
+                what: "stream",
+                detail: format!("delta for content block {index}, which never started"),
+            })
+    }
+
+    /// Applies one event.
+    pub fn push(&mut self, event: &StreamEvent) -> Result<()> {
+        self.events += 1;
+        match event {
+            StreamEvent::MessageStart { id, model, usage } => {
+                self.started = true;
+                self.id.clone_from(id);
+                self.model.clone_from(model);
+                usage.apply_to(&mut self.usage);
+            }
+            StreamEvent::BlockStart { index, block } => {
+                let b = match block {
+                    BlockStart::Text(t) => Building::Text(t.clone()),
+                    BlockStart::Thinking => Building::Thinking {
+                        thinking: String::new(),
+                        signature: String::new(),
+                    },
+                    BlockStart::RedactedThinking(d) => Building::Redacted(d.clone()),
+                    BlockStart::ToolUse { id, name } => Building::ToolUse {
+                        id: id.clone(),
+                        name: name.clone(),
+                        json: String::new(),
+                    },
+                };
+                self.blocks.push((*index, b));
+            }
+            StreamEvent::TextDelta { index, text } => match self.block(*index)? {
+                Building::Text(t) => t.push_str(text),
+                _ => return Err(mismatch(*index, "text_delta")),
+            },
+            StreamEvent::ThinkingDelta { index, thinking } => match self.block(*index)? {
+                Building::Thinking { thinking: t, .. } => t.push_str(thinking),
+                _ => return Err(mismatch(*index, "thinking_delta")),
+            },
+            StreamEvent::SignatureDelta { index, signature } => match self.block(*index)? {
+                Building::Thinking { signature: s, .. } => s.push_str(signature),
+                _ => return Err(mismatch(*index, "signature_delta")),
+            },
+            StreamEvent::InputJsonDelta {
+                index,
+                partial_json,
+            } => match self.block(*index)? {
+                Building::ToolUse { json, .. } => json.push_str(partial_json),
+                _ => return Err(mismatch(*index, "input_json_delta")),
+            },
+            StreamEvent::BlockStop { index } => {
+                self.block(*index)?;
+            }
+            StreamEvent::MessageDelta { stop_reason, usage } => {
+                if stop_reason.is_some() {
+                    self.stop_reason.clone_from(stop_reason);
+                }
+                usage.apply_to(&mut self.usage);
+            }
+            StreamEvent::MessageStop => self.stopped = true,
+            StreamEvent::Ping => {}
+        }
+        Ok(())
+    }
+
+    /// The response, once `MessageStop` was seen.
+    pub fn finish(self) -> Result<Response> {
+        if !self.stopped {
+            return Err(Error::TruncatedStream {
+                events: self.events,
+                detail: "the stream ended without a message_stop event".to_owned(),
+            });
+        }
+        self.into_response()
+    }
+
+    fn into_response(mut self) -> Result<Response> {
+        self.blocks.sort_by_key(|(i, _)| *i);
+        let mut content = Vec::with_capacity(self.blocks.len());
+        for (_, b) in self.blocks {
+            content.push(match b {
+                Building::Text(text) => ContentBlock::Text { text },
+                Building::Thinking {
+                    thinking,
+                    signature,
+                } => ContentBlock::Thinking {
+                    thinking,
+                    signature,
+                },
+                Building::Redacted(data) => ContentBlock::RedactedThinking { data },
+                Building::ToolUse { id, name, json } => {
+                    let input = if json.trim().is_empty() {
+                        RawJson::empty_object()
+                    } else {
+                        RawJson::parse(&json).map_err(|e| Error::Decode {
+                            what: "tool_use input",
+                            detail: format!("tool call {id}: {e}: {json:?}"),
+                        })?
+                    };
+                    ContentBlock::ToolUse { id, name, input }
+                }
+            });
+        }
+        Ok(Response {
+            message: Message {
+                role: Role::Assistant,
+                content,
+            },
+            stop_reason: self.stop_reason,
+            usage: self.usage,
+            id: self.id,
+            model: self.model,
+        })
+    }
+}
+
+fn mismatch(index: usize, delta: &str) -> Error {
+    Error::Decode {
+        what: "stream",
+        detail: format!("{delta} for content block {index}, which is of another type"),
+    }
+}
+
+/// The events that stream `response`: text in chunks of `chunk` characters, tool input in
+/// fragments, usage at the start and the end. Used by in-memory backends.
+pub fn events_for(response: &Response, chunk: usize) -> Vec<StreamEvent> {
+    let chunk = chunk.max(1);
+    let u = &response.usage;
+    let mut events = vec![StreamEvent::MessageStart {
+        id: response.id.clone(),
+        model: response.model.clone(),
+        usage: PartialUsage {
+            output_tokens: Some(0),
+            ..PartialUsage::full(u)
+        },
+    }];
+    let pieces = |s: &str| -> Vec<String> {
+        let chars: Vec<char> = s.chars().collect();
+        chars.chunks(chunk).map(|c| c.iter().collect()).collect()
+    };
+    for (index, block) in response.message.content.iter().enumerate() {
+        match block {
+            ContentBlock::Text { text } => {
+                events.push(StreamEvent::BlockStart {
+                    index,
+                    block: BlockStart::Text(String::new()),
+                });
+                for p in pieces(text) {
+                    events.push(StreamEvent::TextDelta { index, text: p });
+                }
+            }
+            ContentBlock::Thinking {
+                thinking,
+                signature,
+            } => {
+                events.push(StreamEvent::BlockStart {
+                    index,
+                    block: BlockStart::Thinking,
+                });
+                for p in pieces(thinking) {
+                    events.push(StreamEvent::ThinkingDelta { index, thinking: p });
+                }
+                events.push(StreamEvent::SignatureDelta {
+                    index,
+                    signature: signature.clone(),
+                });
+            }
+            ContentBlock::RedactedThinking { data } => events.push(StreamEvent::BlockStart {
+                index,
+                block: BlockStart::RedactedThinking(data.clone()),
+            }),
+            ContentBlock::ToolUse { id, name, input } => {
+                events.push(StreamEvent::BlockStart {
+                    index,
+                    block: BlockStart::ToolUse {
+                        id: id.clone(),
+                        name: name.clone(),
+                    },
+                });
+                for p in pieces(input.as_str()) {
+                    events.push(StreamEvent::InputJsonDelta {
+                        index,
+                        partial_json: p,
+                    });
+                }
+            }
+            // Tool results and images never appear in an assistant answer; skip them.
+            _ => continue,
+        }
+        events.push(StreamEvent::BlockStop { index });
+    }
+    events.push(StreamEvent::MessageDelta {
+        stop_reason: response.stop_reason.clone(),
+        usage: PartialUsage {
+            output_tokens: Some(u.output_tokens),
+            ..PartialUsage::default()
+        },
+    });
+    events.push(StreamEvent::MessageStop);
+    events
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_fold_back_into_the_same_response() {
+        let message = Message::assistant(vec![
+            ContentBlock::Thinking {
+                thinking: "think".into(),
+                signature: "sig".into(),
+            },
+            ContentBlock::text("hello world, this is longer than a chunk"),
+            ContentBlock::tool_use(
+                "t1",
+                "Read",
+                RawJson::parse(r#"{ "path" : "a.rs" }"#).unwrap(),
+            ),
+        ]);
+        let r = Response {
+            message,
+            stop_reason: Some(StopReason::ToolUse),
+            usage: Usage {
+                input_tokens: 10,
+                output_tokens: 7,
+                cache_read_tokens: 90,
+                ..Usage::default()
+            },
+            id: Some("msg_1".into()),
+            model: Some("m".into()),
+        };
+        let mut b = ResponseBuilder::new();
+        for e in events_for(&r, 5) {
+            b.push(&e).unwrap();
+        }
+        assert_eq!(b.finish().unwrap(), r);
+    }
+
+    #[test]
+    fn incomplete_streams_and_bad_deltas_are_errors() {
+        let mut b = ResponseBuilder::new();
+        b.push(&StreamEvent::MessageStart {
+            id: None,
+            model: None,
+            usage: PartialUsage::default(),
+        })
+        .unwrap();
+        let err = b
+            .push(&StreamEvent::TextDelta {
+                index: 3,
+                text: "x".into(),
+            })
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "could not decode stream: delta for content block 3, which never started"
+        );
+        let err = ResponseBuilder::new().finish().unwrap_err();
+        assert!(matches!(err, Error::TruncatedStream { events: 0, .. }));
+        let mut b = ResponseBuilder::new();
+        b.push(&StreamEvent::BlockStart {
+            index: 0,
+            block: BlockStart::ToolUse {
+                id: "t".into(),
+                name: "n".into(),
+            },
+        })
+        .unwrap();
+        b.push(&StreamEvent::InputJsonDelta {
+            index: 0,
+            partial_json: "{\"a\":".into(),
+        })
+        .unwrap();
+        b.push(&StreamEvent::MessageStop).unwrap();
+        assert!(matches!(
+            b.finish(),
+            Err(Error::Decode {
+                what: "tool_use input",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn stop_reasons_map_both_ways() {
+        for s in [
+            "end_turn",
+            "max_tokens",
+            "stop_sequence",
+            "tool_use",
+            "pause_turn",
+            "refusal",
+            "x",
+        ] {
+            assert_eq!(StopReason::from_anthropic(s).as_str(), s);
+        }
+        assert_eq!(StopReason::from_openai("length"), StopReason::MaxTokens);
+        assert_eq!(StopReason::from_openai("tool_calls"), StopReason::ToolUse);
+    }
+}

@@ -1,0 +1,130 @@
+//! [`ScriptedBackend`]: deterministic replies from a script, for tests and offline examples.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use forkhive_core::Usage;
+
+use crate::backend::{Backend, EventStream};
+use crate::error::{Error, Result};
+use crate::request::{Request, Response, events_for};
+
+type ReplyFn = dyn Fn(&Request) -> Result<Response> + Send + Sync;
+
+enum Script {
+    Queue {
+        replies: VecDeque<Result<Response>>,
+        scripted: usize,
+    },
+    Fn(Box<ReplyFn>),
+}
+
+/// A backend that answers from a script — a queue of replies, or a function of the request —
+/// and records every request it receives.
+///
+/// Streaming replays the scripted response as events (text in 16-character chunks).
+///
+/// ```
+/// use forkhive_transport::{Backend, Request, Response, ScriptedBackend};
+/// use forkhive_core::{CacheSafeParams, Message, Usage};
+/// # tokio_test_block_on(async {
+/// let backend = ScriptedBackend::from_replies([Ok(Response::text("hi", Usage::default()))]);
+/// let request = Request::new(CacheSafeParams::builder("m").build(), vec![Message::user_text("yo")]);
+/// assert_eq!(backend.send(&request).await?.message.text(), "hi");
+/// assert!(backend.send(&request).await.is_err()); // the script is exhausted
+/// assert_eq!(backend.requests().len(), 2);
+/// # Ok::<(), forkhive_transport::Error>(()) });
+/// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f) }
+/// ```
+pub struct ScriptedBackend {
+    script: Mutex<Script>,
+    requests: Mutex<Vec<Request>>,
+}
+
+impl ScriptedBackend {
+    /// Replies in order; a request after the last reply gets [`Error::ScriptExhausted`].
+    pub fn from_replies(replies: impl IntoIterator<Item = Result<Response>>) -> Self {
+        let replies: VecDeque<_> = replies.into_iter().collect();
+        Self::with_script(Script::Queue {
+            scripted: replies.len(),
+            replies,
+        })
+    }
+
+    /// Text replies in order, each with output tokens estimated from its length.
+    pub fn from_texts<S: Into<String>>(texts: impl IntoIterator<Item = S>) -> Self {
+        Self::from_replies(texts.into_iter().map(|t| {
+            let t = t.into();
+            let usage = Usage {
+                output_tokens: crate::simulator::estimate_tokens(t.len()),
+                ..Usage::default()
+            };
+            Ok(Response::text(t, usage))
+        }))
+    }
+
+    /// Replies computed from each request.
+    pub fn from_fn(f: impl Fn(&Request) -> Result<Response> + Send + Sync + 'static) -> Self {
+        Self::with_script(Script::Fn(Box::new(f)))
+    }
+
+    fn with_script(script: Script) -> Self {
+        Self {
+            script: Mutex::new(script),
+            requests: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Every request received so far, in order.
+    pub fn requests(&self) -> Vec<Request> {
+        self.requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn reply(&self, request: &Request) -> Result<Response> {
+        let n = {
+            let mut reqs = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+            reqs.push(request.clone());
+            reqs.len()
+        };
+        let mut script = self.script.lock().unwrap_or_else(|e| e.into_inner());
+        match &mut *script {
+            Script::Queue { replies, scripted } => {
+                replies.pop_front().unwrap_or(Err(Error::ScriptExhausted {
+                    request: n,
+                    scripted: *scripted,
+                }))
+            }
+            Script::Fn(f) => f(request),
+        }
+    }
+}
+
+impl fmt::Debug for ScriptedBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScriptedBackend")
+            .field(
+                "requests",
+                &self.requests.lock().map(|r| r.len()).unwrap_or_default(),
+            )
+            .finish()
+    }
+}
+
+#[async_trait]
+impl Backend for ScriptedBackend {
+    async fn send(&self, request: &Request) -> Result<Response> {
+        self.reply(request)
+    }
+
+    async fn stream(&self, request: &Request) -> Result<EventStream> {
+        let response = self.reply(request)?;
+        let events = events_for(&response, 16);
+        Ok(Box::pin(futures::stream::iter(events.into_iter().map(Ok))))
+    }
+}

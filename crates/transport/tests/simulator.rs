@@ -1,0 +1,413 @@
+//! The prompt-cache simulator against each rule it claims to apply.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use forkhive_core::{
+    CacheSafeParams, ContentBlock, ForkPrefix, Message, RawJson, ThinkingConfig, ToolDefinition,
+    Usage,
+};
+use forkhive_transport::codec::StreamDecoder;
+use forkhive_transport::simulator::{
+    ManualClock, PromptCacheSimulator, SimulatedProvider, SimulatorConfig,
+};
+use forkhive_transport::{
+    AnthropicCodec, Backend, BackendExt, CachePolicy, CacheTtl, Codec, EncodedBody, Error,
+    EventStream, Request, Response, ScriptedBackend, WireFormat,
+};
+
+fn echo() -> ScriptedBackend {
+    ScriptedBackend::from_fn(|_| {
+        Ok(Response::text(
+            "ok",
+            Usage {
+                output_tokens: 1,
+                ..Usage::default()
+            },
+        ))
+    })
+}
+
+/// ~`tokens` tokens of history in `turns` exchanges.
+fn params_with(system: &str, turns: usize, tokens_per_turn: usize) -> CacheSafeParams {
+    let mut history = Vec::new();
+    for i in 0..turns {
+        history.push(Message::user_text(format!(
+            "{i}:{}",
+            "u".repeat(tokens_per_turn * 2)
+        )));
+        history.push(Message::assistant_text(format!(
+            "{i}:{}",
+            "a".repeat(tokens_per_turn * 2)
+        )));
+    }
+    CacheSafeParams::builder("claude-sonnet-4-5")
+        .tool(ToolDefinition::new("Read", "Read a file", r#"{"type":"object"}"#).unwrap())
+        .system_block(system)
+        .messages(history)
+        .build()
+}
+
+fn sim(clock: &ManualClock) -> PromptCacheSimulator<ScriptedBackend> {
+    PromptCacheSimulator::anthropic(echo()).with_clock(Arc::new(clock.clone()))
+}
+
+fn turn(n: usize) -> Message {
+    let mut content = vec![ContentBlock::text("Splitting the work.")];
+    for i in 0..n {
+        content.push(ContentBlock::tool_use(
+            format!("toolu_{i}"),
+            "Agent",
+            RawJson::parse(r#"{"prompt":"x"}"#).unwrap(),
+        ));
+    }
+    Message::assistant(content)
+}
+
+#[tokio::test]
+async fn fork_children_after_the_first_read_the_shared_prefix() {
+    let clock = ManualClock::new();
+    let s = sim(&clock);
+    let params = params_with("You are careful.", 20, 100);
+    // The parent's own request writes the prefix.
+    let parent = s.send(&Request::new(params.clone(), vec![])).await.unwrap();
+    assert!(parent.usage.cache_write_tokens > 2000, "{:?}", parent.usage);
+    let prefix = ForkPrefix::new(params, turn(3)).unwrap();
+    let mut usages = Vec::new();
+    for d in ["net", "db", "cli"] {
+        usages.push(s.send(&Request::fork(prefix.child(d))).await.unwrap().usage);
+    }
+    // Child 1 reads the parent's prefix and writes the shared fork part.
+    assert_eq!(usages[0].cache_read_tokens, parent.usage.cache_write_tokens);
+    assert!(usages[0].cache_write_tokens > 0);
+    // Children 2 and 3 read everything up to their directive.
+    for u in &usages[1..] {
+        assert_eq!(
+            u.cache_read_tokens,
+            usages[0].cache_read_tokens + usages[0].cache_write_tokens
+        );
+        assert_eq!(u.cache_write_tokens, 0);
+        // Caching ends at a block boundary: only the final block (boilerplate + directive)
+        // is uncached.
+        let last_block = forkhive_transport::simulator::estimate_tokens(
+            serde_json::to_string(&ContentBlock::text(prefix.child("net").child_message()))
+                .unwrap()
+                .len(),
+        );
+        assert!(
+            u.input_tokens.abs_diff(last_block) <= 2,
+            "{u:?} vs {last_block}"
+        );
+    }
+    let reports = s.reports();
+    assert_eq!(reports.len(), 4);
+    assert_eq!(reports[2].breakpoints.len(), 4);
+}
+
+#[tokio::test]
+async fn any_changed_byte_before_a_breakpoint_is_a_miss() {
+    let clock = ManualClock::new();
+    let s = sim(&clock);
+    let system = format!("You are careful.{}", "x".repeat(6000)); // ~1,500 tokens: cacheable alone
+    let a = params_with(&system, 10, 100);
+    let first = s
+        .send(&Request::new(a.clone(), vec![]))
+        .await
+        .unwrap()
+        .usage;
+    let system_end = s.reports()[0].breakpoints[1];
+    // One byte of the system prompt: nothing before the messages is reusable.
+    let b = params_with(&system.replacen("careful.", "careful!", 1), 10, 100);
+    let u = s.send(&Request::new(b, vec![])).await.unwrap().usage;
+    assert_eq!(
+        (u.cache_read_tokens, u.cache_write_tokens),
+        (0, first.cache_write_tokens),
+        "{u:?}"
+    );
+    // One byte of the last message: the read stops at the system prompt's breakpoint.
+    let mut msgs = a.messages().to_vec();
+    let last = msgs.len() - 1;
+    msgs[last] = Message::assistant_text("changed");
+    let u = s
+        .send(&Request::new(a.with_messages(msgs), vec![]))
+        .await
+        .unwrap()
+        .usage;
+    assert_eq!(s.reports()[2].hit_at, Some(system_end));
+    assert!(
+        u.cache_read_tokens >= 1500 && u.cache_read_tokens < first.cache_write_tokens,
+        "{u:?}"
+    );
+}
+
+#[tokio::test]
+async fn short_prompts_are_never_cached() {
+    let clock = ManualClock::new();
+    let s = sim(&clock);
+    let p = params_with("tiny", 1, 10);
+    for _ in 0..2 {
+        let u = s
+            .send(&Request::new(p.clone(), vec![]))
+            .await
+            .unwrap()
+            .usage;
+        assert_eq!((u.cache_read_tokens, u.cache_write_tokens), (0, 0));
+        assert!(u.input_tokens > 0);
+    }
+}
+
+#[tokio::test]
+async fn the_lookback_spans_twenty_block_positions() {
+    let clock = ManualClock::new();
+    let policy = CachePolicy {
+        suffix: false,
+        ..CachePolicy::default()
+    };
+    let s = PromptCacheSimulator::new(
+        echo(),
+        SimulatorConfig::new(SimulatedProvider::Anthropic),
+        Box::new(AnthropicCodec::new(policy)),
+        Arc::new(clock.clone()),
+    );
+    let base = params_with("system prompt", 10, 100);
+    s.send(&Request::new(base.clone(), vec![])).await.unwrap();
+    let written = s.reports()[0].cache_write_tokens;
+    // Grow the prefix by `k` one-block messages; the new breakpoint is `k` positions later.
+    let grown = |k: usize| {
+        let mut m = base.messages().to_vec();
+        for i in 0..k {
+            m.push(if i % 2 == 0 {
+                Message::user_text(format!("q{i}"))
+            } else {
+                Message::assistant_text(format!("a{i}"))
+            });
+        }
+        base.with_messages(m)
+    };
+    let u = s
+        .send(&Request::new(grown(19), vec![]))
+        .await
+        .unwrap()
+        .usage;
+    assert_eq!(
+        u.cache_read_tokens, written,
+        "19 positions back is within the window of 20"
+    );
+    s.clear();
+    s.send(&Request::new(base.clone(), vec![])).await.unwrap();
+    let u = s
+        .send(&Request::new(grown(20), vec![]))
+        .await
+        .unwrap()
+        .usage;
+    assert!(
+        u.cache_read_tokens < written,
+        "20 positions back is outside: {u:?}"
+    );
+}
+
+#[tokio::test]
+async fn ttls_expire_and_hits_refresh_them() {
+    let clock = ManualClock::new();
+    let s = sim(&clock);
+    let p = params_with("sys", 10, 100);
+    let r = || Request::new(p.clone(), vec![]);
+    s.send(&r()).await.unwrap();
+    clock.advance(Duration::from_secs(240));
+    assert!(s.send(&r()).await.unwrap().usage.cache_read_tokens > 0);
+    clock.advance(Duration::from_secs(240)); // 8 minutes after the write, 4 after the hit
+    assert!(
+        s.send(&r()).await.unwrap().usage.cache_read_tokens > 0,
+        "the hit refreshed the TTL"
+    );
+    clock.advance(Duration::from_secs(301));
+    assert_eq!(
+        s.send(&r()).await.unwrap().usage.cache_read_tokens,
+        0,
+        "expired"
+    );
+
+    let clock = ManualClock::new();
+    let s = PromptCacheSimulator::new(
+        echo(),
+        SimulatorConfig::new(SimulatedProvider::Anthropic),
+        Box::new(AnthropicCodec::new(CachePolicy {
+            ttl: CacheTtl::OneHour,
+            ..CachePolicy::default()
+        })),
+        Arc::new(clock.clone()),
+    );
+    let u = s.send(&r()).await.unwrap().usage;
+    assert_eq!(u.cache_write_1h_tokens, u.cache_write_tokens);
+    clock.advance(Duration::from_secs(1800));
+    assert!(s.send(&r()).await.unwrap().usage.cache_read_tokens > 0);
+}
+
+/// Answers only once `n` requests are waiting: they are all in flight at once.
+#[derive(Debug)]
+struct Gate(tokio::sync::Barrier, ScriptedBackend);
+
+#[async_trait]
+impl Backend for Gate {
+    async fn send(&self, request: &Request) -> forkhive_transport::Result<Response> {
+        self.0.wait().await;
+        self.1.send(request).await
+    }
+    async fn stream(&self, request: &Request) -> forkhive_transport::Result<EventStream> {
+        self.0.wait().await;
+        self.1.stream(request).await
+    }
+}
+
+#[tokio::test]
+async fn requests_in_parallel_with_the_writer_miss() {
+    let s = PromptCacheSimulator::anthropic(Gate(tokio::sync::Barrier::new(2), echo()));
+    let p = params_with("sys", 10, 100);
+    let (r1, r2) = (
+        Request::new(p.clone(), vec![]),
+        Request::new(p.clone(), vec![]),
+    );
+    let (a, b) = tokio::join!(s.send(&r1), s.send(&r2));
+    let (a, b) = (a.unwrap().usage, b.unwrap().usage);
+    assert_eq!((a.cache_read_tokens, b.cache_read_tokens), (0, 0));
+    assert!(a.cache_write_tokens > 0 && b.cache_write_tokens > 0);
+}
+
+#[tokio::test]
+async fn thinking_changes_keep_tool_and_system_entries() {
+    let s = PromptCacheSimulator::anthropic(echo());
+    let p = params_with(&"s".repeat(6000), 10, 100);
+    let first = s
+        .send(&Request::new(p.clone(), vec![]))
+        .await
+        .unwrap()
+        .usage;
+    let mut r = Request::new(p, vec![]);
+    r.settings.thinking = Some(ThinkingConfig::Enabled {
+        budget_tokens: 2048,
+    });
+    let u = s.send(&r).await.unwrap().usage;
+    assert!(
+        u.cache_read_tokens >= 1500,
+        "tools and system still hit: {u:?}"
+    );
+    assert!(
+        u.cache_read_tokens < first.cache_write_tokens,
+        "messages miss: {u:?}"
+    );
+}
+
+#[tokio::test]
+async fn streaming_reports_the_same_usage() {
+    let s = PromptCacheSimulator::anthropic(echo());
+    let p = params_with("sys", 10, 100);
+    let sent = s
+        .send(&Request::new(p.clone(), vec![]))
+        .await
+        .unwrap()
+        .usage;
+    let streamed = s
+        .stream_to_response(&Request::new(p, vec![]))
+        .await
+        .unwrap()
+        .usage;
+    assert_eq!(streamed.cache_read_tokens, sent.cache_write_tokens);
+    assert_eq!(streamed.output_tokens, 1);
+}
+
+/// A codec that sends a fixed body, to feed the simulator hostile input.
+#[derive(Debug)]
+struct Fixed(&'static str);
+
+impl Codec for Fixed {
+    fn wire(&self) -> WireFormat {
+        WireFormat::Anthropic
+    }
+    fn encode(&self, _: &Request, _: bool) -> EncodedBody {
+        EncodedBody::from_chunks(vec![self.0.as_bytes().to_vec().into()])
+    }
+    fn decode_response(&self, b: &[u8]) -> forkhive_transport::Result<Response> {
+        AnthropicCodec::default().decode_response(b)
+    }
+    fn stream_decoder(&self) -> Box<dyn StreamDecoder> {
+        AnthropicCodec::default().stream_decoder()
+    }
+    fn error_message(&self, _: &[u8]) -> Option<(String, String)> {
+        None
+    }
+}
+
+async fn fixed_error(body: &'static str) -> Error {
+    let s = PromptCacheSimulator::new(
+        echo(),
+        SimulatorConfig::new(SimulatedProvider::Anthropic),
+        Box::new(Fixed(body)),
+        Arc::new(ManualClock::new()),
+    );
+    s.send(&Request::new(CacheSafeParams::builder("m").build(), vec![]))
+        .await
+        .unwrap_err()
+}
+
+#[tokio::test]
+async fn invalid_breakpoints_are_rejected_like_the_provider_does() {
+    const CC: &str = r#""cache_control":{"type":"ephemeral"}"#;
+    let five = Box::leak(
+        format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":[{}]}}]}}"#,
+            (0..5)
+                .map(|i| format!(r#"{{"type":"text","text":"{i}",{CC}}}"#))
+                .collect::<Vec<_>>()
+                .join(",")
+        )
+        .into_boxed_str(),
+    );
+    let err = fixed_error(five).await;
+    assert_eq!(
+        err.to_string(),
+        "invalid request (HTTP 400): A maximum of 4 blocks with cache_control may be provided. Found 5."
+    );
+
+    let order = r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a","cache_control":{"type":"ephemeral"}},{"type":"text","text":"b","cache_control":{"type":"ephemeral","ttl":"1h"}}]}]}"#;
+    let err = fixed_error(order).await;
+    assert!(
+        err.to_string()
+            .contains("ttl 1h (block 1) comes after one with ttl 5m"),
+        "{err}"
+    );
+
+    let bad_ttl = r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a","cache_control":{"type":"ephemeral","ttl":"2h"}}]}]}"#;
+    assert!(
+        fixed_error(bad_ttl)
+            .await
+            .to_string()
+            .contains(r#"cache_control.ttl must be "5m" or "1h", found "2h""#)
+    );
+
+    let err = fixed_error(r#"{"model":"m"}"#).await;
+    assert!(err.to_string().starts_with("invalid request (HTTP 400): the request body is not a valid request: missing field `messages`"), "{err}");
+}
+
+#[tokio::test]
+async fn openai_rules_cache_automatically_in_128_token_steps() {
+    let s = PromptCacheSimulator::openai(echo());
+    let p = params_with("sys", 20, 100);
+    let first = s
+        .send(&Request::new(p.clone(), vec![Message::user_text("one")]))
+        .await
+        .unwrap()
+        .usage;
+    assert_eq!((first.cache_read_tokens, first.cache_write_tokens), (0, 0));
+    let second = s
+        .send(&Request::new(p, vec![Message::user_text("two")]))
+        .await
+        .unwrap()
+        .usage;
+    assert!(
+        second.cache_read_tokens >= 1024 && second.cache_read_tokens % 128 == 0,
+        "{second:?}"
+    );
+    assert!(second.input_tokens < 140, "{second:?}");
+}
