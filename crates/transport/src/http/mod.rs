@@ -1,0 +1,558 @@
+//! HTTP backends for the Anthropic Messages and OpenAI-compatible Chat Completions APIs
+//! (feature `http`), over reqwest with rustls.
+//!
+//! - The body is sent as its shared chunks with an explicit `content-length`: a fork child's
+//!   request never copies its parent's encoded prefix.
+//! - Retries follow a [`RetryPolicy`]: exponential backoff with jitter on 408, 409, 429, 5xx,
+//!   529 and an `overloaded_error` (or any retryable error) that arrives before the first
+//!   event of a stream; `retry-after` / `retry-after-ms` are honoured.
+//! - Three timeouts: connecting, waiting for response headers, and waiting for the next chunk
+//!   of a stream.
+//! - The API key is sent only in its header; it is never logged, and never part of an error or
+//!   of `Debug` output.
+
+mod retry;
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use reqwest::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+
+pub use retry::RetryPolicy;
+
+use crate::backend::{Backend, EventStream};
+use crate::codec::{AnthropicCodec, Codec, EncodedBody, OpenAiCodec, StreamDecoder, WireFormat};
+use crate::error::{Error, Result};
+use crate::request::{Request, Response, StreamEvent};
+use crate::sse::{SseDecoder, SseEvent};
+
+/// An API key. Its `Debug` shows only that it is set.
+#[derive(Clone)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    /// Wraps a key.
+    pub fn new(key: impl Into<String>) -> Self {
+        Self(key.into())
+    }
+}
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
+}
+
+/// Settings of an [`HttpBackend`].
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// The provider's base URL. Anthropic: the root (`https://api.anthropic.com`); `/v1` is
+    /// added unless the URL already ends with it. OpenAI-compatible: the root or `…/v1`.
+    pub base_url: String,
+    /// The API key; when `None`, no key header is sent (local servers).
+    pub api_key: Option<ApiKey>,
+    /// Extra headers sent with every request.
+    pub extra_headers: Vec<(String, String)>,
+    /// Limit on connecting.
+    pub connect_timeout: Duration,
+    /// Limit on waiting for the response headers.
+    pub timeout: Duration,
+    /// Limit on waiting for the next chunk of a stream (or the rest of a body).
+    pub idle_timeout: Duration,
+    /// When to retry.
+    pub retry: RetryPolicy,
+}
+
+impl HttpConfig {
+    /// Defaults for `base_url`: no key, 10 s to connect, 10 min for headers, 5 min between
+    /// stream chunks, the default retry policy.
+    pub fn new(base_url: impl Into<String>) -> Self {
+        Self {
+            base_url: base_url.into(),
+            api_key: None,
+            extra_headers: Vec::new(),
+            connect_timeout: Duration::from_secs(10),
+            timeout: Duration::from_secs(600),
+            idle_timeout: Duration::from_secs(300),
+            retry: RetryPolicy::default(),
+        }
+    }
+
+    /// Sets the API key.
+    pub fn with_api_key(mut self, key: impl Into<String>) -> Self {
+        self.api_key = Some(ApiKey::new(key));
+        self
+    }
+
+    /// Adds a header sent with every request.
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.extra_headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// Sets the retry policy.
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Sets the response-header timeout.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets the between-chunks timeout.
+    pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = timeout;
+        self
+    }
+}
+
+/// A backend that talks to a provider over HTTP in one wire format.
+///
+/// ```
+/// use forkhive_transport::http::{HttpBackend, HttpConfig};
+/// // A local OpenAI-compatible server needs no key.
+/// let backend = HttpBackend::openai(HttpConfig::new("http://127.0.0.1:8080/v1"))?;
+/// assert!(format!("{backend:?}").contains("/v1/chat/completions"));
+/// # Ok::<(), forkhive_transport::Error>(())
+/// ```
+pub struct HttpBackend {
+    codec: Arc<dyn Codec>,
+    client: reqwest::Client,
+    url: String,
+    endpoint: String,
+    headers: HeaderMap,
+    config: HttpConfig,
+}
+
+impl HttpBackend {
+    /// Anthropic Messages at `{base}/v1/messages`, with `x-api-key` and `anthropic-version`.
+    pub fn anthropic(config: HttpConfig) -> Result<Self> {
+        Self::with_codec(config, Arc::new(AnthropicCodec::default()))
+    }
+
+    /// Anthropic Messages configured from `ANTHROPIC_API_KEY` and `ANTHROPIC_BASE_URL`
+    /// (default `https://api.anthropic.com`).
+    pub fn anthropic_from_env() -> Result<Self> {
+        let base = std::env::var("ANTHROPIC_BASE_URL")
+            .unwrap_or_else(|_| "https://api.anthropic.com".to_owned());
+        let key = std::env::var("ANTHROPIC_API_KEY")
+            .map_err(|_| Error::Config("ANTHROPIC_API_KEY is not set".to_owned()))?;
+        Self::anthropic(HttpConfig::new(base).with_api_key(key))
+    }
+
+    /// OpenAI-compatible Chat Completions at `{base}/v1/chat/completions`, with a bearer key.
+    pub fn openai(config: HttpConfig) -> Result<Self> {
+        Self::with_codec(config, Arc::new(OpenAiCodec::default()))
+    }
+
+    /// OpenAI-compatible Chat Completions configured from `OPENAI_API_KEY` (optional for
+    /// local servers) and `OPENAI_BASE_URL` (default `https://api.openai.com/v1`).
+    pub fn openai_from_env() -> Result<Self> {
+        let base = std::env::var("OPENAI_BASE_URL")
+            .unwrap_or_else(|_| "https://api.openai.com/v1".to_owned());
+        let mut config = HttpConfig::new(base);
+        if let Ok(key) = std::env::var("OPENAI_API_KEY") {
+            config = config.with_api_key(key);
+        }
+        Self::openai(config)
+    }
+
+    /// A backend for `codec`'s wire format (its encoded prefixes are remembered per backend).
+    pub fn with_codec(config: HttpConfig, codec: Arc<dyn Codec>) -> Result<Self> {
+        let wire = codec.wire();
+        let (url, endpoint) = endpoint(&config.base_url, wire)?;
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let key = config.api_key.as_ref().map(|k| k.0.as_str());
+        match wire {
+            WireFormat::Anthropic => {
+                headers.insert(
+                    HeaderName::from_static("anthropic-version"),
+                    HeaderValue::from_static("2023-06-01"),
+                );
+                if let Some(key) = key {
+                    headers.insert(HeaderName::from_static("x-api-key"), secret_header(key)?);
+                }
+            }
+            WireFormat::OpenAi => {
+                if let Some(key) = key {
+                    headers.insert(
+                        reqwest::header::AUTHORIZATION,
+                        secret_header(&format!("Bearer {key}"))?,
+                    );
+                }
+            }
+        }
+        for (name, value) in &config.extra_headers {
+            let n = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| Error::Config(format!("invalid header name {name:?}")))?;
+            let v = HeaderValue::from_str(value)
+                .map_err(|_| Error::Config(format!("invalid value for header {name:?}")))?;
+            headers.insert(n, v);
+        }
+        let client = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .build()
+            .map_err(|e| Error::Config(format!("could not build the HTTP client: {e}")))?;
+        Ok(Self {
+            codec,
+            client,
+            url,
+            endpoint,
+            headers,
+            config,
+        })
+    }
+
+    /// The wire format.
+    pub fn wire(&self) -> WireFormat {
+        self.codec.wire()
+    }
+
+    /// The full request URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    async fn attempt(&self, body: &EncodedBody) -> Result<reqwest::Response> {
+        let chunks: Vec<Bytes> = body.chunks().to_vec();
+        let stream = futures::stream::iter(chunks.into_iter().map(Ok::<_, std::io::Error>));
+        let request = self
+            .client
+            .post(&self.url)
+            .headers(self.headers.clone())
+            .header(CONTENT_LENGTH, body.len())
+            .body(reqwest::Body::wrap_stream(stream));
+        let response = match tokio::time::timeout(self.config.timeout, request.send()).await {
+            Err(_) => {
+                return Err(Error::Timeout {
+                    after: self.config.timeout,
+                    waiting_for: "response headers",
+                });
+            }
+            Ok(Err(e)) => return Err(self.transport_error(e, "response headers")),
+            Ok(Ok(r)) => r,
+        };
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        let status = response.status().as_u16();
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let retry_after = retry::parse_retry_after(
+            header("retry-after").as_deref(),
+            header("retry-after-ms").as_deref(),
+        );
+        let body = self.read_body(response).await.unwrap_or_default();
+        Err(self.status_error(status, &body, retry_after))
+    }
+
+    fn status_error(&self, status: u16, body: &[u8], retry_after: Option<Duration>) -> Error {
+        match self.codec.error_message(body) {
+            Some((kind, message)) if kind == "overloaded_error" => Error::Overloaded {
+                message,
+                retry_after,
+            },
+            Some((_, message)) => Error::from_status(status, message, retry_after),
+            None => {
+                let text = String::from_utf8_lossy(body);
+                let message = if text.trim().is_empty() {
+                    format!("no error body from {}", self.endpoint)
+                } else {
+                    text.chars().take(500).collect()
+                };
+                Error::from_status(status, message, retry_after)
+            }
+        }
+    }
+
+    fn transport_error(&self, e: reqwest::Error, waiting_for: &'static str) -> Error {
+        if e.is_timeout() {
+            Error::Timeout {
+                after: self.config.timeout,
+                waiting_for,
+            }
+        } else {
+            Error::Connect {
+                endpoint: self.endpoint.clone(),
+                source: Box::new(e.without_url()),
+            }
+        }
+    }
+
+    async fn read_body(&self, response: reqwest::Response) -> Result<Bytes> {
+        match tokio::time::timeout(self.config.idle_timeout, response.bytes()).await {
+            Err(_) => Err(Error::Timeout {
+                after: self.config.idle_timeout,
+                waiting_for: "the response body",
+            }),
+            Ok(Err(e)) => Err(self.transport_error(e, "the response body")),
+            Ok(Ok(b)) => Ok(b),
+        }
+    }
+
+    async fn wait(&self, retry: u32, error: &Error) -> bool {
+        match self.config.retry.delay(retry, error) {
+            Some(delay) => {
+                tracing::debug!(
+                    endpoint = %self.endpoint,
+                    retry = retry + 1,
+                    ?delay,
+                    error = %error,
+                    "retrying request"
+                );
+                tokio::time::sleep(delay).await;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+fn secret_header(value: &str) -> Result<HeaderValue> {
+    let mut v = HeaderValue::from_str(value).map_err(|_| {
+        Error::Config("the API key contains characters not allowed in a header".to_owned())
+    })?;
+    v.set_sensitive(true);
+    Ok(v)
+}
+
+/// The request URL and the `scheme://host:port` used in errors.
+fn endpoint(base: &str, wire: WireFormat) -> Result<(String, String)> {
+    let url = reqwest::Url::parse(base)
+        .map_err(|e| Error::Config(format!("invalid base URL {base:?}: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(Error::Config(format!(
+            "invalid base URL {base:?}: the scheme must be http or https"
+        )));
+    }
+    let host = url.host_str().unwrap_or_default();
+    let port = url.port_or_known_default().unwrap_or_default();
+    let origin = format!("{}://{host}:{port}", url.scheme());
+    let path = url.path().trim_end_matches('/');
+    let versioned = if path.ends_with("/v1") {
+        path.to_owned()
+    } else {
+        format!("{path}/v1")
+    };
+    let tail = match wire {
+        WireFormat::Anthropic => "/messages",
+        WireFormat::OpenAi => "/chat/completions",
+    };
+    Ok((format!("{origin}{versioned}{tail}"), origin))
+}
+
+impl fmt::Debug for HttpBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpBackend")
+            .field("wire", &self.codec.wire())
+            .field("url", &self.url)
+            .field("api_key", &self.config.api_key)
+            .field("retry", &self.config.retry)
+            .finish()
+    }
+}
+
+type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+
+/// The decoding state of one streamed answer.
+struct EventReader {
+    bytes: ByteStream,
+    sse: SseDecoder,
+    decoder: Box<dyn StreamDecoder>,
+    pending: VecDeque<StreamEvent>,
+    scratch: Vec<SseEvent>,
+    events: usize,
+    failed: Option<Error>,
+    done: bool,
+    idle: Duration,
+}
+
+impl EventReader {
+    async fn next(&mut self) -> Option<Result<StreamEvent>> {
+        loop {
+            if let Some(e) = self.pending.pop_front() {
+                self.events += 1;
+                return Some(Ok(e));
+            }
+            if let Some(e) = self.failed.take() {
+                return Some(Err(e));
+            }
+            if self.done {
+                return None;
+            }
+            match tokio::time::timeout(self.idle, self.bytes.next()).await {
+                Err(_) => {
+                    self.done = true;
+                    return Some(Err(Error::Timeout {
+                        after: self.idle,
+                        waiting_for: "the next stream event",
+                    }));
+                }
+                Ok(Some(Ok(chunk))) => {
+                    self.sse.feed(&chunk, &mut self.scratch);
+                    let mut out = Vec::new();
+                    for ev in self.scratch.drain(..) {
+                        if let Err(e) = self.decoder.decode(&ev, &mut out) {
+                            // Deliver what decoded before the error, then the error.
+                            self.failed = Some(e);
+                            self.done = true;
+                            break;
+                        }
+                    }
+                    self.pending.extend(out);
+                }
+                Ok(Some(Err(e))) => {
+                    self.done = true;
+                    return Some(Err(Error::TruncatedStream {
+                        events: self.events,
+                        detail: format!("the connection failed: {}", e.without_url()),
+                    }));
+                }
+                Ok(None) => {
+                    self.done = true;
+                    if self.decoder.is_complete() {
+                        return None;
+                    }
+                    let detail = if self.sse.has_partial_event() {
+                        "the connection closed in the middle of an event"
+                    } else {
+                        "the connection closed before the end-of-stream event"
+                    };
+                    return Some(Err(Error::TruncatedStream {
+                        events: self.events,
+                        detail: detail.to_owned(),
+                    }));
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for HttpBackend {
+    async fn send(&self, request: &Request) -> Result<Response> {
+        let body = self.codec.encode(request, false);
+        let mut retry = 0;
+        loop {
+            let result = match self.attempt(&body).await {
+                Ok(response) => match self.read_body(response).await {
+                    Ok(bytes) => self.codec.decode_response(&bytes),
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e),
+            };
+            match result {
+                Err(e) if self.wait(retry, &e).await => retry += 1,
+                other => return other,
+            }
+        }
+    }
+
+    async fn stream(&self, request: &Request) -> Result<EventStream> {
+        let body = self.codec.encode(request, true);
+        let mut retry = 0;
+        loop {
+            let response = match self.attempt(&body).await {
+                Ok(r) => r,
+                Err(e) if self.wait(retry, &e).await => {
+                    retry += 1;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let mut reader = EventReader {
+                bytes: Box::pin(response.bytes_stream()),
+                sse: SseDecoder::new(),
+                decoder: self.codec.stream_decoder(),
+                pending: VecDeque::new(),
+                scratch: Vec::new(),
+                events: 0,
+                failed: None,
+                done: false,
+                idle: self.config.idle_timeout,
+            };
+            // An error before the first event (e.g. `overloaded_error`) is retried like a
+            // status error: nothing has been delivered yet.
+            let first = reader.next().await;
+            match first {
+                Some(Err(e)) if self.wait(retry, &e).await => {
+                    retry += 1;
+                    continue;
+                }
+                Some(Err(e)) => return Err(e),
+                first => {
+                    let head = futures::stream::iter(first);
+                    let rest = futures::stream::unfold(reader, |mut r| async move {
+                        r.next().await.map(|item| (item, r))
+                    });
+                    return Ok(Box::pin(head.chain(rest)));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_add_v1_once() {
+        let a = |b: &str| endpoint(b, WireFormat::Anthropic).unwrap().0;
+        let o = |b: &str| endpoint(b, WireFormat::OpenAi).unwrap().0;
+        assert_eq!(
+            a("https://api.anthropic.com"),
+            "https://api.anthropic.com:443/v1/messages"
+        );
+        assert_eq!(
+            a("http://127.0.0.1:8080/v1/"),
+            "http://127.0.0.1:8080/v1/messages"
+        );
+        assert_eq!(
+            o("https://api.openai.com/v1"),
+            "https://api.openai.com:443/v1/chat/completions"
+        );
+        assert_eq!(
+            o("http://localhost:9/proxy"),
+            "http://localhost:9/proxy/v1/chat/completions"
+        );
+        assert!(matches!(
+            endpoint("ftp://x", WireFormat::OpenAi),
+            Err(Error::Config(_))
+        ));
+        assert!(matches!(
+            endpoint("not a url", WireFormat::OpenAi),
+            Err(Error::Config(_))
+        ));
+    }
+
+    #[test]
+    fn the_key_never_shows_in_debug_output() {
+        let b = HttpBackend::anthropic(
+            HttpConfig::new("http://127.0.0.1:1").with_api_key("sk-secret-123"),
+        )
+        .unwrap();
+        let shown = format!("{b:?}");
+        assert!(!shown.contains("sk-secret-123"), "{shown}");
+        assert!(shown.contains("ApiKey(<redacted>)"));
+        let err =
+            HttpBackend::anthropic(HttpConfig::new("http://127.0.0.1:1").with_api_key("bad\nkey"))
+                .unwrap_err();
+        assert!(!err.to_string().contains("bad"), "{err}");
+    }
+}

@@ -1,0 +1,155 @@
+//! Retry policy: exponential backoff with jitter, honouring the provider's `retry-after`.
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::time::Duration;
+
+use crate::error::Error;
+
+/// When and how long to wait before sending a request again.
+///
+/// Only errors whose [`Error::is_retryable`] is true are retried (429, 529/overloaded, 408,
+/// 409, 5xx, timeouts and connection failures before any part of the answer arrived).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Retries after the first attempt (0 disables retrying).
+    pub max_retries: u32,
+    /// The backoff before the first retry; it doubles on each further retry.
+    pub initial_backoff: Duration,
+    /// The longest computed backoff.
+    pub max_backoff: Duration,
+    /// The longest `retry-after` honoured; a provider asking for more gets this much.
+    pub max_retry_after: Duration,
+    /// Randomise each backoff within its upper half, so that clients do not retry in step.
+    pub jitter: bool,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_retries: 4,
+            initial_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(30),
+            max_retry_after: Duration::from_secs(60),
+            jitter: true,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// A policy that never retries.
+    pub fn none() -> Self {
+        Self {
+            max_retries: 0,
+            ..Self::default()
+        }
+    }
+
+    /// The delay before retry number `retry` (0-based) after `error`, or `None` when the
+    /// error is not retryable or the retries are used up.
+    pub fn delay(&self, retry: u32, error: &Error) -> Option<Duration> {
+        if !error.is_retryable() || retry >= self.max_retries {
+            return None;
+        }
+        if let Some(after) = error.retry_after() {
+            return Some(after.min(self.max_retry_after));
+        }
+        let factor = 2u32.saturating_pow(retry.min(16));
+        let backoff = self
+            .initial_backoff
+            .saturating_mul(factor)
+            .min(self.max_backoff);
+        Some(if self.jitter {
+            backoff.mul_f64(0.5 + 0.5 * random_fraction())
+        } else {
+            backoff
+        })
+    }
+}
+
+/// A number in `[0, 1)` from the standard library's randomly keyed hasher.
+fn random_fraction() -> f64 {
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(0x5eed);
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Parses `retry-after` (seconds) or `retry-after-ms` header values.
+pub(crate) fn parse_retry_after(seconds: Option<&str>, millis: Option<&str>) -> Option<Duration> {
+    let valid = |v: &str| {
+        v.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|n| n.is_finite() && *n >= 0.0)
+    };
+    if let Some(ms) = millis.and_then(valid) {
+        return Some(Duration::from_secs_f64(ms / 1000.0));
+    }
+    seconds.and_then(valid).map(Duration::from_secs_f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unavailable() -> Error {
+        Error::from_status(503, "down".into(), None)
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_without_jitter() {
+        let p = RetryPolicy {
+            max_retries: 10,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_millis(500),
+            jitter: false,
+            ..RetryPolicy::default()
+        };
+        let delays: Vec<_> = (0..5)
+            .map(|r| p.delay(r, &unavailable()).unwrap())
+            .collect();
+        assert_eq!(delays, [100, 200, 400, 500, 500].map(Duration::from_millis));
+        assert_eq!(p.delay(10, &unavailable()), None, "retries used up");
+    }
+
+    #[test]
+    fn jitter_stays_in_the_upper_half() {
+        let p = RetryPolicy::default();
+        for _ in 0..100 {
+            let d = p.delay(1, &unavailable()).unwrap();
+            assert!(
+                d >= Duration::from_millis(500) && d <= Duration::from_millis(1000),
+                "{d:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn retry_after_wins_and_is_capped() {
+        let p = RetryPolicy::default();
+        let e = Error::from_status(429, "slow".into(), Some(Duration::from_secs(3)));
+        assert_eq!(p.delay(0, &e), Some(Duration::from_secs(3)));
+        let e = Error::from_status(429, "slow".into(), Some(Duration::from_secs(600)));
+        assert_eq!(p.delay(0, &e), Some(Duration::from_secs(60)));
+        let e = Error::from_status(400, "bad".into(), None);
+        assert_eq!(p.delay(0, &e), None, "not retryable");
+    }
+
+    #[test]
+    fn retry_after_headers_parse() {
+        assert_eq!(
+            parse_retry_after(Some("2"), None),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            parse_retry_after(Some("2"), Some("150")),
+            Some(Duration::from_millis(150))
+        );
+        assert_eq!(
+            parse_retry_after(Some("Wed, 21 Oct 2015 07:28:00 GMT"), None),
+            None
+        );
+        assert_eq!(parse_retry_after(Some("-1"), None), None);
+        assert_eq!(parse_retry_after(None, None), None);
+    }
+}

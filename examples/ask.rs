@@ -1,0 +1,180 @@
+//! One request through a chosen backend, printed as one JSON object: the quickest way to check
+//! an endpoint and a key.
+//!
+//! ```text
+//! cargo run --example ask -- [--backend anthropic|openai|scripted] [--base-url URL]
+//!     [--model NAME] [--max-tokens N] [--stream] "the prompt"
+//! ```
+//!
+//! Keys come from `ANTHROPIC_API_KEY` / `OPENAI_API_KEY` (optional for local servers); base URLs
+//! default to `ANTHROPIC_BASE_URL` / `OPENAI_BASE_URL` or the providers' own. Errors go to
+//! stderr with a non-zero exit status.
+
+use std::process::ExitCode;
+
+use forkhive::core::{CacheSafeParams, Message, Usage};
+use forkhive::transport::http::{HttpBackend, HttpConfig};
+use forkhive::transport::{Backend, BackendExt, Request, Response, ScriptedBackend};
+
+struct Args {
+    backend: String,
+    base_url: Option<String>,
+    model: Option<String>,
+    max_tokens: u32,
+    stream: bool,
+    prompt: String,
+}
+
+const USAGE: &str = "usage: ask [--backend anthropic|openai|scripted] [--base-url URL] [--model NAME] [--max-tokens N] [--stream] PROMPT";
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        backend: "anthropic".into(),
+        base_url: None,
+        model: None,
+        max_tokens: 256,
+        stream: false,
+        prompt: String::new(),
+    };
+    let mut rest = Vec::new();
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = || {
+            it.next()
+                .ok_or_else(|| format!("{arg} needs a value\n{USAGE}"))
+        };
+        match arg.as_str() {
+            "--backend" => a.backend = value()?,
+            "--base-url" => a.base_url = Some(value()?),
+            "--model" => a.model = Some(value()?),
+            "--max-tokens" => {
+                a.max_tokens = value()?.parse().map_err(|e| format!("--max-tokens: {e}"))?
+            }
+            "--stream" => a.stream = true,
+            "-h" | "--help" => return Err(USAGE.into()),
+            flag if flag.starts_with("--") => {
+                return Err(format!("unknown option {flag}\n{USAGE}"));
+            }
+            _ => rest.push(arg),
+        }
+    }
+    a.prompt = rest
+        .pop()
+        .ok_or_else(|| format!("no prompt given\n{USAGE}"))?;
+    if !rest.is_empty() {
+        return Err(format!(
+            "one prompt expected, found {} arguments (quote the prompt)\n{USAGE}",
+            rest.len() + 1
+        ));
+    }
+    Ok(a)
+}
+
+fn backend(a: &Args) -> Result<(Box<dyn Backend>, String), String> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    match a.backend.as_str() {
+        "scripted" => {
+            let b = ScriptedBackend::from_fn(|r: &Request| {
+                let prompt = r
+                    .all_messages()
+                    .last()
+                    .map(Message::text)
+                    .unwrap_or_default();
+                Ok(Response::text(
+                    format!("You said: {prompt}"),
+                    Usage {
+                        input_tokens: 8,
+                        output_tokens: 4,
+                        ..Usage::default()
+                    },
+                ))
+            });
+            Ok((
+                Box::new(b),
+                a.model.clone().unwrap_or_else(|| "scripted".into()),
+            ))
+        }
+        "anthropic" => {
+            let url = a
+                .base_url
+                .clone()
+                .or_else(|| env("ANTHROPIC_BASE_URL"))
+                .unwrap_or_else(|| "https://api.anthropic.com".into());
+            let mut config = HttpConfig::new(url);
+            if let Some(k) = env("ANTHROPIC_API_KEY") {
+                config = config.with_api_key(k);
+            }
+            let b = HttpBackend::anthropic(config).map_err(|e| e.to_string())?;
+            Ok((
+                Box::new(b),
+                a.model
+                    .clone()
+                    .unwrap_or_else(|| "claude-sonnet-4-5".into()),
+            ))
+        }
+        "openai" => {
+            let url = a
+                .base_url
+                .clone()
+                .or_else(|| env("OPENAI_BASE_URL"))
+                .unwrap_or_else(|| "https://api.openai.com/v1".into());
+            let mut config = HttpConfig::new(url);
+            if let Some(k) = env("OPENAI_API_KEY") {
+                config = config.with_api_key(k);
+            }
+            let b = HttpBackend::openai(config).map_err(|e| e.to_string())?;
+            Ok((
+                Box::new(b),
+                a.model.clone().unwrap_or_else(|| "gpt-4o-mini".into()),
+            ))
+        }
+        other => Err(format!(
+            "--backend must be anthropic, openai or scripted, not {other:?}"
+        )),
+    }
+}
+
+async fn run() -> Result<String, String> {
+    let args = parse_args()?;
+    let (backend, model) = backend(&args)?;
+    let request = Request::new(
+        CacheSafeParams::builder(model).build(),
+        vec![Message::user_text(&args.prompt)],
+    )
+    .with_max_tokens(args.max_tokens);
+    let response = if args.stream {
+        backend.stream_to_response(&request).await
+    } else {
+        backend.send(&request).await
+    };
+    let response = response.map_err(|e| {
+        let mut text = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            text.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        text
+    })?;
+    let out = serde_json::json!({
+        "message": response.message,
+        "stop_reason": response.stop_reason.as_ref().map(|s| s.as_str()),
+        "model": response.model,
+        "usage": response.usage,
+    });
+    serde_json::to_string(&out).map_err(|e| e.to_string())
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(json) => {
+            println!("{json}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
