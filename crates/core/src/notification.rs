@@ -361,7 +361,8 @@ impl<'a> Parser<'a> {
     fn number(&mut self, tag: &str) -> Result<u64> {
         let at = self.pos;
         let v = self.element(tag)?;
-        v.parse().map_err(|_| {
+        let digits = !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit());
+        digits.then(|| v.parse().ok()).flatten().ok_or_else(|| {
             let mut p = Parser {
                 text: self.text,
                 pos: at,

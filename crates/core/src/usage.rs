@@ -35,12 +35,14 @@ pub struct Usage {
 impl Usage {
     /// All input tokens: uncached, cache-written and cache-read.
     pub fn total_input_tokens(&self) -> u64 {
-        self.input_tokens + self.cache_write_tokens + self.cache_read_tokens
+        self.input_tokens
+            .saturating_add(self.cache_write_tokens)
+            .saturating_add(self.cache_read_tokens)
     }
 
     /// All tokens: input of every kind plus output.
     pub fn total_tokens(&self) -> u64 {
-        self.total_input_tokens() + self.output_tokens
+        self.total_input_tokens().saturating_add(self.output_tokens)
     }
 
     /// The share of input tokens served from the cache, in `0.0..=1.0` (0 when there was no
@@ -143,5 +145,11 @@ mod tests {
             ..Usage::default()
         };
         assert_eq!((max + max).output_tokens, u64::MAX);
+        let huge = Usage {
+            input_tokens: u64::MAX,
+            cache_read_tokens: 5,
+            ..Usage::default()
+        };
+        assert_eq!(huge.total_tokens(), u64::MAX);
     }
 }

@@ -185,7 +185,7 @@ impl Error {
                 message,
                 retry_after: None,
             },
-            "api_error" => Error::Unavailable {
+            "api_error" | "server_error" => Error::Unavailable {
                 status: 500,
                 message,
                 retry_after: None,

@@ -144,6 +144,15 @@ impl SimulatorConfig {
     }
 }
 
+/// A snapshot of the simulated cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Entries that can be read now.
+    pub live: usize,
+    /// Entries whose writers have not started answering yet.
+    pub pending: usize,
+}
+
 /// What the simulator decided for one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CacheReport {
@@ -184,8 +193,10 @@ impl CacheReport {
 struct Entry {
     ttl: Duration,
     expires_at: Duration,
-    /// `None` once the writer's answer began; until then, the writing request's number.
-    pending: Option<u64>,
+    /// Whether some writer's answer has begun (only then can the entry be read).
+    ready: bool,
+    /// Requests writing this entry whose answers have not begun yet.
+    writers: Vec<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -196,17 +207,48 @@ struct State {
 }
 
 impl State {
-    fn ready(&mut self, request: u64, now: Duration) {
+    /// Records that request `id` writes `key`. A live entry is left alone; a pending one gains
+    /// a writer (parallel requests each pay for their write); an expired one is replaced.
+    fn write(&mut self, key: Digest, ttl: Duration, id: u64, now: Duration) {
+        let fresh = Entry {
+            ttl,
+            expires_at: now + ttl,
+            ready: false,
+            writers: vec![id],
+        };
+        match self.entries.get_mut(&key) {
+            Some(e) if e.ready && e.expires_at > now => {}
+            Some(e) if !e.ready => e.writers.push(id),
+            Some(e) => *e = fresh,
+            None => {
+                self.entries.insert(key, fresh);
+            }
+        }
+    }
+
+    /// Request `id` began answering: its entries become readable from now.
+    fn ready(&mut self, id: u64, now: Duration) {
         for e in self.entries.values_mut() {
-            if e.pending == Some(request) {
-                e.pending = None;
+            if let Some(i) = e.writers.iter().position(|&w| w == id) {
+                e.writers.swap_remove(i);
+                e.ready = true;
                 e.expires_at = now + e.ttl;
             }
         }
     }
 
-    fn abort(&mut self, request: u64) {
-        self.entries.retain(|_, e| e.pending != Some(request));
+    /// Request `id` failed or was dropped: it writes nothing.
+    fn abort(&mut self, id: u64) {
+        self.entries.retain(|_, e| {
+            e.writers.retain(|&w| w != id);
+            e.ready || !e.writers.is_empty()
+        });
+    }
+
+    /// Forgets expired entries.
+    fn purge(&mut self, now: Duration) {
+        self.entries
+            .retain(|_, e| !e.writers.is_empty() || (e.ready && e.expires_at > now));
     }
 
     /// A hit restarts the entry's TTL.
@@ -219,7 +261,37 @@ impl State {
     fn live(&self, key: &Digest, now: Duration) -> bool {
         self.entries
             .get(key)
-            .is_some_and(|e| e.pending.is_none() && e.expires_at > now)
+            .is_some_and(|e| e.ready && e.expires_at > now)
+    }
+}
+
+/// Settles one request's pending writes: `ready` when its answer begins, `abort` if it is
+/// dropped or fails first (a cancelled request writes nothing and leaves nothing pending).
+struct Pending {
+    state: Arc<Mutex<State>>,
+    clock: Arc<dyn Clock>,
+    id: u64,
+    settled: bool,
+}
+
+impl Pending {
+    fn settle(&mut self, ok: bool) {
+        if self.settled {
+            return;
+        }
+        self.settled = true;
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if ok {
+            state.ready(self.id, self.clock.now());
+        } else {
+            state.abort(self.id);
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.settle(false);
     }
 }
 
@@ -316,6 +388,20 @@ impl<B: Backend> PromptCacheSimulator<B> {
         self.lock().reports.clone()
     }
 
+    /// How many cache entries are live, and how many wait for their writer's answer to begin.
+    pub fn stats(&self) -> CacheStats {
+        let now = self.clock.now();
+        let state = self.lock();
+        CacheStats {
+            live: state.entries.keys().filter(|k| state.live(k, now)).count(),
+            pending: state
+                .entries
+                .values()
+                .filter(|e| !e.writers.is_empty() && !e.ready)
+                .count(),
+        }
+    }
+
     /// Forgets every cache entry (as if the TTLs had all run out).
     pub fn clear(&self) {
         self.lock().entries.clear();
@@ -340,6 +426,7 @@ impl<B: Backend> PromptCacheSimulator<B> {
                 SimulatedProvider::OpenAi => 1024,
             });
         let mut state = self.lock();
+        state.purge(now);
         state.requests += 1;
         let id = state.requests;
         let report = match self.config.provider {
@@ -431,14 +518,7 @@ impl<B: Backend> PromptCacheSimulator<B> {
                 write_1h += segment;
             }
             cached = p.tokens;
-            state.entries.insert(
-                p.key,
-                Entry {
-                    ttl: ttl.duration(),
-                    expires_at: now + ttl.duration(),
-                    pending: Some(id),
-                },
-            );
+            state.write(p.key, ttl.duration(), id, now);
         }
         Ok(CacheReport {
             request: id,
@@ -453,13 +533,12 @@ impl<B: Backend> PromptCacheSimulator<B> {
         })
     }
 
-    fn finish(&self, id: u64, ok: bool) {
-        let now = self.clock.now();
-        let mut state = self.lock();
-        if ok {
-            state.ready(id, now);
-        } else {
-            state.abort(id);
+    fn pending(&self, id: u64) -> Pending {
+        Pending {
+            state: Arc::clone(&self.state),
+            clock: Arc::clone(&self.clock),
+            id,
+            settled: false,
         }
     }
 }
@@ -482,11 +561,7 @@ fn decide_openai(
     if total >= min {
         let ttl = CacheTtl::FiveMinutes.duration();
         for p in positions.iter().filter(|p| p.tokens >= min) {
-            state.entries.entry(p.key).or_insert(Entry {
-                ttl,
-                expires_at: now + ttl,
-                pending: Some(id),
-            });
+            state.write(p.key, ttl, id, now);
         }
     }
     CacheReport {
@@ -592,6 +667,12 @@ fn decode_error(e: serde_json::Error) -> Error {
     }
 }
 
+/// Feeds `bytes` with its length first, so that no two sequences of fields hash alike.
+fn frame(hasher: &mut Sha256, bytes: &[u8]) {
+    hasher.update((bytes.len() as u64).to_le_bytes());
+    hasher.update(bytes);
+}
+
 /// Feeds one block to the running key and returns its breakpoint TTL, if it carries one.
 fn feed_block(hasher: &mut Sha256, raw: &RawValue) -> Result<(usize, Option<CacheTtl>)> {
     #[derive(Deserialize)]
@@ -619,9 +700,8 @@ fn feed_block(hasher: &mut Sha256, raw: &RawValue) -> Result<(usize, Option<Cach
             });
             continue;
         }
-        hasher.update(k.as_bytes());
-        hasher.update(b"\x1f");
-        hasher.update(v.get().as_bytes());
+        frame(hasher, k.as_bytes());
+        frame(hasher, v.get().as_bytes());
         len += k.len() + v.get().len() + 4;
     }
     Ok((len, ttl))
@@ -630,7 +710,7 @@ fn feed_block(hasher: &mut Sha256, raw: &RawValue) -> Result<(usize, Option<Cach
 fn anthropic_positions(body: &[u8]) -> Result<Analysis> {
     let b: AnthropicBody = serde_json::from_slice(body).map_err(decode_error)?;
     let mut hasher = Sha256::new_with_prefix(b"anthropic\x1f");
-    hasher.update(b.model.as_bytes());
+    frame(&mut hasher, b.model.as_bytes());
     let mut positions = Vec::new();
     let mut tokens = 0;
     let mut push = |hasher: &mut Sha256, len: usize, ttl: Option<CacheTtl>| {
@@ -649,7 +729,7 @@ fn anthropic_positions(body: &[u8]) -> Result<Analysis> {
     hasher.update(b"\x1esystem");
     match &b.system {
         Some(Blocks::Text(s)) => {
-            hasher.update(s.as_bytes());
+            frame(&mut hasher, s.as_bytes());
             push(&mut hasher, s.len(), None);
         }
         Some(Blocks::List(list)) => {
@@ -662,15 +742,20 @@ fn anthropic_positions(body: &[u8]) -> Result<Analysis> {
     }
     // Thinking and tool_choice invalidate the message cache only.
     hasher.update(b"\x1emessages");
-    hasher.update(b.thinking.as_ref().map_or("", |r| r.get()).as_bytes());
-    hasher.update(b"\x1f");
-    hasher.update(b.tool_choice.as_ref().map_or("", |r| r.get()).as_bytes());
+    frame(
+        &mut hasher,
+        b.thinking.as_ref().map_or("", |r| r.get()).as_bytes(),
+    );
+    frame(
+        &mut hasher,
+        b.tool_choice.as_ref().map_or("", |r| r.get()).as_bytes(),
+    );
     for m in &b.messages {
-        hasher.update(b"\x1erole\x1f");
-        hasher.update(m.role.as_bytes());
+        hasher.update(b"\x1erole");
+        frame(&mut hasher, m.role.as_bytes());
         match &m.content {
             Blocks::Text(s) => {
-                hasher.update(s.as_bytes());
+                frame(&mut hasher, s.as_bytes());
                 push(&mut hasher, s.len(), None);
             }
             Blocks::List(list) => {
@@ -709,7 +794,7 @@ fn openai_positions(body: &[u8]) -> Result<Analysis> {
         prompt.extend_from_slice(m.get().as_bytes());
     }
     let mut hasher = Sha256::new_with_prefix(b"openai\x1f");
-    hasher.update(b.model.as_bytes());
+    frame(&mut hasher, b.model.as_bytes());
     hasher.update(b"\x1e");
     let positions = prompt
         .chunks(OPENAI_STEP_BYTES)
@@ -745,74 +830,47 @@ impl<B: Backend> Backend for PromptCacheSimulator<B> {
     async fn send(&self, request: &Request) -> Result<Response> {
         let body = self.codec.encode(request, false).to_bytes();
         let report = self.begin(request, &body)?;
-        match self.inner.send(request).await {
-            Ok(mut r) => {
-                self.finish(report.request, true);
-                report.partial_usage().apply_to(&mut r.usage);
-                Ok(r)
-            }
-            Err(e) => {
-                self.finish(report.request, false);
-                Err(e)
-            }
-        }
+        let mut pending = self.pending(report.request);
+        let mut response = self.inner.send(request).await?;
+        pending.settle(true);
+        report.partial_usage().apply_to(&mut response.usage);
+        Ok(response)
     }
 
     async fn stream(&self, request: &Request) -> Result<EventStream> {
         let body = self.codec.encode(request, true).to_bytes();
         let report = self.begin(request, &body)?;
-        let inner = match self.inner.stream(request).await {
-            Ok(s) => s,
-            Err(e) => {
-                self.finish(report.request, false);
-                return Err(e);
-            }
-        };
-        let state = Arc::clone(&self.state);
-        let clock = Arc::clone(&self.clock);
-        let id = report.request;
+        // Dropped (and so aborted) if `inner.stream` fails, or if the stream ends or is
+        // dropped before its first event.
+        let mut pending = self.pending(report.request);
+        let inner = self.inner.stream(request).await?;
         let usage = report.partial_usage();
-        let mut started = false;
         Ok(Box::pin(inner.map(move |item| {
-            let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
-            match item {
-                Ok(mut event) => {
-                    if !started {
-                        started = true;
-                        state.ready(id, clock.now());
-                    }
-                    match &mut event {
-                        StreamEvent::MessageStart { usage: u, .. } => {
-                            let output = u.output_tokens;
-                            *u = PartialUsage {
-                                output_tokens: output,
-                                ..usage
-                            };
-                        }
-                        StreamEvent::MessageDelta { usage: u, .. } => {
-                            // Keep output counts; cumulative input fields follow the simulation.
-                            if u.input_tokens.is_some() {
-                                u.input_tokens = usage.input_tokens;
-                            }
-                            if u.cache_read_tokens.is_some() {
-                                u.cache_read_tokens = usage.cache_read_tokens;
-                            }
-                            if u.cache_write_tokens.is_some() {
-                                u.cache_write_tokens = usage.cache_write_tokens;
-                                u.cache_write_1h_tokens = usage.cache_write_1h_tokens;
-                            }
-                        }
-                        _ => {}
-                    }
-                    Ok(event)
+            let mut event = item?;
+            pending.settle(true);
+            match &mut event {
+                StreamEvent::MessageStart { usage: u, .. } => {
+                    *u = PartialUsage {
+                        output_tokens: u.output_tokens,
+                        ..usage
+                    };
                 }
-                Err(e) => {
-                    if !started {
-                        state.abort(id);
+                StreamEvent::MessageDelta { usage: u, .. } => {
+                    // Keep output counts; cumulative input fields follow the simulation.
+                    if u.input_tokens.is_some() {
+                        u.input_tokens = usage.input_tokens;
                     }
-                    Err(e)
+                    if u.cache_read_tokens.is_some() {
+                        u.cache_read_tokens = usage.cache_read_tokens;
+                    }
+                    if u.cache_write_tokens.is_some() {
+                        u.cache_write_tokens = usage.cache_write_tokens;
+                        u.cache_write_1h_tokens = usage.cache_write_1h_tokens;
+                    }
                 }
+                _ => {}
             }
+            Ok(event)
         })))
     }
 }

@@ -481,3 +481,86 @@ async fn a_refused_connection_names_the_endpoint_but_never_the_key() {
     let chain = format!("{err:?}");
     assert!(!chain.contains("sk-ant-secret"), "{chain}");
 }
+
+#[tokio::test]
+async fn a_complete_stream_ignores_what_the_connection_does_next() {
+    // The server keeps the connection open after message_stop, then sends junk.
+    let server = serve(vec![Reply::sse_chunks(
+        vec![anthropic_sse().into_bytes(), b"junk".to_vec()],
+        Duration::from_secs(2),
+    )])
+    .await;
+    let backend = HttpBackend::anthropic(
+        HttpConfig::new(server.url())
+            .with_retry(RetryPolicy::none())
+            .with_idle_timeout(Duration::from_millis(200)),
+    )
+    .unwrap();
+    let r = backend.stream_to_response(&sample_request()).await.unwrap();
+    assert_eq!(r.message.text(), "Hello!");
+}
+
+#[tokio::test]
+async fn a_stream_that_ends_before_its_first_event_is_retried() {
+    let server = serve(vec![Reply::sse(""), Reply::sse(&anthropic_sse())]).await;
+    let r = anthropic(&server.url(), 2)
+        .stream_to_response(&sample_request())
+        .await
+        .unwrap();
+    assert_eq!(r.message.text(), "Hello!");
+    assert_eq!(server.requests().len(), 2);
+
+    let server = serve(vec![Reply::sse("")]).await;
+    let err = anthropic(&server.url(), 0)
+        .stream_to_response(&sample_request())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("connection to {} failed", server.url())
+    );
+    assert_eq!(
+        std::error::Error::source(&err).unwrap().to_string(),
+        "the connection closed before the end-of-stream event"
+    );
+}
+
+#[tokio::test]
+async fn secrets_echoed_by_a_server_are_redacted() {
+    let echo = r#"{"type":"error","error":{"type":"authentication_error","message":"bad key sk-ant-test for gateway token gw-secret-9"}}"#;
+    let server = serve(vec![Reply::json(401, echo)]).await;
+    let config = HttpConfig::new(server.url())
+        .with_api_key("sk-ant-test")
+        .with_header("x-gateway", "gw-secret-9")
+        .with_retry(RetryPolicy::none());
+    assert!(!format!("{config:?}").contains("gw-secret-9"), "{config:?}");
+    let err = HttpBackend::anthropic(config)
+        .unwrap()
+        .send(&sample_request())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "authentication failed (HTTP 401): bad key <redacted> for gateway token <redacted>"
+    );
+    let err = HttpBackend::anthropic(HttpConfig::new("http://user:pw@[bad")).unwrap_err();
+    assert!(!err.to_string().contains("pw"), "{err}");
+}
+
+#[tokio::test]
+async fn a_huge_retry_after_is_capped_not_a_panic() {
+    let limited = r#"{"type":"error","error":{"type":"rate_limit_error","message":"slow"}}"#;
+    let server = serve(vec![
+        Reply::json(429, limited).with_header("retry-after", "1e300"),
+    ])
+    .await;
+    let err = anthropic(&server.url(), 0)
+        .send(&sample_request())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.retry_after(),
+        None,
+        "an unrepresentable delay is ignored"
+    );
+}

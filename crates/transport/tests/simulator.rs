@@ -411,3 +411,112 @@ async fn openai_rules_cache_automatically_in_128_token_steps() {
     );
     assert!(second.input_tokens < 140, "{second:?}");
 }
+
+/// Fails the `n`-th request (1-based) after all `gate` requests are in flight.
+#[derive(Debug)]
+struct GateFailing(tokio::sync::Barrier, std::sync::atomic::AtomicUsize, usize);
+
+#[async_trait]
+impl Backend for GateFailing {
+    async fn send(&self, _: &Request) -> forkhive_transport::Result<Response> {
+        let n = self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        self.0.wait().await;
+        if n == self.2 {
+            // Let the other writer's answer begin first.
+            tokio::task::yield_now().await;
+            Err(Error::from_status(500, "boom".into(), None))
+        } else {
+            Ok(Response::text(
+                "ok",
+                Usage {
+                    output_tokens: 1,
+                    ..Usage::default()
+                },
+            ))
+        }
+    }
+    async fn stream(&self, r: &Request) -> forkhive_transport::Result<EventStream> {
+        echo().stream(r).await
+    }
+}
+
+#[tokio::test]
+async fn a_failing_parallel_writer_does_not_erase_a_successful_write() {
+    let s = PromptCacheSimulator::anthropic(GateFailing(tokio::sync::Barrier::new(2), 0.into(), 2));
+    let p = params_with("sys", 10, 100);
+    let (r1, r2) = (
+        Request::new(p.clone(), vec![]),
+        Request::new(p.clone(), vec![]),
+    );
+    let (a, b) = tokio::join!(s.send(&r1), s.send(&r2));
+    let written = a.unwrap().usage.cache_write_tokens;
+    assert!(written > 0);
+    assert!(b.is_err());
+    // Request 3 succeeds (the backend fails only request 2) and reads request 1's write.
+    let (r3, r4) = (Request::new(p.clone(), vec![]), Request::new(p, vec![]));
+    let (c, d) = tokio::join!(s.send(&r3), s.send(&r4));
+    assert_eq!(c.unwrap().usage.cache_read_tokens, written);
+    assert_eq!(d.unwrap().usage.cache_read_tokens, written);
+}
+
+#[tokio::test]
+async fn a_cancelled_request_leaves_nothing_pending() {
+    /// Never answers.
+    #[derive(Debug)]
+    struct Never;
+    #[async_trait]
+    impl Backend for Never {
+        async fn send(&self, _: &Request) -> forkhive_transport::Result<Response> {
+            std::future::pending().await
+        }
+        async fn stream(&self, _: &Request) -> forkhive_transport::Result<EventStream> {
+            std::future::pending().await
+        }
+    }
+    let never = PromptCacheSimulator::anthropic(Never);
+    let r = Request::new(params_with("sys", 10, 100), vec![]);
+    let send = never.send(&r);
+    let timed_out = tokio::time::timeout(Duration::from_millis(20), send).await;
+    assert!(timed_out.is_err());
+    assert_eq!(
+        never.stats().pending,
+        0,
+        "the dropped request's writes were withdrawn"
+    );
+    let stream = tokio::time::timeout(Duration::from_millis(20), never.stream(&r)).await;
+    assert!(stream.is_err());
+    assert_eq!(
+        never.stats(),
+        forkhive_transport::simulator::CacheStats {
+            live: 0,
+            pending: 0
+        }
+    );
+
+    // A stream dropped before its first event withdraws its writes too.
+    let s = PromptCacheSimulator::anthropic(echo());
+    let unread = s.stream(&r).await.unwrap();
+    assert!(s.stats().pending > 0);
+    drop(unread);
+    assert_eq!(s.stats().pending, 0);
+    s.send(&r).await.unwrap();
+    assert!(s.stats().live > 0 && s.stats().pending == 0);
+}
+
+#[tokio::test]
+async fn openai_rewrites_an_expired_prefix() {
+    let clock = ManualClock::new();
+    let s = PromptCacheSimulator::openai(echo()).with_clock(Arc::new(clock.clone()));
+    let r = Request::new(params_with("sys", 20, 100), vec![]);
+    s.send(&r).await.unwrap();
+    clock.advance(Duration::from_secs(301));
+    assert_eq!(
+        s.send(&r).await.unwrap().usage.cache_read_tokens,
+        0,
+        "expired"
+    );
+    assert!(
+        s.send(&r).await.unwrap().usage.cache_read_tokens > 0,
+        "written again after expiry"
+    );
+}

@@ -70,7 +70,13 @@ impl AnthropicCodec {
         json::write_str(&mut out, p.model());
 
         let system_context = p.rendered_system_context();
-        let mut system: Vec<&str> = p.system_prompt().iter().map(String::as_str).collect();
+        // The provider rejects empty text blocks: an empty system block is left out.
+        let mut system: Vec<&str> = p
+            .system_prompt()
+            .iter()
+            .map(String::as_str)
+            .filter(|t| !t.is_empty())
+            .collect();
         if let Some(ctx) = &system_context {
             system.push(ctx);
         }
@@ -215,7 +221,9 @@ impl Codec for AnthropicCodec {
         let prefix_has_messages =
             !request.prefix.messages().is_empty() || !request.prefix.user_context().is_empty();
         match &request.suffix {
-            crate::request::Suffix::Fork(child) => {
+            // The fast path is only valid on the child's own prefix (the shared bytes are
+            // keyed by, and were encoded for, that prefix).
+            crate::request::Suffix::Fork(child) if super::is_own_prefix(request, child) => {
                 let shared = self.fork_shared(child, prefix_has_messages);
                 let mut own = Vec::with_capacity(64 + child.directive().len());
                 json::escape_str_into(&mut own, child.directive());
@@ -223,7 +231,15 @@ impl Codec for AnthropicCodec {
                 self.push_tail(&mut own, request, stream);
                 EncodedBody::from_chunks(vec![prefix, shared, Bytes::from(own)])
             }
-            crate::request::Suffix::Messages(messages) => {
+            suffix => {
+                let materialised;
+                let messages = match suffix {
+                    crate::request::Suffix::Messages(m) => m.as_slice(),
+                    crate::request::Suffix::Fork(c) => {
+                        materialised = c.suffix();
+                        materialised.as_slice()
+                    }
+                };
                 let mut own = Vec::with_capacity(256 * (messages.len() + 1));
                 let mark = if self.policy.suffix {
                     suffix_breakpoint(messages)
@@ -245,8 +261,28 @@ impl Codec for AnthropicCodec {
 
     fn decode_response(&self, body: &[u8]) -> Result<Response> {
         let r: WireResponse = parse_json("Anthropic response", body)?;
+        let mut content = Vec::with_capacity(r.content.len());
+        for raw in &r.content {
+            #[derive(Deserialize)]
+            struct Kind<'a> {
+                #[serde(rename = "type", borrow)]
+                kind: std::borrow::Cow<'a, str>,
+            }
+            let kind: Kind<'_> = parse_json("Anthropic response block", raw.get().as_bytes())?;
+            // Block types this crate does not model (server tool results, ...) are skipped,
+            // as the stream decoder skips them.
+            if matches!(
+                kind.kind.as_ref(),
+                "text" | "thinking" | "redacted_thinking" | "tool_use"
+            ) {
+                content.push(parse_json::<ContentBlock>(
+                    "Anthropic response block",
+                    raw.get().as_bytes(),
+                )?);
+            }
+        }
         Ok(Response {
-            message: Message::assistant(r.content),
+            message: Message::assistant(content),
             stop_reason: r.stop_reason.as_deref().map(StopReason::from_anthropic),
             usage: {
                 let mut u = forkhive_core::Usage::default();
@@ -272,7 +308,7 @@ impl Codec for AnthropicCodec {
 struct WireResponse {
     id: Option<String>,
     model: Option<String>,
-    content: Vec<ContentBlock>,
+    content: Vec<Box<serde_json::value::RawValue>>,
     stop_reason: Option<String>,
     #[serde(default)]
     usage: WireUsage,
@@ -558,6 +594,55 @@ mod tests {
             assert_eq!(text.matches("cache_control").count(), 4);
             assert!(text.contains(r#""content":[{"type":"text","text":"Fork started — processing in background"}],"cache_control":{"type":"ephemeral"}},{"type":"text","text":"<fork-boilerplate>"#));
         }
+    }
+
+    #[test]
+    fn empty_system_blocks_are_left_out() {
+        let p = CacheSafeParams::builder("m").system_block("").build();
+        let b = body(
+            &AnthropicCodec::default(),
+            &Request::new(p, vec![Message::user_text("x")]),
+            false,
+        );
+        assert!(!b.contains(r#""system""#), "{b}");
+        let p = CacheSafeParams::builder("m")
+            .system_block("a")
+            .system_block("")
+            .build();
+        let b = body(&AnthropicCodec::default(), &Request::new(p, vec![]), false);
+        assert!(
+            b.contains(
+                r#""system":[{"type":"text","text":"a","cache_control":{"type":"ephemeral"}}]"#
+            ),
+            "{b}"
+        );
+    }
+
+    #[test]
+    fn a_fork_suffix_on_a_foreign_prefix_takes_the_generic_path() {
+        let prefix = ForkPrefix::new(params(), Message::assistant_text("split")).unwrap();
+        let codec = AnthropicCodec::default();
+        // Prime the fast path's memo with the child's own prefix.
+        codec.encode(&Request::fork(prefix.child("a")), false);
+        let empty = CacheSafeParams::builder("claude-x").build();
+        let foreign = Request {
+            prefix: empty.clone(),
+            ..Request::fork(prefix.child("a"))
+        };
+        let bytes = codec.encode(&foreign, false).to_bytes();
+        serde_json::from_slice::<serde_json::Value>(&bytes).unwrap();
+        let generic = AnthropicCodec::default().encode(
+            &Request::new(empty, prefix.child("a").suffix().to_vec()),
+            false,
+        );
+        assert_eq!(bytes, generic.to_bytes());
+    }
+
+    #[test]
+    fn unknown_response_blocks_are_skipped() {
+        let json = br#"{"content":[{"type":"server_tool_use","id":"s","name":"web_search","input":{}},{"type":"web_search_tool_result","tool_use_id":"s","content":[]},{"type":"text","text":"found it"}],"stop_reason":"end_turn","usage":{"input_tokens":1,"output_tokens":2}}"#;
+        let r = AnthropicCodec::default().decode_response(json).unwrap();
+        assert_eq!(r.message.content, vec![ContentBlock::text("found it")]);
     }
 
     #[test]

@@ -220,6 +220,13 @@ impl Memo {
     }
 }
 
+/// Whether `request`'s prefix is the one `child` was forked from (same bytes), so that the
+/// codecs' fork fast path applies.
+pub(crate) fn is_own_prefix(request: &Request, child: &forkhive_core::ForkChild) -> bool {
+    request.prefix.ptr_eq(child.params())
+        || request.prefix.fingerprint().total() == child.params().fingerprint().total()
+}
+
 /// Whether a provider accepts a `cache_control` marker on this block.
 pub(crate) fn cacheable(block: &ContentBlock) -> bool {
     match block {

@@ -198,7 +198,12 @@ impl OpenAiCodec {
                     out: &mut out,
                     count: 0,
                 };
-                let mut system: Vec<&str> = p.system_prompt().iter().map(String::as_str).collect();
+                let mut system: Vec<&str> = p
+                    .system_prompt()
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|t| !t.is_empty())
+                    .collect();
                 let ctx = p.rendered_system_context();
                 if let Some(c) = &ctx {
                     system.push(c);
@@ -217,7 +222,7 @@ impl OpenAiCodec {
     }
 
     fn prefix_count(p: &CacheSafeParams) -> bool {
-        !p.system_prompt().is_empty()
+        p.system_prompt().iter().any(|t| !t.is_empty())
             || !p.system_context().is_empty()
             || !p.user_context().is_empty()
             || !p.messages().is_empty()
@@ -294,7 +299,7 @@ impl Codec for OpenAiCodec {
         let prefix = self.prefix(&request.prefix);
         let nonempty = Self::prefix_count(&request.prefix);
         match &request.suffix {
-            Suffix::Fork(child) => {
+            Suffix::Fork(child) if super::is_own_prefix(request, child) => {
                 let shared = self.fork_shared(child, nonempty);
                 let mut own = Vec::with_capacity(64 + child.directive().len());
                 json::escape_str_into(&mut own, child.directive());
@@ -302,7 +307,15 @@ impl Codec for OpenAiCodec {
                 Self::push_tail(&mut own, request, stream);
                 EncodedBody::from_chunks(vec![prefix, shared, Bytes::from(own)])
             }
-            Suffix::Messages(messages) => {
+            suffix => {
+                let materialised;
+                let messages = match suffix {
+                    Suffix::Messages(m) => m.as_slice(),
+                    Suffix::Fork(c) => {
+                        materialised = c.suffix();
+                        materialised.as_slice()
+                    }
+                };
                 let mut own = Vec::with_capacity(256 * (messages.len() + 1));
                 let mut w = Writer {
                     out: &mut own,
@@ -348,22 +361,27 @@ impl Codec for OpenAiCodec {
     }
 
     fn error_message(&self, body: &[u8]) -> Option<(String, String)> {
-        #[derive(Deserialize)]
-        struct Body {
-            error: Inner,
-        }
-        #[derive(Deserialize)]
-        struct Inner {
-            message: String,
-            #[serde(rename = "type", default)]
-            kind: Option<String>,
-        }
-        let b: Body = serde_json::from_slice(body).ok()?;
-        Some((
-            b.error.kind.unwrap_or_else(|| "error".to_owned()),
-            b.error.message,
-        ))
+        error_message(body)
     }
+}
+
+/// The `(type, message)` of an OpenAI-shaped error body.
+fn error_message(body: &[u8]) -> Option<(String, String)> {
+    #[derive(Deserialize)]
+    struct Body {
+        error: Inner,
+    }
+    #[derive(Deserialize)]
+    struct Inner {
+        message: String,
+        #[serde(rename = "type", default)]
+        kind: Option<String>,
+    }
+    let b: Body = serde_json::from_slice(body).ok()?;
+    Some((
+        b.error.kind.unwrap_or_else(|| "error".to_owned()),
+        b.error.message,
+    ))
 }
 
 fn parse_arguments(id: &str, arguments: &str) -> Result<RawJson> {
@@ -449,6 +467,8 @@ struct WireChunk {
 #[derive(Deserialize)]
 struct WireChunkChoice {
     #[serde(default)]
+    index: usize,
+    #[serde(default)]
     delta: WireChunkDelta,
     finish_reason: Option<String>,
 }
@@ -461,7 +481,7 @@ struct WireChunkDelta {
 
 #[derive(Deserialize)]
 struct WireChunkCall {
-    index: usize,
+    index: Option<usize>,
     id: Option<String>,
     function: Option<WireChunkFunction>,
 }
@@ -472,21 +492,87 @@ struct WireChunkFunction {
     arguments: Option<String>,
 }
 
+/// One tool call being streamed.
+#[derive(Debug, Default)]
+struct Call {
+    /// OpenAI's index of the call.
+    key: usize,
+    /// Our block index, once the block has started.
+    block: Option<usize>,
+    id: String,
+    name: String,
+    /// Argument fragments received before the block could start.
+    buffered: String,
+}
+
 /// Turns Chat Completions chunks into block-structured events: text and each tool call
 /// become content blocks, argument fragments become `InputJsonDelta`s, `[DONE]` ends it.
+///
+/// A tool call's block starts once both its id and name are known (some servers send them in
+/// a later chunk than the first arguments); fragments that arrive earlier are buffered. Only
+/// the first choice (`index` 0) is decoded.
 #[derive(Debug, Default)]
 struct OpenAiStream {
     started: bool,
     next_index: usize,
     text_block: Option<usize>,
-    /// (OpenAI tool-call index, our block index)
-    calls: Vec<(usize, usize)>,
+    calls: Vec<Call>,
     open: Vec<usize>,
     complete: bool,
 }
 
 impl OpenAiStream {
+    /// The call a fragment continues: by `index`; without one (some servers omit it), by id,
+    /// and a fragment with neither continues the latest call.
+    fn call_for(&self, call: &WireChunkCall) -> Option<usize> {
+        match (call.index, call.id.as_deref().filter(|v| !v.is_empty())) {
+            (Some(key), _) => self.calls.iter().position(|c| c.key == key),
+            (None, Some(id)) => self.calls.iter().position(|c| c.id == id),
+            (None, None) => self.calls.len().checked_sub(1),
+        }
+    }
+
+    fn close_text(&mut self, out: &mut Vec<StreamEvent>) {
+        if let Some(t) = self.text_block.take() {
+            self.open.retain(|&o| o != t);
+            out.push(StreamEvent::BlockStop { index: t });
+        }
+    }
+
+    /// Starts call `i`'s block if it may (or must, when `force`), flushing buffered arguments.
+    fn start_call(&mut self, i: usize, force: bool, out: &mut Vec<StreamEvent>) {
+        let ready = {
+            let c = &self.calls[i];
+            c.block.is_none() && (force || (!c.id.is_empty() && !c.name.is_empty()))
+        };
+        if !ready {
+            return;
+        }
+        self.close_text(out);
+        let index = self.next_index;
+        self.next_index += 1;
+        self.open.push(index);
+        let c = &mut self.calls[i];
+        c.block = Some(index);
+        out.push(StreamEvent::BlockStart {
+            index,
+            block: BlockStart::ToolUse {
+                id: c.id.clone(),
+                name: c.name.clone(),
+            },
+        });
+        if !c.buffered.is_empty() {
+            out.push(StreamEvent::InputJsonDelta {
+                index,
+                partial_json: std::mem::take(&mut c.buffered),
+            });
+        }
+    }
+
     fn close_all(&mut self, out: &mut Vec<StreamEvent>) {
+        for i in 0..self.calls.len() {
+            self.start_call(i, true, out);
+        }
         for index in self.open.drain(..) {
             out.push(StreamEvent::BlockStop { index });
         }
@@ -506,7 +592,7 @@ impl StreamDecoder for OpenAiStream {
             out.push(StreamEvent::MessageStop);
             return Ok(());
         }
-        if let Some((kind, message)) = OpenAiCodec::default().error_message(data.as_bytes()) {
+        if let Some((kind, message)) = error_message(data.as_bytes()) {
             return Err(Error::from_provider_type(&kind, message));
         }
         let chunk: WireChunk = parse_json("OpenAI stream chunk", data.as_bytes())?;
@@ -518,7 +604,7 @@ impl StreamDecoder for OpenAiStream {
                 usage: PartialUsage::default(),
             });
         }
-        for choice in chunk.choices {
+        for choice in chunk.choices.into_iter().filter(|c| c.index == 0) {
             if let Some(text) = choice.delta.content.filter(|t| !t.is_empty()) {
                 let index = match self.text_block {
                     Some(i) => i,
@@ -537,43 +623,40 @@ impl StreamDecoder for OpenAiStream {
                 out.push(StreamEvent::TextDelta { index, text });
             }
             for call in choice.delta.tool_calls.unwrap_or_default() {
-                let known = self
-                    .calls
-                    .iter()
-                    .find(|(k, _)| *k == call.index)
-                    .map(|(_, i)| *i);
+                let i = match self.call_for(&call) {
+                    Some(i) => i,
+                    None => {
+                        let key = call.index.unwrap_or_else(|| {
+                            self.calls.iter().map(|c| c.key + 1).max().unwrap_or(0)
+                        });
+                        self.calls.push(Call {
+                            key,
+                            ..Call::default()
+                        });
+                        self.calls.len() - 1
+                    }
+                };
                 let (name, arguments) = match call.function {
                     Some(f) => (f.name, f.arguments),
                     None => (None, None),
                 };
-                let index = match known {
-                    Some(i) => i,
-                    None => {
-                        // A new call: text before it is complete.
-                        if let Some(t) = self.text_block.take() {
-                            self.open.retain(|&o| o != t);
-                            out.push(StreamEvent::BlockStop { index: t });
-                        }
-                        let i = self.next_index;
-                        self.next_index += 1;
-                        self.calls.push((call.index, i));
-                        self.open.push(i);
-                        out.push(StreamEvent::BlockStart {
-                            index: i,
-                            block: BlockStart::ToolUse {
-                                id: call.id.unwrap_or_default(),
-                                name: name.unwrap_or_default(),
-                            },
-                        });
-                        i
-                    }
-                };
-                if let Some(a) = arguments.filter(|a| !a.is_empty()) {
-                    out.push(StreamEvent::InputJsonDelta {
+                let c = &mut self.calls[i];
+                if let Some(id) = call.id.filter(|v| !v.is_empty()) {
+                    c.id = id;
+                }
+                if let Some(name) = name.filter(|v| !v.is_empty()) {
+                    c.name = name;
+                }
+                let arguments = arguments.filter(|a| !a.is_empty());
+                match (c.block, arguments) {
+                    (Some(index), Some(a)) => out.push(StreamEvent::InputJsonDelta {
                         index,
                         partial_json: a,
-                    });
+                    }),
+                    (None, Some(a)) => c.buffered.push_str(&a),
+                    (_, None) => {}
                 }
+                self.start_call(i, false, out);
             }
             if let Some(reason) = choice.finish_reason {
                 self.close_all(out);
@@ -695,6 +778,64 @@ mod tests {
             OpenAiCodec::new().decode_response(br#"{"choices":[]}"#),
             Err(Error::Decode { .. })
         ));
+    }
+
+    fn decode_all(chunks: &[&str]) -> crate::Result<Response> {
+        let mut d = OpenAiCodec::new().stream_decoder();
+        let mut out = Vec::new();
+        for c in chunks {
+            d.decode(
+                &SseEvent {
+                    event: None,
+                    data: (*c).into(),
+                },
+                &mut out,
+            )?;
+        }
+        let mut b = ResponseBuilder::new();
+        for e in &out {
+            b.push(e)?;
+        }
+        b.finish()
+    }
+
+    #[test]
+    fn late_tool_call_ids_missing_indexes_and_other_choices() {
+        let r = decode_all(&[
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"p\""}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","function":{"name":"Read","arguments":":1}"}}]}}]}"#,
+            r#"{"choices":[{"index":1,"delta":{"content":"other choice"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"id":"call_2","function":{"name":"Grep","arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+            "[DONE]",
+        ])
+        .unwrap();
+        let calls: Vec<_> = r
+            .message
+            .tool_uses()
+            .map(|(i, n, a)| (i.to_owned(), n.to_owned(), a.as_str().to_owned()))
+            .collect();
+        assert_eq!(
+            calls,
+            vec![
+                ("call_1".into(), "Read".into(), r#"{"p":1}"#.into()),
+                ("call_2".into(), "Grep".into(), "{}".into()),
+            ],
+            "the id and name arrived after the first fragment; the second call has no index"
+        );
+        assert_eq!(r.message.text(), "", "choice 1 is ignored");
+    }
+
+    #[test]
+    fn a_call_that_never_names_itself_still_closes() {
+        let r = decode_all(&[
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":3,"function":{"arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+            "[DONE]",
+        ])
+        .unwrap();
+        assert_eq!(r.message.content.len(), 1);
+        assert_eq!(r.message.tool_uses().next().unwrap().2.as_str(), "{}");
     }
 
     #[test]

@@ -49,8 +49,8 @@ impl fmt::Debug for ApiKey {
     }
 }
 
-/// Settings of an [`HttpBackend`].
-#[derive(Debug, Clone)]
+/// Settings of an [`HttpBackend`]. Its `Debug` shows header names but never their values.
+#[derive(Clone)]
 pub struct HttpConfig {
     /// The provider's base URL. Anthropic: the root (`https://api.anthropic.com`); `/v1` is
     /// added unless the URL already ends with it. OpenAI-compatible: the root or `…/v1`.
@@ -67,6 +67,21 @@ pub struct HttpConfig {
     pub idle_timeout: Duration,
     /// When to retry.
     pub retry: RetryPolicy,
+}
+
+impl fmt::Debug for HttpConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let headers: Vec<&str> = self.extra_headers.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("HttpConfig")
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key)
+            .field("extra_headers", &headers)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("timeout", &self.timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("retry", &self.retry)
+            .finish()
+    }
 }
 
 impl HttpConfig {
@@ -195,8 +210,10 @@ impl HttpBackend {
         for (name, value) in &config.extra_headers {
             let n = HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| Error::Config(format!("invalid header name {name:?}")))?;
-            let v = HeaderValue::from_str(value)
+            let mut v = HeaderValue::from_str(value)
                 .map_err(|_| Error::Config(format!("invalid value for header {name:?}")))?;
+            // Extra headers often carry credentials (`api-key`, gateway tokens).
+            v.set_sensitive(true);
             headers.insert(n, v);
         }
         let client = reqwest::Client::builder()
@@ -239,7 +256,9 @@ impl HttpBackend {
                     waiting_for: "response headers",
                 });
             }
-            Ok(Err(e)) => return Err(self.transport_error(e, "response headers")),
+            Ok(Err(e)) => {
+                return Err(self.transport_error(e, "response headers", self.config.timeout));
+            }
             Ok(Ok(r)) => r,
         };
         if response.status().is_success() {
@@ -261,11 +280,74 @@ impl HttpBackend {
         Err(self.status_error(status, &body, retry_after))
     }
 
+    /// Removes the API key and extra header values from text bound for an error: a gateway
+    /// may echo the request's headers in its error body.
+    fn redact(&self, text: String) -> String {
+        let secrets = self
+            .config
+            .api_key
+            .iter()
+            .map(|k| k.0.as_str())
+            .chain(self.config.extra_headers.iter().map(|(_, v)| v.as_str()))
+            .filter(|s| s.len() >= 4);
+        secrets.fold(text, |t, s| t.replace(s, "<redacted>"))
+    }
+
     fn status_error(&self, status: u16, body: &[u8], retry_after: Option<Duration>) -> Error {
+        let error = self.classify(status, body, retry_after);
+        match error {
+            Error::Auth { status, message } => Error::Auth {
+                status,
+                message: self.redact(message),
+            },
+            Error::RateLimited {
+                message,
+                retry_after,
+            } => Error::RateLimited {
+                message: self.redact(message),
+                retry_after,
+            },
+            Error::Overloaded {
+                message,
+                retry_after,
+            } => Error::Overloaded {
+                message: self.redact(message),
+                retry_after,
+            },
+            Error::Unavailable {
+                status,
+                message,
+                retry_after,
+            } => Error::Unavailable {
+                status,
+                message: self.redact(message),
+                retry_after,
+            },
+            Error::InvalidRequest { status, message } => Error::InvalidRequest {
+                status,
+                message: self.redact(message),
+            },
+            Error::Provider {
+                error_type,
+                message,
+            } => Error::Provider {
+                error_type,
+                message: self.redact(message),
+            },
+            other => other,
+        }
+    }
+
+    fn classify(&self, status: u16, body: &[u8], retry_after: Option<Duration>) -> Error {
         match self.codec.error_message(body) {
             Some((kind, message)) if kind == "overloaded_error" => Error::Overloaded {
                 message,
                 retry_after,
+            },
+            // A spent quota is not a transient limit: retrying cannot help.
+            Some((kind, message)) if kind == "insufficient_quota" => Error::Provider {
+                error_type: kind,
+                message,
             },
             Some((_, message)) => Error::from_status(status, message, retry_after),
             None => {
@@ -280,12 +362,19 @@ impl HttpBackend {
         }
     }
 
-    fn transport_error(&self, e: reqwest::Error, waiting_for: &'static str) -> Error {
-        if e.is_timeout() {
+    fn transport_error(
+        &self,
+        e: reqwest::Error,
+        waiting_for: &'static str,
+        after: Duration,
+    ) -> Error {
+        if e.is_timeout() && e.is_connect() {
             Error::Timeout {
-                after: self.config.timeout,
-                waiting_for,
+                after: self.config.connect_timeout,
+                waiting_for: "the connection",
             }
+        } else if e.is_timeout() {
+            Error::Timeout { after, waiting_for }
         } else {
             Error::Connect {
                 endpoint: self.endpoint.clone(),
@@ -300,7 +389,9 @@ impl HttpBackend {
                 after: self.config.idle_timeout,
                 waiting_for: "the response body",
             }),
-            Ok(Err(e)) => Err(self.transport_error(e, "the response body")),
+            Ok(Err(e)) => {
+                Err(self.transport_error(e, "the response body", self.config.idle_timeout))
+            }
             Ok(Ok(b)) => Ok(b),
         }
     }
@@ -333,11 +424,13 @@ fn secret_header(value: &str) -> Result<HeaderValue> {
 
 /// The request URL and the `scheme://host:port` used in errors.
 fn endpoint(base: &str, wire: WireFormat) -> Result<(String, String)> {
+    // The URL itself is not echoed: it may carry credentials.
     let url = reqwest::Url::parse(base)
-        .map_err(|e| Error::Config(format!("invalid base URL {base:?}: {e}")))?;
+        .map_err(|e| Error::Config(format!("invalid base URL in HttpConfig::base_url: {e}")))?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(Error::Config(format!(
-            "invalid base URL {base:?}: the scheme must be http or https"
+            "invalid base URL in HttpConfig::base_url: the scheme must be http or https, not {:?}",
+            url.scheme()
         )));
     }
     let host = url.host_str().unwrap_or_default();
@@ -392,7 +485,9 @@ impl EventReader {
             if let Some(e) = self.failed.take() {
                 return Some(Err(e));
             }
-            if self.done {
+            // Once the provider has said the answer is complete, what the connection does
+            // next (stay open, reset) does not matter.
+            if self.done || self.decoder.is_complete() {
                 return None;
             }
             match tokio::time::timeout(self.idle, self.bytes.next()).await {
@@ -487,8 +582,17 @@ impl Backend for HttpBackend {
                 idle: self.config.idle_timeout,
             };
             // An error before the first event (e.g. `overloaded_error`) is retried like a
-            // status error: nothing has been delivered yet.
-            let first = reader.next().await;
+            // status error: nothing has been delivered yet. A connection that breaks or ends
+            // before any event is a connection failure, not a truncated answer.
+            let first = match reader.next().await {
+                Some(Err(Error::TruncatedStream { events: 0, detail })) => {
+                    Some(Err(Error::Connect {
+                        endpoint: self.endpoint.clone(),
+                        source: detail.into(),
+                    }))
+                }
+                other => other,
+            };
             match first {
                 Some(Err(e)) if self.wait(retry, &e).await => {
                     retry += 1;

@@ -76,16 +76,18 @@ fn random_fraction() -> f64 {
 
 /// Parses `retry-after` (seconds) or `retry-after-ms` header values.
 pub(crate) fn parse_retry_after(seconds: Option<&str>, millis: Option<&str>) -> Option<Duration> {
-    let valid = |v: &str| {
-        v.trim()
-            .parse::<f64>()
-            .ok()
-            .filter(|n| n.is_finite() && *n >= 0.0)
-    };
-    if let Some(ms) = millis.and_then(valid) {
-        return Some(Duration::from_secs_f64(ms / 1000.0));
+    // `try_from_secs_f64` rejects negatives, NaN and values too large for a `Duration`
+    // (a hostile `retry-after: 1e300` must not panic); the policy caps what it honours.
+    let number = |v: &str| v.trim().parse::<f64>().ok();
+    if let Some(d) = millis
+        .and_then(number)
+        .and_then(|ms| Duration::try_from_secs_f64(ms / 1000.0).ok())
+    {
+        return Some(d);
     }
-    seconds.and_then(valid).map(Duration::from_secs_f64)
+    seconds
+        .and_then(number)
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
 }
 
 #[cfg(test)]
@@ -150,6 +152,12 @@ mod tests {
             None
         );
         assert_eq!(parse_retry_after(Some("-1"), None), None);
+        assert_eq!(parse_retry_after(Some("1e300"), None), None);
+        assert_eq!(parse_retry_after(Some("NaN"), Some("1e300")), None);
+        assert_eq!(
+            parse_retry_after(Some("1e9"), None),
+            Some(Duration::from_secs(1_000_000_000))
+        );
         assert_eq!(parse_retry_after(None, None), None);
     }
 }
