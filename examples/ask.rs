@@ -94,38 +94,41 @@ fn backend(a: &Args) -> Result<(Box<dyn Backend>, String), String> {
                 a.model.clone().unwrap_or_else(|| "scripted".into()),
             ))
         }
-        "anthropic" => {
+        "anthropic" | "openai" => {
+            let openai = a.backend == "openai";
+            let (url_var, key_var, default_url, default_model) = if openai {
+                (
+                    "OPENAI_BASE_URL",
+                    "OPENAI_API_KEY",
+                    "https://api.openai.com/v1",
+                    "gpt-4o-mini",
+                )
+            } else {
+                (
+                    "ANTHROPIC_BASE_URL",
+                    "ANTHROPIC_API_KEY",
+                    "https://api.anthropic.com",
+                    "claude-sonnet-4-5",
+                )
+            };
             let url = a
                 .base_url
                 .clone()
-                .or_else(|| env("ANTHROPIC_BASE_URL"))
-                .unwrap_or_else(|| "https://api.anthropic.com".into());
+                .or_else(|| env(url_var))
+                .unwrap_or_else(|| default_url.into());
             let mut config = HttpConfig::new(url);
-            if let Some(k) = env("ANTHROPIC_API_KEY") {
+            if let Some(k) = env(key_var) {
                 config = config.with_api_key(k);
             }
-            let b = HttpBackend::anthropic(config).map_err(|e| e.to_string())?;
+            let b = if openai {
+                HttpBackend::openai(config)
+            } else {
+                HttpBackend::anthropic(config)
+            };
+            let b = b.map_err(|e| e.to_string())?;
             Ok((
                 Box::new(b),
-                a.model
-                    .clone()
-                    .unwrap_or_else(|| "claude-sonnet-4-5".into()),
-            ))
-        }
-        "openai" => {
-            let url = a
-                .base_url
-                .clone()
-                .or_else(|| env("OPENAI_BASE_URL"))
-                .unwrap_or_else(|| "https://api.openai.com/v1".into());
-            let mut config = HttpConfig::new(url);
-            if let Some(k) = env("OPENAI_API_KEY") {
-                config = config.with_api_key(k);
-            }
-            let b = HttpBackend::openai(config).map_err(|e| e.to_string())?;
-            Ok((
-                Box::new(b),
-                a.model.clone().unwrap_or_else(|| "gpt-4o-mini".into()),
+                a.model.clone().unwrap_or_else(|| default_model.into()),
             ))
         }
         other => Err(format!(

@@ -851,24 +851,7 @@ mod tests {
             r#"{"choices":[],"usage":{"prompt_tokens":50,"completion_tokens":9,"prompt_tokens_details":{"cached_tokens":40}}}"#,
             "[DONE]",
         ];
-        let mut d = OpenAiCodec::new().stream_decoder();
-        let mut out = Vec::new();
-        for c in chunks {
-            d.decode(
-                &SseEvent {
-                    event: None,
-                    data: c.into(),
-                },
-                &mut out,
-            )
-            .unwrap();
-        }
-        assert!(d.is_complete());
-        let mut b = ResponseBuilder::new();
-        for e in &out {
-            b.push(e).unwrap();
-        }
-        let r = b.finish().unwrap();
+        let r = decode_all(&chunks).unwrap();
         assert_eq!(r.message.text(), "Hello");
         assert_eq!(
             r.message.tool_uses().next().unwrap().2.as_str(),
