@@ -46,6 +46,21 @@ pub use forkhive_spawn as spawn;
 #[doc(inline)]
 pub use forkhive_transport as transport;
 
+/// The README's code, compiled and run as a doctest so that it cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
+/// The code in `docs/fork.md`, compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/fork.md")]
+pub struct ForkDocDoctests;
+
+/// The code in `docs/cache-economics.md`, compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/cache-economics.md")]
+pub struct CacheEconomicsDocDoctests;
+
 /// The names most programs need, in one import.
 pub mod prelude {
     #[doc(inline)]
