@@ -39,7 +39,7 @@ use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use sha2::{Digest as _, Sha256};
 
-use forkhive_core::{Digest, Usage};
+use forkhive_core::Digest;
 
 use crate::backend::{Backend, EventStream};
 use crate::codec::{AnthropicCodec, CacheTtl, Codec, OpenAiCodec};
@@ -873,9 +873,4 @@ impl<B: Backend> Backend for PromptCacheSimulator<B> {
             Ok(event)
         })))
     }
-}
-
-/// Sums the usage of several responses.
-pub fn total_usage<'a>(responses: impl IntoIterator<Item = &'a Response>) -> Usage {
-    responses.into_iter().map(|r| r.usage).sum()
 }
