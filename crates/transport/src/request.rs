@@ -69,11 +69,11 @@ pub enum Suffix {
 }
 
 impl Suffix {
-    /// The suffix as messages (materialises a fork child's two messages).
-    pub fn to_messages(&self) -> Vec<Message> {
+    /// The suffix messages: borrowed, or materialised for a fork child.
+    pub fn messages(&self) -> std::borrow::Cow<'_, [Message]> {
         match self {
-            Suffix::Messages(m) => m.clone(),
-            Suffix::Fork(c) => c.suffix().to_vec(),
+            Suffix::Messages(m) => std::borrow::Cow::Borrowed(m),
+            Suffix::Fork(c) => std::borrow::Cow::Owned(c.suffix().to_vec()),
         }
     }
 
@@ -146,7 +146,7 @@ impl Request {
     /// Every message of the request, materialised (O(history): for inspection and tests).
     pub fn all_messages(&self) -> Vec<Message> {
         let mut out = self.prefix.messages().to_vec();
-        out.extend(self.suffix.to_messages());
+        out.extend_from_slice(&self.suffix.messages());
         out
     }
 }

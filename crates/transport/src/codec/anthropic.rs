@@ -232,14 +232,8 @@ impl Codec for AnthropicCodec {
                 EncodedBody::from_chunks(vec![prefix, shared, Bytes::from(own)])
             }
             suffix => {
-                let materialised;
-                let messages = match suffix {
-                    crate::request::Suffix::Messages(m) => m.as_slice(),
-                    crate::request::Suffix::Fork(c) => {
-                        materialised = c.suffix();
-                        materialised.as_slice()
-                    }
-                };
+                let messages = suffix.messages();
+                let messages = &*messages;
                 let mut own = Vec::with_capacity(256 * (messages.len() + 1));
                 let mark = if self.policy.suffix {
                     suffix_breakpoint(messages)

@@ -308,14 +308,8 @@ impl Codec for OpenAiCodec {
                 EncodedBody::from_chunks(vec![prefix, shared, Bytes::from(own)])
             }
             suffix => {
-                let materialised;
-                let messages = match suffix {
-                    Suffix::Messages(m) => m.as_slice(),
-                    Suffix::Fork(c) => {
-                        materialised = c.suffix();
-                        materialised.as_slice()
-                    }
-                };
+                let messages = suffix.messages();
+                let messages = &*messages;
                 let mut own = Vec::with_capacity(256 * (messages.len() + 1));
                 let mut w = Writer {
                     out: &mut own,
