@@ -1,0 +1,1 @@
+//! Agent definitions: built-ins, Markdown files with YAML frontmatter, and the registry.

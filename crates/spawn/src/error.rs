@@ -1,0 +1,79 @@
+//! The one error type of `forkhive-spawn`.
+
+use std::path::PathBuf;
+
+/// Everything that can stop the runtime, a transcript, or the definition loader.
+///
+/// What a *tool* or the *model* does wrong never becomes an `Error`: it becomes an `is_error`
+/// tool result the model can act on, and the loop goes on. `Display` prints only this level;
+/// causes are in `source()`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The backend failed with an error it does not retry (or retries ran out).
+    #[error("the model backend failed on turn {turn}")]
+    Backend {
+        /// The turn (1-based) whose request failed.
+        turn: u32,
+        /// The transport's error.
+        #[source]
+        source: forkhive_transport::Error,
+    },
+
+    /// A value from `forkhive-core` was invalid (a message, a schema, a task id).
+    #[error(transparent)]
+    Core(#[from] forkhive_core::Error),
+
+    /// Reading or writing a file failed.
+    #[error("{action} {}", path.display())]
+    Io {
+        /// What was being done (`"creating transcript"`, `"reading agent file"`).
+        action: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A transcript is damaged somewhere other than a cut-off last line.
+    #[error("transcript {}:{line}: {message}", path.display())]
+    Transcript {
+        /// The transcript file.
+        path: PathBuf,
+        /// The 1-based line.
+        line: usize,
+        /// What was wrong.
+        message: String,
+    },
+
+    /// An agent definition file could not be used.
+    #[error("{}:{line}:{column}: {message}", path.display())]
+    Definition {
+        /// The definition file.
+        path: PathBuf,
+        /// The 1-based line.
+        line: usize,
+        /// The 1-based column.
+        column: usize,
+        /// What was wrong and how to fix it.
+        message: String,
+    },
+
+    /// A tool definition was rejected when a pool was built (a duplicate name, a schema that
+    /// is not a valid JSON Schema).
+    #[error("tool {name:?}: {message}")]
+    Tool {
+        /// The tool's name.
+        name: String,
+        /// What was wrong.
+        message: String,
+    },
+
+    /// An agent was configured inconsistently (a missing backend, a zero limit).
+    #[error("invalid agent configuration: {0}")]
+    Config(String),
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
