@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Prints per-child medians and forkhive-vs-naive ratios from criterion's saved estimates.
+"""Prints medians and forkhive-vs-naive ratios from criterion's saved estimates.
 
-Usage: cargo bench --bench fork_prefix && python3 scripts/bench-report.py [group]
+Usage: cargo bench --bench fork_prefix && python3 scripts/bench-report.py [fork_children|fork_encode]
+       cargo bench --bench agent_turns && python3 scripts/bench-report.py agent_turns
 """
 import json
 import pathlib
@@ -9,16 +10,45 @@ import sys
 
 group = sys.argv[1] if len(sys.argv) > 1 else "fork_children"
 root = pathlib.Path("target/criterion") / group
+
+
+def median_ns(path):
+    return json.loads(path.read_text())["median"]["point_estimate"]
+
+
+def fmt(ns):
+    return f"{ns / 1000:.2f} µs" if ns < 1e6 else f"{ns / 1e6:.2f} ms"
+
+
+if group == "agent_turns":
+    # Ids are "forkhive/<turn>" and "naive/<turn>": one turn on a conversation of that length.
+    turns = {}
+    for est in sorted(root.glob("*/*/new/estimates.json")):
+        variant, turn = est.parts[-4], int(est.parts[-3])
+        turns[(variant, turn)] = median_ns(est)
+    print(f"{'variant':>10} {'turn':>6} {'median/turn':>14}")
+    for (variant, turn), ns in sorted(turns.items()):
+        print(f"{variant:>10} {turn:>6} {fmt(ns):>14}")
+    ours = {t: ns for (v, t), ns in turns.items() if v == "forkhive"}
+    naive = {t: ns for (v, t), ns in turns.items() if v == "naive"}
+    if ours:
+        first, last = min(ours), max(ours)
+        growth = ours[last] / ours[first]
+        verdict = "ok" if growth <= 1.5 else "MISSED"
+        print(f"turn {last} / turn {first}: {growth:.2f}x (goal <= 1.5x: {verdict})")
+    for t, ns in sorted(naive.items()):
+        if t in ours:
+            speedup = ns / ours[t]
+            verdict = "ok" if speedup >= 50 else "MISSED"
+            print(f"naive / forkhive at turn {t}: {speedup:,.0f}x (goal >= 50x: {verdict})")
+    sys.exit(0)
+
 rows = {}
 for est in sorted(root.glob("*/*/new/estimates.json")):
     # criterion turns the id "variant/size" into the directory "variant_size".
     variant, _, size = est.parts[-4].rpartition("_")
     n = est.parts[-3]
-    median_ns = json.loads(est.read_text())["median"]["point_estimate"]
-    rows[(variant, size, int(n))] = median_ns / int(n)
-
-def fmt(ns):
-    return f"{ns / 1000:.2f} µs" if ns < 1e6 else f"{ns / 1e6:.2f} ms"
+    rows[(variant, size, int(n))] = median_ns(est) / int(n)
 
 variants = sorted({v for v, _, _ in rows})
 base = [v for v in variants if v.startswith("naive")]

@@ -1,7 +1,9 @@
 //! Deterministic, realistic conversations shared by the benches and the examples.
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
-use forkhive::core::{CacheSafeParams, ContentBlock, Message, RawJson, ToolDefinition};
+use forkhive::core::{
+    CacheSafeParams, CacheSafeParamsBuilder, ContentBlock, Message, RawJson, ToolDefinition,
+};
 
 pub const MODEL: &str = "claude-sonnet-4-5";
 
@@ -138,4 +140,66 @@ pub fn fan_out_turn(n: usize) -> Message {
 /// The directive of the `i`-th child.
 pub fn directive(i: usize) -> String {
     format!("Audit src/module_{i} and its callers for swallowed errors; fix what you find.")
+}
+
+/// The head every request of the benches' agent shares: system prompt, context and tools.
+pub fn agent_builder() -> CacheSafeParamsBuilder {
+    CacheSafeParams::builder(MODEL)
+        .system_block(system_prompt())
+        .system_context("gitStatus", "branch: main\nclean")
+        .user_context("cwd", "/home/dev/project")
+        .tools(tools())
+}
+
+/// The prompt an agent's conversation starts with.
+pub fn agent_prompt() -> Message {
+    Message::user_text("Audit this repository for swallowed errors and fix them; run the tests.")
+}
+
+/// Turn `i` of an agent: the model's message (a sentence and one tool call with a realistic
+/// JSON input: a Read, a Bash command or an Edit) and the tool's result (~1.7 KiB of file or
+/// command output). About 2 KiB of JSON per turn, 1 MiB after 500 turns. `salt` goes into the tool call's id, so
+/// that turns made with different salts are different messages.
+pub fn agent_turn(i: usize, salt: u64) -> [Message; 2] {
+    let id = format!("toolu_{salt:04}_{i:06}");
+    let module = i % 37;
+    let path = format!("/home/dev/project/src/module_{module}/handler.rs");
+    let (intro, name, input) = match i % 3 {
+        0 => (
+            format!("Let me read {path} to see how the handler reports errors before I change it."),
+            "Read",
+            format!(
+                r#"{{"file_path": "{path}", "offset": {}, "limit": 60}}"#,
+                (i * 7) % 400
+            ),
+        ),
+        1 => (
+            format!("I'll run the tests for module_{module} to check the current behaviour first."),
+            "Bash",
+            format!(
+                r#"{{"command": "cargo test -p project-core --lib module_{module} -- --nocapture 2>&1 | tail -n 60", "timeout": 120000, "description": "Run module_{module}'s unit tests"}}"#
+            ),
+        ),
+        _ => (
+            format!("The parse error in {path} is swallowed; I'll propagate it with context."),
+            "Edit",
+            format!(
+                r#"{{"file_path": "{path}", "old_string": "    let value = parse(input).unwrap_or_default();\n    Ok(value.len())", "new_string": "    let value = parse(input).map_err(|e| Error::Parse {{ input: input.to_owned(), source: e }})?;\n    Ok(value.len())"}}"#
+            ),
+        ),
+    };
+    let mut output = String::with_capacity(2048);
+    for line in 0..20 {
+        output.push_str(&format!(
+            "{:>5}\t    let result_{i}_{line} = handler_{module}(&request, &context).map_err(Error::from)?;\n",
+            line + 1 + (i * 7) % 400
+        ));
+    }
+    [
+        Message::assistant(vec![
+            ContentBlock::text(intro),
+            ContentBlock::tool_use(id.clone(), name, raw(&input)),
+        ]),
+        Message::user(vec![ContentBlock::tool_result_text(id, output)]),
+    ]
 }

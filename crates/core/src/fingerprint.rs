@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use sha2::{Digest as _, Sha256};
 
+use crate::list::{Iter, MessageList, PVec};
 use crate::message::Message;
 
 /// A SHA-256 digest.
@@ -200,6 +201,7 @@ impl fmt::Display for CacheBreak {
 }
 
 const TOTAL_TAG: &[u8] = b"forkhive/prefix/v1\0";
+const HEAD_TAG: &[u8] = b"forkhive/head/v1\0";
 const MESSAGES_TAG: &[u8] = b"forkhive/messages/v1\0";
 
 /// Digests of the parts before the messages, shared by every prefix built on them.
@@ -215,6 +217,8 @@ pub(crate) struct HeadFingerprint {
     pub(crate) system_context_items: Vec<Digest>,
     pub(crate) user_context: Digest,
     pub(crate) user_context_items: Vec<Digest>,
+    /// The digest of everything above; set by [`sealed`](Self::sealed).
+    pub(crate) digest: Digest,
 }
 
 impl HeadFingerprint {
@@ -233,36 +237,48 @@ impl HeadFingerprint {
             .collect();
         (Digest::finish(dim), digests)
     }
-}
 
-/// The message digests of a prefix: a shared base plus a few of its own.
-#[derive(Clone)]
-struct MessageDigests {
-    base: Arc<[Digest]>,
-    tail: Vec<Digest>,
-}
-
-impl MessageDigests {
-    fn len(&self) -> usize {
-        self.base.len() + self.tail.len()
-    }
-
-    fn get(&self, i: usize) -> Option<Digest> {
-        match self.base.get(i) {
-            Some(d) => Some(*d),
-            None => self.tail.get(i - self.base.len()).copied(),
+    /// The same digests with [`digest`](Self::digest) computed from them.
+    pub(crate) fn sealed(mut self) -> Self {
+        let mut h = Sha256::new_with_prefix(HEAD_TAG);
+        for d in self.parts() {
+            h.update(d.0);
         }
+        self.digest = Digest::finish(h);
+        self
     }
+
+    /// The dimension digests in the order the total hashes them.
+    fn parts(&self) -> [Digest; 6] {
+        [
+            self.model,
+            self.thinking,
+            self.tools,
+            self.system_prompt,
+            self.system_context,
+            self.user_context,
+        ]
+    }
+}
+
+/// A message's own digest and the digest of the message chain up to and including it (the
+/// Messages dimension of the prefix that ends with this message).
+#[derive(Debug, Clone, Copy)]
+struct MessageDigest {
+    item: Digest,
+    chain: Digest,
 }
 
 /// The fingerprint of a cache-safe prefix: a digest per dimension, per item, and in total.
 ///
 /// Two prefixes with equal [`total`](Self::total) digests render to the same cache key.
-/// Cloning is cheap (shared digests). Equality compares the total digest.
+/// Cloning is O(1) and so is extending by `k` messages, up to the O(k) hashing: the per-message
+/// digests live in a persistent vector that every extension shares. Equality compares the total
+/// digest.
 #[derive(Clone)]
 pub struct PrefixFingerprint {
     head: Arc<HeadFingerprint>,
-    messages: MessageDigests,
+    messages: PVec<MessageDigest>,
     messages_state: Sha256,
     messages_digest: Digest,
     total: Digest,
@@ -270,43 +286,35 @@ pub struct PrefixFingerprint {
 
 impl PrefixFingerprint {
     /// Fingerprints `messages` on top of an already hashed head.
-    pub(crate) fn new(head: Arc<HeadFingerprint>, messages: &[Message]) -> Self {
+    pub(crate) fn new(head: Arc<HeadFingerprint>, messages: &MessageList) -> Self {
         let mut state = Sha256::new_with_prefix(MESSAGES_TAG);
         let mut buf = Vec::new();
-        let digests: Arc<[Digest]> = messages
+        let digests: PVec<MessageDigest> = messages
             .iter()
             .map(|m| {
                 buf.clear();
                 m.write_json(&mut buf);
-                let d = Digest::of(&buf);
-                state.update(d.0);
-                d
+                chained(&mut state, Digest::of(&buf))
             })
             .collect();
-        Self::assemble(
-            head,
-            MessageDigests {
-                base: digests,
-                tail: Vec::new(),
-            },
-            state,
-        )
+        let messages_digest = match digests.last() {
+            Some(d) => d.chain,
+            None => Digest::finish(state.clone()),
+        };
+        Self::assemble(head, digests, state, messages_digest)
     }
 
-    fn assemble(head: Arc<HeadFingerprint>, messages: MessageDigests, state: Sha256) -> Self {
-        let messages_digest = Digest::finish(state.clone());
+    fn assemble(
+        head: Arc<HeadFingerprint>,
+        messages: PVec<MessageDigest>,
+        state: Sha256,
+        messages_digest: Digest,
+    ) -> Self {
         let mut total = Sha256::new_with_prefix(TOTAL_TAG);
-        for d in [
-            head.model,
-            head.thinking,
-            head.tools,
-            head.system_prompt,
-            head.system_context,
-            head.user_context,
-            messages_digest,
-        ] {
+        for d in head.parts() {
             total.update(d.0);
         }
+        total.update(messages_digest.0);
         Self {
             head,
             messages,
@@ -316,7 +324,8 @@ impl PrefixFingerprint {
         }
     }
 
-    /// The fingerprint of this prefix followed by `more` messages, in O(`more`).
+    /// The fingerprint of this prefix followed by `more` messages, in O(`more`): only the new
+    /// messages are hashed, and the earlier digests are shared, not copied.
     pub fn extend(&self, more: &[Message]) -> Self {
         let mut buf = Vec::new();
         let digests: Vec<Digest> = more
@@ -332,21 +341,18 @@ impl PrefixFingerprint {
 
     /// The same as [`extend`](Self::extend) for messages whose digests are already known.
     pub(crate) fn extend_digests(&self, more: &[Digest]) -> Self {
-        let mut state = self.messages_state.clone();
-        for d in more {
-            state.update(d.0);
+        if more.is_empty() {
+            return self.clone();
         }
-        let mut tail = Vec::with_capacity(self.messages.tail.len() + more.len());
-        tail.extend_from_slice(&self.messages.tail);
-        tail.extend_from_slice(more);
-        Self::assemble(
-            Arc::clone(&self.head),
-            MessageDigests {
-                base: Arc::clone(&self.messages.base),
-                tail,
-            },
-            state,
-        )
+        let mut state = self.messages_state.clone();
+        let messages = self
+            .messages
+            .extended(more.iter().map(|d| chained(&mut state, *d)));
+        let messages_digest = match messages.last() {
+            Some(d) => d.chain,
+            None => self.messages_digest,
+        };
+        Self::assemble(Arc::clone(&self.head), messages, state, messages_digest)
     }
 
     /// The digest of the whole prefix.
@@ -386,9 +392,34 @@ impl PrefixFingerprint {
         self.messages.len()
     }
 
-    /// The digest of `messages[index]`.
+    /// The digest of `messages[index]`. O(log₃₂ n).
     pub fn message(&self, index: usize) -> Option<Digest> {
-        self.messages.get(index)
+        self.messages.get(index).map(|d| d.item)
+    }
+
+    /// The digest of each message, in order. `skip(n)` jumps in O(log₃₂ n).
+    pub fn message_digests(&self) -> MessageDigests<'_> {
+        MessageDigests {
+            inner: self.messages.iter(),
+        }
+    }
+
+    /// The Messages-dimension digest of the first `count` messages alone: equal to
+    /// `dimension(Dimension::Messages)` of a prefix holding only those messages, so two
+    /// prefixes agree on it exactly when their first `count` messages are the same.
+    /// `None` when `count` exceeds the message count. O(log₃₂ n).
+    pub fn messages_digest_at(&self, count: usize) -> Option<Digest> {
+        match count.checked_sub(1) {
+            None => Some(Digest::finish(Sha256::new_with_prefix(MESSAGES_TAG))),
+            Some(last) => self.messages.get(last).map(|d| d.chain),
+        }
+    }
+
+    /// The digest of everything before the messages (model, thinking, tools, system prompt,
+    /// system context, user context): equal for two prefixes exactly when they differ at most
+    /// in their messages.
+    pub fn head_digest(&self) -> Digest {
+        self.head.digest
     }
 
     /// Names the first difference that stops `later` from reading the cache `self` wrote, or
@@ -431,26 +462,86 @@ impl PrefixFingerprint {
         if let Some((entry, change)) = list_diff(&a.user_context_items, &b.user_context_items) {
             return Some(CacheBreak::UserContext { entry, change });
         }
-        let n = self.messages.len();
-        for i in 0..n {
-            match (self.messages.get(i), later.messages.get(i)) {
-                (Some(x), Some(y)) if x == y => {}
-                (Some(_), Some(_)) => {
-                    return Some(CacheBreak::Message {
-                        index: i,
-                        change: Change::Changed,
-                    });
-                }
-                _ => {
-                    return Some(CacheBreak::Message {
-                        index: i,
-                        change: Change::Removed,
-                    });
-                }
+        // Chain digests agree up to the first differing message and disagree from there on, so
+        // the first difference is found by binary search: O(log n), not O(n).
+        let (n, m) = (self.messages.len(), later.messages.len());
+        let common = n.min(m);
+        let same = |i: usize| match (self.messages.get(i), later.messages.get(i)) {
+            (Some(x), Some(y)) => x.chain == y.chain,
+            _ => false,
+        };
+        let (mut lo, mut hi) = (0, common);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if same(mid) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
             }
+        }
+        if lo < common {
+            return Some(CacheBreak::Message {
+                index: lo,
+                change: Change::Changed,
+            });
+        }
+        if n > m {
+            return Some(CacheBreak::Message {
+                index: m,
+                change: Change::Removed,
+            });
         }
         // `later` extends `self`: everything `self` cached is a prefix of `later`.
         None
+    }
+}
+
+/// Feeds `item` into the message chain and returns it with the chain's digest so far.
+fn chained(state: &mut Sha256, item: Digest) -> MessageDigest {
+    state.update(item.0);
+    MessageDigest {
+        item,
+        chain: Digest::finish(state.clone()),
+    }
+}
+
+/// The digests of a prefix's messages, in order; see [`PrefixFingerprint::message_digests`].
+#[derive(Clone)]
+pub struct MessageDigests<'a> {
+    inner: Iter<'a, MessageDigest>,
+}
+
+impl Iterator for MessageDigests<'_> {
+    type Item = Digest;
+
+    fn next(&mut self) -> Option<Digest> {
+        self.inner.next().map(|d| d.item)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.inner.size_hint()
+    }
+
+    fn nth(&mut self, n: usize) -> Option<Digest> {
+        self.inner.nth(n).map(|d| d.item)
+    }
+}
+
+impl DoubleEndedIterator for MessageDigests<'_> {
+    fn next_back(&mut self) -> Option<Digest> {
+        self.inner.next_back().map(|d| d.item)
+    }
+}
+
+impl ExactSizeIterator for MessageDigests<'_> {}
+
+impl std::iter::FusedIterator for MessageDigests<'_> {}
+
+impl fmt::Debug for MessageDigests<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MessageDigests")
+            .field("remaining", &self.len())
+            .finish()
     }
 }
 

@@ -122,8 +122,11 @@ fn ensure_assistant(message: &Message) -> Result<()> {
 /// This is the message-scanning half of the recursive-fork guard ("Chapter 9: Sub-Agents and
 /// the Fork Pattern — Recursive Fork Protection"); a runtime should also keep a marker outside
 /// the transcript, which compaction cannot remove.
-pub fn is_in_fork_child(messages: &[Message]) -> bool {
-    messages.iter().any(|m| {
+///
+/// Accepts anything that iterates over messages: a slice, a `Vec`, or a
+/// [`MessageList`](crate::MessageList) such as `params.messages()`.
+pub fn is_in_fork_child<'a>(messages: impl IntoIterator<Item = &'a Message>) -> bool {
+    messages.into_iter().any(|m| {
         m.role == Role::User
             && m.content.iter().any(|b| {
                 b.as_text()
@@ -318,7 +321,7 @@ impl ForkChild {
     pub fn to_messages(&self) -> Vec<Message> {
         let history = self.shared.params.messages();
         let mut out = Vec::with_capacity(history.len() + 2);
-        out.extend_from_slice(history);
+        out.extend(history.iter().cloned());
         out.extend(self.suffix());
         out
     }

@@ -9,7 +9,8 @@
 //! | module | what it holds |
 //! | --- | --- |
 //! | [`message`] | [`Message`], [`Role`], [`ContentBlock`]: provider-neutral, byte-stable, Anthropic-shaped JSON |
-//! | [`params`] | [`CacheSafeParams`]: the five cache-key dimensions, built once, cloned in O(1) |
+//! | [`params`] | [`CacheSafeParams`]: the five cache-key dimensions, built once, cloned in O(1), appended to in O(new messages) |
+//! | [`list`] | [`MessageList`]: the conversation prefix, a persistent list shared by every turn built on it |
 //! | [`fingerprint`] | [`PrefixFingerprint`]: SHA-256 per dimension and item, and a diff that names a cache break |
 //! | [`fork`] | the placeholder result, the child message, [`ForkPrefix`] / [`ForkChild`], the recursion guard |
 //! | [`notification`] | the `<task-notification>` envelope: escaped on the way out, strictly parsed on the way in |
@@ -51,6 +52,7 @@ pub mod error;
 pub mod fingerprint;
 pub mod fork;
 pub mod json;
+pub mod list;
 pub mod message;
 pub mod notification;
 pub mod params;
@@ -58,8 +60,9 @@ pub mod task_id;
 pub mod usage;
 
 pub use error::{Error, Result};
-pub use fingerprint::{CacheBreak, Change, Digest, Dimension, PrefixFingerprint};
+pub use fingerprint::{CacheBreak, Change, Digest, Dimension, MessageDigests, PrefixFingerprint};
 pub use fork::{ForkChild, ForkPrefix};
+pub use list::{MessageIter, MessageList};
 pub use message::{ContentBlock, ImageSource, Message, RawJson, Role, ToolResultContent};
 pub use notification::{NotificationUsage, TaskNotification, TaskStatus};
 pub use params::{CacheSafeParams, CacheSafeParamsBuilder, ThinkingConfig, ToolDefinition};

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 use crate::fingerprint::{Digest, HeadFingerprint, PrefixFingerprint};
+use crate::list::MessageList;
 use crate::message::{Message, RawJson};
 
 /// One tool the model may call, as sent to the provider.
@@ -74,7 +75,7 @@ struct Head {
 
 struct Inner {
     head: Arc<Head>,
-    messages: Arc<[Message]>,
+    messages: MessageList,
     fingerprint: PrefixFingerprint,
 }
 
@@ -84,6 +85,9 @@ struct Inner {
 /// Built once (with [`CacheSafeParams::builder`]) from already rendered parts and fingerprinted
 /// at that moment; cloning is O(1). Encoders must render it deterministically: same value, same
 /// bytes.
+///
+/// An agent's next turn is [`append`](Self::append): O(new messages), sharing the head and every
+/// earlier message, with the same fingerprint as a from-scratch build of the same parts.
 ///
 /// ```
 /// use forkhive_core::{CacheSafeParams, Message};
@@ -144,13 +148,14 @@ impl CacheSafeParams {
         &self.inner.head.user_context
     }
 
-    /// The conversation prefix.
-    pub fn messages(&self) -> &[Message] {
+    /// The conversation prefix: a [`MessageList`], which reads like a slice (`len`, `get`,
+    /// `last`, `iter`, indexing, `for m in params.messages()`).
+    pub fn messages(&self) -> &MessageList {
         &self.inner.messages
     }
 
-    /// The conversation prefix as a shared allocation.
-    pub fn shared_messages(&self) -> &Arc<[Message]> {
+    /// The conversation prefix as a shared handle: cloning it is O(1) and copies no message.
+    pub fn shared_messages(&self) -> &MessageList {
         &self.inner.messages
     }
 
@@ -166,8 +171,9 @@ impl CacheSafeParams {
 
     /// The same system, context and tools with a different message prefix.
     ///
-    /// The parts before the messages are shared, not copied; only `messages` is hashed.
-    pub fn with_messages(&self, messages: impl Into<Arc<[Message]>>) -> Self {
+    /// The parts before the messages are shared, not copied; all of `messages` is hashed
+    /// (O(history)). To add messages at the end, [`append`](Self::append) is O(new messages).
+    pub fn with_messages(&self, messages: impl Into<MessageList>) -> Self {
         let messages = messages.into();
         let head = Arc::clone(&self.inner.head);
         let fingerprint = PrefixFingerprint::new(Arc::clone(&head.fingerprint), &messages);
@@ -175,6 +181,37 @@ impl CacheSafeParams {
             inner: Arc::new(Inner {
                 head,
                 messages,
+                fingerprint,
+            }),
+        }
+    }
+
+    /// This prefix followed by `more` messages: the next turn of a growing conversation.
+    ///
+    /// Costs O(`more`), not O(history), and not amortised: only the new messages are hashed
+    /// (the message chain's hash state is kept), and the result shares the head (system,
+    /// context, tools) and every earlier message and message digest with `self` (see
+    /// [`MessageList`] for the layout). The fingerprint equals that of a from-scratch build
+    /// with the same parts and messages, so `diff` against either finds no break.
+    ///
+    /// ```
+    /// use forkhive_core::{CacheSafeParams, Message};
+    /// let turn1 = CacheSafeParams::builder("m")
+    ///     .system_block("You are terse.")
+    ///     .messages(vec![Message::user_text("hi")])
+    ///     .build();
+    /// let turn2 = turn1.append(vec![Message::assistant_text("hello"), Message::user_text("bye")]);
+    /// assert_eq!(turn2.messages().len(), 3);
+    /// assert_eq!(turn1.fingerprint().diff(turn2.fingerprint()), None); // growth is no break
+    /// let scratch = turn1.with_messages(turn2.messages().to_vec());
+    /// assert_eq!(turn2.fingerprint(), scratch.fingerprint());
+    /// ```
+    pub fn append(&self, more: Vec<Message>) -> CacheSafeParams {
+        let fingerprint = self.inner.fingerprint.extend(&more);
+        Self {
+            inner: Arc::new(Inner {
+                head: Arc::clone(&self.inner.head),
+                messages: self.inner.messages.extended(more),
                 fingerprint,
             }),
         }
@@ -282,7 +319,7 @@ impl CacheSafeParamsBuilder {
             user_context: self.user_context,
             fingerprint: Arc::new(head_fp),
         });
-        let messages: Arc<[Message]> = self.messages.into();
+        let messages = MessageList::from(self.messages);
         let fingerprint = PrefixFingerprint::new(Arc::clone(&head.fingerprint), &messages);
         CacheSafeParams {
             inner: Arc::new(Inner {
@@ -327,7 +364,9 @@ fn hash_head(b: &CacheSafeParamsBuilder) -> HeadFingerprint {
         system_context_items,
         user_context,
         user_context_items,
+        digest: Digest::from([0; 32]),
     }
+    .sealed()
 }
 
 #[cfg(test)]

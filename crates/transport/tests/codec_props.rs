@@ -1,11 +1,13 @@
 //! Properties of the wire codecs: deterministic bytes, fork children that share everything up
-//! to their directive, and the fork fast path equal to a from-scratch encoding.
+//! to their directive, the fork fast path equal to a from-scratch encoding, and conversations
+//! grown by `append` and encoded turn by turn from the memo equal to from-scratch encodings.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use forkhive_core::{
     CacheSafeParams, ContentBlock, ForkPrefix, Message, RawJson, ToolDefinition, json,
 };
-use forkhive_transport::{AnthropicCodec, Codec, OpenAiCodec, Request};
+use forkhive_transport::codec::MemoConfig;
+use forkhive_transport::{AnthropicCodec, CachePolicy, CacheTtl, Codec, OpenAiCodec, Request};
 use proptest::prelude::*;
 
 fn text() -> impl Strategy<Value = String> {
@@ -158,5 +160,117 @@ proptest! {
             }
         }
         prop_assert!(marks <= 4, "{marks} breakpoints");
+    }
+}
+
+/// The head of a conversation: system block, tool, user and system context, each optional.
+#[derive(Debug, Clone)]
+struct Head {
+    system: Option<String>,
+    tool: bool,
+    user_ctx: Option<String>,
+    system_ctx: Option<String>,
+}
+
+fn head() -> impl Strategy<Value = Head> {
+    (
+        prop::option::of(text()),
+        prop::bool::ANY,
+        prop::option::of(text()),
+        prop::option::of(text()),
+    )
+        .prop_map(|(system, tool, user_ctx, system_ctx)| Head {
+            system,
+            tool,
+            user_ctx,
+            system_ctx,
+        })
+}
+
+/// A from-scratch build: `builder().messages(messages)` with the head's parts.
+fn build(h: &Head, messages: Vec<Message>) -> CacheSafeParams {
+    let mut b = CacheSafeParams::builder("m").messages(messages);
+    if let Some(s) = &h.system {
+        b = b.system_block(s);
+    }
+    if h.tool {
+        b = b.tool(ToolDefinition::new("Read", "read", r#"{"type":"object"}"#).unwrap());
+    }
+    if let Some(u) = &h.user_ctx {
+        b = b.user_context("cwd", u);
+    }
+    if let Some(c) = &h.system_ctx {
+        b = b.system_context("os", c);
+    }
+    b.build()
+}
+
+/// Messages of every kind, including ones a format writes nothing for (OpenAI: a user message
+/// without content) and ones without a cacheable block.
+fn any_message() -> impl Strategy<Value = Message> {
+    prop_oneof![
+        6 => message(),
+        1 => Just(Message::user(vec![])),
+        1 => Just(Message::user_text("")),
+    ]
+}
+
+fn policy() -> impl Strategy<Value = CachePolicy> {
+    (prop::bool::ANY, prop::bool::ANY, prop::bool::ANY).prop_map(
+        |(prefix_messages, suffix, hour)| CachePolicy {
+            prefix_messages,
+            suffix,
+            ttl: if hour {
+                CacheTtl::OneHour
+            } else {
+                CacheTtl::FiveMinutes
+            },
+            ..CachePolicy::default()
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// A conversation grown by repeated `append` and encoded every turn by one codec (whose
+    /// memos are warm from the earlier turns, or too small to hold the conversation) gives the
+    /// bytes of the same conversation built from scratch with `builder().messages(...)` and
+    /// encoded by a fresh codec, for both codecs.
+    #[test]
+    fn appended_conversations_encode_like_scratch_builds(
+        h in head(),
+        history in prop::collection::vec(any_message(), 0..6),
+        turns in prop::collection::vec(prop::collection::vec(any_message(), 0..4), 1..16),
+        suffix in prop::collection::vec(any_message(), 0..2),
+        policy in policy(),
+        stream in prop::bool::ANY,
+        tiny in prop::bool::ANY,
+    ) {
+        let mut memo = MemoConfig::default();
+        if tiny {
+            memo.message_entries = 3;
+            memo.prefix_entries = 1;
+        }
+        let warm: [Box<dyn Codec>; 2] = [
+            Box::new(AnthropicCodec::with_memo(policy, memo)),
+            Box::new(OpenAiCodec::with_memo(memo)),
+        ];
+        let mut all = history.clone();
+        let mut p = build(&h, history);
+        for more in turns {
+            p = p.append(more.clone());
+            all.extend(more);
+            let scratch = build(&h, all.clone());
+            let fresh: [Box<dyn Codec>; 2] =
+                [Box::new(AnthropicCodec::new(policy)), Box::new(OpenAiCodec::new())];
+            for (codec, fresh) in warm.iter().zip(fresh) {
+                let body = codec.encode(&Request::new(p.clone(), suffix.clone()), stream).to_bytes();
+                let expected = fresh.encode(&Request::new(scratch.clone(), suffix.clone()), stream).to_bytes();
+                prop_assert_eq!(&body, &expected, "{} codec", codec.wire());
+                serde_json::from_slice::<serde_json::Value>(&body)
+                    .unwrap_or_else(|e| panic!("{} codec: {e}: {}", codec.wire(), String::from_utf8_lossy(&body)));
+            }
+        }
     }
 }

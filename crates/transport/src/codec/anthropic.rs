@@ -7,25 +7,37 @@
 //!
 //! `cache_control` breakpoints are placed by a [`CachePolicy`]; render order for the cache is
 //! tools, then system, then messages, so the markers follow that order.
+//!
+//! A body is a rope of shared chunks: the head (everything before the first prefix message,
+//! memoised per head), the prefix messages (each encoded once, without a marker, and memoised
+//! by its digest; see [`MemoConfig`]), and the request's own bytes. The
+//! prefix's breakpoint goes on the last cacheable block of the prefix: that message's memoised
+//! bytes are split around the block's closing `}` and the marker is a static chunk between the
+//! two halves, so even the marked message is not encoded again.
 
 use bytes::Bytes;
 use forkhive_core::{CacheSafeParams, ContentBlock, ForkChild, Message, json};
 use serde::Deserialize;
 
+use super::memo::{Chunks, EncodedMessage, Memo, MemoConfig, MessageCache};
 use super::{
-    CachePolicy, CacheTtl, Codec, EncodedBody, Memo, StreamDecoder, WireFormat, last_cacheable,
-    parse_json, push_json, suffix_breakpoint,
+    CachePolicy, CacheTtl, Codec, EncodedBody, StreamDecoder, WireFormat, cacheable,
+    last_cacheable, parse_json, push_json, suffix_breakpoint,
 };
 use crate::error::{Error, Result};
 use crate::request::{BlockStart, PartialUsage, Request, Response, StopReason, StreamEvent};
 use crate::sse::SseEvent;
 
-/// Encodes and decodes Anthropic Messages requests, remembering encoded prefixes.
+/// Encodes and decodes Anthropic Messages requests, remembering encoded messages and prefixes
+/// (bounded: see [`MemoConfig`]).
 #[derive(Debug)]
 pub struct AnthropicCodec {
     policy: CachePolicy,
-    prefixes: Memo,
-    forks: Memo,
+    /// Everything before the first prefix message, keyed by the head digest and whether the
+    /// user-context message carries the prefix's breakpoint.
+    heads: Memo<(forkhive_core::Digest, bool), Bytes>,
+    messages: MessageCache,
+    forks: Memo<forkhive_core::Digest, Bytes>,
 }
 
 impl Default for AnthropicCodec {
@@ -35,12 +47,18 @@ impl Default for AnthropicCodec {
 }
 
 impl AnthropicCodec {
-    /// A codec placing breakpoints by `policy`.
+    /// A codec placing breakpoints by `policy`, with the default memo bounds.
     pub fn new(policy: CachePolicy) -> Self {
+        Self::with_memo(policy, MemoConfig::default())
+    }
+
+    /// A codec placing breakpoints by `policy`, remembering as much as `memo` allows.
+    pub fn with_memo(policy: CachePolicy, memo: MemoConfig) -> Self {
         Self {
             policy,
-            prefixes: Memo::new(8),
-            forks: Memo::new(8),
+            heads: Memo::new(32, usize::MAX),
+            messages: MessageCache::new(encode_message, &memo),
+            forks: Memo::new(64, usize::MAX),
         }
     }
 
@@ -50,22 +68,86 @@ impl AnthropicCodec {
     }
 
     fn marker(&self) -> &'static [u8] {
+        &self.comma_marker()[1..]
+    }
+
+    /// `,` and the marker: the chunk spliced into a memoised message to mark one of its blocks.
+    fn comma_marker(&self) -> &'static [u8] {
         match self.policy.ttl {
-            CacheTtl::FiveMinutes => br#""cache_control":{"type":"ephemeral"}"#,
-            CacheTtl::OneHour => br#""cache_control":{"type":"ephemeral","ttl":"1h"}"#,
+            CacheTtl::FiveMinutes => br#","cache_control":{"type":"ephemeral"}"#,
+            CacheTtl::OneHour => br#","cache_control":{"type":"ephemeral","ttl":"1h"}"#,
         }
     }
 
     /// The encoded prefix: everything up to and including the prefix's last message, before
-    /// the closing `]` of `messages`.
+    /// the closing `]` of `messages`, as one contiguous copy. [`encode`](Codec::encode) shares
+    /// the memoised chunks instead of copying them.
     pub fn encode_prefix(&self, prefix: &CacheSafeParams) -> Bytes {
-        self.prefixes
-            .get_or_insert_with(prefix.fingerprint().total(), || self.prefix_bytes(prefix))
+        let mut chunks = Chunks::default();
+        self.prefix_chunks(prefix, &mut chunks);
+        EncodedBody::from_chunks(chunks.chunks).to_bytes()
     }
 
-    fn prefix_bytes(&self, p: &CacheSafeParams) -> Vec<u8> {
-        let history_bytes: usize = p.messages().len() * 256;
-        let mut out = Vec::with_capacity(4096 + history_bytes);
+    /// Appends the prefix's chunks; leaves `chunks.bare` telling whether `messages` is still
+    /// empty.
+    fn prefix_chunks(&self, p: &CacheSafeParams, chunks: &mut Chunks) {
+        let messages = p.messages();
+        let has_user_context = !p.user_context().is_empty();
+        // The breakpoint goes on the last cacheable block of the prefix messages, or on the
+        // user-context message when no prefix message has a cacheable block.
+        let mark = if self.policy.prefix_messages {
+            messages
+                .iter()
+                .enumerate()
+                .rev()
+                .find(|(_, m)| m.content.iter().any(cacheable))
+                .map(|(i, _)| i)
+        } else {
+            None
+        };
+        let mark_user_context = self.policy.prefix_messages && mark.is_none() && has_user_context;
+        chunks.push(self.head(p, mark_user_context));
+        chunks.bare = !has_user_context;
+
+        let Some(mi) = mark else {
+            for piece in self.messages.rope(p, messages.len()).pieces() {
+                chunks.push_elements(piece.clone());
+            }
+            return;
+        };
+        for piece in self.messages.rope(p, mi).pieces() {
+            chunks.push_elements(piece.clone());
+        }
+        let rest = messages
+            .iter()
+            .skip(mi)
+            .zip(p.fingerprint().message_digests().skip(mi));
+        for (i, (m, digest)) in rest.enumerate() {
+            let e = self.messages.message(digest, m);
+            match e.mark.filter(|_| i == 0) {
+                Some(at) => {
+                    chunks.push_elements(e.bytes.slice(..at));
+                    chunks.push(Bytes::from_static(self.comma_marker()));
+                    chunks.push(e.bytes.slice(at..));
+                }
+                None => chunks.push_elements(e.bytes),
+            }
+        }
+    }
+
+    /// Everything before the first prefix message: model, system, tools, `"messages":[` and the
+    /// user-context message (marked when it carries the prefix's breakpoint).
+    fn head(&self, p: &CacheSafeParams, mark_user_context: bool) -> Bytes {
+        let key = (p.fingerprint().head_digest(), mark_user_context);
+        self.heads.get_or_insert_with(key, || {
+            let bytes = Bytes::from(self.head_bytes(p, mark_user_context));
+            let weight = bytes.len();
+            (bytes, weight)
+        })
+    }
+
+    fn head_bytes(&self, p: &CacheSafeParams, mark_user_context: bool) -> Vec<u8> {
+        let mut out = Vec::with_capacity(4096);
         out.extend_from_slice(br#"{"model":"#);
         json::write_str(&mut out, p.model());
 
@@ -111,19 +193,10 @@ impl AnthropicCodec {
         }
 
         out.extend_from_slice(br#","messages":["#);
-        let user_context = p.rendered_user_context().map(Message::user_text);
-        let messages: Vec<&Message> = user_context.iter().chain(p.messages()).collect();
-        let mark = if self.policy.prefix_messages {
-            last_cacheable(&messages)
-        } else {
-            None
-        };
-        for (mi, m) in messages.iter().enumerate() {
-            if mi > 0 {
-                out.push(b',');
-            }
-            let block = mark.filter(|(i, _)| *i == mi).map(|(_, b)| b);
-            self.push_message(&mut out, m, block);
+        if let Some(ctx) = p.rendered_user_context() {
+            let m = Message::user_text(ctx);
+            // Its one block is cacheable: the rendered context is never empty.
+            self.push_message(&mut out, &m, mark_user_context.then_some(0));
         }
         out
     }
@@ -167,7 +240,8 @@ impl AnthropicCodec {
                 }
                 out.extend_from_slice(br#"{"type":"text","text":""#);
                 json::escape_str_into(&mut out, child.child_message_head());
-                out
+                let weight = out.len();
+                (Bytes::from(out), weight)
             })
     }
 
@@ -198,6 +272,30 @@ impl AnthropicCodec {
     }
 }
 
+/// A message as an element of `messages`, led by a comma and without any marker, with the
+/// offset of the `}` closing its last cacheable block (where a marker would go).
+fn encode_message(m: &Message) -> EncodedMessage {
+    let mut out = Vec::with_capacity(64 + m.content.len() * 256);
+    out.extend_from_slice(br#",{"role":"#);
+    json::write_str(&mut out, m.role.as_str());
+    out.extend_from_slice(br#","content":["#);
+    let mut mark = None;
+    for (bi, b) in m.content.iter().enumerate() {
+        if bi > 0 {
+            out.push(b',');
+        }
+        push_json(&mut out, b);
+        if cacheable(b) && out.last() == Some(&b'}') {
+            mark = Some(out.len() - 1);
+        }
+    }
+    out.extend_from_slice(b"]}");
+    EncodedMessage {
+        bytes: Bytes::from(out),
+        mark,
+    }
+}
+
 fn push_marked<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, value: &T, marker: Option<&[u8]>) {
     push_json(out, value);
     if let Some(marker) = marker {
@@ -217,19 +315,22 @@ impl Codec for AnthropicCodec {
     }
 
     fn encode(&self, request: &Request, stream: bool) -> EncodedBody {
-        let prefix = self.encode_prefix(&request.prefix);
-        let prefix_has_messages =
-            !request.prefix.messages().is_empty() || !request.prefix.user_context().is_empty();
+        let mut chunks = Chunks {
+            chunks: Vec::with_capacity(64),
+            bare: true,
+        };
+        self.prefix_chunks(&request.prefix, &mut chunks);
+        let prefix_has_messages = !chunks.bare;
         match &request.suffix {
             // The fast path is only valid on the child's own prefix (the shared bytes are
             // keyed by, and were encoded for, that prefix).
             crate::request::Suffix::Fork(child) if super::is_own_prefix(request, child) => {
-                let shared = self.fork_shared(child, prefix_has_messages);
+                chunks.push(self.fork_shared(child, prefix_has_messages));
                 let mut own = Vec::with_capacity(64 + child.directive().len());
                 json::escape_str_into(&mut own, child.directive());
                 own.extend_from_slice(br#""}]}"#);
                 self.push_tail(&mut own, request, stream);
-                EncodedBody::from_chunks(vec![prefix, shared, Bytes::from(own)])
+                chunks.push(Bytes::from(own));
             }
             suffix => {
                 let messages = suffix.messages();
@@ -248,9 +349,10 @@ impl Codec for AnthropicCodec {
                     self.push_message(&mut own, m, block);
                 }
                 self.push_tail(&mut own, request, stream);
-                EncodedBody::from_chunks(vec![prefix, Bytes::from(own)])
+                chunks.push(Bytes::from(own));
             }
         }
+        EncodedBody::from_chunks(chunks.chunks)
     }
 
     fn decode_response(&self, body: &[u8]) -> Result<Response> {
@@ -569,15 +671,15 @@ mod tests {
             .iter()
             .map(|d| codec.encode(&Request::fork(prefix.child(d)), false))
             .collect();
-        // The prefix and the shared fork part are the same allocations.
-        assert_eq!(
-            bodies[0].chunks()[0].as_ptr(),
-            bodies[1].chunks()[0].as_ptr()
-        );
-        assert_eq!(
-            bodies[0].chunks()[1].as_ptr(),
-            bodies[1].chunks()[1].as_ptr()
-        );
+        // The prefix chunks and the shared fork part are the same allocations; only the last
+        // chunk (the directive and the settings) is the child's own.
+        let (own0, shared0) = bodies[0].chunks().split_last().unwrap();
+        let (own1, shared1) = bodies[1].chunks().split_last().unwrap();
+        assert_eq!(shared0.len(), shared1.len());
+        for (a, b) in shared0.iter().zip(shared1) {
+            assert_eq!(a.as_ptr(), b.as_ptr());
+        }
+        assert_ne!(own0.as_ptr(), own1.as_ptr());
         for (b, d) in bodies.iter().zip(["one", "two \"quoted\"\n"]) {
             let child = prefix.child(d);
             // A fresh codec on the generic (materialised) path produces the same bytes.
@@ -588,6 +690,55 @@ mod tests {
             assert_eq!(text.matches("cache_control").count(), 4);
             assert!(text.contains(r#""content":[{"type":"text","text":"Fork started — processing in background"}],"cache_control":{"type":"ephemeral"}},{"type":"text","text":"<fork-boilerplate>"#));
         }
+    }
+
+    #[test]
+    fn a_growing_conversation_encodes_each_message_once() {
+        let codec = AnthropicCodec::default();
+        let mut p = params();
+        let mut bodies = Vec::new();
+        for turn in 0..300 {
+            p = p.append(vec![
+                Message::assistant(vec![
+                    ContentBlock::text(format!("step {turn}")),
+                    ContentBlock::tool_use(
+                        format!("t{turn}"),
+                        "Read",
+                        RawJson::parse(r#"{"p":1}"#).unwrap(),
+                    ),
+                ]),
+                Message::user(vec![ContentBlock::tool_result_text(
+                    format!("t{turn}"),
+                    "x".repeat(turn),
+                )]),
+            ]);
+            let body = codec.encode(&Request::new(p.clone(), vec![]), false);
+            // A few dozen chunks, not one per message.
+            assert!(body.chunks().len() <= 50, "{} chunks", body.chunks().len());
+            bodies.push(body);
+        }
+        // Every message was encoded once: one miss each, none evicted.
+        let n = p.messages().len() as u64;
+        let (entries, _, _, misses) = codec.messages.message_stats();
+        assert_eq!((entries as u64, misses), (n, n));
+        // And the bodies are what a fresh codec writes.
+        let last = bodies.last().unwrap().to_bytes();
+        let fresh = AnthropicCodec::default().encode(&Request::new(p.clone(), vec![]), false);
+        assert!(last == fresh.to_bytes());
+        let prefix = codec.encode_prefix(&p);
+        assert!(last.starts_with(&prefix) && &last[prefix.len()..] == br#"],"max_tokens":1024}"#);
+        // Consecutive turns share their chunks (the head and the merged history pieces).
+        let (a, b) = (&bodies[bodies.len() - 2], &bodies[bodies.len() - 1]);
+        let shared = a
+            .chunks()
+            .iter()
+            .filter(|c| b.chunks().iter().any(|d| d.as_ptr() == c.as_ptr()))
+            .count();
+        assert!(
+            shared + 6 >= a.chunks().len(),
+            "{shared} of {}",
+            a.chunks().len()
+        );
     }
 
     #[test]

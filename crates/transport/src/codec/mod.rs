@@ -1,30 +1,32 @@
 //! Wire codecs: deterministic request encoding and response/stream decoding.
 //!
-//! An encoded body is a rope of [`Bytes`] chunks: the cache-safe prefix (encoded once per
-//! distinct prefix and shared by every request on it), for a fork child the part it shares
-//! with its siblings (encoded once per parent turn), and the request's own tail. Encoding N
-//! fork children therefore never re-encodes the parent's history: each child costs
-//! O(directive + settings).
+//! An encoded body is a rope of [`Bytes`] chunks: the head of the cache-safe prefix (model,
+//! system, tools; encoded once per distinct head), the prefix's messages (each encoded once,
+//! memoised by its digest, and kept as a few merged pieces per recent prefix; see
+//! [`MemoConfig`]), for a fork child the part it shares with its siblings (encoded once per
+//! parent turn), and the request's own tail. Encoding N fork children therefore never
+//! re-encodes the parent's history (each child costs O(directive + settings)), and an agent's
+//! next turn costs O(new messages), not O(history).
 //!
 //! The prefix is laid out first in the body (`model`, `system`, `tools`, then `messages`) and
 //! the per-call settings (`max_tokens`, `stream`, ...) come after the messages, so that every
 //! request on one prefix starts with the same bytes.
 
 pub mod anthropic;
+mod memo;
 pub mod openai;
 
-use std::collections::VecDeque;
 use std::fmt;
-use std::sync::Mutex;
 
 use bytes::Bytes;
-use forkhive_core::{ContentBlock, Digest, Message};
+use forkhive_core::{ContentBlock, Message};
 
 use crate::error::Result;
 use crate::request::{Request, Response, StreamEvent};
 use crate::sse::SseEvent;
 
 pub use anthropic::AnthropicCodec;
+pub use memo::MemoConfig;
 pub use openai::OpenAiCodec;
 
 /// Which wire format a codec speaks.
@@ -181,45 +183,6 @@ impl CacheTtl {
     }
 }
 
-/// A small memo of encoded parts, keyed by the fingerprint of what they encode.
-#[derive(Debug)]
-pub(crate) struct Memo {
-    entries: Mutex<VecDeque<(Digest, Bytes)>>,
-    capacity: usize,
-}
-
-impl Memo {
-    pub(crate) fn new(capacity: usize) -> Self {
-        Self {
-            entries: Mutex::new(VecDeque::with_capacity(capacity)),
-            capacity,
-        }
-    }
-
-    /// The bytes for `key`, encoding them with `encode` on a miss.
-    pub(crate) fn get_or_insert_with(
-        &self,
-        key: Digest,
-        encode: impl FnOnce() -> Vec<u8>,
-    ) -> Bytes {
-        {
-            let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some((_, b)) = entries.iter().find(|(k, _)| *k == key) {
-                return b.clone();
-            }
-        }
-        let bytes = Bytes::from(encode());
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        if !entries.iter().any(|(k, _)| *k == key) {
-            if entries.len() == self.capacity {
-                entries.pop_front();
-            }
-            entries.push_back((key, bytes.clone()));
-        }
-        bytes
-    }
-}
-
 /// Whether `request`'s prefix is the one `child` was forked from (same bytes), so that the
 /// codecs' fork fast path applies.
 pub(crate) fn is_own_prefix(request: &Request, child: &forkhive_core::ForkChild) -> bool {
@@ -298,21 +261,6 @@ mod tests {
         assert_eq!(suffix_breakpoint(std::slice::from_ref(&u)), None);
         assert_eq!(last_cacheable(&[&a]), Some((0, 0)));
         assert_eq!(last_cacheable(&[&Message::user_text("")]), None);
-    }
-
-    #[test]
-    fn memo_evicts_the_oldest() {
-        let m = Memo::new(2);
-        let key = |i: u8| Digest::of(&[i]);
-        let mut calls = 0;
-        for i in [1u8, 2, 1, 3, 1] {
-            m.get_or_insert_with(key(i), || {
-                calls += 1;
-                vec![i]
-            });
-        }
-        // 1, 2 encoded; 1 hit; 3 evicts 1; 1 encoded again.
-        assert_eq!(calls, 4);
     }
 
     #[test]

@@ -17,26 +17,30 @@ use forkhive_core::{
 };
 use serde::Deserialize;
 
-use super::{Codec, EncodedBody, Memo, StreamDecoder, WireFormat, parse_json, push_json};
+use super::memo::{Chunks, EncodedMessage, Memo, MemoConfig, MessageCache};
+use super::{Codec, EncodedBody, StreamDecoder, WireFormat, parse_json, push_json};
 use crate::error::{Error, Result};
 use crate::request::{
     BlockStart, PartialUsage, Request, Response, StopReason, StreamEvent, Suffix, ToolChoice,
 };
 use crate::sse::SseEvent;
 
-/// Encodes and decodes Chat Completions requests, remembering encoded prefixes.
+/// Encodes and decodes Chat Completions requests, remembering encoded messages and prefixes
+/// (bounded: see [`MemoConfig`]).
+///
+/// A body is a rope of shared chunks: the head (model, tools, the system and user-context
+/// messages; memoised per head), the prefix messages (each translated once and memoised by its
+/// digest), and the request's own bytes.
 #[derive(Debug)]
 pub struct OpenAiCodec {
-    prefixes: Memo,
-    forks: Memo,
+    heads: Memo<forkhive_core::Digest, Bytes>,
+    messages: MessageCache,
+    forks: Memo<forkhive_core::Digest, Bytes>,
 }
 
 impl Default for OpenAiCodec {
     fn default() -> Self {
-        Self {
-            prefixes: Memo::new(8),
-            forks: Memo::new(8),
-        }
+        Self::with_memo(MemoConfig::default())
     }
 }
 
@@ -164,68 +168,99 @@ impl Writer<'_> {
     }
 }
 
+/// A message as comma-led elements of `messages` (none for a message the format has no place
+/// for).
+fn encode_message(m: &Message) -> EncodedMessage {
+    let mut out = Vec::with_capacity(64 + m.content.len() * 256);
+    let mut w = Writer {
+        out: &mut out,
+        count: 1,
+    };
+    w.message(m);
+    EncodedMessage {
+        bytes: Bytes::from(out),
+        mark: None,
+    }
+}
+
 impl OpenAiCodec {
-    /// A codec.
+    /// A codec with the default memo bounds.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// The encoded prefix, and how many messages it holds.
-    fn prefix(&self, p: &CacheSafeParams) -> Bytes {
-        self.prefixes
-            .get_or_insert_with(p.fingerprint().total(), || {
-                let mut out = Vec::with_capacity(4096 + 256 * p.messages().len());
-                out.extend_from_slice(br#"{"model":"#);
-                json::write_str(&mut out, p.model());
-                if !p.tools().is_empty() {
-                    out.extend_from_slice(br#","tools":["#);
-                    for (i, t) in p.tools().iter().enumerate() {
-                        if i > 0 {
-                            out.push(b',');
-                        }
-                        out.extend_from_slice(br#"{"type":"function","function":{"name":"#);
-                        json::write_str(&mut out, &t.name);
-                        out.extend_from_slice(br#","description":"#);
-                        json::write_str(&mut out, &t.description);
-                        out.extend_from_slice(br#","parameters":"#);
-                        out.extend_from_slice(t.input_schema.as_str().as_bytes());
-                        out.extend_from_slice(b"}}");
-                    }
-                    out.push(b']');
-                }
-                out.extend_from_slice(br#","messages":["#);
-                let mut w = Writer {
-                    out: &mut out,
-                    count: 0,
-                };
-                let mut system: Vec<&str> = p
-                    .system_prompt()
-                    .iter()
-                    .map(String::as_str)
-                    .filter(|t| !t.is_empty())
-                    .collect();
-                let ctx = p.rendered_system_context();
-                if let Some(c) = &ctx {
-                    system.push(c);
-                }
-                if !system.is_empty() {
-                    w.text_message("system", &system.join("\n\n"));
-                }
-                if let Some(u) = p.rendered_user_context() {
-                    w.text_message("user", &u);
-                }
-                for m in p.messages() {
-                    w.message(m);
-                }
-                out
-            })
+    /// A codec remembering as much as `memo` allows.
+    pub fn with_memo(memo: MemoConfig) -> Self {
+        Self {
+            heads: Memo::new(32, usize::MAX),
+            messages: MessageCache::new(encode_message, &memo),
+            forks: Memo::new(64, usize::MAX),
+        }
     }
 
-    fn prefix_count(p: &CacheSafeParams) -> bool {
-        p.system_prompt().iter().any(|t| !t.is_empty())
+    /// Appends the prefix's chunks; leaves `chunks.bare` telling whether `messages` is still
+    /// empty.
+    fn prefix_chunks(&self, p: &CacheSafeParams, chunks: &mut Chunks) {
+        let head = self
+            .heads
+            .get_or_insert_with(p.fingerprint().head_digest(), || {
+                let bytes = Bytes::from(Self::head_bytes(p));
+                let weight = bytes.len();
+                (bytes, weight)
+            });
+        chunks.push(head);
+        chunks.bare = !(p.system_prompt().iter().any(|t| !t.is_empty())
             || !p.system_context().is_empty()
-            || !p.user_context().is_empty()
-            || !p.messages().is_empty()
+            || !p.user_context().is_empty());
+        for piece in self.messages.rope(p, p.messages().len()).pieces() {
+            chunks.push_elements(piece.clone());
+        }
+    }
+
+    /// Everything before the first prefix message: model, tools, `"messages":[`, the system
+    /// message and the user-context message.
+    fn head_bytes(p: &CacheSafeParams) -> Vec<u8> {
+        let mut out = Vec::with_capacity(4096);
+        out.extend_from_slice(br#"{"model":"#);
+        json::write_str(&mut out, p.model());
+        if !p.tools().is_empty() {
+            out.extend_from_slice(br#","tools":["#);
+            for (i, t) in p.tools().iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(br#"{"type":"function","function":{"name":"#);
+                json::write_str(&mut out, &t.name);
+                out.extend_from_slice(br#","description":"#);
+                json::write_str(&mut out, &t.description);
+                out.extend_from_slice(br#","parameters":"#);
+                out.extend_from_slice(t.input_schema.as_str().as_bytes());
+                out.extend_from_slice(b"}}");
+            }
+            out.push(b']');
+        }
+        out.extend_from_slice(br#","messages":["#);
+        let mut w = Writer {
+            out: &mut out,
+            count: 0,
+        };
+        let mut system: Vec<&str> = p
+            .system_prompt()
+            .iter()
+            .map(String::as_str)
+            .filter(|t| !t.is_empty())
+            .collect();
+        let ctx = p.rendered_system_context();
+        if let Some(c) = &ctx {
+            system.push(c);
+        }
+        if !system.is_empty() {
+            w.text_message("system", &system.join("\n\n"));
+        }
+        if let Some(u) = p.rendered_user_context() {
+            w.text_message("user", &u);
+        }
+        out
     }
 
     fn fork_shared(&self, child: &ForkChild, prefix_nonempty: bool) -> Bytes {
@@ -250,7 +285,8 @@ impl OpenAiCodec {
                 w.open();
                 out.extend_from_slice(br#"{"role":"user","content":""#);
                 json::escape_str_into(&mut out, child.child_message_head());
-                out
+                let weight = out.len();
+                (Bytes::from(out), weight)
             })
     }
 
@@ -296,16 +332,20 @@ impl Codec for OpenAiCodec {
     }
 
     fn encode(&self, request: &Request, stream: bool) -> EncodedBody {
-        let prefix = self.prefix(&request.prefix);
-        let nonempty = Self::prefix_count(&request.prefix);
+        let mut chunks = Chunks {
+            chunks: Vec::with_capacity(64),
+            bare: true,
+        };
+        self.prefix_chunks(&request.prefix, &mut chunks);
+        let nonempty = !chunks.bare;
         match &request.suffix {
             Suffix::Fork(child) if super::is_own_prefix(request, child) => {
-                let shared = self.fork_shared(child, nonempty);
+                chunks.push(self.fork_shared(child, nonempty));
                 let mut own = Vec::with_capacity(64 + child.directive().len());
                 json::escape_str_into(&mut own, child.directive());
                 own.extend_from_slice(br#""}"#);
                 Self::push_tail(&mut own, request, stream);
-                EncodedBody::from_chunks(vec![prefix, shared, Bytes::from(own)])
+                chunks.push(Bytes::from(own));
             }
             suffix => {
                 let messages = suffix.messages();
@@ -319,9 +359,10 @@ impl Codec for OpenAiCodec {
                     w.message(m);
                 }
                 Self::push_tail(&mut own, request, stream);
-                EncodedBody::from_chunks(vec![prefix, Bytes::from(own)])
+                chunks.push(Bytes::from(own));
             }
         }
+        EncodedBody::from_chunks(chunks.chunks)
     }
 
     fn decode_response(&self, body: &[u8]) -> Result<Response> {
