@@ -1,0 +1,764 @@
+//! One agent file's text to an [`AgentDefinition`].
+
+use std::path::Path;
+
+use saphyr::{MarkedYamlOwned, ScalarOwned, YamlDataOwned};
+
+use super::frontmatter::{self, Problem};
+use super::yaml::{self, is_null, kind, position, scalar_text, to_json};
+use super::{AgentDefinition, DefinitionSource, Diagnostic, PermissionMode};
+use crate::error::{Error, Result};
+
+/// A definition read from a file, with the warnings about it (empty when the file was
+/// clean).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct ParsedDefinition {
+    /// The definition.
+    pub definition: AgentDefinition,
+    /// What was repaired or ignored, each with where and how to fix it.
+    pub warnings: Vec<Diagnostic>,
+}
+
+/// The frontmatter keys this crate reads, in the spelling files use.
+pub(super) const KNOWN_KEYS: [&str; 17] = [
+    "name",
+    "description",
+    "tools",
+    "disallowedTools",
+    "skills",
+    "mcpServers",
+    "hooks",
+    "color",
+    "model",
+    "effort",
+    "permissionMode",
+    "maxTurns",
+    "background",
+    "isolation",
+    "memory",
+    "initialPrompt",
+    "omitClaudeMd",
+];
+
+/// Parses the text of one agent file: YAML frontmatter between `---` lines, then the Markdown
+/// body, which becomes the system prompt.
+///
+/// `path` is only used to name the file in diagnostics and in
+/// [`AgentDefinition::path`]. A leading byte-order mark is skipped and `\r\n` line endings are
+/// read as `\n`.
+///
+/// # Errors
+///
+/// [`Error::Definition`] naming line and column when the file cannot be used: it is empty,
+/// has no frontmatter or an unclosed one, its YAML is invalid in a way that is not repaired,
+/// `name` or `description` is missing or empty, or `tools`/`disallowedTools` has a shape that
+/// cannot be a tool list (a mapping). Everything else that is wrong is a warning in
+/// [`ParsedDefinition::warnings`].
+pub fn parse_agent_markdown(
+    path: &Path,
+    text: &str,
+    source: DefinitionSource,
+) -> Result<ParsedDefinition> {
+    let at = |p: Problem| Diagnostic::new(path, p.line, p.column, p.message);
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let normalized;
+    let text = if text.contains('\r') {
+        normalized = text.replace("\r\n", "\n");
+        normalized.as_str()
+    } else {
+        text
+    };
+    let split = frontmatter::split(text).map_err(|p| Error::from(at(p)))?;
+    let doc = yaml::parse(&split.lines).map_err(|p| Error::from(at(p)))?;
+
+    let mut warnings: Vec<Problem> = split.warnings;
+    warnings.extend(doc.warnings);
+    let mut reader = Reader {
+        text: &doc.text,
+        warnings,
+    };
+    let definition = reader
+        .definition(doc.root.as_ref(), split.body, source)
+        .map_err(|p| Error::from(at(p)))?;
+    let mut warnings = reader.warnings;
+    warnings.sort_by_key(|w| (w.line, w.column));
+    Ok(ParsedDefinition {
+        definition: AgentDefinition {
+            path: Some(path.to_path_buf()),
+            ..definition
+        },
+        warnings: warnings.into_iter().map(at).collect(),
+    })
+}
+
+/// Reads fields out of the frontmatter, collecting warnings.
+struct Reader<'t> {
+    text: &'t str,
+    warnings: Vec<Problem>,
+}
+
+impl Reader<'_> {
+    fn warn(&mut self, node: &MarkedYamlOwned, message: String) {
+        let (line, column) = position(node);
+        self.warnings.push(Problem::new(line, column, message));
+    }
+
+    fn definition(
+        &mut self,
+        root: Option<&MarkedYamlOwned>,
+        body: &str,
+        source: DefinitionSource,
+    ) -> Result<AgentDefinition, Problem> {
+        let Some(root) = root else {
+            return Err(Problem::new(
+                1,
+                1,
+                "the frontmatter is empty; add `name: <agent-name>` and `description: <when to \
+                 use this agent>`",
+            ));
+        };
+        let YamlDataOwned::Mapping(map) = &root.data else {
+            let (line, column) = position(root);
+            return Err(Problem::new(
+                line,
+                column,
+                format!(
+                    "the frontmatter is {}, not a mapping; write one `key: value` per line",
+                    kind(root)
+                ),
+            ));
+        };
+        let entries: Vec<(String, &MarkedYamlOwned, &MarkedYamlOwned)> = map
+            .iter()
+            .map(|(k, v)| (yaml::key_text(k, self.text), k, v))
+            .collect();
+        let get = |key: &str| {
+            entries
+                .iter()
+                .find(|(k, _, _)| k == key)
+                .map(|(_, _, v)| *v)
+        };
+
+        let name = get("name");
+        let description = get("description");
+        if name.is_none() || description.is_none() {
+            let missing = match (name, description) {
+                (None, None) => {
+                    "no `name` and no `description`; add `name: <agent-name>` and \
+                                 `description: <when to use this agent>`"
+                }
+                (None, Some(_)) => "no `name`; add `name: <agent-name>`",
+                _ => "no `description`; add `description: <when to use this agent>`",
+            };
+            return Err(Problem::new(1, 1, format!("the frontmatter has {missing}")));
+        }
+        let name = self.required_string("name", name)?;
+        let description = self.required_string("description", description)?;
+
+        let mut def = AgentDefinition::new(name, description, source);
+        def.system_prompt = body.to_owned();
+        for (key, key_node, value) in &entries {
+            match key.as_str() {
+                "name" | "description" => {}
+                "tools" => def.tools = self.list(key, value, true)?,
+                "disallowedTools" => def.disallowed_tools = self.list(key, value, true)?,
+                "skills" => def.skills = self.list(key, value, false)?.unwrap_or_default(),
+                "mcpServers" => def.mcp_servers = self.mcp_servers(value),
+                "hooks" => def.hooks = self.hooks(value),
+                "color" => def.color = self.string(key, value),
+                "model" => def.model = self.model(value),
+                "effort" => def.effort = self.string(key, value),
+                "permissionMode" => def.permission_mode = self.permission_mode(value),
+                "maxTurns" => def.max_turns = self.max_turns(value),
+                "background" => def.background = self.flag(key, value).unwrap_or(false),
+                "isolation" => {
+                    def.isolation = self.one_of(key, value, &["worktree", "remote"]);
+                }
+                "memory" => def.memory = self.one_of(key, value, &["user", "project", "local"]),
+                "initialPrompt" => def.initial_prompt = self.string(key, value),
+                "omitClaudeMd" => def.omit_claude_md = self.flag(key, value).unwrap_or(false),
+                _ => {
+                    if let Some(known) = similar_known_key(key) {
+                        self.warn(
+                            key_node,
+                            format!(
+                                "`{key}` is not a frontmatter key; did you mean `{known}`? It was \
+                                 kept as an unknown key"
+                            ),
+                        );
+                    }
+                    def.extra.insert(key.clone(), to_json(value, self.text));
+                }
+            }
+        }
+        Ok(def)
+    }
+
+    /// `name` or `description`: a non-empty scalar, kept exactly as the YAML gives it.
+    fn required_string(
+        &mut self,
+        key: &str,
+        node: Option<&MarkedYamlOwned>,
+    ) -> Result<String, Problem> {
+        let Some(node) = node else {
+            return Err(Problem::new(
+                1,
+                1,
+                format!("the frontmatter has no `{key}`"),
+            ));
+        };
+        let (line, column) = position(node);
+        match scalar_text(node, self.text) {
+            Some(s) if !s.trim().is_empty() => Ok(s),
+            Some(_) => Err(Problem::new(line, column, format!("`{key}` is empty"))),
+            None if is_null(node) => Err(Problem::new(line, column, format!("`{key}` is empty"))),
+            None => Err(Problem::new(
+                line,
+                column,
+                format!("`{key}` must be a string, not {}", kind(node)),
+            )),
+        }
+    }
+
+    /// A scalar as text; anything else is ignored with a warning.
+    fn string(&mut self, key: &str, node: &MarkedYamlOwned) -> Option<String> {
+        match scalar_text(node, self.text) {
+            Some(s) if !s.trim().is_empty() => Some(s),
+            _ => {
+                self.warn(
+                    node,
+                    format!(
+                        "`{key}` should be a string, not {}; it was ignored",
+                        describe(node)
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    /// A string from a known set; another value is kept, with a warning.
+    fn one_of(&mut self, key: &str, node: &MarkedYamlOwned, allowed: &[&str]) -> Option<String> {
+        let value = self.string(key, node)?;
+        if !allowed.contains(&value.as_str()) {
+            self.warn(
+                node,
+                format!(
+                    "unknown `{key}` value `{}`; expected {}; it was kept as written",
+                    yaml::clip(&value, 60),
+                    allowed
+                        .iter()
+                        .map(|a| format!("`{a}`"))
+                        .collect::<Vec<_>>()
+                        .join(" or ")
+                ),
+            );
+        }
+        Some(value)
+    }
+
+    fn model(&mut self, node: &MarkedYamlOwned) -> Option<String> {
+        let model = self.string("model", node)?;
+        if model.chars().any(char::is_whitespace) {
+            self.warn(
+                node,
+                format!(
+                    "`model` `{}` contains spaces, so it is not a model id or alias; it was kept \
+                     as written; use an alias (`sonnet`, `opus`, `haiku`), a model id, or \
+                     `inherit`",
+                    yaml::clip(&model, 60)
+                ),
+            );
+        }
+        Some(model)
+    }
+
+    fn permission_mode(&mut self, node: &MarkedYamlOwned) -> Option<PermissionMode> {
+        let text = scalar_text(node, self.text);
+        match text.as_deref().map(str::parse::<PermissionMode>) {
+            Some(Ok(mode)) => Some(mode),
+            _ => {
+                let shown =
+                    text.map_or_else(|| describe(node), |t| format!("`{}`", yaml::clip(&t, 60)));
+                self.warn(
+                    node,
+                    format!(
+                        "unknown `permissionMode` {shown}; expected `default`, `acceptEdits`, \
+                         `bypassPermissions`, `plan`, `dontAsk` or `bubble`; it was ignored"
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    fn max_turns(&mut self, node: &MarkedYamlOwned) -> Option<u32> {
+        match &node.data {
+            YamlDataOwned::Value(ScalarOwned::Integer(n)) => {
+                if let Ok(n @ 1..) = u32::try_from(*n) {
+                    return Some(n);
+                }
+            }
+            YamlDataOwned::Value(ScalarOwned::String(s)) => {
+                if let Ok(n @ 1..) = s.trim().parse::<u32>() {
+                    self.warn(
+                        node,
+                        format!(
+                            "`maxTurns` is a string; it was read as {n}; write it as a number: \
+                             `maxTurns: {n}`"
+                        ),
+                    );
+                    return Some(n);
+                }
+            }
+            _ => {}
+        }
+        let shown = scalar_text(node, self.text)
+            .map_or_else(|| describe(node), |t| format!("`{}`", yaml::clip(&t, 60)));
+        self.warn(
+            node,
+            format!("`maxTurns` must be a whole number of at least 1; {shown} was ignored"),
+        );
+        None
+    }
+
+    fn flag(&mut self, key: &str, node: &MarkedYamlOwned) -> Option<bool> {
+        match &node.data {
+            YamlDataOwned::Value(ScalarOwned::Boolean(b)) => return Some(*b),
+            YamlDataOwned::Value(ScalarOwned::String(s)) => {
+                let b = match s.trim() {
+                    "true" | "True" | "TRUE" | "yes" | "Yes" | "on" => Some(true),
+                    "false" | "False" | "FALSE" | "no" | "No" | "off" => Some(false),
+                    _ => None,
+                };
+                if let Some(b) = b {
+                    self.warn(
+                        node,
+                        format!(
+                            "`{key}` is the string `{}`; it was read as {b}; write `{key}: {b}`",
+                            s.trim()
+                        ),
+                    );
+                    return Some(b);
+                }
+            }
+            _ => {}
+        }
+        self.warn(
+            node,
+            format!(
+                "`{key}` must be `true` or `false`, not {}; it was ignored",
+                describe(node)
+            ),
+        );
+        None
+    }
+
+    /// A tool or skill list: a comma-separated string (`Read, Grep`), a single name, `*`, or a
+    /// YAML list. `None` when the key has no value. With `strict`, a mapping is an error
+    /// (ignoring a restriction would widen what the agent may do); otherwise a warning.
+    fn list(
+        &mut self,
+        key: &str,
+        node: &MarkedYamlOwned,
+        strict: bool,
+    ) -> Result<Option<Vec<String>>, Problem> {
+        let unset = |this: &mut Self| {
+            this.warn(
+                node,
+                format!(
+                    "`{key}` has no value; it was treated as not set; list names, write \
+                     `{key}: []` for none, or remove the key"
+                ),
+            );
+            Ok(None)
+        };
+        match &node.data {
+            YamlDataOwned::Sequence(items) => {
+                let mut names = Vec::with_capacity(items.len());
+                for item in items {
+                    match scalar_text(item, self.text) {
+                        Some(s) if !s.trim().is_empty() => names.push(s.trim().to_owned()),
+                        _ => self.warn(
+                            item,
+                            format!(
+                                "an entry of `{key}` is {}, not a name; it was skipped",
+                                describe(item)
+                            ),
+                        ),
+                    }
+                }
+                Ok(Some(names))
+            }
+            YamlDataOwned::Tagged(_, inner) => self.list(key, inner, strict),
+            _ if is_null(node) => unset(self),
+            _ => match scalar_text(node, self.text) {
+                Some(s) => {
+                    let names = split_names(&s);
+                    if names.is_empty() {
+                        return unset(self);
+                    }
+                    if let Some(spaced) = names.iter().find(|n| has_space_outside_parens(n)) {
+                        self.warn(
+                            node,
+                            format!(
+                                "`{key}` entry `{}` contains a space; separate names with \
+                                 commas",
+                                yaml::clip(spaced, 60)
+                            ),
+                        );
+                    }
+                    Ok(Some(names))
+                }
+                None => {
+                    let (line, column) = position(node);
+                    let message = format!(
+                        "`{key}` must be a comma-separated string or a list of names, not {}",
+                        kind(node)
+                    );
+                    if strict {
+                        Err(Problem::new(line, column, message))
+                    } else {
+                        self.warnings.push(Problem::new(
+                            line,
+                            column,
+                            format!("{message}; it was ignored"),
+                        ));
+                        Ok(None)
+                    }
+                }
+            },
+        }
+    }
+
+    /// `mcpServers`: a list of names and `{name: config}` objects, a mapping of name to
+    /// config, or a comma-separated string of names.
+    fn mcp_servers(&mut self, node: &MarkedYamlOwned) -> Vec<serde_json::Value> {
+        match &node.data {
+            YamlDataOwned::Sequence(items) => items.iter().map(|i| to_json(i, self.text)).collect(),
+            YamlDataOwned::Mapping(map) => map
+                .iter()
+                .map(|(k, v)| {
+                    let mut one = serde_json::Map::new();
+                    one.insert(yaml::key_text(k, self.text), to_json(v, self.text));
+                    serde_json::Value::Object(one)
+                })
+                .collect(),
+            YamlDataOwned::Tagged(_, inner) => self.mcp_servers(inner),
+            _ => match scalar_text(node, self.text) {
+                Some(s) => split_names(&s)
+                    .into_iter()
+                    .map(serde_json::Value::String)
+                    .collect(),
+                None => {
+                    self.warn(
+                        node,
+                        format!(
+                            "`mcpServers` should be a list of server names or configurations, not \
+                             {}; it was ignored",
+                            describe(node)
+                        ),
+                    );
+                    Vec::new()
+                }
+            },
+        }
+    }
+
+    fn hooks(&mut self, node: &MarkedYamlOwned) -> Option<serde_json::Value> {
+        if is_null(node) {
+            return None;
+        }
+        let value = to_json(node, self.text);
+        if !value.is_object() {
+            self.warn(
+                node,
+                format!(
+                    "`hooks` should be a mapping of hook events to hook lists, not {}; it was \
+                     kept as written",
+                    kind(node)
+                ),
+            );
+        }
+        Some(value)
+    }
+}
+
+/// `a mapping`, `a list`, or a scalar shown as written (`` `abc` ``), for messages.
+fn describe(node: &MarkedYamlOwned) -> String {
+    match &node.data {
+        YamlDataOwned::Value(ScalarOwned::String(s)) => format!("`{}`", yaml::clip(s, 60)),
+        _ => kind(node).to_owned(),
+    }
+}
+
+/// Splits at commas that are not inside parentheses or brackets (`Bash(git add:*, git
+/// commit:*)` stays one name), trims, and drops empty names.
+fn split_names(s: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut depth = 0usize;
+    let mut current = String::new();
+    for c in s.chars() {
+        match c {
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                names.push(std::mem::take(&mut current));
+                continue;
+            }
+            _ => {}
+        }
+        current.push(c);
+    }
+    names.push(current);
+    names
+        .into_iter()
+        .map(|n| n.trim().to_owned())
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+fn has_space_outside_parens(name: &str) -> bool {
+    let mut depth = 0usize;
+    for c in name.chars() {
+        match c {
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => depth = depth.saturating_sub(1),
+            c if c.is_whitespace() && depth == 0 => return true,
+            _ => {}
+        }
+    }
+    false
+}
+
+/// The known key `key` is probably a misspelling of (`max_turns`, `Tools`,
+/// `allowed-tools`), if any.
+fn similar_known_key(key: &str) -> Option<&'static str> {
+    fn squash(s: &str) -> String {
+        s.chars()
+            .filter(|c| !matches!(c, '_' | '-' | ' '))
+            .flat_map(char::to_lowercase)
+            .collect()
+    }
+    let squashed = squash(key);
+    if squashed == "allowedtools" {
+        return Some("tools");
+    }
+    KNOWN_KEYS
+        .into_iter()
+        .find(|known| squash(known) == squashed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<ParsedDefinition> {
+        parse_agent_markdown(Path::new("a.md"), text, DefinitionSource::Project)
+    }
+
+    fn messages(p: &ParsedDefinition) -> Vec<String> {
+        p.warnings.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn every_field() {
+        let p = parse(
+            "---\nname: security-auditor\ndescription: Audits code\ntools:\n  - Bash\n  - Read\n\
+             disallowedTools: Write\nmodel: haiku\neffort: high\npermissionMode: default\n\
+             maxTurns: 30\ncolor: orange\nbackground: true\nmemory: project\nisolation: worktree\n\
+             initialPrompt: Start here\nomitClaudeMd: true\nskills:\n  - /commit\n\
+             mcpServers:\n  - slack\n  - local: {command: x}\nhooks:\n  PreToolUse:\n    - \
+             matcher: Bash\n      command: \"audit-log.sh\"\nversion: 1.0.0\n---\nYou audit.\n",
+        )
+        .unwrap();
+        assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+        let d = p.definition;
+        assert_eq!(d.name, "security-auditor");
+        assert_eq!(d.tools, Some(vec!["Bash".into(), "Read".into()]));
+        assert_eq!(d.disallowed_tools, Some(vec!["Write".into()]));
+        assert_eq!(d.model.as_deref(), Some("haiku"));
+        assert_eq!(d.effort.as_deref(), Some("high"));
+        assert_eq!(d.permission_mode, Some(PermissionMode::Default));
+        assert_eq!(d.max_turns, Some(30));
+        assert_eq!(d.color.as_deref(), Some("orange"));
+        assert!(d.background && d.omit_claude_md);
+        assert_eq!(d.memory.as_deref(), Some("project"));
+        assert_eq!(d.isolation.as_deref(), Some("worktree"));
+        assert_eq!(d.initial_prompt.as_deref(), Some("Start here"));
+        assert_eq!(d.skills, ["/commit"]);
+        assert_eq!(
+            d.mcp_servers,
+            [
+                serde_json::json!("slack"),
+                serde_json::json!({"local": {"command": "x"}})
+            ]
+        );
+        assert_eq!(
+            d.hooks,
+            Some(
+                serde_json::json!({"PreToolUse": [{"matcher": "Bash", "command": "audit-log.sh"}]})
+            )
+        );
+        assert_eq!(d.extra["version"], serde_json::json!("1.0.0"));
+        assert_eq!(d.system_prompt, "You audit.");
+        assert_eq!(d.path.as_deref(), Some(Path::new("a.md")));
+        assert_eq!(d.source, DefinitionSource::Project);
+    }
+
+    #[test]
+    fn tool_list_shapes() {
+        let tools = |v: &str| {
+            parse(&format!("---\nname: a\ndescription: b\ntools: {v}\n---\n"))
+                .unwrap()
+                .definition
+                .tools
+        };
+        assert_eq!(
+            tools("Read, Grep,Glob"),
+            Some(vec!["Read".into(), "Grep".into(), "Glob".into()])
+        );
+        assert_eq!(tools("Read"), Some(vec!["Read".into()]));
+        assert_eq!(tools("'*'"), Some(vec!["*".into()]));
+        assert_eq!(tools("[]"), Some(vec![]));
+        assert_eq!(
+            tools("[Read, Edit]"),
+            Some(vec!["Read".into(), "Edit".into()])
+        );
+        assert_eq!(
+            tools("Read, Bash(git add:*, git commit:*), mcp__x__*"),
+            Some(vec![
+                "Read".into(),
+                "Bash(git add:*, git commit:*)".into(),
+                "mcp__x__*".into()
+            ])
+        );
+    }
+
+    #[test]
+    fn empty_tools_is_unset_with_a_warning() {
+        let p = parse("---\nname: a\ndescription: b\ntools:\n---\n").unwrap();
+        assert_eq!(p.definition.tools, None);
+        assert_eq!(
+            messages(&p),
+            [
+                "a.md:4:6: `tools` has no value; it was treated as not set; list names, write \
+              `tools: []` for none, or remove the key"
+            ]
+        );
+    }
+
+    #[test]
+    fn tools_as_a_mapping_is_rejected() {
+        let e = parse("---\nname: a\ndescription: b\ntools:\n  Read: true\n---\n").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "a.md:5:3: `tools` must be a comma-separated string or a list of names, not a mapping"
+        );
+    }
+
+    #[test]
+    fn unknown_permission_mode_is_a_warning() {
+        let p = parse("---\nname: a\ndescription: b\npermissionMode: yolo\n---\n").unwrap();
+        assert_eq!(p.definition.permission_mode, None);
+        assert_eq!(
+            messages(&p),
+            [
+                "a.md:4:17: unknown `permissionMode` `yolo`; expected `default`, `acceptEdits`, \
+              `bypassPermissions`, `plan`, `dontAsk` or `bubble`; it was ignored"
+            ]
+        );
+    }
+
+    #[test]
+    fn odd_values_are_warnings() {
+        let p = parse(
+            "---\nname: a\ndescription: b\nmodel: Claude Sonnet 4.5 (copilot)\nmaxTurns: 0\n\
+             background: \"yes\"\nmax_turns: 3\nisolation: docker\n---\n",
+        )
+        .unwrap();
+        let d = &p.definition;
+        assert_eq!(d.model.as_deref(), Some("Claude Sonnet 4.5 (copilot)"));
+        assert_eq!(d.max_turns, None);
+        assert!(d.background);
+        assert_eq!(d.extra["max_turns"], serde_json::json!(3));
+        assert_eq!(
+            messages(&p),
+            [
+                "a.md:4:8: `model` `Claude Sonnet 4.5 (copilot)` contains spaces, so it is not a \
+                 model id or alias; it was kept as written; use an alias (`sonnet`, `opus`, \
+                 `haiku`), a model id, or `inherit`",
+                "a.md:5:11: `maxTurns` must be a whole number of at least 1; `0` was ignored",
+                "a.md:6:13: `background` is the string `yes`; it was read as true; write \
+                 `background: true`",
+                "a.md:7:1: `max_turns` is not a frontmatter key; did you mean `maxTurns`? It was \
+                 kept as an unknown key",
+                "a.md:8:12: unknown `isolation` value `docker`; expected `worktree` or `remote`; \
+                 it was kept as written",
+            ]
+        );
+    }
+
+    #[test]
+    fn name_and_description_are_kept_exactly() {
+        let p = parse("---\nname: 007\ndescription: >\n  Folded\n  text\n---\n").unwrap();
+        assert_eq!(p.definition.name, "007");
+        assert_eq!(p.definition.description, "Folded text\n");
+    }
+
+    #[test]
+    fn missing_and_empty_required_keys() {
+        let err = |t: &str| parse(t).unwrap_err().to_string();
+        assert_eq!(
+            err("---\ndescription: b\n---\n"),
+            "a.md:1:1: the frontmatter has no `name`; add `name: <agent-name>`"
+        );
+        assert_eq!(
+            err("---\nname: a\n---\n"),
+            "a.md:1:1: the frontmatter has no `description`; add `description: <when to use \
+             this agent>`"
+        );
+        assert_eq!(
+            err("---\nname: ''\ndescription: b\n---\n"),
+            "a.md:2:7: `name` is empty"
+        );
+        assert_eq!(
+            err("---\nname: [a]\ndescription: b\n---\n"),
+            "a.md:2:7: `name` must be a string, not a list"
+        );
+        assert_eq!(
+            err("---\n---\nbody"),
+            "a.md:1:1: the frontmatter is empty; add `name: <agent-name>` and `description: \
+             <when to use this agent>`"
+        );
+        assert_eq!(
+            err("---\n- a\n---\n"),
+            "a.md:2:1: the frontmatter is a list, not a mapping; write one `key: value` per line"
+        );
+    }
+
+    #[test]
+    fn crlf_and_bom() {
+        let p = parse(
+            "\u{feff}---\r\nname: a\r\ndescription: |\r\n  x\r\n  y\r\n---\r\nBody\r\nmore\r\n",
+        )
+        .unwrap();
+        assert_eq!(p.definition.description, "x\ny\n");
+        assert_eq!(p.definition.system_prompt, "Body\nmore");
+    }
+
+    #[test]
+    fn splitting_names() {
+        assert_eq!(split_names(" a , ,b "), ["a", "b"]);
+        assert!(split_names(" , ").is_empty());
+        assert!(has_space_outside_parens("Read Grep"));
+        assert!(!has_space_outside_parens("Bash(npm test:*)"));
+        assert_eq!(similar_known_key("allowed-tools"), Some("tools"));
+        assert_eq!(
+            similar_known_key("Disallowed_Tools"),
+            Some("disallowedTools")
+        );
+        assert_eq!(similar_known_key("author"), None);
+    }
+}
