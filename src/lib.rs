@@ -61,6 +61,16 @@ pub struct ForkDocDoctests;
 #[doc = include_str!("../docs/cache-economics.md")]
 pub struct CacheEconomicsDocDoctests;
 
+/// The code in `docs/runtime.md`, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/runtime.md")]
+pub struct RuntimeDocDoctests;
+
+/// The code in `docs/definitions.md`, compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/definitions.md")]
+pub struct DefinitionsDocDoctests;
+
 /// The names most programs need, in one import.
 pub mod prelude {
     #[doc(inline)]
@@ -69,4 +79,12 @@ pub mod prelude {
         PrefixFingerprint, RawJson, Role, TaskId, TaskKind, TaskNotification, TaskStatus,
         ToolDefinition, Usage,
     };
+    #[doc(inline)]
+    pub use forkhive_spawn::definition::{AgentDefinition, AgentLoader, AgentRegistry};
+    #[doc(inline)]
+    pub use forkhive_spawn::runtime::{
+        Agent, AgentContext, AgentEvent, AgentRun, Limits, PendingMessage, StopReason,
+    };
+    #[doc(inline)]
+    pub use forkhive_spawn::tool::{PermissionPolicy, Tool, ToolContext, ToolOutput, ToolPool};
 }

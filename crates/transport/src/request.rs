@@ -402,6 +402,7 @@ pub struct ResponseBuilder {
     started: bool,
     stopped: bool,
     events: usize,
+    ignored: usize,
 }
 
 impl ResponseBuilder {
@@ -420,15 +421,28 @@ impl ResponseBuilder {
         self.stopped
     }
 
-    fn block(&mut self, index: usize) -> Result<&mut Building> {
-        self.blocks
+    /// The block being built at `index`, or `None` (with a warning) for a block that never
+    /// started: the official SDKs skip such an event instead of failing the whole answer.
+    fn block(&mut self, index: usize, event: &str) -> Option<&mut Building> {
+        let found = self
+            .blocks
             .iter_mut()
             .find(|(i, _)| *i == index)
-            .map(|(_, b)| b)
-            .ok_or_else(|| Error::Decode {
-                what: "stream",
-                detail: format!("delta for content block {index}, which never started"),
-            })
+            .map(|(_, b)| b);
+        if found.is_none() {
+            tracing::warn!(
+                index,
+                event,
+                "ignoring a stream event for content block {index}, which never started"
+            );
+            self.ignored += 1;
+        }
+        found
+    }
+
+    /// How many events were ignored because their content block never started.
+    pub fn ignored_events(&self) -> usize {
+        self.ignored
     }
 
     /// Applies one event.
@@ -457,27 +471,35 @@ impl ResponseBuilder {
                 };
                 self.blocks.push((*index, b));
             }
-            StreamEvent::TextDelta { index, text } => match self.block(*index)? {
-                Building::Text(t) => t.push_str(text),
-                _ => return Err(mismatch(*index, "text_delta")),
+            StreamEvent::TextDelta { index, text } => match self.block(*index, "text_delta") {
+                Some(Building::Text(t)) => t.push_str(text),
+                Some(_) => return Err(mismatch(*index, "text_delta")),
+                None => {}
             },
-            StreamEvent::ThinkingDelta { index, thinking } => match self.block(*index)? {
-                Building::Thinking { thinking: t, .. } => t.push_str(thinking),
-                _ => return Err(mismatch(*index, "thinking_delta")),
-            },
-            StreamEvent::SignatureDelta { index, signature } => match self.block(*index)? {
-                Building::Thinking { signature: s, .. } => s.push_str(signature),
-                _ => return Err(mismatch(*index, "signature_delta")),
-            },
+            StreamEvent::ThinkingDelta { index, thinking } => {
+                match self.block(*index, "thinking_delta") {
+                    Some(Building::Thinking { thinking: t, .. }) => t.push_str(thinking),
+                    Some(_) => return Err(mismatch(*index, "thinking_delta")),
+                    None => {}
+                }
+            }
+            StreamEvent::SignatureDelta { index, signature } => {
+                match self.block(*index, "signature_delta") {
+                    Some(Building::Thinking { signature: s, .. }) => s.push_str(signature),
+                    Some(_) => return Err(mismatch(*index, "signature_delta")),
+                    None => {}
+                }
+            }
             StreamEvent::InputJsonDelta {
                 index,
                 partial_json,
-            } => match self.block(*index)? {
-                Building::ToolUse { json, .. } => json.push_str(partial_json),
-                _ => return Err(mismatch(*index, "input_json_delta")),
+            } => match self.block(*index, "input_json_delta") {
+                Some(Building::ToolUse { json, .. }) => json.push_str(partial_json),
+                Some(_) => return Err(mismatch(*index, "input_json_delta")),
+                None => {}
             },
             StreamEvent::BlockStop { index } => {
-                self.block(*index)?;
+                self.block(*index, "content_block_stop");
             }
             StreamEvent::MessageDelta { stop_reason, usage } => {
                 if stop_reason.is_some() {
@@ -500,6 +522,31 @@ impl ResponseBuilder {
             });
         }
         self.into_response()
+    }
+
+    /// Like [`finish`](Self::finish), for an answer that may have been cut off at
+    /// `max_tokens`: a tool call whose input JSON is incomplete gets `{}` as its input instead
+    /// of failing the answer, and its id is returned so the caller can answer it with an error.
+    pub fn finish_cut_off(mut self) -> Result<(Response, Vec<String>)> {
+        if !self.stopped {
+            return Err(Error::TruncatedStream {
+                events: self.events,
+                detail: "the stream ended without a message_stop event".to_owned(),
+            });
+        }
+        let mut cut = Vec::new();
+        if self.stop_reason == Some(StopReason::MaxTokens) {
+            for (_, b) in &mut self.blocks {
+                if let Building::ToolUse { id, json, .. } = b
+                    && !json.trim().is_empty()
+                    && RawJson::parse(json).is_err()
+                {
+                    cut.push(id.clone());
+                    json.clear();
+                }
+            }
+        }
+        Ok((self.into_response()?, cut))
     }
 
     fn into_response(mut self) -> Result<Response> {
@@ -674,15 +721,28 @@ mod tests {
             usage: PartialUsage::default(),
         })
         .unwrap();
+        // A delta or stop for a block that never started is skipped, as the SDKs do.
+        b.push(&StreamEvent::TextDelta {
+            index: 3,
+            text: "x".into(),
+        })
+        .unwrap();
+        b.push(&StreamEvent::BlockStop { index: 3 }).unwrap();
+        assert_eq!(b.ignored_events(), 2);
+        b.push(&StreamEvent::BlockStart {
+            index: 0,
+            block: BlockStart::Text("a".into()),
+        })
+        .unwrap();
         let err = b
-            .push(&StreamEvent::TextDelta {
-                index: 3,
-                text: "x".into(),
+            .push(&StreamEvent::InputJsonDelta {
+                index: 0,
+                partial_json: "{".into(),
             })
             .unwrap_err();
         assert_eq!(
             err.to_string(),
-            "could not decode stream: delta for content block 3, which never started"
+            "could not decode stream: input_json_delta for content block 0, which is of another type"
         );
         let err = ResponseBuilder::new().finish().unwrap_err();
         assert!(matches!(err, Error::TruncatedStream { events: 0, .. }));
@@ -708,6 +768,46 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn a_tool_call_cut_off_at_max_tokens_is_reported_not_fatal() {
+        let mut b = ResponseBuilder::new();
+        for e in [
+            StreamEvent::BlockStart {
+                index: 0,
+                block: BlockStart::ToolUse {
+                    id: "ok".into(),
+                    name: "n".into(),
+                },
+            },
+            StreamEvent::InputJsonDelta {
+                index: 0,
+                partial_json: "{\"a\":1}".into(),
+            },
+            StreamEvent::BlockStart {
+                index: 1,
+                block: BlockStart::ToolUse {
+                    id: "cut".into(),
+                    name: "n".into(),
+                },
+            },
+            StreamEvent::InputJsonDelta {
+                index: 1,
+                partial_json: "{\"path\":\"src/ma".into(),
+            },
+            StreamEvent::MessageDelta {
+                stop_reason: Some(StopReason::MaxTokens),
+                usage: PartialUsage::default(),
+            },
+            StreamEvent::MessageStop,
+        ] {
+            b.push(&e).unwrap();
+        }
+        let (r, cut) = b.finish_cut_off().unwrap();
+        assert_eq!(cut, ["cut"]);
+        let inputs: Vec<&str> = r.message.tool_uses().map(|(_, _, i)| i.as_str()).collect();
+        assert_eq!(inputs, ["{\"a\":1}", "{}"]);
     }
 
     #[test]

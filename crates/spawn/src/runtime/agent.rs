@@ -1,0 +1,925 @@
+//! [`Agent`]: one agent's loop, and [`AgentBuilder`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use forkhive_core::{
+    CacheSafeParams, ContentBlock, Message, PrefixFingerprint, Role, TaskId, Usage,
+};
+use forkhive_transport::{
+    Backend, Request, RequestSettings, Response, ResponseBuilder, StopReason as ModelStop,
+    StreamEvent,
+};
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::definition::AgentDefinition;
+use crate::error::{Error, Result};
+use crate::runtime::context::{AgentContext, AgentKind, QuerySource};
+use crate::runtime::events::{Emitter, EventKind, EventSink};
+use crate::runtime::outcome::{AgentRun, Limits, StopReason, TurnRecord, model_stop_str};
+use crate::runtime::pending::{PendingMessage, PendingQueue, Wake};
+use crate::runtime::state::{AgentState, TreeState};
+use crate::tool::orchestrate::{Round, RoundConfig, ToolCall};
+use crate::tool::permission::{AllowAll, PermissionPolicy, policy_for_mode};
+use crate::tool::{ToolAudience, ToolContext, ToolFilter, ToolOutput, ToolPool};
+use crate::transcript::{
+    self, PrefixRecord, TRANSCRIPT_VERSION, TranscriptHeader, TranscriptWriter,
+};
+
+/// The user message sent after the model stopped at `max_tokens` in the middle of text.
+pub const CONTINUE_PROMPT: &str = "Your last answer was cut off by the output token limit. \
+Continue exactly where it stopped: do not repeat anything or apologise.";
+
+/// What a spawner hands a child: identity, state and links to the parent, derived in one place
+/// so every strategy isolates children the same way.
+///
+/// "Coordinator Mode — createSubagentContext": the child's cancellation token is a child of
+/// the parent's (cancelling the parent cancels it, not the other way round), its file-read
+/// state is a copy, and the tree state is the root's.
+#[derive(Debug)]
+pub struct ChildSeed {
+    /// The child's identity.
+    pub context: AgentContext,
+    /// A copy of the parent's state.
+    pub state: AgentState,
+    /// The root's shared state.
+    pub tree: Arc<TreeState>,
+    /// A child of the parent's token.
+    pub cancel: CancellationToken,
+    /// The parent's permission policy (for `permissionMode: bubble`).
+    pub parent_policy: Arc<dyn PermissionPolicy>,
+}
+
+/// What [`Agent::resume`] found in the transcript.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResumeReport {
+    /// The transcript.
+    pub path: PathBuf,
+    /// How many messages were restored.
+    pub messages: usize,
+    /// How many model turns the transcript recorded.
+    pub turns: usize,
+    /// A last line cut by a crash, left out (and cut from the file before appending).
+    pub dropped: Option<transcript::DroppedTail>,
+}
+
+/// Builds an [`Agent`]; see [`Agent::builder`].
+#[derive(Debug)]
+pub struct AgentBuilder {
+    backend: Arc<dyn Backend>,
+    params: Option<CacheSafeParams>,
+    model: Option<String>,
+    system: Vec<String>,
+    system_context: Vec<(String, String)>,
+    user_context: Vec<(String, String)>,
+    definition: Option<AgentDefinition>,
+    tools: ToolPool,
+    filter: ToolFilter,
+    audience: ToolAudience,
+    policy: Arc<dyn PermissionPolicy>,
+    parent_policy: Option<Arc<dyn PermissionPolicy>>,
+    limits: Limits,
+    settings: RequestSettings,
+    context: Option<AgentContext>,
+    state: AgentState,
+    tree: Option<Arc<TreeState>>,
+    cancel: Option<CancellationToken>,
+    events: Option<Arc<dyn EventSink>>,
+    transcript_dir: Option<PathBuf>,
+    pending: PendingQueue,
+    expected_prefix: Option<PrefixFingerprint>,
+}
+
+impl AgentBuilder {
+    fn new(backend: Arc<dyn Backend>) -> Self {
+        Self {
+            backend,
+            params: None,
+            model: None,
+            system: Vec::new(),
+            system_context: Vec::new(),
+            user_context: Vec::new(),
+            definition: None,
+            tools: ToolPool::empty(),
+            filter: ToolFilter::default(),
+            audience: ToolAudience::Main,
+            policy: Arc::new(AllowAll),
+            parent_policy: None,
+            limits: Limits::default(),
+            settings: RequestSettings::default(),
+            context: None,
+            state: AgentState::default(),
+            tree: None,
+            cancel: None,
+            events: None,
+            transcript_dir: None,
+            pending: PendingQueue::new(),
+            expected_prefix: None,
+        }
+    }
+
+    /// Starts from already rendered cache-safe parameters (system, contexts, tools, model and
+    /// any messages). Their tool array is kept byte for byte; every tool in it must be in the
+    /// pool. Overrides [`model`](Self::model), [`system_prompt`](Self::system_prompt) and the
+    /// definition's rendering.
+    pub fn params(mut self, params: CacheSafeParams) -> Self {
+        self.params = Some(params);
+        self
+    }
+
+    /// The model (required unless [`params`](Self::params) or a definition names one).
+    pub fn model(mut self, model: impl Into<String>) -> Self {
+        self.model = Some(model.into());
+        self
+    }
+
+    /// Appends a system prompt block (used when no [`params`](Self::params) are given).
+    pub fn system_prompt(mut self, text: impl Into<String>) -> Self {
+        self.system.push(text.into());
+        self
+    }
+
+    /// Appends a system context entry (rendered after the system prompt; order is kept).
+    pub fn system_context(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.system_context.push((key.into(), value.into()));
+        self
+    }
+
+    /// Appends a user context entry (sent ahead of the conversation; order is kept).
+    /// Definitions with `omitClaudeMd` drop entries keyed `claudeMd`.
+    pub fn user_context(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.user_context.push((key.into(), value.into()));
+        self
+    }
+
+    /// Renders the agent from a definition: its system prompt (unless system blocks were
+    /// given), its model (`inherit` or none: the builder's), its tools through the three
+    /// filtering layers, its `maxTurns` and its `permissionMode`.
+    pub fn definition(mut self, definition: AgentDefinition) -> Self {
+        self.definition = Some(definition);
+        self
+    }
+
+    /// The tools available before filtering.
+    pub fn tools(mut self, tools: ToolPool) -> Self {
+        self.tools = tools;
+        self
+    }
+
+    /// The lists of filtering layers 1 and 2 (default: Claude Code's).
+    pub fn tool_filter(mut self, filter: ToolFilter) -> Self {
+        self.filter = filter;
+        self
+    }
+
+    /// Who the tools are for (default: [`ToolAudience::Main`], no layer 1 or 2).
+    pub fn audience(mut self, audience: ToolAudience) -> Self {
+        self.audience = audience;
+        self
+    }
+
+    /// The permission policy (default: [`AllowAll`]).
+    pub fn policy(mut self, policy: Arc<dyn PermissionPolicy>) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The limits.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Per-request settings (`max_tokens` is taken from the limits).
+    pub fn settings(mut self, settings: RequestSettings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// The agent's identity (default: a main agent with a fresh id).
+    pub fn context(mut self, context: AgentContext) -> Self {
+        self.context = Some(context);
+        self
+    }
+
+    /// Builds a child from a parent's [`ChildSeed`]: identity, copied state, tree state,
+    /// linked cancellation and the parent's policy (for `bubble`).
+    pub fn child_of(mut self, seed: ChildSeed) -> Self {
+        self.context = Some(seed.context);
+        self.state = seed.state;
+        self.tree = Some(seed.tree);
+        self.cancel = Some(seed.cancel);
+        self.parent_policy = Some(seed.parent_policy);
+        self
+    }
+
+    /// The cancellation token (default: a new root token).
+    pub fn cancellation(mut self, token: CancellationToken) -> Self {
+        self.cancel = Some(token);
+        self
+    }
+
+    /// Where events go.
+    pub fn events(mut self, sink: Arc<dyn EventSink>) -> Self {
+        self.events = Some(sink);
+        self
+    }
+
+    /// Writes the transcript to `<dir>/<agent id>.jsonl` (the directory must exist).
+    pub fn transcript_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.transcript_dir = Some(dir.into());
+        self
+    }
+
+    /// Uses `queue` as the agent's pending-message queue (to hand it out before building).
+    pub fn pending(mut self, queue: PendingQueue) -> Self {
+        self.pending = queue;
+        self
+    }
+
+    /// The fingerprint the first request is expected to extend (a fork child's parent's last
+    /// request): anything but an append is reported as a cache break before it is sent.
+    pub fn expect_prefix(mut self, fingerprint: PrefixFingerprint) -> Self {
+        self.expected_prefix = Some(fingerprint);
+        self
+    }
+
+    /// Renders the parameters and tools, opens the transcript, and returns the agent.
+    pub async fn build(self) -> Result<Agent> {
+        let def = self.definition.as_ref();
+        let pool = match def {
+            Some(d) if self.params.is_none() => {
+                let names: Vec<String> = self
+                    .filter
+                    .apply(
+                        &self.tools.names(),
+                        self.audience,
+                        d.tools.as_deref(),
+                        d.disallowed_tools.as_deref(),
+                    )
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect();
+                self.tools.retain(|n| names.iter().any(|k| k == n))
+            }
+            _ => self.tools.clone(),
+        };
+        let params = match self.params {
+            Some(p) => {
+                for t in p.tools() {
+                    if pool.get(&t.name).is_none() {
+                        return Err(Error::Config(format!(
+                            "the parameters name tool `{}`, which is not in the tool pool",
+                            t.name
+                        )));
+                    }
+                }
+                p
+            }
+            None => {
+                let def_model = def
+                    .and_then(|d| d.model.as_deref())
+                    .filter(|m| *m != "inherit");
+                let model = def_model.map(str::to_owned).or(self.model).ok_or_else(|| {
+                    Error::Config(
+                        "no model: set one on the builder, or give parameters or a \
+                             definition that names one"
+                            .to_owned(),
+                    )
+                })?;
+                let mut b = CacheSafeParams::builder(model).tools(pool.definitions());
+                let system = if self.system.is_empty() {
+                    def.map(|d| vec![d.system_prompt.clone()])
+                        .unwrap_or_default()
+                } else {
+                    self.system
+                };
+                for s in system.into_iter().filter(|s| !s.is_empty()) {
+                    b = b.system_block(s);
+                }
+                for (k, v) in self.system_context {
+                    b = b.system_context(k, v);
+                }
+                let omit_claude_md = def.is_some_and(|d| d.omit_claude_md);
+                for (k, v) in self.user_context {
+                    if !(omit_claude_md && k == "claudeMd") {
+                        b = b.user_context(k, v);
+                    }
+                }
+                b.build()
+            }
+        };
+        let mut limits = self.limits;
+        if let Some(n) = def.and_then(|d| d.max_turns) {
+            limits.max_turns = Some(n);
+        }
+        let policy = policy_for_mode(
+            def.and_then(|d| d.permission_mode.as_ref()),
+            self.policy,
+            self.parent_policy,
+        );
+        let context = match self.context {
+            Some(c) => c,
+            None => {
+                let source = def.map_or_else(QuerySource::main, |d| {
+                    if d.source == crate::definition::DefinitionSource::BuiltIn {
+                        QuerySource::builtin(&d.name)
+                    } else {
+                        QuerySource::custom(&d.name)
+                    }
+                });
+                let kind = if def.is_some() {
+                    AgentKind::Subagent
+                } else {
+                    AgentKind::Main
+                };
+                let cx = AgentContext::new(
+                    TaskId::generate(forkhive_core::TaskKind::Agent),
+                    kind,
+                    source,
+                );
+                match def {
+                    Some(d) => cx.with_agent_type(d.name.clone()),
+                    None => cx,
+                }
+            }
+        };
+        let cx = Arc::new(context);
+        let transcript = match &self.transcript_dir {
+            Some(dir) => {
+                let header = TranscriptHeader {
+                    version: TRANSCRIPT_VERSION,
+                    agent_id: cx.id().to_string(),
+                    parent_id: cx.parent().map(ToString::to_string),
+                    depth: cx.depth(),
+                    kind: cx.kind(),
+                    query_source: cx.query_source().to_string(),
+                    definition: def
+                        .map(|d| d.name.clone())
+                        .or_else(|| cx.agent_type().map(str::to_owned)),
+                    model: params.model().to_owned(),
+                    prefix_fingerprint: params.fingerprint().total().to_string(),
+                    prefix: PrefixRecord::of(&params),
+                };
+                let mut w = TranscriptWriter::create(dir, &header).await?;
+                for m in params.messages().iter() {
+                    w.message(m).await?;
+                }
+                Some(w)
+            }
+            None => None,
+        };
+        let emit = Emitter::new(*cx.id(), self.events);
+        let mut settings = self.settings;
+        settings.max_tokens = limits.max_output_tokens;
+        Ok(Agent {
+            backend: self.backend,
+            params,
+            pool,
+            policy,
+            limits,
+            settings,
+            cx,
+            state: self.state,
+            tree: self.tree.unwrap_or_default(),
+            cancel: self.cancel.unwrap_or_default(),
+            emit,
+            transcript,
+            pending: self.pending,
+            last_fingerprint: self.expected_prefix,
+            turn: 0,
+        })
+    }
+}
+
+/// One agent: its conversation, tools, policy and limits, driven by [`run`](Self::run).
+///
+/// The agent owns its conversation; nothing else holds a lock on it. Others reach it through
+/// its [`PendingQueue`] (messages) and its [`CancellationToken`].
+///
+/// ```
+/// use std::sync::Arc;
+/// use forkhive_spawn::runtime::{Agent, StopReason};
+/// use forkhive_transport::ScriptedBackend;
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let backend = Arc::new(ScriptedBackend::from_texts(["Hello!"]));
+/// let mut agent = Agent::builder(backend).model("claude-sonnet-4-5").build().await?;
+/// let run = agent.run("Say hello.").await;
+/// assert_eq!(run.stop, StopReason::Completed);
+/// assert_eq!(run.final_text, "Hello!");
+/// # Ok::<(), forkhive_spawn::Error>(()) }).unwrap();
+/// ```
+#[derive(Debug)]
+pub struct Agent {
+    backend: Arc<dyn Backend>,
+    params: CacheSafeParams,
+    pool: ToolPool,
+    policy: Arc<dyn PermissionPolicy>,
+    limits: Limits,
+    settings: RequestSettings,
+    cx: Arc<AgentContext>,
+    state: AgentState,
+    tree: Arc<TreeState>,
+    cancel: CancellationToken,
+    emit: Emitter,
+    transcript: Option<TranscriptWriter>,
+    pending: PendingQueue,
+    last_fingerprint: Option<PrefixFingerprint>,
+    turn: u32,
+}
+
+/// How one model turn ended, for the loop.
+enum TurnEnd {
+    /// Go on with another model turn.
+    Continue,
+    /// The model ended its turn (no tool calls).
+    EndTurn,
+    /// Stop now.
+    Stop(StopReason),
+}
+
+/// Accumulates one run's results.
+#[derive(Default)]
+struct RunState {
+    turns: Vec<TurnRecord>,
+    usage: Usage,
+    new_messages: Vec<Message>,
+    final_text: String,
+    continuations: u32,
+    pauses: u32,
+    error: Option<Arc<Error>>,
+}
+
+impl Agent {
+    /// Starts a builder on `backend`.
+    pub fn builder(backend: Arc<dyn Backend>) -> AgentBuilder {
+        AgentBuilder::new(backend)
+    }
+
+    /// Rebuilds an agent from its transcript, byte for byte, and goes on appending to it.
+    ///
+    /// `builder` supplies the backend, tools, policy and limits; the identity, model, system
+    /// prompt, contexts, tool array and conversation come from the transcript, so the resumed
+    /// agent's next request extends the cache it left. A last line cut by a crash is left out
+    /// (and cut from the file) and reported; any other damage is [`Error::Transcript`].
+    pub async fn resume(builder: AgentBuilder, path: &Path) -> Result<(Agent, ResumeReport)> {
+        let t = transcript::read(path).await?;
+        let id: TaskId = t.header.agent_id.parse().map_err(|e| Error::Transcript {
+            path: path.to_path_buf(),
+            line: 1,
+            message: format!("bad agent_id: {e}"),
+        })?;
+        let parent: Option<TaskId> = match &t.header.parent_id {
+            Some(p) => Some(p.parse().map_err(|e| Error::Transcript {
+                path: path.to_path_buf(),
+                line: 1,
+                message: format!("bad parent_id: {e}"),
+            })?),
+            None => None,
+        };
+        let source = QuerySource::from_label(t.header.query_source.clone());
+        let mut cx =
+            AgentContext::new(id, t.header.kind, source).with_lineage(parent, t.header.depth);
+        if let Some(d) = &t.header.definition {
+            cx = cx.with_agent_type(d.clone());
+        }
+        let params = t.params();
+        let writer = TranscriptWriter::reopen(&t).await?;
+        let mut agent = AgentBuilder {
+            params: Some(params),
+            context: Some(cx),
+            transcript_dir: None,
+            definition: None,
+            ..builder
+        }
+        .build()
+        .await?;
+        agent.transcript = Some(writer);
+        agent.turn = t.turns.iter().map(|u| u.turn).max().unwrap_or(0);
+        agent.last_fingerprint = Some(agent.params.fingerprint().clone());
+        let report = ResumeReport {
+            path: path.to_path_buf(),
+            messages: t.messages.len(),
+            turns: t.turns.len(),
+            dropped: t.dropped.clone(),
+        };
+        Ok((agent, report))
+    }
+
+    /// The agent's identity.
+    pub fn context(&self) -> &Arc<AgentContext> {
+        &self.cx
+    }
+
+    /// The agent's id.
+    pub fn id(&self) -> &TaskId {
+        self.cx.id()
+    }
+
+    /// The conversation so far, as the cache-safe parameters of the next request.
+    pub fn params(&self) -> &CacheSafeParams {
+        &self.params
+    }
+
+    /// The fingerprint of the last request sent.
+    pub fn last_request_fingerprint(&self) -> Option<&PrefixFingerprint> {
+        self.last_fingerprint.as_ref()
+    }
+
+    /// The tools this agent may call (after filtering).
+    pub fn tools(&self) -> &ToolPool {
+        &self.pool
+    }
+
+    /// The permission policy in force.
+    pub fn policy(&self) -> &Arc<dyn PermissionPolicy> {
+        &self.policy
+    }
+
+    /// A handle to the pending-message queue.
+    pub fn pending(&self) -> PendingQueue {
+        self.pending.clone()
+    }
+
+    /// The agent's cancellation token (cancelling it stops the agent and its descendants).
+    pub fn cancellation(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// The agent's own state.
+    pub fn state(&self) -> &AgentState {
+        &self.state
+    }
+
+    /// The tree's shared state.
+    pub fn tree(&self) -> &Arc<TreeState> {
+        &self.tree
+    }
+
+    /// The transcript file, if one is written.
+    pub fn transcript_path(&self) -> Option<&Path> {
+        self.transcript.as_ref().map(TranscriptWriter::path)
+    }
+
+    /// Model turns over the agent's life.
+    pub fn turns(&self) -> u32 {
+        self.turn
+    }
+
+    /// What a child of this agent starts from (see [`ChildSeed`]).
+    pub fn child_seed(&self, id: TaskId, kind: AgentKind, source: QuerySource) -> ChildSeed {
+        ChildSeed {
+            context: self.cx.child(id, kind, source),
+            state: self.state.fork_for_child(),
+            tree: Arc::clone(&self.tree),
+            cancel: self.cancel.child_token(),
+            parent_policy: Arc::clone(&self.policy),
+        }
+    }
+
+    /// Adds `prompt` as a user message (with any pending messages after it) and runs the loop
+    /// until the model stops, a limit is reached, or the agent is cancelled.
+    pub async fn run(&mut self, prompt: impl Into<String>) -> AgentRun {
+        let mut blocks = vec![ContentBlock::text(prompt)];
+        blocks.extend(self.drain_pending());
+        self.run_with(blocks).await
+    }
+
+    /// Runs the loop on whatever is pending (waiting for a promised message if none is
+    /// queued yet). Returns at once, [`StopReason::Completed`], when nothing is pending or
+    /// expected.
+    pub async fn run_pending(&mut self) -> AgentRun {
+        let wake = tokio::select! {
+            biased;
+            () = self.cancel.cancelled() => None,
+            w = self.pending.wait() => Some(w),
+        };
+        match wake {
+            None => {
+                self.finish(RunState::default(), StopReason::Cancelled)
+                    .await
+            }
+            Some(Wake::Idle) => {
+                self.finish(RunState::default(), StopReason::Completed)
+                    .await
+            }
+            Some(Wake::Messages(ms)) => {
+                self.emit
+                    .emit(EventKind::MessagesInjected { count: ms.len() });
+                self.run_with(ms.into_iter().map(|m| ContentBlock::text(m.text)).collect())
+                    .await
+            }
+        }
+    }
+
+    fn drain_pending(&self) -> Vec<ContentBlock> {
+        let pending: Vec<PendingMessage> = self.pending.drain();
+        if !pending.is_empty() {
+            self.emit.emit(EventKind::MessagesInjected {
+                count: pending.len(),
+            });
+        }
+        pending
+            .into_iter()
+            .map(|m| ContentBlock::text(m.text))
+            .collect()
+    }
+
+    async fn run_with(&mut self, first: Vec<ContentBlock>) -> AgentRun {
+        let span = tracing::info_span!(
+            "agent",
+            agent_id = %self.cx.id(),
+            parent = ?self.cx.parent().map(ToString::to_string),
+            kind = %self.cx.kind(),
+            model = %self.params.model(),
+        );
+        let cx = Arc::clone(&self.cx);
+        cx.scope(self.run_loop(first).instrument(span)).await
+    }
+
+    async fn run_loop(&mut self, first: Vec<ContentBlock>) -> AgentRun {
+        let _live = self.tree.enter();
+        let mut run = RunState::default();
+        if let Err(e) = self.push(&mut run, vec![Message::user(first)]).await {
+            run.error = Some(Arc::new(e));
+            return self.finish(run, StopReason::Failed).await;
+        }
+        loop {
+            if self.cancel.is_cancelled() {
+                return self.finish(run, StopReason::Cancelled).await;
+            }
+            if let Some(limit) = self.limits.max_turns
+                && run.turns.len() >= limit as usize
+            {
+                return self.finish(run, StopReason::MaxTurns { limit }).await;
+            }
+            if let Some(limit) = self.limits.token_budget {
+                let used = run.usage.total_tokens();
+                if used >= limit {
+                    return self
+                        .finish(run, StopReason::TokenBudget { limit, used })
+                        .await;
+                }
+            }
+            self.turn += 1;
+            self.emit.set_turn(self.turn);
+            let span = tracing::info_span!("turn", turn = self.turn);
+            let end = self.turn_once(&mut run).instrument(span).await;
+            match end {
+                TurnEnd::Continue => {}
+                TurnEnd::Stop(reason) => return self.finish(run, reason).await,
+                TurnEnd::EndTurn => {
+                    let wake = tokio::select! {
+                        biased;
+                        () = self.cancel.cancelled() => None,
+                        w = self.pending.wait() => Some(w),
+                    };
+                    match wake {
+                        None => return self.finish(run, StopReason::Cancelled).await,
+                        Some(Wake::Idle) => return self.finish(run, StopReason::Completed).await,
+                        Some(Wake::Messages(ms)) => {
+                            self.emit
+                                .emit(EventKind::MessagesInjected { count: ms.len() });
+                            let blocks =
+                                ms.into_iter().map(|m| ContentBlock::text(m.text)).collect();
+                            if let Err(e) = self.push(&mut run, vec![Message::user(blocks)]).await {
+                                run.error = Some(Arc::new(e));
+                                return self.finish(run, StopReason::Failed).await;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// One model turn and, if the model called tools, one tool round.
+    async fn turn_once(&mut self, run: &mut RunState) -> TurnEnd {
+        self.emit.emit(EventKind::TurnStarted);
+        let request =
+            Request::new(self.params.clone(), Vec::new()).with_settings(self.settings.clone());
+        let fingerprint = self.params.fingerprint().clone();
+        if let Some(prev) = &self.last_fingerprint
+            && let Some(at) = prev.diff(&fingerprint)
+        {
+            tracing::warn!(agent = %self.cx.id(), "prompt cache break: {at}");
+            self.emit.emit(EventKind::CacheBreak { at });
+        }
+        self.emit.emit(EventKind::RequestSent {
+            fingerprint: fingerprint.total(),
+            messages: self.params.messages().len(),
+            invoking_request_id: self.cx.take_invoking_request_id(),
+        });
+        self.last_fingerprint = Some(fingerprint.clone());
+
+        let answer = tokio::select! {
+            biased;
+            () = self.cancel.cancelled() => return TurnEnd::Stop(StopReason::Cancelled),
+            a = self.stream(&request) => a,
+        };
+        let (response, cut_off) = match answer {
+            Ok(r) => r,
+            Err(source) => {
+                tracing::error!(agent = %self.cx.id(), "backend failed: {source}");
+                run.error = Some(Arc::new(Error::Backend {
+                    turn: self.turn,
+                    source,
+                }));
+                return TurnEnd::Stop(StopReason::Failed);
+            }
+        };
+        let Response {
+            message,
+            stop_reason,
+            usage,
+            ..
+        } = response;
+        self.emit.emit(EventKind::ResponseReceived {
+            usage,
+            stop_reason: stop_reason.clone(),
+        });
+        run.usage += usage;
+        let calls = ToolCall::from_message(&message);
+        let record = TurnRecord {
+            turn: self.turn,
+            fingerprint: fingerprint.total(),
+            usage,
+            stop_reason: model_stop_str(stop_reason.as_ref()),
+            tool_calls: calls.len(),
+        };
+        if let Some(w) = &mut self.transcript
+            && let Err(e) = w.usage(&record).await
+        {
+            run.error = Some(Arc::new(e));
+            run.turns.push(record);
+            return TurnEnd::Stop(StopReason::Failed);
+        }
+        run.turns.push(record);
+
+        let has_content = !message.content.is_empty();
+        if has_content {
+            run.final_text = message.text();
+            if let Err(e) = self.push(run, vec![message]).await {
+                run.error = Some(Arc::new(e));
+                return TurnEnd::Stop(StopReason::Failed);
+            }
+        }
+
+        if !calls.is_empty() {
+            let results = self.tool_round(&calls, &cut_off).await;
+            let mut blocks = results;
+            blocks.extend(self.drain_pending());
+            if let Err(e) = self.push(run, vec![Message::user(blocks)]).await {
+                run.error = Some(Arc::new(e));
+                return TurnEnd::Stop(StopReason::Failed);
+            }
+            if self.cancel.is_cancelled() {
+                return TurnEnd::Stop(StopReason::Cancelled);
+            }
+            return TurnEnd::Continue;
+        }
+
+        match stop_reason {
+            Some(ModelStop::MaxTokens) => {
+                if run.continuations >= self.limits.max_continuations {
+                    return TurnEnd::Stop(StopReason::OutputLimit {
+                        continuations: run.continuations,
+                    });
+                }
+                run.continuations += 1;
+                let mut blocks = vec![ContentBlock::text(CONTINUE_PROMPT)];
+                blocks.extend(self.drain_pending());
+                match self.push(run, vec![Message::user(blocks)]).await {
+                    Ok(()) => TurnEnd::Continue,
+                    Err(e) => {
+                        run.error = Some(Arc::new(e));
+                        TurnEnd::Stop(StopReason::Failed)
+                    }
+                }
+            }
+            Some(ModelStop::PauseTurn) if has_content => {
+                if run.pauses >= self.limits.max_pause_resends {
+                    return TurnEnd::EndTurn;
+                }
+                run.pauses += 1;
+                // Resend as is: the provider continues the paused assistant turn.
+                TurnEnd::Continue
+            }
+            Some(ModelStop::Refusal) => TurnEnd::Stop(StopReason::Refusal),
+            _ => TurnEnd::EndTurn,
+        }
+    }
+
+    /// Streams one answer, surfacing text deltas as events.
+    async fn stream(
+        &self,
+        request: &Request,
+    ) -> std::result::Result<(Response, Vec<String>), forkhive_transport::Error> {
+        let mut events = self.backend.stream(request).await?;
+        let mut builder = ResponseBuilder::new();
+        while let Some(event) = events.next().await {
+            let event = event?;
+            if let StreamEvent::TextDelta { text, .. } = &event {
+                self.emit.emit(EventKind::TextDelta { text: text.clone() });
+            }
+            builder.push(&event)?;
+        }
+        builder.finish_cut_off()
+    }
+
+    /// Runs the calls of one assistant message; calls cut off at `max_tokens` are answered
+    /// with an error instead of running.
+    async fn tool_round(&self, calls: &[ToolCall], cut_off: &[String]) -> Vec<ContentBlock> {
+        let cx = ToolContext {
+            agent: Arc::clone(&self.cx),
+            state: self.state.clone(),
+            cancel: self.cancel.clone(),
+            tool_use_id: String::new(),
+        };
+        let round = Round {
+            pool: &self.pool,
+            policy: &self.policy,
+            cx: &cx,
+            config: RoundConfig {
+                max_concurrency: self.limits.max_concurrent_tools,
+                timeout: self.limits.tool_timeout,
+            },
+            emit: &self.emit,
+        };
+        if cut_off.is_empty() {
+            return round.run(calls).await;
+        }
+        let runnable: Vec<ToolCall> = calls
+            .iter()
+            .filter(|c| !cut_off.contains(&c.id))
+            .cloned()
+            .collect();
+        let mut ran = round.run(&runnable).await.into_iter();
+        calls
+            .iter()
+            .map(|c| {
+                if cut_off.contains(&c.id) {
+                    ToolOutput::error(format!(
+                        "the call to `{}` was cut off by the output token limit before its \
+                         input was complete, so it did not run; make the call again with a \
+                         shorter input",
+                        c.name
+                    ))
+                    .into_result_block(c.id.clone())
+                } else {
+                    ran.next().unwrap_or_else(|| {
+                        ToolOutput::error("internal: missing tool result")
+                            .into_result_block(c.id.clone())
+                    })
+                }
+            })
+            .collect()
+    }
+
+    /// Appends messages to the conversation (O(new)) and the transcript.
+    async fn push(&mut self, run: &mut RunState, messages: Vec<Message>) -> Result<()> {
+        if let Some(w) = &mut self.transcript {
+            for m in &messages {
+                w.message(m).await?;
+            }
+        }
+        run.new_messages.extend(messages.iter().cloned());
+        self.params = self.params.append(messages);
+        Ok(())
+    }
+
+    async fn finish(&mut self, run: RunState, stop: StopReason) -> AgentRun {
+        let mut run = run;
+        if let Some(w) = &mut self.transcript
+            && let Err(e) = w.stop(&stop, run.usage).await
+        {
+            tracing::warn!(agent = %self.cx.id(), "could not record the stop: {e}");
+            if run.error.is_none() {
+                run.error = Some(Arc::new(e));
+            }
+        }
+        self.emit.emit(EventKind::Stopped {
+            reason: stop.clone(),
+            usage: run.usage,
+        });
+        if run.final_text.is_empty()
+            && let Some(last) = run
+                .new_messages
+                .iter()
+                .rev()
+                .find(|m| m.role == Role::Assistant)
+        {
+            run.final_text = last.text();
+        }
+        AgentRun {
+            stop,
+            final_text: run.final_text,
+            turns: run.turns,
+            usage: run.usage,
+            error: run.error,
+            new_messages: run.new_messages,
+        }
+    }
+}

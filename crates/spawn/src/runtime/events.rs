@@ -1,0 +1,183 @@
+//! [`AgentEvent`]s: what a host sees of a running agent, as it happens.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use forkhive_core::{CacheBreak, Digest, TaskId, Usage};
+use forkhive_transport::StopReason as ModelStop;
+
+use crate::runtime::outcome::StopReason;
+
+/// One thing that happened in one agent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentEvent {
+    /// The agent it happened in.
+    pub agent: TaskId,
+    /// The turn (1-based; 0 before the first turn).
+    pub turn: u32,
+    /// What happened.
+    pub kind: EventKind,
+}
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum EventKind {
+    /// A model turn begins.
+    TurnStarted,
+    /// A request went to the backend.
+    RequestSent {
+        /// The fingerprint of its cache-safe prefix.
+        fingerprint: Digest,
+        /// How many messages the prefix holds.
+        messages: usize,
+        /// The id of the request that spawned this agent, on its first request only.
+        invoking_request_id: Option<String>,
+    },
+    /// The new request's prefix is not an append of the previous one: the prompt cache
+    /// breaks at the named place.
+    CacheBreak {
+        /// The first difference, in render order (`tools[3] changed`).
+        at: CacheBreak,
+    },
+    /// Text the model is streaming.
+    TextDelta {
+        /// The new text.
+        text: String,
+    },
+    /// The model's answer is complete.
+    ResponseReceived {
+        /// This answer's tokens.
+        usage: Usage,
+        /// Why the model stopped, if the provider said.
+        stop_reason: Option<ModelStop>,
+    },
+    /// A tool call starts (after its input was validated).
+    ToolCallStarted {
+        /// The `tool_use` id.
+        id: String,
+        /// The tool.
+        name: String,
+    },
+    /// A tool call finished.
+    ToolCallFinished {
+        /// The `tool_use` id.
+        id: String,
+        /// The tool.
+        name: String,
+        /// Whether its result is an error.
+        is_error: bool,
+        /// How long it took.
+        duration: Duration,
+    },
+    /// Pending messages were added to the conversation.
+    MessagesInjected {
+        /// How many.
+        count: usize,
+    },
+    /// The agent stopped.
+    Stopped {
+        /// Why.
+        reason: StopReason,
+        /// Its total usage.
+        usage: Usage,
+    },
+}
+
+/// Receives events. Implementations must not block: they are called from the agent's task.
+pub trait EventSink: Send + Sync + fmt::Debug + 'static {
+    /// Takes one event.
+    fn emit(&self, event: AgentEvent);
+}
+
+impl EventSink for tokio::sync::mpsc::UnboundedSender<AgentEvent> {
+    fn emit(&self, event: AgentEvent) {
+        // A host that dropped its receiver no longer wants events.
+        let _ = self.send(event);
+    }
+}
+
+impl EventSink for tokio::sync::broadcast::Sender<AgentEvent> {
+    fn emit(&self, event: AgentEvent) {
+        let _ = self.send(event);
+    }
+}
+
+/// An [`EventSink`] calling a function.
+pub struct FnSink<F>(pub F);
+
+impl<F: Fn(AgentEvent) + Send + Sync + 'static> EventSink for FnSink<F> {
+    fn emit(&self, event: AgentEvent) {
+        (self.0)(event);
+    }
+}
+
+impl<F> fmt::Debug for FnSink<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FnSink")
+    }
+}
+
+/// Stamps events with the agent id and current turn, and sends them to the sink (if any).
+#[derive(Debug, Clone)]
+pub(crate) struct Emitter {
+    agent: TaskId,
+    turn: Arc<AtomicU32>,
+    sink: Option<Arc<dyn EventSink>>,
+}
+
+impl Emitter {
+    pub(crate) fn new(agent: TaskId, sink: Option<Arc<dyn EventSink>>) -> Self {
+        Self {
+            agent,
+            turn: Arc::new(AtomicU32::new(0)),
+            sink,
+        }
+    }
+
+    pub(crate) fn set_turn(&self, turn: u32) {
+        self.turn.store(turn, Ordering::Release);
+    }
+
+    pub(crate) fn emit(&self, kind: EventKind) {
+        if let Some(sink) = &self.sink {
+            sink.emit(AgentEvent {
+                agent: self.agent,
+                turn: self.turn.load(Ordering::Acquire),
+                kind,
+            });
+        }
+    }
+}
+
+/// `1.5s`, `250ms`, `2m`: short and exact enough for messages.
+pub(crate) fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms == 0 {
+        format!("{}µs", d.as_micros())
+    } else if ms < 1000 {
+        format!("{ms}ms")
+    } else if ms.is_multiple_of(60_000) {
+        format!("{}m", ms / 60_000)
+    } else if ms.is_multiple_of(1000) {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{:.1}s", d.as_secs_f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_well() {
+        assert_eq!(format_duration(Duration::from_millis(250)), "250ms");
+        assert_eq!(format_duration(Duration::from_secs(30)), "30s");
+        assert_eq!(format_duration(Duration::from_secs(120)), "2m");
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(format_duration(Duration::from_micros(5)), "5µs");
+    }
+}

@@ -1,0 +1,24 @@
+//! The agent loop: model turn → tool round → next turn, until the model stops.
+//!
+//! | module | what it holds |
+//! | --- | --- |
+//! | [`agent`] | [`Agent`] and [`AgentBuilder`]: the loop, resume, spawning a child's seed |
+//! | [`context`] | [`AgentContext`]: identity, reachable through a tokio task-local |
+//! | [`state`] | [`AgentState`] (cloned for a child) and [`TreeState`] (shared by the tree) |
+//! | [`pending`] | [`PendingQueue`]: messages delivered at the next tool round |
+//! | [`events`] | [`AgentEvent`]s for hosts |
+//! | [`outcome`] | [`StopReason`], [`Limits`], [`AgentRun`] |
+
+pub mod agent;
+pub mod context;
+pub mod events;
+pub mod outcome;
+pub mod pending;
+pub mod state;
+
+pub use agent::{Agent, AgentBuilder, ChildSeed, ResumeReport};
+pub use context::{AgentContext, AgentKind, QuerySource};
+pub use events::{AgentEvent, EventKind, EventSink, FnSink};
+pub use outcome::{AgentRun, Limits, StopReason, TurnRecord};
+pub use pending::{Expectation, PendingMessage, PendingQueue, Wake};
+pub use state::{AgentState, FileStamp, TreeState};

@@ -1,0 +1,149 @@
+//! What a run ends with: [`StopReason`], per-turn records and the [`AgentRun`] summary; and
+//! the [`Limits`] that end it early.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use forkhive_core::{Digest, Message, Usage};
+use forkhive_transport::StopReason as ModelStop;
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+
+/// Why an agent's run ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum StopReason {
+    /// The model ended its turn without tool calls and nothing else was pending.
+    Completed,
+    /// The turn limit was reached (a limit, not an error).
+    MaxTurns {
+        /// The limit.
+        limit: u32,
+    },
+    /// The token budget was used up.
+    TokenBudget {
+        /// The budget.
+        limit: u64,
+        /// Tokens used when the run stopped.
+        used: u64,
+    },
+    /// The model hit `max_tokens` in text more often than the continuation limit allows.
+    OutputLimit {
+        /// How many continuations were sent.
+        continuations: u32,
+    },
+    /// The model refused.
+    Refusal,
+    /// The agent (or an ancestor) was cancelled.
+    Cancelled,
+    /// The backend failed; the error is in [`AgentRun::error`].
+    Failed,
+}
+
+impl fmt::Display for StopReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StopReason::Completed => f.write_str("completed"),
+            StopReason::MaxTurns { limit } => write!(f, "stopped at its {limit}-turn limit"),
+            StopReason::TokenBudget { limit, used } => {
+                write!(f, "used {used} tokens of a {limit}-token budget")
+            }
+            StopReason::OutputLimit { continuations } => write!(
+                f,
+                "hit the output limit again after {continuations} continuations"
+            ),
+            StopReason::Refusal => f.write_str("the model refused"),
+            StopReason::Cancelled => f.write_str("cancelled"),
+            StopReason::Failed => f.write_str("failed"),
+        }
+    }
+}
+
+/// When a run must stop, and how its tool rounds behave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Most model turns per [`run`](crate::runtime::Agent::run) (`None`: no limit).
+    pub max_turns: Option<u32>,
+    /// Most total tokens (input, cache and output) per run (`None`: no limit).
+    pub token_budget: Option<u64>,
+    /// `max_tokens` of every request.
+    pub max_output_tokens: u32,
+    /// How often a `max_tokens` stop in text is answered with "continue".
+    pub max_continuations: u32,
+    /// How often a `pause_turn` is resent in a row.
+    pub max_pause_resends: u32,
+    /// Concurrency-safe calls running at once in one tool round.
+    pub max_concurrent_tools: usize,
+    /// How long one tool call may take.
+    pub tool_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_turns: Some(100),
+            token_budget: None,
+            max_output_tokens: 8192,
+            max_continuations: 3,
+            max_pause_resends: 5,
+            max_concurrent_tools: 10,
+            tool_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// One model turn of a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnRecord {
+    /// The turn number (1-based, counted over the agent's life).
+    pub turn: u32,
+    /// The fingerprint of the request's cache-safe prefix.
+    pub fingerprint: Digest,
+    /// This turn's tokens.
+    pub usage: Usage,
+    /// Why the model stopped (`end_turn`, `tool_use`, ...).
+    pub stop_reason: Option<String>,
+    /// How many tools it called.
+    pub tool_calls: usize,
+}
+
+/// The result of [`Agent::run`](crate::runtime::Agent::run).
+#[derive(Debug, Clone)]
+pub struct AgentRun {
+    /// Why it stopped.
+    pub stop: StopReason,
+    /// The text of the last assistant message (the agent's answer; partial when it stopped
+    /// early).
+    pub final_text: String,
+    /// Every model turn of this run, in order.
+    pub turns: Vec<TurnRecord>,
+    /// The total usage of this run.
+    pub usage: Usage,
+    /// The backend error, when `stop` is [`StopReason::Failed`].
+    pub error: Option<Arc<Error>>,
+    /// The messages this run added to the conversation.
+    pub new_messages: Vec<Message>,
+}
+
+impl AgentRun {
+    /// `Ok(self)`, or the error when the run failed.
+    pub fn into_result(self) -> Result<Self, Arc<Error>> {
+        match self.error.clone() {
+            Some(e) => Err(e),
+            None => Ok(self),
+        }
+    }
+
+    /// How many tool calls the run made.
+    pub fn tool_calls(&self) -> usize {
+        self.turns.iter().map(|t| t.tool_calls).sum()
+    }
+}
+
+/// The model's stop reason in Anthropic's spelling, for records.
+pub(crate) fn model_stop_str(stop: Option<&ModelStop>) -> Option<String> {
+    stop.map(|s| s.as_str().to_owned())
+}

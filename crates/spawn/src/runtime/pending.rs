@@ -1,0 +1,251 @@
+//! The pending-message queue: text for an agent that arrives while it works.
+//!
+//! "Coordinator Mode: A Working Multi-Agent System, From the Source — SendMessage": a message
+//! to a running agent is inserted at "the next tool-round boundary — not the next token, the
+//! next tool round". The loop appends every queued message as a text block after the tool
+//! results of its next tool round; an agent that has finished its turn but still waits for
+//! something it was promised (see [`PendingQueue::expect`]) starts a new turn with them.
+//!
+//! Task notifications and mailbox messages reach an agent through this queue. The queue is
+//! in-process and owned by one agent; a mailbox on another host feeds it through a poller, so
+//! the loop never depends on where a message came from.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+/// One message waiting for an agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingMessage {
+    /// The text, added to the conversation verbatim as one text block. Build it with trusted
+    /// code (a `<task-notification>` envelope escapes what a worker wrote).
+    pub text: String,
+    /// Where it came from (`task-notification`, `mailbox:alice`, `host`), for logs.
+    pub origin: String,
+}
+
+impl PendingMessage {
+    /// A message with an origin label.
+    pub fn new(text: impl Into<String>, origin: impl Into<String>) -> Self {
+        Self {
+            text: text.into(),
+            origin: origin.into(),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    queue: VecDeque<PendingMessage>,
+    outstanding: usize,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    state: Mutex<State>,
+    changed: Notify,
+}
+
+/// A cloneable handle to one agent's pending messages.
+#[derive(Clone, Default)]
+pub struct PendingQueue {
+    inner: Arc<Inner>,
+}
+
+/// What [`PendingQueue::wait`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wake {
+    /// Messages arrived (all of them, drained).
+    Messages(Vec<PendingMessage>),
+    /// Nothing is queued and nothing is expected.
+    Idle,
+}
+
+impl PendingQueue {
+    /// An empty queue.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `message` for the agent's next tool round (or wakes it if it waits).
+    pub fn push(&self, message: PendingMessage) {
+        self.lock().queue.push_back(message);
+        self.inner.changed.notify_one();
+    }
+
+    /// Promises one message later: until the returned guard delivers or drops, a waiting
+    /// agent keeps waiting instead of stopping.
+    pub fn expect(&self) -> Expectation {
+        self.lock().outstanding += 1;
+        Expectation {
+            queue: self.clone(),
+            settled: false,
+        }
+    }
+
+    /// Takes every queued message, oldest first.
+    pub fn drain(&self) -> Vec<PendingMessage> {
+        self.lock().queue.drain(..).collect()
+    }
+
+    /// How many messages are queued.
+    pub fn len(&self) -> usize {
+        self.lock().queue.len()
+    }
+
+    /// Whether nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// How many promised messages have not arrived yet.
+    pub fn outstanding(&self) -> usize {
+        self.lock().outstanding
+    }
+
+    /// Waits until a message is queued (and drains them all) or nothing is expected any more.
+    pub async fn wait(&self) -> Wake {
+        loop {
+            // Register interest before looking, so a push in between is not missed.
+            let changed = self.inner.changed.notified();
+            {
+                let mut st = self.lock();
+                if !st.queue.is_empty() {
+                    return Wake::Messages(st.queue.drain(..).collect());
+                }
+                if st.outstanding == 0 {
+                    return Wake::Idle;
+                }
+            }
+            changed.await;
+        }
+    }
+}
+
+impl fmt::Debug for PendingQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = self.lock();
+        f.debug_struct("PendingQueue")
+            .field("queued", &st.queue.len())
+            .field("outstanding", &st.outstanding)
+            .finish()
+    }
+}
+
+/// A promised message (see [`PendingQueue::expect`]). Deliver it once, or drop it to withdraw
+/// the promise.
+#[derive(Debug)]
+#[must_use = "dropping an Expectation withdraws the promise at once"]
+pub struct Expectation {
+    queue: PendingQueue,
+    settled: bool,
+}
+
+impl Expectation {
+    /// Queues the promised message and settles the promise, in one step.
+    pub fn deliver(mut self, message: PendingMessage) {
+        {
+            let mut st = self.queue.lock();
+            st.queue.push_back(message);
+            st.outstanding = st.outstanding.saturating_sub(1);
+        }
+        self.settled = true;
+        self.queue.inner.changed.notify_one();
+    }
+}
+
+impl Drop for Expectation {
+    fn drop(&mut self) {
+        if !self.settled {
+            {
+                let mut st = self.queue.lock();
+                st.outstanding = st.outstanding.saturating_sub(1);
+            }
+            self.queue.inner.changed.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn wait_returns_idle_when_nothing_is_expected() {
+        let q = PendingQueue::new();
+        assert_eq!(q.wait().await, Wake::Idle);
+        q.push(PendingMessage::new("a", "host"));
+        assert_eq!(
+            q.wait().await,
+            Wake::Messages(vec![PendingMessage::new("a", "host")])
+        );
+    }
+
+    #[tokio::test]
+    async fn an_expectation_keeps_the_waiter_until_it_delivers_or_drops() {
+        let q = PendingQueue::new();
+        let e = q.expect();
+        let waiter = tokio::spawn({
+            let q = q.clone();
+            async move { q.wait().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        e.deliver(PendingMessage::new("done", "task"));
+        assert_eq!(
+            waiter.await.unwrap(),
+            Wake::Messages(vec![PendingMessage::new("done", "task")])
+        );
+        assert_eq!(q.outstanding(), 0);
+
+        let dropped = q.expect();
+        let waiter = tokio::spawn({
+            let q = q.clone();
+            async move { q.wait().await }
+        });
+        tokio::task::yield_now().await;
+        drop(dropped);
+        assert_eq!(waiter.await.unwrap(), Wake::Idle);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn no_message_is_lost_or_doubled_under_contention() {
+        let q = PendingQueue::new();
+        let producers = 8;
+        let per = 500;
+        let expectations: Vec<Vec<Expectation>> = (0..producers)
+            .map(|_| (0..per).map(|_| q.expect()).collect())
+            .collect();
+        let tasks: Vec<_> = expectations
+            .into_iter()
+            .enumerate()
+            .map(|(p, es)| {
+                tokio::spawn(async move {
+                    for (i, e) in es.into_iter().enumerate() {
+                        e.deliver(PendingMessage::new(format!("{p}:{i}"), "t"));
+                        if i % 50 == 0 {
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut seen = std::collections::HashSet::new();
+        while let Wake::Messages(ms) = q.wait().await {
+            for m in ms {
+                assert!(seen.insert(m.text), "delivered twice");
+            }
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(seen.len(), producers * per);
+        assert!(q.is_empty());
+    }
+}

@@ -1,0 +1,248 @@
+//! Tools: the [`Tool`] trait, [`ToolPool`], orchestration of one assistant message's calls,
+//! permissions and the three filtering layers.
+//!
+//! | module | what it holds |
+//! | --- | --- |
+//! | [`pool`] | [`ToolPool`]: tools in a fixed order (the order is part of the cache key), with compiled input validators |
+//! | [`orchestrate`] | one tool round: consecutive concurrency-safe calls in parallel, the rest serially, results in call order |
+//! | [`permission`] | [`PermissionPolicy`] (can-use-tool), the built-in policies and `permissionMode` mapping |
+//! | [`filter`] | the three layers of tool filtering as one pure function |
+//! | [`fs`] | two real tools over a directory: [`ReadFile`] (`Read`) and [`ListDir`] (`LS`) |
+//!
+//! Nothing a tool or the model does crashes the loop: an unknown tool, an input that fails the
+//! tool's schema, a denied call, a tool error, a panic or a timeout each becomes an `is_error`
+//! tool result whose text says exactly what was wrong.
+
+pub mod filter;
+pub mod fs;
+pub mod orchestrate;
+pub mod permission;
+pub mod pool;
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use forkhive_core::{ContentBlock, ToolDefinition, ToolResultContent};
+use tokio_util::sync::CancellationToken;
+
+use crate::runtime::context::AgentContext;
+use crate::runtime::state::AgentState;
+
+pub use filter::{ToolAudience, ToolFilter};
+pub use fs::{ListDir, ReadFile};
+pub use permission::{
+    AllowAll, BubbleToParent, PermissionDecision, PermissionPolicy, PermissionRequest, ReadOnly,
+};
+pub use pool::ToolPool;
+
+/// What a tool call returned: content blocks (usually one text block) and whether it failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolOutput {
+    /// What goes back to the model, in order.
+    pub content: Vec<ContentBlock>,
+    /// Whether the call failed (sent as `is_error: true`).
+    pub is_error: bool,
+}
+
+impl ToolOutput {
+    /// A successful result holding one text block.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self {
+            content: vec![ContentBlock::text(text)],
+            is_error: false,
+        }
+    }
+
+    /// A failed result holding one text block that says what was wrong.
+    pub fn error(text: impl Into<String>) -> Self {
+        Self {
+            content: vec![ContentBlock::text(text)],
+            is_error: true,
+        }
+    }
+
+    /// A successful result made of blocks (text and images).
+    pub fn blocks(content: Vec<ContentBlock>) -> Self {
+        Self {
+            content,
+            is_error: false,
+        }
+    }
+
+    /// All text blocks joined with newlines (for logs and tests).
+    pub fn text_content(&self) -> String {
+        self.content
+            .iter()
+            .filter_map(ContentBlock::as_text)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// The `tool_result` block answering the call `tool_use_id`.
+    pub fn into_result_block(self, tool_use_id: impl Into<String>) -> ContentBlock {
+        ContentBlock::ToolResult {
+            tool_use_id: tool_use_id.into(),
+            content: ToolResultContent::Blocks(self.content),
+            is_error: self.is_error,
+        }
+    }
+}
+
+/// What a tool sees of the agent that calls it.
+///
+/// The same [`AgentContext`] is also reachable from any code below a tool through the
+/// task-local [`AgentContext::current`].
+#[derive(Clone)]
+pub struct ToolContext {
+    pub(crate) agent: Arc<AgentContext>,
+    pub(crate) state: AgentState,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) tool_use_id: String,
+}
+
+impl ToolContext {
+    /// A context for calling a tool outside an agent loop (tests, host code).
+    pub fn detached(agent: Arc<AgentContext>, tool_use_id: impl Into<String>) -> Self {
+        Self {
+            agent,
+            state: AgentState::default(),
+            cancel: CancellationToken::new(),
+            tool_use_id: tool_use_id.into(),
+        }
+    }
+
+    /// The calling agent's identity.
+    pub fn agent(&self) -> &Arc<AgentContext> {
+        &self.agent
+    }
+
+    /// The calling agent's own state (its file-read cache, ...).
+    pub fn state(&self) -> &AgentState {
+        &self.state
+    }
+
+    /// Cancelled when the agent (or an ancestor) is cancelled; long-running tools should stop.
+    pub fn cancellation(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// The id of the `tool_use` block being answered.
+    pub fn tool_use_id(&self) -> &str {
+        &self.tool_use_id
+    }
+}
+
+impl fmt::Debug for ToolContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ToolContext")
+            .field("agent", &self.agent.id())
+            .field("tool_use_id", &self.tool_use_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A tool the model can call. Object-safe: pools hold `Arc<dyn Tool>`.
+///
+/// Orchestration follows "Claude Code Multi-Agent Internals: How Subagents and Swarm Teammates
+/// Actually Work — 3.2 Why the main agent can launch multiple subagents in parallel": calls a
+/// tool declares concurrency-safe run in parallel with their consecutive safe neighbours.
+///
+/// ```
+/// use async_trait::async_trait;
+/// use forkhive_core::ToolDefinition;
+/// use forkhive_spawn::tool::{Tool, ToolContext, ToolOutput};
+///
+/// #[derive(Debug)]
+/// struct Echo(ToolDefinition);
+///
+/// #[async_trait]
+/// impl Tool for Echo {
+///     fn definition(&self) -> &ToolDefinition { &self.0 }
+///     fn is_concurrency_safe(&self, _input: &serde_json::Value) -> bool { true }
+///     fn is_read_only(&self) -> bool { true }
+///     async fn call(&self, input: serde_json::Value, _cx: &ToolContext) -> ToolOutput {
+///         ToolOutput::text(input["text"].as_str().unwrap_or_default())
+///     }
+/// }
+/// let schema = r#"{"type":"object","properties":{"text":{"type":"string"}},"required":["text"]}"#;
+/// let echo = Echo(ToolDefinition::new("Echo", "Repeats its input", schema)?);
+/// assert_eq!(echo.definition().name, "Echo");
+/// # Ok::<(), forkhive_core::Error>(())
+/// ```
+#[async_trait]
+pub trait Tool: Send + Sync + fmt::Debug + 'static {
+    /// Name, description and input JSON Schema, exactly as sent to the provider.
+    fn definition(&self) -> &ToolDefinition;
+
+    /// Whether this call may run at the same time as its concurrency-safe neighbours.
+    fn is_concurrency_safe(&self, input: &serde_json::Value) -> bool;
+
+    /// Whether the tool never changes anything outside the agent.
+    fn is_read_only(&self) -> bool;
+
+    /// Runs the call. `input` has already been validated against the tool's schema and
+    /// approved by the permission policy. Failures are returned as [`ToolOutput::error`].
+    async fn call(&self, input: serde_json::Value, cx: &ToolContext) -> ToolOutput;
+}
+
+#[async_trait]
+impl<T: Tool + ?Sized> Tool for Arc<T> {
+    fn definition(&self) -> &ToolDefinition {
+        (**self).definition()
+    }
+    fn is_concurrency_safe(&self, input: &serde_json::Value) -> bool {
+        (**self).is_concurrency_safe(input)
+    }
+    fn is_read_only(&self) -> bool {
+        (**self).is_read_only()
+    }
+    async fn call(&self, input: serde_json::Value, cx: &ToolContext) -> ToolOutput {
+        (**self).call(input, cx).await
+    }
+}
+
+/// Small tools for unit tests.
+#[cfg(test)]
+pub(crate) mod test_tools {
+    use super::*;
+
+    /// A tool that always answers the same text.
+    #[derive(Debug)]
+    pub(crate) struct Fixed {
+        def: ToolDefinition,
+        text: String,
+    }
+
+    impl Fixed {
+        pub(crate) fn arc(name: &str, text: &str) -> Arc<dyn Tool> {
+            Arc::new(Self {
+                def: ToolDefinition::new(name, "fixed", r#"{"type":"object"}"#).unwrap(),
+                text: text.to_owned(),
+            })
+        }
+
+        pub(crate) fn with_schema(name: &str, schema: &str) -> Arc<dyn Tool> {
+            Arc::new(Self {
+                def: ToolDefinition::new(name, "fixed", schema).unwrap(),
+                text: String::new(),
+            })
+        }
+    }
+
+    #[async_trait]
+    impl Tool for Fixed {
+        fn definition(&self) -> &ToolDefinition {
+            &self.def
+        }
+        fn is_concurrency_safe(&self, _input: &serde_json::Value) -> bool {
+            true
+        }
+        fn is_read_only(&self) -> bool {
+            true
+        }
+        async fn call(&self, _input: serde_json::Value, _cx: &ToolContext) -> ToolOutput {
+            ToolOutput::text(self.text.clone())
+        }
+    }
+}

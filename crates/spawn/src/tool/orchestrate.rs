@@ -1,0 +1,247 @@
+//! One tool round: the calls of one assistant message, run and answered in one user message.
+//!
+//! "Claude Code Multi-Agent Internals — 3.2 Why the main agent can launch multiple subagents in
+//! parallel": calls are partitioned into batches — a run of consecutive concurrency-safe calls
+//! is one batch run concurrently (at most [`RoundConfig::max_concurrency`] at a time), every
+//! other call is a batch of its own — and batches run in order. The results go back in call
+//! order, in one user message, as the providers require.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use forkhive_core::{ContentBlock, RawJson};
+use futures::{FutureExt, StreamExt};
+
+use crate::runtime::events::{Emitter, EventKind};
+use crate::tool::permission::{PermissionDecision, PermissionPolicy, PermissionRequest};
+use crate::tool::{ToolContext, ToolOutput, ToolPool};
+
+/// One `tool_use` block of an assistant message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    /// The block's id, echoed by its result.
+    pub id: String,
+    /// The tool the model named.
+    pub name: String,
+    /// The input, byte for byte as the model wrote it.
+    pub input: RawJson,
+}
+
+impl ToolCall {
+    /// The calls of `message`, in order.
+    pub fn from_message(message: &forkhive_core::Message) -> Vec<ToolCall> {
+        message
+            .tool_uses()
+            .map(|(id, name, input)| ToolCall {
+                id: id.to_owned(),
+                name: name.to_owned(),
+                input: input.clone(),
+            })
+            .collect()
+    }
+}
+
+/// Limits of one tool round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoundConfig {
+    /// How many concurrency-safe calls run at once (at least 1).
+    pub max_concurrency: usize,
+    /// How long one call may take before it is stopped and answered with an error.
+    pub timeout: Duration,
+}
+
+impl Default for RoundConfig {
+    fn default() -> Self {
+        Self {
+            max_concurrency: 10,
+            timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// Everything a round needs besides its calls.
+pub(crate) struct Round<'a> {
+    pub(crate) pool: &'a ToolPool,
+    pub(crate) policy: &'a Arc<dyn PermissionPolicy>,
+    pub(crate) cx: &'a ToolContext,
+    pub(crate) config: RoundConfig,
+    pub(crate) emit: &'a Emitter,
+}
+
+/// A call checked before it runs: either ready to run, or already answered.
+enum Prepared {
+    Run(serde_json::Value),
+    Answered(ToolOutput),
+}
+
+impl Round<'_> {
+    /// Runs `calls` and returns one `tool_result` block per call, in call order.
+    ///
+    /// When the agent is cancelled mid-round, calls that had not finished are answered with an
+    /// error saying so, so the conversation stays well-formed (and resumable).
+    pub(crate) async fn run(&self, calls: &[ToolCall]) -> Vec<ContentBlock> {
+        let prepared: Vec<Prepared> = calls.iter().map(|c| self.prepare(c)).collect();
+        let safe: Vec<bool> = calls
+            .iter()
+            .zip(&prepared)
+            .map(|(c, p)| match p {
+                Prepared::Answered(_) => true,
+                Prepared::Run(input) => self
+                    .pool
+                    .get(&c.name)
+                    .is_some_and(|t| t.is_concurrency_safe(input)),
+            })
+            .collect();
+
+        let mut slots: Vec<Option<ToolOutput>> = vec![None; calls.len()];
+        let mut prepared: Vec<Option<Prepared>> = prepared.into_iter().map(Some).collect();
+        let mut start = 0;
+        'batches: while start < calls.len() {
+            let end = if safe[start] {
+                start + safe[start..].iter().take_while(|s| **s).count()
+            } else {
+                start + 1
+            };
+            let batch = (start..end).filter_map(|i| prepared[i].take().map(|p| (i, p)));
+            let mut running = futures::stream::iter(batch.map(|(i, p)| {
+                let call = &calls[i];
+                async move { (i, self.finish(call, p).await) }
+            }))
+            .buffer_unordered(self.config.max_concurrency.max(1));
+            loop {
+                tokio::select! {
+                    biased;
+                    () = self.cx.cancel.cancelled() => break 'batches,
+                    next = running.next() => match next {
+                        Some((i, out)) => slots[i] = Some(out),
+                        None => break,
+                    },
+                }
+            }
+            start = end;
+        }
+
+        calls
+            .iter()
+            .zip(slots)
+            .map(|(call, out)| {
+                out.unwrap_or_else(|| {
+                    ToolOutput::error(format!(
+                        "tool `{}` was cancelled: the agent was stopped before the call finished",
+                        call.name
+                    ))
+                })
+                .into_result_block(call.id.clone())
+            })
+            .collect()
+    }
+
+    /// Looks the tool up, parses and validates the input.
+    fn prepare(&self, call: &ToolCall) -> Prepared {
+        if self.pool.get(&call.name).is_none() {
+            let names = self.pool.names();
+            let known = if names.is_empty() {
+                "this agent has no tools".to_owned()
+            } else {
+                format!("available tools: {}", names.join(", "))
+            };
+            return Prepared::Answered(ToolOutput::error(format!(
+                "unknown tool `{}`; {known}",
+                call.name
+            )));
+        }
+        let input: serde_json::Value = match call.input.to_value() {
+            Ok(v) => v,
+            Err(e) => {
+                return Prepared::Answered(ToolOutput::error(format!(
+                    "invalid input for tool `{}`: {e}",
+                    call.name
+                )));
+            }
+        };
+        match self.pool.validate(&call.name, &input) {
+            Ok(()) => Prepared::Run(input),
+            Err(problems) => Prepared::Answered(ToolOutput::error(format!(
+                "invalid input for tool `{}`:\n{problems}",
+                call.name
+            ))),
+        }
+    }
+
+    /// Asks the policy, runs the tool (catching panics, enforcing the timeout) and reports.
+    async fn finish(&self, call: &ToolCall, prepared: Prepared) -> ToolOutput {
+        let started = Instant::now();
+        self.emit.emit(EventKind::ToolCallStarted {
+            id: call.id.clone(),
+            name: call.name.clone(),
+        });
+        let out = match prepared {
+            Prepared::Answered(out) => out,
+            Prepared::Run(input) => self.permitted(call, input).await,
+        };
+        self.emit.emit(EventKind::ToolCallFinished {
+            id: call.id.clone(),
+            name: call.name.clone(),
+            is_error: out.is_error,
+            duration: started.elapsed(),
+        });
+        out
+    }
+
+    async fn permitted(&self, call: &ToolCall, input: serde_json::Value) -> ToolOutput {
+        let Some(tool) = self.pool.get(&call.name) else {
+            return ToolOutput::error(format!("unknown tool `{}`", call.name));
+        };
+        let decision = self
+            .policy
+            .check(PermissionRequest {
+                tool: tool.as_ref(),
+                input: &input,
+                agent: &self.cx.agent,
+                tool_use_id: &call.id,
+            })
+            .await;
+        let input = match decision {
+            PermissionDecision::Allow => input,
+            PermissionDecision::Deny { reason } => return ToolOutput::error(reason),
+            PermissionDecision::AllowWithInput(rewritten) => {
+                if let Err(problems) = self.pool.validate(&call.name, &rewritten) {
+                    return ToolOutput::error(format!(
+                        "the permission policy rewrote the input of `{}` into one that does not \
+                         match its schema:\n{problems}",
+                        call.name
+                    ));
+                }
+                rewritten
+            }
+        };
+        let mut cx = self.cx.clone();
+        cx.tool_use_id.clone_from(&call.id);
+        let run = AssertUnwindSafe(tool.call(input, &cx)).catch_unwind();
+        match tokio::time::timeout(self.config.timeout, run).await {
+            Ok(Ok(out)) => out,
+            Ok(Err(panic)) => ToolOutput::error(format!(
+                "tool `{}` panicked: {}",
+                call.name,
+                panic_message(panic.as_ref())
+            )),
+            Err(_) => ToolOutput::error(format!(
+                "tool `{}` did not finish within {}; it was stopped",
+                call.name,
+                crate::runtime::events::format_duration(self.config.timeout)
+            )),
+        }
+    }
+}
+
+/// The text of a panic payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a non-text panic payload".to_owned()
+    }
+}

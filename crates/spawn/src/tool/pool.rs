@@ -1,0 +1,198 @@
+//! [`ToolPool`]: the tools of one agent, in a fixed order, with their input validators.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use forkhive_core::ToolDefinition;
+
+use crate::error::{Error, Result};
+use crate::tool::Tool;
+
+/// One tool and the compiled validator of its input schema.
+struct Entry {
+    tool: Arc<dyn Tool>,
+    validator: jsonschema::Validator,
+}
+
+/// The tools an agent may call, in a fixed order.
+///
+/// The order is part of the prompt-cache key ("Chapter 9: Sub-Agents and the Fork Pattern —
+/// CacheSafeParams: Five Dimensions"), so [`definitions`](Self::definitions) always returns the
+/// tools in the order they were added. Each tool's input schema is compiled once, when the pool
+/// is built; a schema that is not a valid JSON Schema is an error then, not at call time.
+/// Cloning is O(1).
+#[derive(Clone, Default)]
+pub struct ToolPool {
+    entries: Arc<[Entry]>,
+    index: Arc<HashMap<String, usize>>,
+}
+
+impl ToolPool {
+    /// A pool of `tools`, in this order.
+    ///
+    /// Fails with [`Error::Tool`] on a duplicate name or a schema that does not compile.
+    pub fn new(tools: impl IntoIterator<Item = Arc<dyn Tool>>) -> Result<Self> {
+        let mut entries = Vec::new();
+        let mut index = HashMap::new();
+        for tool in tools {
+            let def = tool.definition();
+            if index.insert(def.name.clone(), entries.len()).is_some() {
+                return Err(Error::Tool {
+                    name: def.name.clone(),
+                    message: "a tool of this name is already in the pool".to_owned(),
+                });
+            }
+            let schema: serde_json::Value =
+                def.input_schema.to_value().map_err(|e| Error::Tool {
+                    name: def.name.clone(),
+                    message: format!("input schema is not JSON: {e}"),
+                })?;
+            let validator = jsonschema::validator_for(&schema).map_err(|e| Error::Tool {
+                name: def.name.clone(),
+                message: format!("input schema is not a valid JSON Schema: {e}"),
+            })?;
+            entries.push(Entry { tool, validator });
+        }
+        Ok(Self {
+            entries: entries.into(),
+            index: Arc::new(index),
+        })
+    }
+
+    /// An empty pool.
+    pub fn empty() -> Self {
+        Self::default()
+    }
+
+    /// The tool called `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.index.get(name).map(|&i| &self.entries[i].tool)
+    }
+
+    /// The tool definitions, in pool order, as sent to the provider.
+    pub fn definitions(&self) -> Vec<ToolDefinition> {
+        self.entries
+            .iter()
+            .map(|e| e.tool.definition().clone())
+            .collect()
+    }
+
+    /// The tool names, in pool order.
+    pub fn names(&self) -> Vec<&str> {
+        self.entries
+            .iter()
+            .map(|e| e.tool.definition().name.as_str())
+            .collect()
+    }
+
+    /// How many tools there are.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the pool is empty.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// A pool of the tools whose names `keep` accepts, in the same relative order.
+    pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) -> Self {
+        let kept: Vec<Arc<dyn Tool>> = self
+            .entries
+            .iter()
+            .filter(|e| keep(&e.tool.definition().name))
+            .map(|e| Arc::clone(&e.tool))
+            .collect();
+        // Every schema already compiled once, so rebuilding cannot fail; fall back to an empty
+        // pool rather than panic if that ever changed.
+        Self::new(kept).unwrap_or_default()
+    }
+
+    /// Checks `input` against the schema of the tool at `name`.
+    ///
+    /// `Ok(())` when it conforms (or there is no such tool); otherwise every violation, one
+    /// per line, as `at <JSON pointer>: <what is wrong>` (the root is `at /`).
+    pub fn validate(
+        &self,
+        name: &str,
+        input: &serde_json::Value,
+    ) -> std::result::Result<(), String> {
+        let Some(&i) = self.index.get(name) else {
+            return Ok(());
+        };
+        let problems: Vec<String> = self.entries[i]
+            .validator
+            .iter_errors(input)
+            .map(|e| {
+                let at = e.instance_path().as_str();
+                let at = if at.is_empty() { "/" } else { at };
+                format!("at {at}: {e}")
+            })
+            .collect();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("\n"))
+        }
+    }
+}
+
+impl fmt::Debug for ToolPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.names()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tool::test_tools::Fixed;
+
+    #[test]
+    fn keeps_order_and_rejects_duplicates_and_bad_schemas() {
+        let pool = ToolPool::new([Fixed::arc("B", "b"), Fixed::arc("A", "a")]).unwrap();
+        assert_eq!(pool.names(), ["B", "A"]);
+        assert_eq!(pool.definitions()[1].name, "A");
+
+        let dup = ToolPool::new([Fixed::arc("A", "a"), Fixed::arc("A", "b")]).unwrap_err();
+        assert_eq!(
+            dup.to_string(),
+            "tool \"A\": a tool of this name is already in the pool"
+        );
+
+        let bad = ToolPool::new([Fixed::with_schema("Bad", r#"{"type":"no-such-type"}"#)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            bad.starts_with("tool \"Bad\": input schema is not a valid JSON Schema: "),
+            "{bad}"
+        );
+    }
+
+    #[test]
+    fn validation_names_the_path_and_the_problem() {
+        let pool = ToolPool::new([Fixed::with_schema(
+            "T",
+            r#"{"type":"object","properties":{"n":{"type":"integer"}},"required":["path"]}"#,
+        )])
+        .unwrap();
+        assert_eq!(
+            pool.validate("T", &serde_json::json!({"n": "x"}))
+                .unwrap_err(),
+            "at /: \"path\" is a required property\nat /n: \"x\" is not of type \"integer\""
+        );
+        assert_eq!(pool.validate("T", &serde_json::json!({"path": 1})), Ok(()));
+    }
+
+    #[test]
+    fn retain_keeps_relative_order() {
+        let pool = ToolPool::new([
+            Fixed::arc("A", "a"),
+            Fixed::arc("B", "b"),
+            Fixed::arc("C", "c"),
+        ])
+        .unwrap();
+        assert_eq!(pool.retain(|n| n != "B").names(), ["A", "C"]);
+    }
+}

@@ -1,0 +1,447 @@
+//! Transcripts: each agent appends its conversation to its own JSONL file as it happens, and
+//! [`read`] rebuilds it byte for byte.
+//!
+//! "Claude Code Multi-Agent Internals — 3.3 A subagent is a real sidechain agent loop": a
+//! sub-agent writes its metadata and then persists its transcript incrementally, so that an
+//! agent can be resumed from disk. The schema is documented in `docs/transcripts.md`:
+//!
+//! ```text
+//! {"type":"header","version":1,"agent_id":"a…","parent_id":null,"kind":"main",…,"prefix":{…}}
+//! {"type":"message","index":0,"message":{"role":"user","content":[…]}}
+//! {"type":"usage","turn":1,"fingerprint":"…","usage":{…},"stop_reason":"tool_use","tool_calls":2}
+//! {"type":"stop","stop":{"reason":"completed"},"usage":{…}}
+//! ```
+//!
+//! A record counts once its newline is written. A file whose last line was cut by a crash
+//! reads up to the last complete record and reports what it dropped; any other damage is an
+//! [`Error::Transcript`] naming the line.
+
+use std::path::{Path, PathBuf};
+
+use forkhive_core::{CacheSafeParams, Message, ThinkingConfig, ToolDefinition, Usage};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use tokio::io::AsyncWriteExt;
+
+use crate::error::{Error, Result};
+use crate::runtime::context::AgentKind;
+use crate::runtime::outcome::{StopReason, TurnRecord};
+
+/// The transcript format this build writes and reads.
+pub const TRANSCRIPT_VERSION: u32 = 1;
+
+/// The cache-safe parts of an agent's first request, enough to rebuild it byte for byte.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PrefixRecord {
+    /// The model.
+    pub model: String,
+    /// The thinking config.
+    pub thinking: Option<ThinkingConfig>,
+    /// The rendered system prompt blocks.
+    pub system: Vec<String>,
+    /// System context entries, in order.
+    pub system_context: Vec<(String, String)>,
+    /// User context entries, in order.
+    pub user_context: Vec<(String, String)>,
+    /// The tool definitions, in order, schemas byte for byte.
+    pub tools: Vec<ToolDefinition>,
+}
+
+impl PrefixRecord {
+    /// The record of `params`' parts before the messages.
+    pub fn of(params: &CacheSafeParams) -> Self {
+        Self {
+            model: params.model().to_owned(),
+            thinking: params.thinking(),
+            system: params.system_prompt().to_vec(),
+            system_context: params.system_context().to_vec(),
+            user_context: params.user_context().to_vec(),
+            tools: params.tools().to_vec(),
+        }
+    }
+
+    /// The parameters these parts and `messages` make.
+    pub fn params(&self, messages: Vec<Message>) -> CacheSafeParams {
+        let mut b = CacheSafeParams::builder(self.model.clone()).tools(self.tools.iter().cloned());
+        if let Some(t) = self.thinking {
+            b = b.thinking(t);
+        }
+        for s in &self.system {
+            b = b.system_block(s.clone());
+        }
+        for (k, v) in &self.system_context {
+            b = b.system_context(k.clone(), v.clone());
+        }
+        for (k, v) in &self.user_context {
+            b = b.user_context(k.clone(), v.clone());
+        }
+        b.messages(messages).build()
+    }
+}
+
+/// The first record of a transcript: who the agent is and what its prefix was.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TranscriptHeader {
+    /// The format version ([`TRANSCRIPT_VERSION`]).
+    pub version: u32,
+    /// The agent's task id.
+    pub agent_id: String,
+    /// The parent's task id.
+    pub parent_id: Option<String>,
+    /// How deep in its tree the agent is (the root is 0).
+    #[serde(default)]
+    pub depth: u32,
+    /// The agent's kind.
+    pub kind: AgentKind,
+    /// The agent's query source (`agent:builtin:fork`, ...).
+    pub query_source: String,
+    /// The definition it was built from, if any.
+    pub definition: Option<String>,
+    /// The model.
+    pub model: String,
+    /// The hex fingerprint of the prefix when the transcript was created.
+    pub prefix_fingerprint: String,
+    /// The prefix's parts before the messages.
+    pub prefix: PrefixRecord,
+}
+
+#[derive(Serialize)]
+struct MessageLine<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    index: usize,
+    message: &'a Message,
+}
+
+/// A usage record: one model turn.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageLine {
+    /// The turn number.
+    pub turn: u32,
+    /// The hex fingerprint of the request's prefix.
+    pub fingerprint: String,
+    /// The turn's tokens.
+    pub usage: Usage,
+    /// Why the model stopped.
+    pub stop_reason: Option<String>,
+    /// How many tools it called.
+    pub tool_calls: usize,
+}
+
+/// A stop record: a run ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StopLine {
+    /// Why.
+    pub stop: StopReason,
+    /// The run's usage.
+    pub usage: Usage,
+}
+
+#[derive(Serialize)]
+struct Tagged<'a, T> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    #[serde(flatten)]
+    body: &'a T,
+}
+
+/// Appends records to one agent's transcript.
+#[derive(Debug)]
+pub struct TranscriptWriter {
+    path: PathBuf,
+    file: tokio::fs::File,
+    next_index: usize,
+}
+
+/// Opens `path` for appending, refusing to follow a symlink; creates it (mode 0600) only when
+/// `create` is set, and then fails if anything exists there.
+async fn open_no_follow(path: &Path, create: bool) -> std::io::Result<tokio::fs::File> {
+    let mut opts = tokio::fs::OpenOptions::new();
+    opts.append(true);
+    if create {
+        opts.create_new(true);
+    }
+    #[cfg(unix)]
+    {
+        opts.mode(0o600);
+        opts.custom_flags(libc::O_NOFOLLOW);
+    }
+    opts.open(path).await
+}
+
+impl TranscriptWriter {
+    /// Creates `<dir>/<agent id>.jsonl` (never overwriting: an existing file or a planted
+    /// symlink is an error) and writes the header.
+    pub async fn create(dir: &Path, header: &TranscriptHeader) -> Result<Self> {
+        let path = dir.join(format!("{}.jsonl", header.agent_id));
+        let file = open_no_follow(&path, true)
+            .await
+            .map_err(|source| Error::Io {
+                action: "creating transcript",
+                path: path.clone(),
+                source,
+            })?;
+        let mut w = Self {
+            path,
+            file,
+            next_index: 0,
+        };
+        w.write_line(&Tagged {
+            kind: "header",
+            body: header,
+        })
+        .await?;
+        Ok(w)
+    }
+
+    /// Reopens a transcript read by [`read`] for appending, cutting off a damaged tail first.
+    pub async fn reopen(transcript: &Transcript) -> Result<Self> {
+        let path = transcript.path.clone();
+        let io = |source| Error::Io {
+            action: "reopening transcript",
+            path: path.clone(),
+            source,
+        };
+        let file = open_no_follow(&path, false).await.map_err(io)?;
+        if transcript.dropped.is_some() {
+            file.set_len(transcript.valid_len).await.map_err(io)?;
+        }
+        Ok(Self {
+            path: path.clone(),
+            file,
+            next_index: transcript.messages.len(),
+        })
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends the next message (indexes count up from 0).
+    pub async fn message(&mut self, message: &Message) -> Result<()> {
+        let line = MessageLine {
+            kind: "message",
+            index: self.next_index,
+            message,
+        };
+        self.write_line(&line).await?;
+        self.next_index += 1;
+        Ok(())
+    }
+
+    /// Appends a usage record for one turn.
+    pub async fn usage(&mut self, turn: &TurnRecord) -> Result<()> {
+        let line = UsageLine {
+            turn: turn.turn,
+            fingerprint: turn.fingerprint.to_string(),
+            usage: turn.usage,
+            stop_reason: turn.stop_reason.clone(),
+            tool_calls: turn.tool_calls,
+        };
+        self.write_line(&Tagged {
+            kind: "usage",
+            body: &line,
+        })
+        .await
+    }
+
+    /// Appends a stop record.
+    pub async fn stop(&mut self, stop: &StopReason, usage: Usage) -> Result<()> {
+        let line = StopLine {
+            stop: stop.clone(),
+            usage,
+        };
+        self.write_line(&Tagged {
+            kind: "stop",
+            body: &line,
+        })
+        .await
+    }
+
+    async fn write_line<T: Serialize>(&mut self, record: &T) -> Result<()> {
+        let mut line = serde_json::to_vec(record).map_err(|e| Error::Transcript {
+            path: self.path.clone(),
+            line: 0,
+            message: format!("cannot encode a record: {e}"),
+        })?;
+        line.push(b'\n');
+        // One write per record, so a crash cuts at most the last line.
+        let res = async {
+            self.file.write_all(&line).await?;
+            self.file.flush().await
+        }
+        .await;
+        res.map_err(|source| Error::Io {
+            action: "appending to transcript",
+            path: self.path.clone(),
+            source,
+        })
+    }
+}
+
+/// The last line of a transcript, cut by a crash and left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DroppedTail {
+    /// Its 1-based line number.
+    pub line: usize,
+    /// How many bytes it had.
+    pub bytes: usize,
+}
+
+/// A transcript as read back.
+#[derive(Debug, Clone)]
+pub struct Transcript {
+    /// The file.
+    pub path: PathBuf,
+    /// The header.
+    pub header: TranscriptHeader,
+    /// Every message, in order.
+    pub messages: Vec<Message>,
+    /// Every usage record, in order.
+    pub turns: Vec<UsageLine>,
+    /// Every stop record, in order.
+    pub stops: Vec<StopLine>,
+    /// A cut-off last line that was left out.
+    pub dropped: Option<DroppedTail>,
+    /// The length of the file up to the last complete record.
+    pub valid_len: u64,
+}
+
+impl Transcript {
+    /// The conversation as cache-safe parameters: byte for byte what the agent last sent.
+    pub fn params(&self) -> CacheSafeParams {
+        self.header.prefix.params(self.messages.clone())
+    }
+
+    /// The text of the last assistant message, if any.
+    pub fn last_assistant_text(&self) -> Option<String> {
+        self.messages
+            .iter()
+            .rev()
+            .find(|m| m.role == forkhive_core::Role::Assistant)
+            .map(Message::text)
+    }
+}
+
+#[derive(Deserialize)]
+struct Probe<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    index: Option<usize>,
+    #[serde(borrow)]
+    message: Option<&'a RawValue>,
+}
+
+/// Reads the transcript at `path`.
+pub async fn read(path: &Path) -> Result<Transcript> {
+    let bytes = tokio::fs::read(path).await.map_err(|source| Error::Io {
+        action: "reading transcript",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse(path, &bytes)
+}
+
+/// Parses transcript `bytes` (read from `path`, which errors name).
+pub fn parse(path: &Path, bytes: &[u8]) -> Result<Transcript> {
+    let bad = |line: usize, message: String| Error::Transcript {
+        path: path.to_path_buf(),
+        line,
+        message,
+    };
+    let mut header: Option<TranscriptHeader> = None;
+    let mut messages = Vec::new();
+    let mut turns = Vec::new();
+    let mut stops = Vec::new();
+    let mut dropped = None;
+    let mut offset = 0usize;
+    let mut valid_len = 0usize;
+    let mut line_no = 0usize;
+    while offset < bytes.len() {
+        line_no += 1;
+        let rest = &bytes[offset..];
+        let Some(nl) = rest.iter().position(|b| *b == b'\n') else {
+            // No newline: the write of this record never finished.
+            dropped = Some(DroppedTail {
+                line: line_no,
+                bytes: rest.len(),
+            });
+            break;
+        };
+        let line = &rest[..nl];
+        offset += nl + 1;
+        let text = std::str::from_utf8(line)
+            .map_err(|e| bad(line_no, format!("not UTF-8 at byte {}", e.valid_up_to())))?;
+        let probe: Probe<'_> = serde_json::from_str(text)
+            .map_err(|e| bad(line_no, format!("not a JSON record: {e}")))?;
+        match (probe.kind.as_str(), header.is_some()) {
+            ("header", false) => {
+                let h: TranscriptHeader = serde_json::from_str(text)
+                    .map_err(|e| bad(line_no, format!("bad header: {e}")))?;
+                if h.version != TRANSCRIPT_VERSION {
+                    return Err(bad(
+                        line_no,
+                        format!(
+                            "transcript version {} is not supported (this build reads version \
+                             {TRANSCRIPT_VERSION})",
+                            h.version
+                        ),
+                    ));
+                }
+                header = Some(h);
+            }
+            ("header", true) => return Err(bad(line_no, "a second header record".to_owned())),
+            (kind, false) => {
+                return Err(bad(
+                    line_no,
+                    format!("the first record must be the header, found `{kind}`"),
+                ));
+            }
+            ("message", true) => {
+                let index = probe
+                    .index
+                    .ok_or_else(|| bad(line_no, "message record without `index`".to_owned()))?;
+                if index != messages.len() {
+                    return Err(bad(
+                        line_no,
+                        format!(
+                            "message index {index} where {} was expected: records are missing \
+                             or repeated",
+                            messages.len()
+                        ),
+                    ));
+                }
+                let raw = probe
+                    .message
+                    .ok_or_else(|| bad(line_no, "message record without `message`".to_owned()))?;
+                let m = Message::from_json(raw.get())
+                    .map_err(|e| bad(line_no, format!("bad message: {e}")))?;
+                messages.push(m);
+            }
+            ("usage", true) => turns.push(
+                serde_json::from_str::<UsageLine>(text)
+                    .map_err(|e| bad(line_no, format!("bad usage record: {e}")))?,
+            ),
+            ("stop", true) => stops.push(
+                serde_json::from_str::<StopLine>(text)
+                    .map_err(|e| bad(line_no, format!("bad stop record: {e}")))?,
+            ),
+            (other, true) => {
+                return Err(bad(line_no, format!("unknown record type `{other}`")));
+            }
+        }
+        valid_len = offset;
+    }
+    let header =
+        header.ok_or_else(|| bad(1, "the transcript has no complete header record".to_owned()))?;
+    Ok(Transcript {
+        path: path.to_path_buf(),
+        header,
+        messages,
+        turns,
+        stops,
+        dropped,
+        valid_len: valid_len as u64,
+    })
+}

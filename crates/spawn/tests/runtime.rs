@@ -1,0 +1,897 @@
+//! The agent loop: tool rounds, errors that never crash the loop, permissions, stop reasons,
+//! pending messages, events, identity and cancellation.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use forkhive_core::{CacheSafeParams, ContentBlock, Message, TaskId, TaskKind, ToolDefinition};
+use forkhive_spawn::runtime::agent::CONTINUE_PROMPT;
+use forkhive_spawn::runtime::{
+    Agent, AgentContext, AgentKind, EventKind, Limits, PendingMessage, QuerySource, StopReason,
+};
+use forkhive_spawn::tool::{
+    PermissionDecision, PermissionPolicy, PermissionRequest, Tool, ToolOutput, ToolPool,
+};
+use forkhive_transport::{
+    Backend, BlockStart, Error as TransportError, EventStream, PartialUsage, Request, Response,
+    ScriptedBackend, StopReason as ModelStop, StreamEvent,
+};
+use support::*;
+
+async fn agent_with(backend: Arc<dyn Backend>, tools: Vec<Arc<dyn Tool>>, limits: Limits) -> Agent {
+    Agent::builder(backend)
+        .model("claude-sonnet-4-5")
+        .system_prompt("You are a test agent.")
+        .tools(ToolPool::new(tools).unwrap())
+        .limits(limits)
+        .build()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn safe_calls_run_together_unsafe_ones_alone_and_results_keep_call_order() {
+    let running = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let safe = TestTool::sleeper("Look", true, 50).counting(&running, &peak);
+    let unsafe_peak = Arc::new(AtomicUsize::new(0));
+    let lone = {
+        let running = Arc::clone(&running);
+        let unsafe_peak = Arc::clone(&unsafe_peak);
+        TestTool::new("Change", OBJECT, false, move |_, _| {
+            // While this runs, nothing else may.
+            unsafe_peak.fetch_max(running.load(Ordering::SeqCst), Ordering::SeqCst);
+            async { ToolOutput::text("changed") }
+        })
+        .counting(
+            &Arc::new(AtomicUsize::new(0)),
+            &Arc::new(AtomicUsize::new(0)),
+        )
+    };
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(calls(&[
+            ("t1", "Look", r#"{"n":1}"#),
+            ("t2", "Look", r#"{"n":2}"#),
+            ("t3", "Look", r#"{"n":3}"#),
+            ("t4", "Change", "{}"),
+            ("t5", "Look", r#"{"n":5}"#),
+            ("t6", "Look", r#"{"n":6}"#),
+        ])),
+        Ok(say("done")),
+    ]));
+    let mut agent = agent_with(
+        backend.clone(),
+        vec![safe.arc(), lone.arc()],
+        Limits::default(),
+    )
+    .await;
+    let run = agent.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    assert_eq!(run.final_text, "done");
+    assert_eq!(
+        peak.load(Ordering::SeqCst),
+        3,
+        "the first three ran together"
+    );
+    assert_eq!(
+        unsafe_peak.load(Ordering::SeqCst),
+        0,
+        "the unsafe call ran alone"
+    );
+    let reqs = backend.requests();
+    let got = results(&reqs[1]);
+    let ids: Vec<&str> = got.iter().map(|(id, _, _)| id.as_str()).collect();
+    assert_eq!(ids, ["t1", "t2", "t3", "t4", "t5", "t6"]);
+    assert_eq!(got[0].1, r#"Look {"n":1}"#);
+    assert_eq!(got[3].1, "changed");
+    assert_eq!(run.tool_calls(), 6);
+    assert_eq!(run.turns.len(), 2);
+    assert_eq!(run.usage.output_tokens, 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrency_is_bounded() {
+    let running = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let tool = TestTool::sleeper("Look", true, 10).counting(&running, &peak);
+    let list: Vec<(String, &str, &str)> =
+        (0..12).map(|i| (format!("t{i}"), "Look", "{}")).collect();
+    let refs: Vec<(&str, &str, &str)> = list.iter().map(|(a, b, c)| (a.as_str(), *b, *c)).collect();
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(calls(&refs)),
+        Ok(say("ok")),
+    ]));
+    let limits = Limits {
+        max_concurrent_tools: 4,
+        ..Limits::default()
+    };
+    let mut agent = agent_with(backend, vec![tool.arc()], limits).await;
+    assert_eq!(agent.run("go").await.stop, StopReason::Completed);
+    assert_eq!(peak.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_a_tool_or_the_model_does_crashes_the_loop() {
+    let strict = TestTool::new(
+        "Strict",
+        r#"{"type":"object","properties":{"path":{"type":"string"}},"required":["path"]}"#,
+        true,
+        |_, _| async { ToolOutput::text("ok") },
+    );
+    let fails = TestTool::new("Fails", OBJECT, true, |_, _| async {
+        ToolOutput::error("disk on fire")
+    });
+    let boom = TestTool::new("Boom", OBJECT, true, |_, _| async {
+        #[allow(clippy::panic)]
+        if true {
+            panic!("kaboom");
+        }
+        ToolOutput::text("unreachable")
+    });
+    let slow = TestTool::sleeper("Slow", true, 10_000);
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(calls(&[
+            ("t1", "Nope", "{}"),
+            ("t2", "Strict", r#"{"path":7}"#),
+            ("t3", "Strict", "{}"),
+            ("t4", "Fails", "{}"),
+            ("t5", "Boom", "{}"),
+            ("t6", "Slow", "{}"),
+            ("t7", "Strict", r#"{"path":"a"}"#),
+        ])),
+        Ok(say("recovered")),
+    ]));
+    let limits = Limits {
+        tool_timeout: Duration::from_secs(1),
+        ..Limits::default()
+    };
+    let tools = vec![strict.arc(), fails.arc(), boom.arc(), slow.arc()];
+    let mut agent = agent_with(backend.clone(), tools, limits).await;
+    let run = agent.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    assert_eq!(run.final_text, "recovered");
+    let got = results(&backend.requests()[1]);
+    let want = [
+        (
+            "t1",
+            "unknown tool `Nope`; available tools: Strict, Fails, Boom, Slow",
+            true,
+        ),
+        (
+            "t2",
+            "invalid input for tool `Strict`:\nat /path: 7 is not of type \"string\"",
+            true,
+        ),
+        (
+            "t3",
+            "invalid input for tool `Strict`:\nat /: \"path\" is a required property",
+            true,
+        ),
+        ("t4", "disk on fire", true),
+        ("t5", "tool `Boom` panicked: kaboom", true),
+        (
+            "t6",
+            "tool `Slow` did not finish within 1s; it was stopped",
+            true,
+        ),
+        ("t7", "ok", false),
+    ];
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!((g.0.as_str(), g.1.as_str(), g.2), w);
+    }
+    assert_eq!(got.len(), 7);
+}
+
+#[derive(Debug)]
+struct Gatekeeper;
+
+#[async_trait]
+impl PermissionPolicy for Gatekeeper {
+    async fn check(&self, r: PermissionRequest<'_>) -> PermissionDecision {
+        match (r.tool_name(), r.input.get("path").and_then(|p| p.as_str())) {
+            ("Echo", Some("secret")) => PermissionDecision::deny("`secret` is off limits"),
+            ("Echo", Some("redirect")) => {
+                PermissionDecision::AllowWithInput(serde_json::json!({"path": "public"}))
+            }
+            ("Echo", Some("break")) => {
+                PermissionDecision::AllowWithInput(serde_json::json!({"path": 1}))
+            }
+            _ => PermissionDecision::Allow,
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_policy_allows_denies_and_rewrites() {
+    let echo = TestTool::new(
+        "Echo",
+        r#"{"type":"object","properties":{"path":{"type":"string"}},"required":["path"]}"#,
+        true,
+        |input, _| async move { ToolOutput::text(input["path"].as_str().unwrap_or("?").to_owned()) },
+    );
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(calls(&[
+            ("a", "Echo", r#"{"path":"notes"}"#),
+            ("b", "Echo", r#"{"path":"secret"}"#),
+            ("c", "Echo", r#"{"path":"redirect"}"#),
+            ("d", "Echo", r#"{"path":"break"}"#),
+        ])),
+        Ok(say("ok")),
+    ]));
+    let mut agent = Agent::builder(backend.clone())
+        .model("m")
+        .tools(ToolPool::new([echo.arc()]).unwrap())
+        .policy(Arc::new(Gatekeeper))
+        .build()
+        .await
+        .unwrap();
+    agent.run("go").await;
+    let got = results(&backend.requests()[1]);
+    assert_eq!(got[0], ("a".into(), "notes".into(), false));
+    assert_eq!(got[1], ("b".into(), "`secret` is off limits".into(), true));
+    assert_eq!(got[2], ("c".into(), "public".into(), false));
+    assert_eq!(
+        got[3],
+        (
+            "d".into(),
+            "the permission policy rewrote the input of `Echo` into one that does not match its \
+             schema:\nat /path: 1 is not of type \"string\""
+                .into(),
+            true
+        )
+    );
+}
+
+fn looping_backend() -> Arc<ScriptedBackend> {
+    let n = AtomicUsize::new(0);
+    Arc::new(ScriptedBackend::from_fn(move |_| {
+        let i = n.fetch_add(1, Ordering::SeqCst);
+        Ok(calls(&[(&format!("t{i}"), "Look", "{}")]))
+    }))
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_turns_is_a_stop_reason_not_an_error() {
+    let backend = looping_backend();
+    let limits = Limits {
+        max_turns: Some(3),
+        ..Limits::default()
+    };
+    let mut agent = agent_with(
+        backend.clone(),
+        vec![TestTool::sleeper("Look", true, 1).arc()],
+        limits,
+    )
+    .await;
+    let run = agent.run("loop").await;
+    assert_eq!(run.stop, StopReason::MaxTurns { limit: 3 });
+    assert_eq!(run.stop.to_string(), "stopped at its 3-turn limit");
+    assert!(run.error.is_none());
+    assert_eq!(run.turns.len(), 3);
+    assert_eq!(backend.requests().len(), 3);
+    // The conversation ends well-formed: the last tool call has its result.
+    let last = agent.params().messages().last().unwrap().clone();
+    assert!(matches!(last.content[0], ContentBlock::ToolResult { .. }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_token_budget_stops_the_run() {
+    let backend = looping_backend();
+    let limits = Limits {
+        token_budget: Some(40),
+        ..Limits::default()
+    };
+    let mut agent = agent_with(
+        backend,
+        vec![TestTool::sleeper("Look", true, 1).arc()],
+        limits,
+    )
+    .await;
+    let run = agent.run("loop").await;
+    assert_eq!(
+        run.stop,
+        StopReason::TokenBudget {
+            limit: 40,
+            used: 45
+        }
+    );
+    assert_eq!(run.turns.len(), 3);
+}
+
+#[tokio::test]
+async fn a_non_retryable_backend_error_is_typed() {
+    let backend = Arc::new(ScriptedBackend::from_replies([Err(TransportError::Auth {
+        status: 401,
+        message: "bad key".into(),
+    })]));
+    let mut agent = agent_with(backend, vec![], Limits::default()).await;
+    let run = agent.run("hi").await;
+    assert_eq!(run.stop, StopReason::Failed);
+    let err = run.error.clone().unwrap();
+    assert_eq!(err.to_string(), "the model backend failed on turn 1");
+    assert_eq!(
+        std::error::Error::source(&*err).unwrap().to_string(),
+        "authentication failed (HTTP 401): bad key"
+    );
+    assert!(run.into_result().is_err());
+}
+
+fn answer(text: &str, stop: ModelStop) -> Response {
+    Response {
+        stop_reason: Some(stop),
+        ..say(text)
+    }
+}
+
+#[tokio::test]
+async fn refusal_max_tokens_and_pause_turn() {
+    let backend = Arc::new(ScriptedBackend::from_replies([Ok(answer(
+        "no",
+        ModelStop::Refusal,
+    ))]));
+    let mut agent = agent_with(backend, vec![], Limits::default()).await;
+    assert_eq!(agent.run("x").await.stop, StopReason::Refusal);
+
+    let backend = Arc::new(ScriptedBackend::from_replies(
+        (0..4).map(|i| Ok(answer(&format!("part {i}"), ModelStop::MaxTokens))),
+    ));
+    let mut agent = agent_with(backend.clone(), vec![], Limits::default()).await;
+    let run = agent.run("write a lot").await;
+    assert_eq!(run.stop, StopReason::OutputLimit { continuations: 3 });
+    let reqs = backend.requests();
+    assert_eq!(reqs.len(), 4);
+    assert_eq!(last_texts(&reqs[3]), [CONTINUE_PROMPT]);
+    assert_eq!(run.final_text, "part 3");
+
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(answer("thinking about it", ModelStop::PauseTurn)),
+        Ok(say("done")),
+    ]));
+    let mut agent = agent_with(backend.clone(), vec![], Limits::default()).await;
+    let run = agent.run("x").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    let second = backend.requests()[1].all_messages();
+    assert_eq!(
+        second.last().unwrap(),
+        &Message::assistant_text("thinking about it")
+    );
+}
+
+/// Streams fixed events.
+#[derive(Debug)]
+struct Events2(Vec<StreamEvent>, std::sync::Mutex<usize>);
+
+#[async_trait]
+impl Backend for Events2 {
+    async fn send(&self, _r: &Request) -> forkhive_transport::Result<Response> {
+        Err(TransportError::ScriptExhausted {
+            request: 0,
+            scripted: 0,
+        })
+    }
+    async fn stream(&self, _r: &Request) -> forkhive_transport::Result<EventStream> {
+        let mut n = self.1.lock().unwrap();
+        *n += 1;
+        let events = if *n == 1 {
+            self.0.clone()
+        } else {
+            forkhive_transport::request::events_for(&say("fine"), 8)
+        };
+        Ok(Box::pin(futures::stream::iter(events.into_iter().map(Ok))))
+    }
+}
+
+#[tokio::test]
+async fn a_tool_call_cut_off_at_max_tokens_gets_an_error_result() {
+    let events = vec![
+        StreamEvent::MessageStart {
+            id: None,
+            model: None,
+            usage: PartialUsage::default(),
+        },
+        StreamEvent::BlockStart {
+            index: 0,
+            block: BlockStart::ToolUse {
+                id: "whole".into(),
+                name: "Look".into(),
+            },
+        },
+        StreamEvent::InputJsonDelta {
+            index: 0,
+            partial_json: "{}".into(),
+        },
+        StreamEvent::BlockStop { index: 0 },
+        StreamEvent::BlockStart {
+            index: 1,
+            block: BlockStart::ToolUse {
+                id: "cut".into(),
+                name: "Look".into(),
+            },
+        },
+        StreamEvent::InputJsonDelta {
+            index: 1,
+            partial_json: "{\"path\":\"sr".into(),
+        },
+        StreamEvent::MessageDelta {
+            stop_reason: Some(ModelStop::MaxTokens),
+            usage: PartialUsage::default(),
+        },
+        StreamEvent::MessageStop,
+    ];
+    let look = TestTool::sleeper("Look", true, 1);
+    let calls_made = Arc::clone(&look.calls);
+    let backend = Arc::new(Events2(events, Default::default()));
+    let mut agent = agent_with(backend, vec![look.arc()], Limits::default()).await;
+    let run = agent.run("x").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    assert_eq!(
+        calls_made.load(Ordering::SeqCst),
+        1,
+        "only the whole call ran"
+    );
+    let msgs = agent.params().messages();
+    let user = &msgs[2];
+    let texts: Vec<(String, bool)> = user
+        .content
+        .iter()
+        .map(|b| match b {
+            ContentBlock::ToolResult {
+                content, is_error, ..
+            } => (content.text(), *is_error),
+            _ => (String::new(), false),
+        })
+        .collect();
+    assert_eq!(texts[0], ("Look {}".into(), false));
+    assert_eq!(
+        texts[1],
+        (
+            "the call to `Look` was cut off by the output token limit before its input was \
+             complete, so it did not run; make the call again with a shorter input"
+                .into(),
+            true
+        )
+    );
+}
+
+/// A backend that never answers.
+#[derive(Debug)]
+struct Hang;
+
+#[async_trait]
+impl Backend for Hang {
+    async fn send(&self, _r: &Request) -> forkhive_transport::Result<Response> {
+        futures::future::pending().await
+    }
+    async fn stream(&self, _r: &Request) -> forkhive_transport::Result<EventStream> {
+        futures::future::pending().await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancellation_stops_a_model_request_and_a_tool_round() {
+    let mut agent = agent_with(Arc::new(Hang), vec![], Limits::default()).await;
+    let token = agent.cancellation().clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        token.cancel();
+    });
+    assert_eq!(agent.run("x").await.stop, StopReason::Cancelled);
+
+    let backend = Arc::new(ScriptedBackend::from_replies([Ok(calls(&[
+        ("fast", "Quick", "{}"),
+        ("slow", "Wait", "{}"),
+    ]))]));
+    let quick = TestTool::sleeper("Quick", true, 1);
+    let wait = TestTool::sleeper("Wait", true, 3_600_000);
+    let mut agent = agent_with(
+        backend,
+        vec![quick.arc(), wait.arc()],
+        Limits {
+            tool_timeout: Duration::from_secs(7200),
+            ..Limits::default()
+        },
+    )
+    .await;
+    let token = agent.cancellation().clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        token.cancel();
+    });
+    let run = agent.run("x").await;
+    assert_eq!(run.stop, StopReason::Cancelled);
+    // The conversation stays well-formed: every call has a result.
+    let last = run.new_messages.last().unwrap();
+    let got: Vec<(String, bool)> = last
+        .content
+        .iter()
+        .map(|b| match b {
+            ContentBlock::ToolResult {
+                content, is_error, ..
+            } => (content.text(), *is_error),
+            _ => (String::new(), false),
+        })
+        .collect();
+    assert_eq!(got[0], ("Quick {}".into(), false), "finished work is kept");
+    assert_eq!(
+        got[1],
+        (
+            "tool `Wait` was cancelled: the agent was stopped before the call finished".into(),
+            true
+        )
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_a_parent_cancels_its_child_but_not_the_reverse() {
+    let parent = agent_with(Arc::new(Hang), vec![], Limits::default()).await;
+    let seed = parent.child_seed(
+        TaskId::generate(TaskKind::Agent),
+        AgentKind::Subagent,
+        QuerySource::builtin("Explore"),
+    );
+    let child = Agent::builder(Arc::new(Hang))
+        .model("m")
+        .child_of(seed)
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(child.context().parent(), Some(parent.id()));
+    assert_eq!(child.context().depth(), 1);
+    assert!(Arc::ptr_eq(child.tree(), parent.tree()));
+    let child_token = child.cancellation().clone();
+    child_token.cancel();
+    assert!(!parent.cancellation().is_cancelled());
+
+    let seed = parent.child_seed(
+        TaskId::generate(TaskKind::Agent),
+        AgentKind::Subagent,
+        QuerySource::builtin("Explore"),
+    );
+    let mut child = Agent::builder(Arc::new(Hang))
+        .model("m")
+        .child_of(seed)
+        .build()
+        .await
+        .unwrap();
+    let token = parent.cancellation().clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        token.cancel();
+    });
+    assert_eq!(child.run("x").await.stop, StopReason::Cancelled);
+}
+
+#[tokio::test]
+async fn pending_messages_arrive_after_the_next_tool_results() {
+    let queue = forkhive_spawn::runtime::PendingQueue::new();
+    let pusher = {
+        let q = queue.clone();
+        TestTool::new("Note", OBJECT, false, move |_, _| {
+            q.push(PendingMessage::new("a note from the host", "host"));
+            async { ToolOutput::text("noted") }
+        })
+    };
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(calls(&[("n", "Note", "{}")])),
+        Ok(say("ok")),
+    ]));
+    let mut agent = Agent::builder(backend.clone())
+        .model("m")
+        .tools(ToolPool::new([pusher.arc()]).unwrap())
+        .pending(queue)
+        .build()
+        .await
+        .unwrap();
+    agent.run("go").await;
+    let msgs = backend.requests()[1].all_messages();
+    let last = msgs.last().unwrap();
+    assert!(
+        matches!(&last.content[0], ContentBlock::ToolResult { tool_use_id, .. } if tool_use_id == "n")
+    );
+    assert_eq!(last.content[1], ContentBlock::text("a note from the host"));
+    assert_eq!(last.content.len(), 2);
+}
+
+#[tokio::test]
+async fn a_waiting_agent_starts_a_new_turn_when_a_promised_message_arrives() {
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(say("waiting for the worker")),
+        Ok(say("the worker is done")),
+    ]));
+    let mut agent = agent_with(backend.clone(), vec![], Limits::default()).await;
+    let promise = agent.pending().expect();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        promise.deliver(PendingMessage::new(
+            "<task-notification>…</task-notification>",
+            "task",
+        ));
+    });
+    let run = agent.run("start the worker").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    assert_eq!(run.final_text, "the worker is done");
+    let reqs = backend.requests();
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(
+        last_texts(&reqs[1]),
+        ["<task-notification>…</task-notification>"]
+    );
+}
+
+#[tokio::test]
+async fn events_tell_the_story_and_name_a_cache_break() {
+    let events = Arc::new(Events::default());
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(calls(&[("l", "Look", "{}")])),
+        Ok(say("a fairly long answer, streamed in chunks")),
+    ]));
+    let other = CacheSafeParams::builder("m")
+        .tool(ToolDefinition::new("Other", "x", OBJECT).unwrap())
+        .build();
+    let mut agent = Agent::builder(backend)
+        .model("m")
+        .tools(ToolPool::new([TestTool::sleeper("Look", true, 1).arc()]).unwrap())
+        .events(events.clone())
+        .context(AgentContext::main().with_invoking_request_id("req_parent"))
+        .expect_prefix(other.fingerprint().clone())
+        .build()
+        .await
+        .unwrap();
+    agent.run("go").await;
+    let evs = events.take();
+    assert!(evs.iter().all(|e| &e.agent == agent.id()));
+    let kinds: Vec<String> = evs
+        .iter()
+        .map(|e| {
+            let k = format!("{:?}", e.kind);
+            k.split([' ', '{', '(']).next().unwrap().to_owned()
+        })
+        .filter(|k| k != "TextDelta")
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "TurnStarted",
+            "CacheBreak",
+            "RequestSent",
+            "ResponseReceived",
+            "ToolCallStarted",
+            "ToolCallFinished",
+            "TurnStarted",
+            "RequestSent",
+            "ResponseReceived",
+            "Stopped",
+        ]
+    );
+    let brk = evs.iter().find_map(|e| match &e.kind {
+        EventKind::CacheBreak { at } => Some(at.to_string()),
+        _ => None,
+    });
+    assert_eq!(brk.as_deref(), Some("tools[0] changed"));
+    let ids: Vec<Option<String>> = evs
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::RequestSent {
+                invoking_request_id,
+                ..
+            } => Some(invoking_request_id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        ids,
+        [Some("req_parent".to_owned()), None],
+        "handed out once"
+    );
+    let text: String = evs
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::TextDelta { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(text, "a fairly long answer, streamed in chunks");
+    assert!(
+        evs.iter()
+            .filter(|e| matches!(e.kind, EventKind::TextDelta { .. }))
+            .count()
+            > 1
+    );
+    assert_eq!(evs.last().unwrap().turn, 2);
+}
+
+#[tokio::test]
+async fn tools_and_code_below_them_see_their_own_agent() {
+    let who = TestTool::new("WhoAmI", OBJECT, true, |_, cx| async move {
+        let local = AgentContext::current()
+            .map(|c| c.id().to_string())
+            .unwrap_or_default();
+        ToolOutput::text(format!("{} {}", cx.agent().id(), local))
+    });
+    let who = Arc::new(who) as Arc<dyn Tool>;
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let backend = Arc::new(ScriptedBackend::from_replies([
+            Ok(calls(&[("w", "WhoAmI", "{}")])),
+            Ok(say("ok")),
+        ]));
+        let agent = agent_with(backend.clone(), vec![Arc::clone(&who)], Limits::default()).await;
+        runs.push((agent, backend));
+    }
+    let (mut a, ba) = runs.remove(0);
+    let (mut b, bb) = runs.remove(0);
+    tokio::join!(a.run("x"), b.run("y"));
+    let ra = results(&ba.requests()[1])[0].1.clone();
+    let rb = results(&bb.requests()[1])[0].1.clone();
+    assert_eq!(ra, format!("{} {}", a.id(), a.id()));
+    assert_eq!(rb, format!("{} {}", b.id(), b.id()));
+}
+
+#[test]
+fn agents_and_their_runs_are_send() {
+    fn is_send<T: Send>(_: &T) {}
+    fn is_sync<T: Sync>() {}
+    is_sync::<Agent>();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let mut agent = rt.block_on(agent_with(Arc::new(Hang), vec![], Limits::default()));
+    let fut = agent.run("x");
+    is_send(&fut);
+}
+
+#[tokio::test]
+async fn an_agent_is_rendered_from_its_definition() {
+    use forkhive_spawn::definition::{AgentRegistry, EXPLORE_AGENT, PLAN_AGENT};
+    use forkhive_spawn::tool::ToolAudience;
+    let registry = AgentRegistry::builtin();
+    let explore = registry.get(EXPLORE_AGENT).unwrap().clone();
+    let tool = |n: &str| TestTool::sleeper(n, true, 1).arc();
+    let pool = ToolPool::new([
+        tool("Read"),
+        tool("Edit"),
+        tool("Agent"),
+        tool("Grep"),
+        tool("mcp__db__q"),
+    ])
+    .unwrap();
+    let backend = Arc::new(ScriptedBackend::from_texts(["found it"]));
+    let mut agent = Agent::builder(backend.clone())
+        .model("claude-opus-4")
+        .definition(explore.clone())
+        .tools(pool.clone())
+        .audience(ToolAudience::Foreground)
+        .user_context("claudeMd", "house rules")
+        .user_context("cwd", "/repo")
+        .build()
+        .await
+        .unwrap();
+    // Layer 1 drops Agent, the definition drops Edit; MCP passes.
+    assert_eq!(agent.tools().names(), ["Read", "Grep", "mcp__db__q"]);
+    let p = agent.params().clone();
+    assert_eq!(
+        p.tools()
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect::<Vec<_>>(),
+        ["Read", "Grep", "mcp__db__q"]
+    );
+    assert_eq!(
+        p.system_prompt(),
+        std::slice::from_ref(&explore.system_prompt)
+    );
+    // omitClaudeMd drops the CLAUDE.md entry and keeps the rest.
+    assert_eq!(p.user_context(), [("cwd".to_owned(), "/repo".to_owned())]);
+    assert_eq!(
+        p.model(),
+        explore
+            .model
+            .clone()
+            .filter(|m| m != "inherit")
+            .unwrap_or("claude-opus-4".into())
+    );
+    assert_eq!(
+        agent.context().query_source().as_str(),
+        "agent:builtin:Explore"
+    );
+    assert_eq!(agent.context().kind(), AgentKind::Subagent);
+    assert_eq!(agent.context().agent_type(), Some("Explore"));
+    assert_eq!(agent.run("find the parser").await.final_text, "found it");
+
+    // Plan inherits the builder's model and runs read-only tools only.
+    let plan = registry.get(PLAN_AGENT).unwrap().clone();
+    let agent = Agent::builder(backend)
+        .model("claude-opus-4")
+        .definition(plan)
+        .tools(pool)
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(agent.params().model(), "claude-opus-4");
+    assert!(!agent.tools().names().contains(&"Edit"));
+}
+
+#[tokio::test]
+async fn permission_modes_map_onto_policies() {
+    use forkhive_spawn::definition::{AgentDefinition, DefinitionSource, PermissionMode};
+    let script = || {
+        Arc::new(ScriptedBackend::from_replies([
+            Ok(calls(&[("w", "Write", "{}")])),
+            Ok(say("ok")),
+        ]))
+    };
+    let mut def = AgentDefinition::new("writer", "writes", DefinitionSource::Project);
+    def.system_prompt = "You write.".into();
+    for (mode, want) in [
+        (
+            PermissionMode::Plan,
+            (
+                true,
+                "permission denied for `Write`: plan mode: only read-only tools may run while planning",
+            ),
+        ),
+        (PermissionMode::BypassPermissions, (false, "written")),
+        (PermissionMode::AcceptEdits, (false, "written")),
+        (
+            PermissionMode::Bubble,
+            (true, "the parent says no to `Write`"),
+        ),
+    ] {
+        def.permission_mode = Some(mode);
+        let backend = script();
+        let parent = agent_with(Arc::new(Hang), vec![], Limits::default()).await;
+        let mut seed = parent.child_seed(
+            TaskId::generate(TaskKind::Agent),
+            AgentKind::Subagent,
+            QuerySource::custom("writer"),
+        );
+        seed.parent_policy = Arc::new(ParentSaysNo);
+        let mut agent = Agent::builder(backend.clone())
+            .model("m")
+            .definition(def.clone())
+            .tools(
+                ToolPool::new([TestTool::new("Write", OBJECT, false, |_, _| async {
+                    ToolOutput::text("written")
+                })
+                .read_only(false)
+                .arc()])
+                .unwrap(),
+            )
+            .policy(Arc::new(SaysNo))
+            .child_of(seed)
+            .build()
+            .await
+            .unwrap();
+        agent.run("write").await;
+        let got = results(&backend.requests()[1]);
+        assert_eq!((got[0].2, got[0].1.as_str()), want, "{mode:?}");
+    }
+}
+
+#[derive(Debug)]
+struct ParentSaysNo;
+
+#[async_trait]
+impl PermissionPolicy for ParentSaysNo {
+    async fn check(&self, r: PermissionRequest<'_>) -> PermissionDecision {
+        PermissionDecision::deny(format!("the parent says no to `{}`", r.tool_name()))
+    }
+}
+
+#[derive(Debug)]
+struct SaysNo;
+
+#[async_trait]
+impl PermissionPolicy for SaysNo {
+    async fn check(&self, r: PermissionRequest<'_>) -> PermissionDecision {
+        PermissionDecision::deny(format!(
+            "`{}` is for the parent to decide: no",
+            r.tool_name()
+        ))
+    }
+}

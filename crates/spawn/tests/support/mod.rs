@@ -1,0 +1,189 @@
+//! Shared fixtures for the runtime tests: scripted model turns and small tools.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use forkhive_core::{ContentBlock, Message, RawJson, ToolDefinition, ToolResultContent, Usage};
+use forkhive_spawn::runtime::{AgentEvent, EventSink};
+use forkhive_spawn::tool::{Tool, ToolContext, ToolOutput};
+use forkhive_transport::{Request, Response, StopReason};
+
+pub(crate) const OBJECT: &str = r#"{"type":"object"}"#;
+
+pub(crate) fn usage(input: u64, output: u64) -> Usage {
+    Usage {
+        input_tokens: input,
+        output_tokens: output,
+        ..Usage::default()
+    }
+}
+
+/// An assistant answer calling tools: `(id, name, input JSON)`.
+pub(crate) fn calls(list: &[(&str, &str, &str)]) -> Response {
+    Response {
+        message: Message::assistant(
+            list.iter()
+                .map(|(id, name, input)| {
+                    ContentBlock::tool_use(*id, *name, RawJson::parse(input).unwrap())
+                })
+                .collect(),
+        ),
+        stop_reason: Some(StopReason::ToolUse),
+        usage: usage(10, 5),
+        id: None,
+        model: None,
+    }
+}
+
+/// A final text answer.
+pub(crate) fn say(text: &str) -> Response {
+    Response::text(text, usage(10, 5))
+}
+
+/// The tool results of the last user message of `request`: `(id, text, is_error)`.
+pub(crate) fn results(request: &Request) -> Vec<(String, String, bool)> {
+    let msgs = request.all_messages();
+    let last = msgs.last().expect("a message");
+    last.content
+        .iter()
+        .filter_map(|b| match b {
+            ContentBlock::ToolResult {
+                tool_use_id,
+                content,
+                is_error,
+            } => Some((tool_use_id.clone(), content.text(), *is_error)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The text blocks of the last user message of `request`.
+pub(crate) fn last_texts(request: &Request) -> Vec<String> {
+    let msgs = request.all_messages();
+    msgs.last()
+        .map(|m| {
+            m.content
+                .iter()
+                .filter_map(|b| b.as_text().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub(crate) fn result_text(block: &ContentBlock) -> String {
+    match block {
+        ContentBlock::ToolResult { content, .. } => match content {
+            ToolResultContent::Text(t) => t.clone(),
+            other => other.text(),
+        },
+        _ => String::new(),
+    }
+}
+
+/// Collects events.
+#[derive(Debug, Default)]
+pub(crate) struct Events(pub Mutex<Vec<AgentEvent>>);
+
+impl EventSink for Events {
+    fn emit(&self, event: AgentEvent) {
+        self.0.lock().unwrap().push(event);
+    }
+}
+
+impl Events {
+    pub(crate) fn take(&self) -> Vec<AgentEvent> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+type Behaviour = dyn Fn(serde_json::Value, ToolContext) -> futures::future::BoxFuture<'static, ToolOutput>
+    + Send
+    + Sync;
+
+/// A tool whose behaviour is a closure; it tracks how many calls run at once.
+pub(crate) struct TestTool {
+    def: ToolDefinition,
+    safe: bool,
+    read_only: bool,
+    behaviour: Box<Behaviour>,
+    pub running: Arc<AtomicUsize>,
+    pub peak: Arc<AtomicUsize>,
+    pub calls: Arc<AtomicUsize>,
+}
+
+impl std::fmt::Debug for TestTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.def.name)
+    }
+}
+
+impl TestTool {
+    pub(crate) fn new<F, Fut>(name: &str, schema: &str, safe: bool, f: F) -> Self
+    where
+        F: Fn(serde_json::Value, ToolContext) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ToolOutput> + Send + 'static,
+    {
+        Self {
+            def: ToolDefinition::new(name, format!("the {name} tool"), schema).unwrap(),
+            safe,
+            read_only: safe,
+            behaviour: Box::new(move |i, c| Box::pin(f(i, c))),
+            running: Arc::default(),
+            peak: Arc::default(),
+            calls: Arc::default(),
+        }
+    }
+
+    /// Shares the concurrency counters with other tools.
+    pub(crate) fn counting(mut self, running: &Arc<AtomicUsize>, peak: &Arc<AtomicUsize>) -> Self {
+        self.running = Arc::clone(running);
+        self.peak = Arc::clone(peak);
+        self
+    }
+
+    pub(crate) fn read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
+        self
+    }
+
+    /// A tool that sleeps `ms` then answers its name and input.
+    pub(crate) fn sleeper(name: &str, safe: bool, ms: u64) -> Self {
+        let n = name.to_owned();
+        Self::new(name, OBJECT, safe, move |input, _| {
+            let n = n.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                ToolOutput::text(format!("{n} {input}"))
+            }
+        })
+    }
+
+    pub(crate) fn arc(self) -> Arc<dyn Tool> {
+        Arc::new(self)
+    }
+}
+
+#[async_trait]
+impl Tool for TestTool {
+    fn definition(&self) -> &ToolDefinition {
+        &self.def
+    }
+    fn is_concurrency_safe(&self, _input: &serde_json::Value) -> bool {
+        self.safe
+    }
+    fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+    async fn call(&self, input: serde_json::Value, cx: &ToolContext) -> ToolOutput {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(now, Ordering::SeqCst);
+        let out = (self.behaviour)(input, cx.clone()).await;
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        out
+    }
+}

@@ -1,0 +1,269 @@
+//! Transcripts: written as the agent goes, read back byte for byte, resumed onto the cache the
+//! agent left; a crash-cut last line is dropped and reported, other damage names its line.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::sync::Arc;
+
+use forkhive_core::Message;
+use forkhive_spawn::Error;
+use forkhive_spawn::runtime::{Agent, StopReason};
+use forkhive_spawn::tool::{Tool, ToolPool};
+use forkhive_spawn::transcript::{self, DroppedTail};
+use forkhive_transport::ScriptedBackend;
+use forkhive_transport::simulator::PromptCacheSimulator;
+use support::*;
+
+fn look() -> Arc<dyn Tool> {
+    TestTool::sleeper("Look", true, 1).arc()
+}
+
+async fn first_session(dir: &std::path::Path) -> (Agent, std::path::PathBuf) {
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(calls(&[("t1", "Look", r#"{ "spaced" :  1.50 }"#)])),
+        Ok(say("first answer")),
+    ]));
+    let mut agent = Agent::builder(backend)
+        .model("claude-sonnet-4-5")
+        .system_prompt("You keep notes.")
+        .tools(ToolPool::new([look()]).unwrap())
+        .transcript_dir(dir)
+        .build()
+        .await
+        .unwrap();
+    let run = agent.run("take a look").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    let path = agent.transcript_path().unwrap().to_path_buf();
+    (agent, path)
+}
+
+#[tokio::test]
+async fn a_transcript_reads_back_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let (agent, path) = first_session(dir.path()).await;
+    assert_eq!(path, dir.path().join(format!("{}.jsonl", agent.id())));
+    let t = transcript::read(&path).await.unwrap();
+    assert_eq!(t.header.agent_id, agent.id().to_string());
+    assert_eq!(t.header.kind.as_str(), "main");
+    assert_eq!(t.header.model, "claude-sonnet-4-5");
+    assert_eq!(t.messages.len(), 4);
+    assert_eq!(t.turns.len(), 2);
+    assert_eq!(t.stops.len(), 1);
+    assert!(t.dropped.is_none());
+    // The tool input keeps its exact bytes, so the rebuilt prefix is the same prefix.
+    let input = t.messages[1]
+        .tool_uses()
+        .next()
+        .unwrap()
+        .2
+        .as_str()
+        .to_owned();
+    assert_eq!(input, r#"{ "spaced" :  1.50 }"#);
+    assert_eq!(t.params().fingerprint(), agent.params().fingerprint());
+    let text = std::fs::read_to_string(&path).unwrap();
+    let kinds: Vec<&str> = text
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            match v["type"].as_str().unwrap() {
+                "header" => "header",
+                "message" => "message",
+                "usage" => "usage",
+                "stop" => "stop",
+                _ => "?",
+            }
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "header", "message", "usage", "message", "message", "usage", "message", "stop"
+        ]
+    );
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+    }
+}
+
+#[tokio::test]
+async fn a_resumed_agent_reads_the_cache_it_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Arc::new(PromptCacheSimulator::anthropic(
+        ScriptedBackend::from_replies([
+            Ok(calls(&[("t1", "Look", "{}")])),
+            Ok(say(&"a long first answer. ".repeat(300))),
+            Ok(say("second answer")),
+        ]),
+    ));
+    let system = "You keep careful notes. ".repeat(400);
+    let mut agent = Agent::builder(backend.clone())
+        .model("claude-sonnet-4-5")
+        .system_prompt(system)
+        .tools(ToolPool::new([look()]).unwrap())
+        .transcript_dir(dir.path())
+        .build()
+        .await
+        .unwrap();
+    agent.run("take a look").await;
+    let before = agent.params().fingerprint().clone();
+    let path = agent.transcript_path().unwrap().to_path_buf();
+    drop(agent);
+
+    let builder = Agent::builder(backend.clone()).tools(ToolPool::new([look()]).unwrap());
+    let (mut resumed, report) = Agent::resume(builder, &path).await.unwrap();
+    assert_eq!(report.messages, 4);
+    assert_eq!(report.turns, 2);
+    assert_eq!(report.dropped, None);
+    assert_eq!(resumed.params().fingerprint(), &before);
+    assert_eq!(resumed.turns(), 2);
+    let run = resumed.run("and now?").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    let reports = backend.reports();
+    let last = reports.last().unwrap();
+    let previous_input = reports[reports.len() - 2].total_input_tokens;
+    assert!(
+        last.cache_read_tokens * 100 >= previous_input * 95,
+        "resumed request read {} of the previous {} input tokens from the cache",
+        last.cache_read_tokens,
+        previous_input
+    );
+    // The file goes on: the resumed run's records follow the first session's.
+    let t = transcript::read(&path).await.unwrap();
+    assert_eq!(t.messages.len(), 6);
+    assert_eq!(t.stops.len(), 2);
+}
+
+#[tokio::test]
+async fn a_crash_cut_last_line_is_dropped_reported_and_cut_before_appending() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, path) = first_session(dir.path()).await;
+    let full = std::fs::read(&path).unwrap();
+    // Cut the file in the middle of its last record (the stop record).
+    let last_start = full[..full.len() - 1]
+        .iter()
+        .rposition(|b| *b == b'\n')
+        .unwrap()
+        + 1;
+    let cut = last_start + 7;
+    std::fs::write(&path, &full[..cut]).unwrap();
+
+    let t = transcript::read(&path).await.unwrap();
+    assert_eq!(t.dropped, Some(DroppedTail { line: 8, bytes: 7 }));
+    assert_eq!(t.messages.len(), 4);
+
+    let backend = Arc::new(ScriptedBackend::from_texts(["after the crash"]));
+    let builder = Agent::builder(backend).tools(ToolPool::new([look()]).unwrap());
+    let (mut agent, report) = Agent::resume(builder, &path).await.unwrap();
+    assert_eq!(report.dropped, Some(DroppedTail { line: 8, bytes: 7 }));
+    assert_eq!(agent.run("go on").await.final_text, "after the crash");
+    let again = transcript::read(&path).await.unwrap();
+    assert_eq!(
+        again.dropped, None,
+        "the cut tail was removed before appending"
+    );
+    assert_eq!(again.messages.len(), 6);
+    assert_eq!(
+        again.messages[5],
+        Message::assistant_text("after the crash")
+    );
+}
+
+async fn damaged(edit: impl FnOnce(&mut Vec<String>)) -> (String, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, path) = first_session(dir.path()).await;
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    edit(&mut lines);
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, lines.join("\n") + "\n").unwrap();
+    let err = transcript::read(&bad).await.unwrap_err();
+    assert!(matches!(err, Error::Transcript { .. }));
+    std::mem::forget(dir);
+    (err.to_string(), bad)
+}
+
+#[tokio::test]
+async fn other_damage_is_an_error_naming_the_line() {
+    let (e, p) = damaged(|l| l[2] = "{not json".into()).await;
+    assert_eq!(
+        e,
+        format!(
+            "transcript {}:3: not a JSON record: key must be a string at line 1 column 2",
+            p.display()
+        )
+    );
+    let (e, p) = damaged(|l| {
+        l.remove(3);
+    })
+    .await;
+    assert_eq!(
+        e,
+        format!(
+            "transcript {}:4: message index 2 where 1 was expected: records are missing or \
+             repeated",
+            p.display()
+        )
+    );
+    let (e, p) = damaged(|l| {
+        l.remove(0);
+    })
+    .await;
+    assert_eq!(
+        e,
+        format!(
+            "transcript {}:1: the first record must be the header, found `message`",
+            p.display()
+        )
+    );
+    let (e, p) = damaged(|l| l[0] = l[0].replace("\"version\":1", "\"version\":9")).await;
+    assert_eq!(
+        e,
+        format!(
+            "transcript {}:1: transcript version 9 is not supported (this build reads version 1)",
+            p.display()
+        )
+    );
+    let (e, p) = damaged(|l| l[2] = r#"{"type":"mystery"}"#.into()).await;
+    assert_eq!(
+        e,
+        format!(
+            "transcript {}:3: unknown record type `mystery`",
+            p.display()
+        )
+    );
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn a_planted_symlink_is_refused_and_its_target_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("precious.txt");
+    std::fs::write(&target, "keep me").unwrap();
+    let id = forkhive_core::TaskId::generate(forkhive_core::TaskKind::Agent);
+    let link = dir.path().join(format!("{id}.jsonl"));
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let err = Agent::builder(Arc::new(ScriptedBackend::from_texts(["x"])))
+        .model("m")
+        .context(forkhive_spawn::runtime::AgentContext::new(
+            id,
+            forkhive_spawn::runtime::AgentKind::Main,
+            forkhive_spawn::runtime::QuerySource::main(),
+        ))
+        .transcript_dir(dir.path())
+        .build()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("creating transcript {}", link.display())
+    );
+    let Error::Io { source, .. } = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(source.kind(), std::io::ErrorKind::AlreadyExists);
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me");
+}
