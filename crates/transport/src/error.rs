@@ -128,6 +128,41 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+
+    /// A replay directory, or a recording in it, could not be read. **Not retried.**
+    #[error("could not read {path} for replay")]
+    ReplayRead {
+        /// The directory or file.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A file in a replay directory is not a recording this build can replay: not JSON, no
+    /// `forkhive` section, another format version, no answer, or a request that does not
+    /// match its recorded fingerprint. **Not retried.**
+    #[error("malformed recording {path}: {detail}")]
+    MalformedRecording {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong with it (with line and column when the JSON is at fault).
+        detail: String,
+    },
+
+    /// No unused recording of a [`ReplayBackend`](crate::replay::ReplayBackend) matches a
+    /// request. **Not retried.**
+    #[error("no recording matches request {request}: {detail}")]
+    NoRecording {
+        /// 1-based number of the request among those the replay received.
+        request: usize,
+        /// The file name of the closest recording: the one sharing the longest prefix with
+        /// the request, or one it matches but that was already used.
+        closest: Option<String>,
+        /// Which recording is closest and the first dimension that differs
+        /// (`closest is 0002-child-1.json, which differs at messages[4] changed`).
+        detail: String,
+    },
 }
 
 impl Error {

@@ -10,7 +10,8 @@
 //! | [`http`] | [`http::HttpBackend`] for both APIs: streaming, retries with backoff and `retry-after`, timeouts (feature `http`) |
 //! | [`scripted`] | [`ScriptedBackend`]: replies from a script, records requests |
 //! | [`simulator`] | [`simulator::PromptCacheSimulator`]: applies a provider's caching rules to the exact request bytes and reports cache tokens |
-//! | [`recording`] | [`recording::RecordingBackend`]: writes each request body to a directory |
+//! | [`recording`] | [`recording::RecordingBackend`]: writes each request body, with the request and its answer, to a directory |
+//! | [`replay`] | [`replay::ReplayBackend`]: answers from such a directory offline, matching requests by fingerprint |
 //! | [`sse`] | the server-sent-events decoder |
 //! | `conformance` | the suite every backend passes (feature `test-util`) |
 //!
@@ -54,6 +55,7 @@ pub mod error;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod recording;
+pub mod replay;
 pub mod request;
 pub mod scripted;
 pub mod simulator;

@@ -3,7 +3,8 @@
 use std::fmt;
 
 use forkhive_core::{
-    CacheSafeParams, ContentBlock, ForkChild, Message, RawJson, Role, ThinkingConfig, Usage,
+    CacheSafeParams, ContentBlock, ForkChild, Message, PrefixFingerprint, RawJson, Role,
+    ThinkingConfig, Usage,
 };
 use serde::{Deserialize, Serialize};
 
@@ -141,6 +142,19 @@ impl Request {
     /// The thinking config in force: the settings' override, else the prefix's.
     pub fn thinking(&self) -> Option<ThinkingConfig> {
         self.settings.thinking.or(self.prefix.thinking())
+    }
+
+    /// The fingerprint of the whole request: the prefix followed by the suffix messages, as
+    /// if they were one cache-safe prefix. O(suffix): a fork child's is O(directive).
+    ///
+    /// Two requests with equal [`total`](PrefixFingerprint::total) digests send the same
+    /// system prompt, contexts, tools, model, thinking config and messages; the per-call
+    /// [`settings`](Self::settings) are not part of it.
+    pub fn fingerprint(&self) -> PrefixFingerprint {
+        match &self.suffix {
+            Suffix::Fork(child) if crate::codec::is_own_prefix(self, child) => child.fingerprint(),
+            suffix => self.prefix.fingerprint().extend(&suffix.messages()),
+        }
     }
 
     /// Every message of the request, materialised (O(history): for inspection and tests).

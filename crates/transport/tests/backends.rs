@@ -108,16 +108,50 @@ async fn recording_conforms_and_writes_numbered_labelled_bodies() {
             "0003-child_1____x.json"
         ]
     );
+    // The body the provider received is a byte prefix of the file; `forkhive` follows it.
     let first = std::fs::read(dir.path().join("0001-request.json")).unwrap();
+    let body = AnthropicCodec::default()
+        .encode(&sample_request(), false)
+        .to_bytes();
+    let open = &body[..body.len() - 1];
+    assert!(first.starts_with(open));
+    assert!(first[open.len()..].starts_with(br#","forkhive":{"format":1,"seq":1,"#));
+    let first: serde_json::Value = serde_json::from_slice(&first).unwrap();
+    assert_eq!(first["max_tokens"], 16);
+    let section = &first["forkhive"];
+    assert_eq!(section["wire"], "anthropic");
+    assert_eq!(section["stream"], false);
     assert_eq!(
-        first,
-        AnthropicCodec::default()
-            .encode(&sample_request(), false)
-            .to_bytes()
-            .to_vec()
+        section["fingerprint"]["total"],
+        sample_request().fingerprint().total().to_string()
     );
+    assert_eq!(section["request"]["model"], "conformance-model");
+    assert_eq!(section["request"]["system"][0], "Answer briefly.");
+    assert_eq!(section["request"]["tools"][0]["name"], "Read");
+    assert_eq!(section["request"]["settings"]["max_tokens"], 16);
+    assert_eq!(
+        section["response"]["message"]["content"][0]["text"],
+        "Hello!"
+    );
+    assert_eq!(section["response"]["stop_reason"], "end_turn");
+    assert_eq!(section["response"]["usage"]["input_tokens"], 20);
     let second = std::fs::read_to_string(dir.path().join("0002-request.json")).unwrap();
-    assert!(second.ends_with(r#","stream":true}"#));
+    assert!(second.contains(r#","stream":true,"forkhive":{"#));
+    let second: serde_json::Value = serde_json::from_str(&second).unwrap();
+    assert_eq!(second["forkhive"]["stream"], true);
+    assert_eq!(second["forkhive"]["response"], section["response"]);
+    let third: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("0003-child_1____x.json")).unwrap())
+            .unwrap();
+    assert_eq!(third["forkhive"]["label"], "child 1/../x");
+    assert_eq!(third["forkhive"]["request"]["prefix_messages"], 0);
+    assert_eq!(
+        third["forkhive"]["request"]["messages"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
 
     let openai = RecordingBackend::new(
         hello(),

@@ -3,6 +3,7 @@
 
 use forkhive_core::{CacheSafeParams, ForkChild, ForkPrefix, PrefixFingerprint, TaskNotification};
 use forkhive_transport::recording::RecordingBackend;
+use forkhive_transport::replay::ReplayBackend;
 use forkhive_transport::simulator::PromptCacheSimulator;
 use forkhive_transport::{Backend, EventStream, Request, Response, ScriptedBackend};
 
@@ -21,6 +22,7 @@ fn types_are_send_and_sync() {
     send_sync::<ScriptedBackend>();
     send_sync::<PromptCacheSimulator<ScriptedBackend>>();
     send_sync::<RecordingBackend<ScriptedBackend>>();
+    send_sync::<ReplayBackend>();
     send_sync::<std::sync::Arc<dyn Backend>>();
     #[cfg(feature = "http")]
     send_sync::<forkhive_transport::http::HttpBackend>();
