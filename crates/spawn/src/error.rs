@@ -70,6 +70,16 @@ pub enum Error {
         message: String,
     },
 
+    /// A task registry refused an operation (an unknown task, a transition out of a
+    /// terminal state).
+    #[error("task {id}: {message}")]
+    Task {
+        /// The task's id.
+        id: String,
+        /// What was wrong.
+        message: String,
+    },
+
     /// An agent was configured inconsistently (a missing backend, a zero limit).
     #[error("invalid agent configuration: {0}")]
     Config(String),

@@ -54,9 +54,12 @@
 
 #![forbid(unsafe_code)]
 
+pub mod agent_tool;
 pub mod definition;
 pub mod error;
 pub mod runtime;
+pub mod strategy;
+pub mod task;
 pub mod tool;
 pub mod transcript;
 

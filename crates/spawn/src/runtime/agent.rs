@@ -20,7 +20,7 @@ use crate::runtime::context::{AgentContext, AgentKind, QuerySource};
 use crate::runtime::events::{Emitter, EventKind, EventSink};
 use crate::runtime::outcome::{AgentRun, Limits, StopReason, TurnRecord, model_stop_str};
 use crate::runtime::pending::{PendingMessage, PendingQueue, Wake};
-use crate::runtime::state::{AgentState, TreeState};
+use crate::runtime::state::{AgentState, TreeState, TurnSnapshot};
 use crate::tool::orchestrate::{Round, RoundConfig, ToolCall};
 use crate::tool::permission::{AllowAll, PermissionPolicy, policy_for_mode};
 use crate::tool::{ToolAudience, ToolContext, ToolFilter, ToolOutput, ToolPool};
@@ -90,6 +90,8 @@ pub struct AgentBuilder {
     transcript_dir: Option<PathBuf>,
     pending: PendingQueue,
     expected_prefix: Option<PrefixFingerprint>,
+    unsent: Vec<Message>,
+    detach: bool,
 }
 
 impl AgentBuilder {
@@ -117,6 +119,8 @@ impl AgentBuilder {
             transcript_dir: None,
             pending: PendingQueue::new(),
             expected_prefix: None,
+            unsent: Vec::new(),
+            detach: false,
         }
     }
 
@@ -246,6 +250,22 @@ impl AgentBuilder {
         self
     }
 
+    /// Messages that end the conversation but go in the first request's *suffix*, so the
+    /// codec can place a cache breakpoint inside them (a fork child's message: its boilerplate
+    /// block is shared by every sibling). They are part of the conversation from the start;
+    /// run the agent with [`Agent::run_pending`] or [`Agent::continue_run`].
+    pub fn first_request_suffix(mut self, messages: Vec<Message>) -> Self {
+        self.unsent = messages;
+        self
+    }
+
+    /// When the model ends its turn while background children are still running, stop
+    /// instead of waiting for their notifications (the host polls the queue itself).
+    pub fn detach_background(mut self, detach: bool) -> Self {
+        self.detach = detach;
+        self
+    }
+
     /// Renders the parameters and tools, opens the transcript, and returns the agent.
     pub async fn build(self) -> Result<Agent> {
         let def = self.definition.as_ref();
@@ -364,32 +384,38 @@ impl AgentBuilder {
                     prefix: PrefixRecord::of(&params),
                 };
                 let mut w = TranscriptWriter::create(dir, &header).await?;
-                for m in params.messages().iter() {
+                for m in params.messages().iter().chain(&self.unsent) {
                     w.message(m).await?;
                 }
                 Some(w)
             }
             None => None,
         };
-        let emit = Emitter::new(*cx.id(), self.events);
+        let emit = Emitter::new(*cx.id(), self.events.clone());
         let mut settings = self.settings;
         settings.max_tokens = limits.max_output_tokens;
         Ok(Agent {
-            backend: self.backend,
+            shared: Arc::new(AgentShared {
+                backend: self.backend,
+                pool,
+                policy,
+                limits,
+                settings,
+                cx,
+                state: self.state,
+                tree: self.tree.unwrap_or_default(),
+                cancel: self.cancel.unwrap_or_default(),
+                pending: self.pending,
+                events: self.events,
+                transcript_dir: self.transcript_dir,
+                wait_for_promises: !self.detach,
+            }),
             params,
-            pool,
-            policy,
-            limits,
-            settings,
-            cx,
-            state: self.state,
-            tree: self.tree.unwrap_or_default(),
-            cancel: self.cancel.unwrap_or_default(),
             emit,
             transcript,
-            pending: self.pending,
             last_fingerprint: self.expected_prefix,
             turn: 0,
+            unsent: self.unsent,
         })
     }
 }
@@ -413,21 +439,60 @@ impl AgentBuilder {
 /// ```
 #[derive(Debug)]
 pub struct Agent {
-    backend: Arc<dyn Backend>,
+    shared: Arc<AgentShared>,
     params: CacheSafeParams,
-    pool: ToolPool,
-    policy: Arc<dyn PermissionPolicy>,
-    limits: Limits,
-    settings: RequestSettings,
-    cx: Arc<AgentContext>,
-    state: AgentState,
-    tree: Arc<TreeState>,
-    cancel: CancellationToken,
     emit: Emitter,
     transcript: Option<TranscriptWriter>,
-    pending: PendingQueue,
     last_fingerprint: Option<PrefixFingerprint>,
     turn: u32,
+    /// Messages already in the conversation but sent as the next request's suffix (a fork
+    /// child's first message, so that its boilerplate block gets a cache breakpoint).
+    unsent: Vec<Message>,
+}
+
+/// The parts of an agent its tools may use — to spawn a child with the same backend, tools
+/// and policy, deliver it messages, or reach the tree — shared behind one `Arc`.
+#[derive(Debug)]
+pub struct AgentShared {
+    /// The model backend.
+    pub backend: Arc<dyn Backend>,
+    /// The agent's tools (after filtering).
+    pub pool: ToolPool,
+    /// The agent's permission policy.
+    pub policy: Arc<dyn PermissionPolicy>,
+    /// The agent's limits.
+    pub limits: Limits,
+    /// The agent's per-request settings.
+    pub settings: RequestSettings,
+    /// The agent's identity.
+    pub cx: Arc<AgentContext>,
+    /// The agent's own state.
+    pub state: AgentState,
+    /// The tree's shared state.
+    pub tree: Arc<TreeState>,
+    /// The agent's cancellation token.
+    pub cancel: CancellationToken,
+    /// The agent's pending-message queue.
+    pub pending: PendingQueue,
+    /// Where the agent's events go.
+    pub events: Option<Arc<dyn EventSink>>,
+    /// Where the agent writes its transcript (children write theirs beside it).
+    pub transcript_dir: Option<PathBuf>,
+    /// Whether a finished turn waits for promised messages (background children).
+    pub wait_for_promises: bool,
+}
+
+impl AgentShared {
+    /// What a child of this agent starts from (see [`ChildSeed`]).
+    pub fn child_seed(&self, id: TaskId, kind: AgentKind, source: QuerySource) -> ChildSeed {
+        ChildSeed {
+            context: self.cx.child(id, kind, source),
+            state: self.state.fork_for_child(),
+            tree: Arc::clone(&self.tree),
+            cancel: self.cancel.child_token(),
+            parent_policy: Arc::clone(&self.policy),
+        }
+    }
 }
 
 /// How one model turn ended, for the loop.
@@ -510,12 +575,12 @@ impl Agent {
 
     /// The agent's identity.
     pub fn context(&self) -> &Arc<AgentContext> {
-        &self.cx
+        &self.shared.cx
     }
 
     /// The agent's id.
     pub fn id(&self) -> &TaskId {
-        self.cx.id()
+        self.shared.cx.id()
     }
 
     /// The conversation so far, as the cache-safe parameters of the next request.
@@ -530,32 +595,32 @@ impl Agent {
 
     /// The tools this agent may call (after filtering).
     pub fn tools(&self) -> &ToolPool {
-        &self.pool
+        &self.shared.pool
     }
 
     /// The permission policy in force.
     pub fn policy(&self) -> &Arc<dyn PermissionPolicy> {
-        &self.policy
+        &self.shared.policy
     }
 
     /// A handle to the pending-message queue.
     pub fn pending(&self) -> PendingQueue {
-        self.pending.clone()
+        self.shared.pending.clone()
     }
 
     /// The agent's cancellation token (cancelling it stops the agent and its descendants).
     pub fn cancellation(&self) -> &CancellationToken {
-        &self.cancel
+        &self.shared.cancel
     }
 
     /// The agent's own state.
     pub fn state(&self) -> &AgentState {
-        &self.state
+        &self.shared.state
     }
 
     /// The tree's shared state.
     pub fn tree(&self) -> &Arc<TreeState> {
-        &self.tree
+        &self.shared.tree
     }
 
     /// The transcript file, if one is written.
@@ -570,13 +635,12 @@ impl Agent {
 
     /// What a child of this agent starts from (see [`ChildSeed`]).
     pub fn child_seed(&self, id: TaskId, kind: AgentKind, source: QuerySource) -> ChildSeed {
-        ChildSeed {
-            context: self.cx.child(id, kind, source),
-            state: self.state.fork_for_child(),
-            tree: Arc::clone(&self.tree),
-            cancel: self.cancel.child_token(),
-            parent_policy: Arc::clone(&self.policy),
-        }
+        self.shared.child_seed(id, kind, source)
+    }
+
+    /// The parts of this agent its tools can use.
+    pub fn shared(&self) -> &Arc<AgentShared> {
+        &self.shared
     }
 
     /// Adds `prompt` as a user message (with any pending messages after it) and runs the loop
@@ -584,7 +648,16 @@ impl Agent {
     pub async fn run(&mut self, prompt: impl Into<String>) -> AgentRun {
         let mut blocks = vec![ContentBlock::text(prompt)];
         blocks.extend(self.drain_pending());
-        self.run_with(blocks).await
+        self.run_with(Some(blocks)).await
+    }
+
+    /// Runs the loop on the conversation as it stands — it must end with a user message (or
+    /// [`AgentBuilder::first_request_suffix`] messages), as a fork child's or a resumed agent's
+    /// does — adding only what is pending.
+    pub async fn continue_run(&mut self) -> AgentRun {
+        let pending = self.drain_pending();
+        self.run_with((!pending.is_empty()).then_some(pending))
+            .await
     }
 
     /// Runs the loop on whatever is pending (waiting for a promised message if none is
@@ -593,8 +666,8 @@ impl Agent {
     pub async fn run_pending(&mut self) -> AgentRun {
         let wake = tokio::select! {
             biased;
-            () = self.cancel.cancelled() => None,
-            w = self.pending.wait() => Some(w),
+            () = self.shared.cancel.cancelled() => None,
+            w = self.shared.pending.wait() => Some(w),
         };
         match wake {
             None => {
@@ -608,14 +681,14 @@ impl Agent {
             Some(Wake::Messages(ms)) => {
                 self.emit
                     .emit(EventKind::MessagesInjected { count: ms.len() });
-                self.run_with(ms.into_iter().map(|m| ContentBlock::text(m.text)).collect())
-                    .await
+                let blocks = ms.into_iter().map(|m| ContentBlock::text(m.text)).collect();
+                self.run_with(Some(blocks)).await
             }
         }
     }
 
     fn drain_pending(&self) -> Vec<ContentBlock> {
-        let pending: Vec<PendingMessage> = self.pending.drain();
+        let pending: Vec<PendingMessage> = self.shared.pending.drain();
         if !pending.is_empty() {
             self.emit.emit(EventKind::MessagesInjected {
                 count: pending.len(),
@@ -627,35 +700,37 @@ impl Agent {
             .collect()
     }
 
-    async fn run_with(&mut self, first: Vec<ContentBlock>) -> AgentRun {
+    async fn run_with(&mut self, first: Option<Vec<ContentBlock>>) -> AgentRun {
         let span = tracing::info_span!(
             "agent",
-            agent_id = %self.cx.id(),
-            parent = ?self.cx.parent().map(ToString::to_string),
-            kind = %self.cx.kind(),
+            agent_id = %self.shared.cx.id(),
+            parent = ?self.shared.cx.parent().map(ToString::to_string),
+            kind = %self.shared.cx.kind(),
             model = %self.params.model(),
         );
-        let cx = Arc::clone(&self.cx);
+        let cx = Arc::clone(&self.shared.cx);
         cx.scope(self.run_loop(first).instrument(span)).await
     }
 
-    async fn run_loop(&mut self, first: Vec<ContentBlock>) -> AgentRun {
-        let _live = self.tree.enter();
+    async fn run_loop(&mut self, first: Option<Vec<ContentBlock>>) -> AgentRun {
+        let _live = self.shared.tree.enter();
         let mut run = RunState::default();
-        if let Err(e) = self.push(&mut run, vec![Message::user(first)]).await {
+        if let Some(first) = first
+            && let Err(e) = self.push(&mut run, vec![Message::user(first)]).await
+        {
             run.error = Some(Arc::new(e));
             return self.finish(run, StopReason::Failed).await;
         }
         loop {
-            if self.cancel.is_cancelled() {
+            if self.shared.cancel.is_cancelled() {
                 return self.finish(run, StopReason::Cancelled).await;
             }
-            if let Some(limit) = self.limits.max_turns
+            if let Some(limit) = self.shared.limits.max_turns
                 && run.turns.len() >= limit as usize
             {
                 return self.finish(run, StopReason::MaxTurns { limit }).await;
             }
-            if let Some(limit) = self.limits.token_budget {
+            if let Some(limit) = self.shared.limits.token_budget {
                 let used = run.usage.total_tokens();
                 if used >= limit {
                     return self
@@ -671,10 +746,19 @@ impl Agent {
                 TurnEnd::Continue => {}
                 TurnEnd::Stop(reason) => return self.finish(run, reason).await,
                 TurnEnd::EndTurn => {
-                    let wake = tokio::select! {
-                        biased;
-                        () = self.cancel.cancelled() => None,
-                        w = self.pending.wait() => Some(w),
+                    let wake = if self.shared.wait_for_promises {
+                        tokio::select! {
+                            biased;
+                            () = self.shared.cancel.cancelled() => None,
+                            w = self.shared.pending.wait() => Some(w),
+                        }
+                    } else {
+                        let ms = self.shared.pending.drain();
+                        Some(if ms.is_empty() {
+                            Wake::Idle
+                        } else {
+                            Wake::Messages(ms)
+                        })
                     };
                     match wake {
                         None => return self.finish(run, StopReason::Cancelled).await,
@@ -698,31 +782,39 @@ impl Agent {
     /// One model turn and, if the model called tools, one tool round.
     async fn turn_once(&mut self, run: &mut RunState) -> TurnEnd {
         self.emit.emit(EventKind::TurnStarted);
-        let request =
-            Request::new(self.params.clone(), Vec::new()).with_settings(self.settings.clone());
+        let suffix = std::mem::take(&mut self.unsent);
+        let request = Request::new(self.params.clone(), suffix.clone())
+            .with_settings(self.shared.settings.clone());
         let fingerprint = self.params.fingerprint().clone();
+        // The suffix is already part of the conversation (and the transcript).
+        let suffix_len = suffix.len();
+        if suffix_len > 0 {
+            run.new_messages.extend(suffix.iter().cloned());
+            self.params = self.params.append(suffix);
+        }
+        let sent = self.params.clone();
         if let Some(prev) = &self.last_fingerprint
             && let Some(at) = prev.diff(&fingerprint)
         {
-            tracing::warn!(agent = %self.cx.id(), "prompt cache break: {at}");
+            tracing::warn!(agent = %self.shared.cx.id(), "prompt cache break: {at}");
             self.emit.emit(EventKind::CacheBreak { at });
         }
         self.emit.emit(EventKind::RequestSent {
             fingerprint: fingerprint.total(),
             messages: self.params.messages().len(),
-            invoking_request_id: self.cx.take_invoking_request_id(),
+            invoking_request_id: self.shared.cx.take_invoking_request_id(),
         });
         self.last_fingerprint = Some(fingerprint.clone());
 
         let answer = tokio::select! {
             biased;
-            () = self.cancel.cancelled() => return TurnEnd::Stop(StopReason::Cancelled),
+            () = self.shared.cancel.cancelled() => return TurnEnd::Stop(StopReason::Cancelled),
             a = self.stream(&request) => a,
         };
         let (response, cut_off) = match answer {
             Ok(r) => r,
             Err(source) => {
-                tracing::error!(agent = %self.cx.id(), "backend failed: {source}");
+                tracing::error!(agent = %self.shared.cx.id(), "backend failed: {source}");
                 run.error = Some(Arc::new(Error::Backend {
                     turn: self.turn,
                     source,
@@ -758,6 +850,8 @@ impl Agent {
         }
         run.turns.push(record);
 
+        let snapshot = (!calls.is_empty())
+            .then(|| Arc::new(TurnSnapshot::new(sent, message.clone(), self.turn)));
         let has_content = !message.content.is_empty();
         if has_content {
             run.final_text = message.text();
@@ -768,14 +862,14 @@ impl Agent {
         }
 
         if !calls.is_empty() {
-            let results = self.tool_round(&calls, &cut_off).await;
+            let results = self.tool_round(&calls, &cut_off, snapshot).await;
             let mut blocks = results;
             blocks.extend(self.drain_pending());
             if let Err(e) = self.push(run, vec![Message::user(blocks)]).await {
                 run.error = Some(Arc::new(e));
                 return TurnEnd::Stop(StopReason::Failed);
             }
-            if self.cancel.is_cancelled() {
+            if self.shared.cancel.is_cancelled() {
                 return TurnEnd::Stop(StopReason::Cancelled);
             }
             return TurnEnd::Continue;
@@ -783,7 +877,7 @@ impl Agent {
 
         match stop_reason {
             Some(ModelStop::MaxTokens) => {
-                if run.continuations >= self.limits.max_continuations {
+                if run.continuations >= self.shared.limits.max_continuations {
                     return TurnEnd::Stop(StopReason::OutputLimit {
                         continuations: run.continuations,
                     });
@@ -800,7 +894,7 @@ impl Agent {
                 }
             }
             Some(ModelStop::PauseTurn) if has_content => {
-                if run.pauses >= self.limits.max_pause_resends {
+                if run.pauses >= self.shared.limits.max_pause_resends {
                     return TurnEnd::EndTurn;
                 }
                 run.pauses += 1;
@@ -817,7 +911,7 @@ impl Agent {
         &self,
         request: &Request,
     ) -> std::result::Result<(Response, Vec<String>), forkhive_transport::Error> {
-        let mut events = self.backend.stream(request).await?;
+        let mut events = self.shared.backend.stream(request).await?;
         let mut builder = ResponseBuilder::new();
         while let Some(event) = events.next().await {
             let event = event?;
@@ -831,20 +925,27 @@ impl Agent {
 
     /// Runs the calls of one assistant message; calls cut off at `max_tokens` are answered
     /// with an error instead of running.
-    async fn tool_round(&self, calls: &[ToolCall], cut_off: &[String]) -> Vec<ContentBlock> {
+    async fn tool_round(
+        &self,
+        calls: &[ToolCall],
+        cut_off: &[String],
+        turn: Option<Arc<TurnSnapshot>>,
+    ) -> Vec<ContentBlock> {
         let cx = ToolContext {
-            agent: Arc::clone(&self.cx),
-            state: self.state.clone(),
-            cancel: self.cancel.clone(),
+            agent: Arc::clone(&self.shared.cx),
+            state: self.shared.state.clone(),
+            cancel: self.shared.cancel.clone(),
             tool_use_id: String::new(),
+            caller: Some(Arc::clone(&self.shared)),
+            turn,
         };
         let round = Round {
-            pool: &self.pool,
-            policy: &self.policy,
+            pool: &self.shared.pool,
+            policy: &self.shared.policy,
             cx: &cx,
             config: RoundConfig {
-                max_concurrency: self.limits.max_concurrent_tools,
-                timeout: self.limits.tool_timeout,
+                max_concurrency: self.shared.limits.max_concurrent_tools,
+                timeout: self.shared.limits.tool_timeout,
             },
             emit: &self.emit,
         };
@@ -892,10 +993,16 @@ impl Agent {
 
     async fn finish(&mut self, run: RunState, stop: StopReason) -> AgentRun {
         let mut run = run;
+        if stop == StopReason::Cancelled {
+            // Cancelling an agent cancels its children; give their notifications a moment to
+            // arrive, so a cancelled run returns with its tree's results in its queue.
+            let grace = self.shared.limits.cancel_grace;
+            let _ = tokio::time::timeout(grace, self.shared.pending.settled()).await;
+        }
         if let Some(w) = &mut self.transcript
             && let Err(e) = w.stop(&stop, run.usage).await
         {
-            tracing::warn!(agent = %self.cx.id(), "could not record the stop: {e}");
+            tracing::warn!(agent = %self.shared.cx.id(), "could not record the stop: {e}");
             if run.error.is_none() {
                 run.error = Some(Arc::new(e));
             }

@@ -16,9 +16,9 @@ pub mod outcome;
 pub mod pending;
 pub mod state;
 
-pub use agent::{Agent, AgentBuilder, ChildSeed, ResumeReport};
+pub use agent::{Agent, AgentBuilder, AgentShared, ChildSeed, ResumeReport};
 pub use context::{AgentContext, AgentKind, QuerySource};
 pub use events::{AgentEvent, EventKind, EventSink, FnSink};
 pub use outcome::{AgentRun, Limits, StopReason, TurnRecord};
 pub use pending::{Expectation, PendingMessage, PendingQueue, Wake};
-pub use state::{AgentState, FileStamp, TreeState};
+pub use state::{AgentState, Extensions, FileStamp, TreeState, TurnSnapshot};

@@ -79,6 +79,8 @@ pub struct Limits {
     pub max_concurrent_tools: usize,
     /// How long one tool call may take.
     pub tool_timeout: Duration,
+    /// How long a cancelled run waits for its background children's notifications.
+    pub cancel_grace: Duration,
 }
 
 impl Default for Limits {
@@ -91,6 +93,7 @@ impl Default for Limits {
             max_pause_resends: 5,
             max_concurrent_tools: 10,
             tool_timeout: Duration::from_secs(120),
+            cancel_grace: Duration::from_secs(5),
         }
     }
 }

@@ -109,6 +109,19 @@ impl PendingQueue {
         self.lock().outstanding
     }
 
+    /// Waits until no promised message is outstanding (they were delivered or withdrawn).
+    pub async fn settled(&self) {
+        loop {
+            let changed = self.inner.changed.notified();
+            if self.lock().outstanding == 0 {
+                // Pass the wake-up on: another waiter may be waiting for messages.
+                self.inner.changed.notify_one();
+                return;
+            }
+            changed.await;
+        }
+    }
+
     /// Waits until a message is queued (and drains them all) or nothing is expected any more.
     pub async fn wait(&self) -> Wake {
         loop {

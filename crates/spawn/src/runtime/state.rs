@@ -81,12 +81,112 @@ impl AgentState {
     }
 }
 
+/// A map from a type to one shared value of that type: where later layers (task registry,
+/// notification queue, mailboxes, a turn's fork prefix) hang their state without the runtime
+/// knowing them.
+#[derive(Default)]
+pub struct Extensions {
+    map: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
+}
+
+impl Extensions {
+    /// Stores `value` as the `T`, returning the previous one.
+    pub fn insert<T: Any + Send + Sync>(&self, value: Arc<T>) -> Option<Arc<T>> {
+        self.map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(TypeId::of::<T>(), value)
+            .and_then(|old| old.downcast::<T>().ok())
+    }
+
+    /// The `T`, if one was stored.
+    pub fn get<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        self.map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&TypeId::of::<T>())
+            .cloned()
+            .and_then(|v| v.downcast::<T>().ok())
+    }
+
+    /// The `T`, storing `make()` first if there is none (atomically: `make` runs at most once
+    /// per map and type).
+    pub fn get_or_insert_with<T: Any + Send + Sync>(&self, make: impl FnOnce() -> T) -> Arc<T> {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(v) = map
+            .get(&TypeId::of::<T>())
+            .and_then(|v| Arc::clone(v).downcast::<T>().ok())
+        {
+            return v;
+        }
+        let v = Arc::new(make());
+        map.insert(
+            TypeId::of::<T>(),
+            Arc::clone(&v) as Arc<dyn Any + Send + Sync>,
+        );
+        v
+    }
+}
+
+impl fmt::Debug for Extensions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.map.lock().map(|m| m.len()).unwrap_or_default();
+        f.debug_struct("Extensions").field("entries", &n).finish()
+    }
+}
+
+/// One model turn that called tools, as its tools see it: exactly what the request sent, and
+/// the assistant message that answered it. A fork child of this turn starts from these bytes.
+#[derive(Debug)]
+pub struct TurnSnapshot {
+    sent: forkhive_core::CacheSafeParams,
+    assistant: forkhive_core::Message,
+    turn: u32,
+    scratch: Extensions,
+}
+
+impl TurnSnapshot {
+    /// A snapshot of turn `turn`.
+    pub fn new(
+        sent: forkhive_core::CacheSafeParams,
+        assistant: forkhive_core::Message,
+        turn: u32,
+    ) -> Self {
+        Self {
+            sent,
+            assistant,
+            turn,
+            scratch: Extensions::default(),
+        }
+    }
+
+    /// Everything the turn's request sent (prefix and suffix), as cache-safe parameters.
+    pub fn sent(&self) -> &forkhive_core::CacheSafeParams {
+        &self.sent
+    }
+
+    /// The assistant message that answered.
+    pub fn assistant(&self) -> &forkhive_core::Message {
+        &self.assistant
+    }
+
+    /// The turn number.
+    pub fn turn(&self) -> u32 {
+        self.turn
+    }
+
+    /// State the turn's tool calls share (one fork prefix for all the forks of a turn).
+    pub fn scratch(&self) -> &Extensions {
+        &self.scratch
+    }
+}
+
 /// State shared by every agent of one tree: counters and typed extensions through which the
 /// task registry, notification queue and mailboxes are reached.
 #[derive(Default)]
 pub struct TreeState {
     live_agents: AtomicUsize,
-    extensions: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
+    extensions: Extensions,
 }
 
 impl TreeState {
@@ -106,40 +206,9 @@ impl TreeState {
         LiveGuard(Arc::clone(self))
     }
 
-    /// Stores `value` as the tree's `T`, returning the previous one.
-    pub fn insert<T: Any + Send + Sync>(&self, value: Arc<T>) -> Option<Arc<T>> {
-        self.extensions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(TypeId::of::<T>(), value)
-            .and_then(|old| old.downcast::<T>().ok())
-    }
-
-    /// The tree's `T`, if one was stored.
-    pub fn get<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
-        self.extensions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&TypeId::of::<T>())
-            .cloned()
-            .and_then(|v| v.downcast::<T>().ok())
-    }
-
-    /// The tree's `T`, storing `make()` first if there is none (atomically).
-    pub fn get_or_insert_with<T: Any + Send + Sync>(&self, make: impl FnOnce() -> T) -> Arc<T> {
-        let mut map = self.extensions.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(v) = map
-            .get(&TypeId::of::<T>())
-            .and_then(|v| Arc::clone(v).downcast::<T>().ok())
-        {
-            return v;
-        }
-        let v = Arc::new(make());
-        map.insert(
-            TypeId::of::<T>(),
-            Arc::clone(&v) as Arc<dyn Any + Send + Sync>,
-        );
-        v
+    /// The tree's typed extensions (task registry, notification queues, mailboxes).
+    pub fn extensions(&self) -> &Extensions {
+        &self.extensions
     }
 }
 
@@ -183,15 +252,16 @@ mod tests {
     #[test]
     fn extensions_are_typed_and_counters_balance_under_contention() {
         let tree = TreeState::new();
-        assert!(tree.get::<String>().is_none());
-        tree.insert(Arc::new("x".to_owned()));
+        let ext = tree.extensions();
+        assert!(ext.get::<String>().is_none());
+        ext.insert(Arc::new("x".to_owned()));
         assert_eq!(
-            tree.get::<String>().as_deref().map(String::as_str),
+            ext.get::<String>().as_deref().map(String::as_str),
             Some("x")
         );
-        let n = tree.get_or_insert_with(|| 7u32);
+        let n = ext.get_or_insert_with(|| 7u32);
         assert_eq!(*n, 7);
-        assert_eq!(*tree.get_or_insert_with(|| 9u32), 7);
+        assert_eq!(*ext.get_or_insert_with(|| 9u32), 7);
 
         let handles: Vec<_> = (0..8)
             .map(|_| {
@@ -199,7 +269,7 @@ mod tests {
                 std::thread::spawn(move || {
                     for _ in 0..1000 {
                         let _g = t.enter();
-                        let _ = t.get_or_insert_with(|| 1u64);
+                        let _ = t.extensions().get_or_insert_with(|| 1u64);
                     }
                 })
             })
@@ -208,6 +278,6 @@ mod tests {
             h.join().unwrap();
         }
         assert_eq!(tree.live_agents(), 0);
-        assert_eq!(*tree.get::<u64>().unwrap(), 1);
+        assert_eq!(*tree.extensions().get::<u64>().unwrap(), 1);
     }
 }

@@ -26,8 +26,9 @@ use async_trait::async_trait;
 use forkhive_core::{ContentBlock, ToolDefinition, ToolResultContent};
 use tokio_util::sync::CancellationToken;
 
+use crate::runtime::agent::AgentShared;
 use crate::runtime::context::AgentContext;
-use crate::runtime::state::AgentState;
+use crate::runtime::state::{AgentState, TurnSnapshot};
 
 pub use filter::{ToolAudience, ToolFilter};
 pub use fs::{ListDir, ReadFile};
@@ -99,6 +100,8 @@ pub struct ToolContext {
     pub(crate) state: AgentState,
     pub(crate) cancel: CancellationToken,
     pub(crate) tool_use_id: String,
+    pub(crate) caller: Option<Arc<AgentShared>>,
+    pub(crate) turn: Option<Arc<TurnSnapshot>>,
 }
 
 impl ToolContext {
@@ -109,7 +112,21 @@ impl ToolContext {
             state: AgentState::default(),
             cancel: CancellationToken::new(),
             tool_use_id: tool_use_id.into(),
+            caller: None,
+            turn: None,
         }
+    }
+
+    /// The calling agent's backend, tools, policy, queue and tree — what a tool needs to spawn
+    /// a child like it (`None` outside an agent loop).
+    pub fn caller(&self) -> Option<&Arc<AgentShared>> {
+        self.caller.as_ref()
+    }
+
+    /// The model turn whose call this is: what its request sent and the assistant message
+    /// (`None` outside an agent loop).
+    pub fn turn(&self) -> Option<&Arc<TurnSnapshot>> {
+        self.turn.as_ref()
     }
 
     /// The calling agent's identity.
@@ -181,6 +198,16 @@ pub trait Tool: Send + Sync + fmt::Debug + 'static {
     /// Whether the tool never changes anything outside the agent.
     fn is_read_only(&self) -> bool;
 
+    /// Other names a call may use for this tool (a legacy name, such as `Task` for `Agent`).
+    fn aliases(&self) -> &[&str] {
+        &[]
+    }
+
+    /// How long one call may take; `None` uses the agent's `Limits::tool_timeout`.
+    fn timeout(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// Runs the call. `input` has already been validated against the tool's schema and
     /// approved by the permission policy. Failures are returned as [`ToolOutput::error`].
     async fn call(&self, input: serde_json::Value, cx: &ToolContext) -> ToolOutput;
@@ -196,6 +223,12 @@ impl<T: Tool + ?Sized> Tool for Arc<T> {
     }
     fn is_read_only(&self) -> bool {
         (**self).is_read_only()
+    }
+    fn aliases(&self) -> &[&str] {
+        (**self).aliases()
+    }
+    fn timeout(&self) -> Option<std::time::Duration> {
+        (**self).timeout()
     }
     async fn call(&self, input: serde_json::Value, cx: &ToolContext) -> ToolOutput {
         (**self).call(input, cx).await

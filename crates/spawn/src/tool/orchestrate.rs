@@ -219,7 +219,8 @@ impl Round<'_> {
         let mut cx = self.cx.clone();
         cx.tool_use_id.clone_from(&call.id);
         let run = AssertUnwindSafe(tool.call(input, &cx)).catch_unwind();
-        match tokio::time::timeout(self.config.timeout, run).await {
+        let limit = tool.timeout().unwrap_or(self.config.timeout);
+        match tokio::time::timeout(limit, run).await {
             Ok(Ok(out)) => out,
             Ok(Err(panic)) => ToolOutput::error(format!(
                 "tool `{}` panicked: {}",
@@ -229,7 +230,7 @@ impl Round<'_> {
             Err(_) => ToolOutput::error(format!(
                 "tool `{}` did not finish within {}; it was stopped",
                 call.name,
-                crate::runtime::events::format_duration(self.config.timeout)
+                crate::runtime::events::format_duration(limit)
             )),
         }
     }

@@ -52,6 +52,14 @@ impl ToolPool {
                 name: def.name.clone(),
                 message: format!("input schema is not a valid JSON Schema: {e}"),
             })?;
+            for alias in tool.aliases() {
+                if index.insert((*alias).to_owned(), entries.len()).is_some() {
+                    return Err(Error::Tool {
+                        name: (*alias).to_owned(),
+                        message: "a tool of this name is already in the pool".to_owned(),
+                    });
+                }
+            }
             entries.push(Entry { tool, validator });
         }
         Ok(Self {
@@ -65,7 +73,7 @@ impl ToolPool {
         Self::default()
     }
 
-    /// The tool called `name`.
+    /// The tool called `name` (or aliased so).
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
         self.index.get(name).map(|&i| &self.entries[i].tool)
     }

@@ -1,0 +1,462 @@
+//! The `Agent` tool (alias `Task`): the one entry point through which a model spawns
+//! children ("Chapter 20: Agent Spawning and Orchestration — 20.1 AgentTool: The Unified Agent
+//! Spawning Entry Point").
+//!
+//! It routes a call to a strategy — a teammate when `name` and `team_name` are given (not yet
+//! available), a [`Fork`] when fork mode is on and `subagent_type` is omitted, otherwise a
+//! [`Subagent`] of that type (default `general-purpose`) — enforces the depth and fan-out
+//! limits, decides foreground or background with [`should_run_async`], and reports: a
+//! foreground child's answer as the tool result, a background child's through exactly one
+//! `<task-notification>`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use forkhive_core::fork::is_in_fork_child;
+use forkhive_core::{TaskId, TaskKind, ToolDefinition};
+
+use crate::definition::AgentRegistry;
+use crate::runtime::Limits;
+use crate::strategy::{AgentInput, Fork, ForkLayout, SpawnContext, SpawnStrategy, Subagent};
+use crate::task::{
+    FirstInput, Launch, MemoryTaskRegistry, OutputFile, Progress, TaskConfig, TaskRecord,
+    TaskService, TaskState,
+};
+use crate::tool::{Tool, ToolContext, ToolFilter, ToolOutput, ToolPool};
+
+/// The tool's name.
+pub const AGENT_TOOL: &str = "Agent";
+/// Its legacy alias.
+pub const TASK_ALIAS: &str = "Task";
+/// The most characters of a foreground child's answer returned as the tool result.
+pub const RESULT_CAP: usize = 100_000;
+
+/// The inputs of the sync-or-async decision ("Coordinator Mode: A Working Multi-Agent System,
+/// From the Source — The Sync-vs-Async Decision"): six reasons to run in the background, and
+/// one veto.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AsyncInputs {
+    /// The call's `run_in_background: true`.
+    pub run_in_background: bool,
+    /// The agent definition's `background: true`.
+    pub definition_background: bool,
+    /// Coordinator mode: every worker runs in the background.
+    pub coordinator: bool,
+    /// Fork mode forces every spawn into the background.
+    pub fork_force_async: bool,
+    /// An assistant (long-running, KAIROS-like) mode that forces the background.
+    pub assistant_force_async: bool,
+    /// Proactive work, which must not block the user's turn.
+    pub proactive_active: bool,
+    /// The veto: background tasks are disabled, so everything runs in the foreground.
+    pub background_disabled: bool,
+}
+
+/// Whether a spawn runs in the background: any of the six reasons, unless vetoed.
+pub fn should_run_async(i: AsyncInputs) -> bool {
+    (i.run_in_background
+        || i.definition_background
+        || i.coordinator
+        || i.fork_force_async
+        || i.assistant_force_async
+        || i.proactive_active)
+        && !i.background_disabled
+}
+
+/// How the Agent tool behaves. Hosts set what their product enables.
+#[derive(Debug, Clone)]
+pub struct AgentToolConfig {
+    /// The agent definitions subagents come from.
+    pub registry: AgentRegistry,
+    /// Fork mode: an omitted `subagent_type` forks.
+    pub fork_enabled: bool,
+    /// Coordinator mode (disables forks, forces the background).
+    pub coordinator_mode: bool,
+    /// A non-interactive session (disables forks).
+    pub non_interactive: bool,
+    /// Background tasks disabled (the veto; hides `run_in_background`).
+    pub background_disabled: bool,
+    /// Teams: shows `name`, `team_name` and `mode`.
+    pub teams_enabled: bool,
+    /// Worktree isolation: shows `isolation`.
+    pub isolation_enabled: bool,
+    /// An assistant mode that forces the background.
+    pub assistant_force_async: bool,
+    /// Proactive work in progress (forces the background).
+    pub proactive_active: bool,
+    /// Put the list of agent types in a message (see [`AgentTool::agent_list_message`])
+    /// instead of the tool description, so the description — part of the cache key — does
+    /// not change when agents are added ("Claude Code Multi-Agent Internals — 5.2").
+    pub agent_list_in_messages: bool,
+    /// How deep agents may nest (the root is depth 0).
+    pub max_depth: u32,
+    /// How a fork child's message is laid out.
+    pub fork_layout: ForkLayout,
+    /// Cache-warm fan-out: siblings forked in one turn wait up to this long for the first
+    /// sibling's answer to start, so they read the prefix it wrote (`None`: off).
+    pub warm_fanout: Option<Duration>,
+    /// Filtering layers 1 and 2 for subagents.
+    pub filter: ToolFilter,
+    /// Tools for fresh subagents (`None`: the caller's pool).
+    pub subagent_tools: Option<ToolPool>,
+    /// User context entries a fresh subagent gets.
+    pub subagent_user_context: Vec<(String, String)>,
+    /// Limits of children.
+    pub child_limits: Limits,
+    /// Supervision of background children (used when the tree has no task service yet).
+    pub tasks: TaskConfig,
+    /// How long a foreground child may run.
+    pub foreground_timeout: Duration,
+}
+
+impl Default for AgentToolConfig {
+    fn default() -> Self {
+        Self {
+            registry: AgentRegistry::builtin(),
+            fork_enabled: false,
+            coordinator_mode: false,
+            non_interactive: false,
+            background_disabled: false,
+            teams_enabled: false,
+            isolation_enabled: false,
+            assistant_force_async: false,
+            proactive_active: false,
+            agent_list_in_messages: false,
+            max_depth: 3,
+            fork_layout: ForkLayout::default(),
+            warm_fanout: Some(Duration::from_secs(2)),
+            filter: ToolFilter::default(),
+            subagent_tools: None,
+            subagent_user_context: Vec::new(),
+            child_limits: Limits::default(),
+            tasks: TaskConfig::default(),
+            foreground_timeout: Duration::from_secs(60 * 60),
+        }
+    }
+}
+
+impl AgentToolConfig {
+    /// Whether an omitted `subagent_type` forks: fork mode on, not coordinator mode, not a
+    /// non-interactive session ("Fork Mechanism — Feature Gate"). The last two conditions —
+    /// no `subagent_type`, not already in a fork — are the call's.
+    pub fn forks(&self) -> bool {
+        self.fork_enabled && !self.coordinator_mode && !self.non_interactive
+    }
+
+    /// The input JSON Schema the model sees: only the fields it can use.
+    pub fn input_schema(&self) -> serde_json::Value {
+        let mut props = serde_json::Map::new();
+        props.insert(
+            "description".into(),
+            serde_json::json!({"type": "string", "description": "A short (3-5 word) description of the task"}),
+        );
+        props.insert(
+            "prompt".into(),
+            serde_json::json!({"type": "string", "description": "The task for the agent to perform"}),
+        );
+        let type_help = if self.forks() {
+            "The agent type to use; omit it to fork yourself (the fork inherits this conversation)"
+        } else {
+            "The agent type to use (default: general-purpose)"
+        };
+        props.insert(
+            "subagent_type".into(),
+            serde_json::json!({"type": "string", "description": type_help}),
+        );
+        props.insert(
+            "model".into(),
+            serde_json::json!({"type": "string", "description": "A model for the agent (default: the agent type's, or yours)"}),
+        );
+        if !self.background_disabled && !self.forks() {
+            props.insert(
+                "run_in_background".into(),
+                serde_json::json!({"type": "boolean", "description": "Run in the background; you will be notified when it finishes"}),
+            );
+        }
+        if self.teams_enabled {
+            props.insert(
+                "name".into(),
+                serde_json::json!({"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$", "description": "A teammate's name"}),
+            );
+            props.insert(
+                "team_name".into(),
+                serde_json::json!({"type": "string", "description": "The team to join"}),
+            );
+            props.insert(
+                "mode".into(),
+                serde_json::json!({"type": "string", "description": "The teammate's permission mode"}),
+            );
+        }
+        if self.isolation_enabled {
+            props.insert(
+                "isolation".into(),
+                serde_json::json!({"type": "string", "enum": ["worktree"], "description": "Run in an isolated git worktree"}),
+            );
+        }
+        serde_json::json!({
+            "type": "object",
+            "properties": props,
+            "required": ["description", "prompt"],
+            "additionalProperties": false
+        })
+    }
+
+    /// The agent types, one per line (`- name: description`).
+    pub fn agent_list(&self) -> String {
+        self.registry
+            .list()
+            .iter()
+            .map(|d| {
+                format!(
+                    "- {}: {}",
+                    d.name,
+                    d.description.lines().next().unwrap_or("")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// The `Agent` tool.
+#[derive(Debug, Clone)]
+pub struct AgentTool {
+    config: Arc<AgentToolConfig>,
+    definition: ToolDefinition,
+}
+
+impl AgentTool {
+    /// The tool for `config`.
+    pub fn new(config: AgentToolConfig) -> crate::Result<Self> {
+        let mut description = String::from(
+            "Launch an agent to handle a task on its own. It works with its own tools and \
+             reports back when done.",
+        );
+        if !config.agent_list_in_messages {
+            description.push_str("\n\nAvailable agent types:\n");
+            description.push_str(&config.agent_list());
+        }
+        let schema = config.input_schema().to_string();
+        let definition = ToolDefinition::new(AGENT_TOOL, description, &schema)?;
+        Ok(Self {
+            config: Arc::new(config),
+            definition,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &AgentToolConfig {
+        &self.config
+    }
+
+    /// When the agent list is not in the description: the text to put in the conversation
+    /// (a user context entry or the first message).
+    pub fn agent_list_message(&self) -> String {
+        format!(
+            "<system-reminder>\nAgent types available to the {AGENT_TOOL} tool:\n{}\n</system-reminder>",
+            self.config.agent_list()
+        )
+    }
+
+    async fn spawn(&self, input: AgentInput, cx: &ToolContext) -> Result<String, String> {
+        let caller = cx
+            .caller()
+            .ok_or("the Agent tool only works inside an agent loop")?;
+        let turn = cx
+            .turn()
+            .ok_or("the Agent tool only works inside an agent loop")?;
+        let me = caller.cx.as_ref();
+        // Recursive fork protection: the query source survives compaction; the boilerplate
+        // scan catches a fork whose identity was lost.
+        if me.query_source().is_fork() || is_in_fork_child(turn.sent().messages().iter()) {
+            return Err(FORK_REFUSAL_TEXT.to_owned());
+        }
+        if input.name.is_some() && input.team_name.is_some() {
+            return Err("teammates are not available: this host has not enabled teams".to_owned());
+        }
+        if input.isolation.is_some() {
+            return Err("worktree isolation is not available on this host".to_owned());
+        }
+        if me.depth() + 1 > self.config.max_depth {
+            return Err(format!(
+                "cannot start an agent: this agent is at depth {}, and agents may nest at most \
+                 {} levels; do the work directly",
+                me.depth(),
+                self.config.max_depth
+            ));
+        }
+        let fork = self.config.forks() && input.subagent_type.is_none();
+        let strategy: &dyn SpawnStrategy = if fork { &Fork } else { &Subagent };
+        let definition_background = if fork {
+            true
+        } else {
+            Subagent::definition(&self.config.registry, &input)?.background
+        };
+        let background = should_run_async(AsyncInputs {
+            run_in_background: input.run_in_background.unwrap_or(false),
+            definition_background,
+            coordinator: self.config.coordinator_mode,
+            fork_force_async: fork,
+            assistant_force_async: self.config.assistant_force_async,
+            proactive_active: self.config.proactive_active,
+            background_disabled: self.config.background_disabled,
+        });
+        let service = caller.tree.extensions().get_or_insert_with(|| {
+            TaskService::unshared(
+                Arc::new(MemoryTaskRegistry::new()),
+                self.config.tasks.clone(),
+            )
+        });
+        let slot = service.acquire(*me.id())?;
+        let progress = Arc::new(Progress::default());
+        let child_id = TaskId::generate(TaskKind::Agent);
+        let output = match &service.config().output {
+            Some(cfg) if background => Some(Arc::new(
+                OutputFile::create(cfg, &child_id)
+                    .map_err(|e| format!("could not start the agent: {e}"))?,
+            )),
+            _ => None,
+        };
+        let prepared = strategy
+            .prepare(
+                &input,
+                SpawnContext {
+                    caller,
+                    turn,
+                    registry: &self.config.registry,
+                    subagent_tools: self.config.subagent_tools.as_ref(),
+                    filter: &self.config.filter,
+                    child_limits: &self.config.child_limits,
+                    user_context: &self.config.subagent_user_context,
+                    fork_layout: self.config.fork_layout,
+                    warm_fanout: self.config.warm_fanout,
+                    progress: Arc::clone(&progress),
+                    output: output.clone(),
+                    child_id,
+                },
+                background,
+            )
+            .await?;
+        if background {
+            let id = service
+                .launch(Launch {
+                    agent: prepared.agent,
+                    first: prepared.first,
+                    description: input.description.clone(),
+                    tool_use_id: Some(cx.tool_use_id().to_owned()),
+                    parent_queue: caller.pending.clone(),
+                    progress,
+                    output: output.clone(),
+                    slot,
+                    gate: prepared.gate,
+                })
+                .await
+                .map_err(|e| format!("could not start the agent: {e}"))?;
+            let mut text = format!(
+                "Agent \"{}\" started in the background as task {id} ({}). You will receive a \
+                 <task-notification> with its result when it finishes; do not wait or poll for it.",
+                input.description,
+                strategy.name()
+            );
+            if let Some(out) = &output {
+                text.push_str(&format!(
+                    " Its output is written to {}.",
+                    out.path().display()
+                ));
+            }
+            return Ok(text);
+        }
+        // Foreground: run inline; the parent's cancellation reaches the child through its
+        // linked token.
+        let registry = service.registry();
+        let mut agent = prepared.agent;
+        let mut record = TaskRecord::new(child_id, *me.id(), input.description.clone());
+        record.transcript = agent.transcript_path().map(Into::into);
+        registry.create(record).await.map_err(|e| e.to_string())?;
+        let _ = registry.transition(&child_id, TaskState::Running).await;
+        let run = match prepared.first {
+            FirstInput::Prompt(p) => agent.run(p).await,
+            FirstInput::Continue => agent.continue_run().await,
+        };
+        drop(slot);
+        let _ = registry.roll_up(&child_id, run.usage).await;
+        let ok = matches!(
+            run.stop,
+            crate::runtime::StopReason::Completed | crate::runtime::StopReason::MaxTurns { .. }
+        );
+        let state = match run.stop {
+            crate::runtime::StopReason::Cancelled => TaskState::Killed,
+            _ if ok => TaskState::Completed,
+            _ => TaskState::Failed,
+        };
+        let _ = registry.transition(&child_id, state).await;
+        let mut answer = run.final_text.clone();
+        if answer.len() > RESULT_CAP {
+            let mut cut = RESULT_CAP;
+            while !answer.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            answer.truncate(cut);
+            answer.push_str("\n[truncated]");
+        }
+        let trailer = format!(
+            "[agent {child_id} {}: {} tokens, {} tool uses, {} turns]",
+            run.stop,
+            run.usage.total_tokens(),
+            run.tool_calls(),
+            run.turns.len()
+        );
+        if ok {
+            Ok(format!("{answer}\n\n{trailer}"))
+        } else {
+            let why = run
+                .error
+                .as_ref()
+                .map(|e| crate::task::error_chain(e.as_ref()))
+                .unwrap_or_else(|| run.stop.to_string());
+            Err(format!(
+                "the agent did not finish: {why}\n{answer}\n\n{trailer}"
+            ))
+        }
+    }
+}
+
+/// The refusal text (see [`crate::strategy::FORK_REFUSAL`]).
+const FORK_REFUSAL_TEXT: &str = crate::strategy::FORK_REFUSAL;
+
+#[async_trait]
+impl Tool for AgentTool {
+    fn definition(&self) -> &ToolDefinition {
+        &self.definition
+    }
+
+    fn aliases(&self) -> &[&str] {
+        &[TASK_ALIAS]
+    }
+
+    /// Spawning is concurrency-safe: several `Agent` calls in one message start together
+    /// ("Claude Code Multi-Agent Internals — 3.2").
+    fn is_concurrency_safe(&self, _input: &serde_json::Value) -> bool {
+        true
+    }
+
+    fn is_read_only(&self) -> bool {
+        false
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        Some(self.config.foreground_timeout)
+    }
+
+    async fn call(&self, input: serde_json::Value, cx: &ToolContext) -> ToolOutput {
+        let input: AgentInput = match serde_json::from_value(input) {
+            Ok(i) => i,
+            Err(e) => return ToolOutput::error(format!("invalid Agent input: {e}")),
+        };
+        match self.spawn(input, cx).await {
+            Ok(text) => ToolOutput::text(text),
+            Err(text) => ToolOutput::error(text),
+        }
+    }
+}

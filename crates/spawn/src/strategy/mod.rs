@@ -1,0 +1,350 @@
+//! Spawn strategies: how a child agent is made. [`Subagent`] starts a fresh conversation from
+//! an agent definition; [`Fork`] continues the parent's conversation byte for byte so the
+//! child reads the parent's prompt cache. Coordinator workers and teammates plug in here too.
+//!
+//! A strategy only *builds* the child; the Agent tool decides foreground or background, holds
+//! the capacity slot and reports the result.
+
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use forkhive_core::fork::{FORK_DIRECTIVE_PREFIX, build_child_message};
+use forkhive_core::{CacheSafeParams, ContentBlock, ForkPrefix, Message, TaskId};
+
+use crate::definition::{
+    AgentDefinition, AgentRegistry, FORK_MAX_TURNS, GENERAL_PURPOSE_AGENT, fork_definition,
+};
+use crate::runtime::{Agent, AgentKind, AgentShared, Limits, QuerySource, TurnSnapshot};
+use crate::task::{ChildSink, FirstInput, Gate, Progress};
+use crate::tool::{ToolAudience, ToolFilter, ToolPool};
+
+/// What the model asked for, parsed from the Agent tool's input.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Deserialize)]
+pub struct AgentInput {
+    /// A short (3–5 word) description of the task.
+    pub description: String,
+    /// The task.
+    pub prompt: String,
+    /// The agent type (omitted: fork when fork mode is on, else `general-purpose`).
+    #[serde(default)]
+    pub subagent_type: Option<String>,
+    /// A model override.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Run in the background.
+    #[serde(default)]
+    pub run_in_background: Option<bool>,
+    /// A teammate's name.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// A team's name.
+    #[serde(default)]
+    pub team_name: Option<String>,
+    /// A permission mode for a teammate.
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// `worktree` isolation.
+    #[serde(default)]
+    pub isolation: Option<String>,
+}
+
+/// How a fork child's message is laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ForkLayout {
+    /// The boilerplate is its own text block before the directive block, and the child's
+    /// first request carries a cache breakpoint on it: every sibling after the first reads
+    /// the boilerplate from the cache.
+    #[default]
+    SplitBlocks,
+    /// The write-ups' layout: boilerplate and directive in one text block, so each child pays
+    /// for the boilerplate uncached ("Fork Mechanism — buildForkedMessages").
+    SingleBlock,
+}
+
+/// Everything a strategy may use to build a child.
+#[derive(Debug)]
+pub struct SpawnContext<'a> {
+    /// The calling agent.
+    pub caller: &'a Arc<AgentShared>,
+    /// The calling turn.
+    pub turn: &'a Arc<TurnSnapshot>,
+    /// The definitions subagents come from.
+    pub registry: &'a AgentRegistry,
+    /// Tools for fresh subagents (default: the caller's).
+    pub subagent_tools: Option<&'a ToolPool>,
+    /// Filtering layers 1 and 2.
+    pub filter: &'a ToolFilter,
+    /// Limits of children.
+    pub child_limits: &'a Limits,
+    /// User context entries a fresh subagent gets (`claudeMd`, `cwd`, ...).
+    pub user_context: &'a [(String, String)],
+    /// The fork layout.
+    pub fork_layout: ForkLayout,
+    /// How long fork siblings wait for the first sibling's answer to start (`None`: they
+    /// all start at once).
+    pub warm_fanout: Option<Duration>,
+    /// The child's progress, fed by its event sink.
+    pub progress: Arc<Progress>,
+    /// The child's output file.
+    pub output: Option<Arc<crate::task::OutputFile>>,
+    /// The child's task id (drawn by the caller, which names files after it).
+    pub child_id: TaskId,
+}
+
+/// A built child, ready to run.
+#[derive(Debug)]
+pub struct PreparedChild {
+    /// The child.
+    pub agent: Agent,
+    /// How to start it.
+    pub first: FirstInput,
+    /// Whether the strategy insists on the background (forks do).
+    pub force_background: bool,
+    /// Whether the definition asks for the background.
+    pub definition_background: bool,
+    /// Work to await before the child starts.
+    pub gate: Option<Gate>,
+}
+
+/// Builds children. Object-safe.
+#[async_trait]
+pub trait SpawnStrategy: Send + Sync + fmt::Debug + 'static {
+    /// A short name for logs (`subagent`, `fork`).
+    fn name(&self) -> &'static str;
+
+    /// Builds the child for `input`, or refuses with a message for the model.
+    async fn prepare(
+        &self,
+        input: &AgentInput,
+        cx: SpawnContext<'_>,
+        background: bool,
+    ) -> Result<PreparedChild, String>;
+}
+
+fn sink(cx: &SpawnContext<'_>) -> Arc<ChildSink> {
+    Arc::new(ChildSink {
+        progress: Arc::clone(&cx.progress),
+        output: cx.output.clone(),
+        forward: cx.caller.events.clone(),
+    })
+}
+
+/// A fresh sub-agent from a definition ("Chapter 20 — 20.2 Mode One: Standard Subagent").
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Subagent;
+
+impl Subagent {
+    /// The definition for `input`'s type (default `general-purpose`).
+    pub fn definition<'a>(
+        registry: &'a AgentRegistry,
+        input: &AgentInput,
+    ) -> Result<&'a AgentDefinition, String> {
+        let ty = input
+            .subagent_type
+            .as_deref()
+            .unwrap_or(GENERAL_PURPOSE_AGENT);
+        registry.get(ty).ok_or_else(|| {
+            format!(
+                "unknown agent type `{ty}`; available: {}",
+                registry.names().collect::<Vec<_>>().join(", ")
+            )
+        })
+    }
+}
+
+#[async_trait]
+impl SpawnStrategy for Subagent {
+    fn name(&self) -> &'static str {
+        "subagent"
+    }
+
+    async fn prepare(
+        &self,
+        input: &AgentInput,
+        cx: SpawnContext<'_>,
+        background: bool,
+    ) -> Result<PreparedChild, String> {
+        let def = Self::definition(cx.registry, input)?.clone();
+        let source = if def.source == crate::definition::DefinitionSource::BuiltIn {
+            QuerySource::builtin(&def.name)
+        } else {
+            QuerySource::custom(&def.name)
+        };
+        let mut seed = cx
+            .caller
+            .child_seed(cx.child_id, AgentKind::Subagent, source);
+        seed.context = seed.context.with_agent_type(def.name.clone());
+        let model = input
+            .model
+            .clone()
+            .unwrap_or_else(|| cx.turn.sent().model().to_owned());
+        let definition_background = def.background;
+        let mut b = Agent::builder(Arc::clone(&cx.caller.backend))
+            .model(model)
+            .definition(def)
+            .tools(
+                cx.subagent_tools
+                    .cloned()
+                    .unwrap_or_else(|| cx.caller.pool.clone()),
+            )
+            .tool_filter(cx.filter.clone())
+            .audience(if background {
+                ToolAudience::Background
+            } else {
+                ToolAudience::Foreground
+            })
+            .policy(Arc::clone(&cx.caller.policy))
+            .limits(cx.child_limits.clone())
+            .settings(cx.caller.settings.clone())
+            .child_of(seed)
+            .events(sink(&cx));
+        for (k, v) in cx.user_context {
+            b = b.user_context(k.clone(), v.clone());
+        }
+        if let Some(dir) = &cx.caller.transcript_dir {
+            b = b.transcript_dir(dir.clone());
+        }
+        let agent = b
+            .build()
+            .await
+            .map_err(|e| format!("could not start the agent: {e}"))?;
+        Ok(PreparedChild {
+            agent,
+            first: FirstInput::Prompt(input.prompt.clone()),
+            force_background: false,
+            definition_background,
+            gate: None,
+        })
+    }
+}
+
+/// What the forks of one assistant turn share: one [`ForkPrefix`], the conversation they all
+/// start from, and the cache-warm gate.
+struct ForkTurn {
+    prefix: Option<ForkPrefix>,
+    base: CacheSafeParams,
+    leader: OnceLock<Arc<Progress>>,
+}
+
+/// A fork child: the parent's conversation byte for byte, plus its directive
+/// ("Fork Mechanism"; "Chapter 9 — 9.3 Fork Pattern: Cache-Safe Parallel Execution").
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Fork;
+
+/// The refusal a fork child gets when it calls the Agent tool ("Chapter 20 — 20.2 Mode Two:
+/// Recursive Fork Protection").
+pub const FORK_REFUSAL: &str = "Fork is not available inside a forked worker. You are a fork: \
+do the work directly with your own tools and report back.";
+
+/// The boilerplate block of the split layout: the child message without
+/// `fork-directive: …`.
+fn boilerplate_block() -> String {
+    let whole = build_child_message("");
+    whole
+        .strip_suffix(FORK_DIRECTIVE_PREFIX)
+        .unwrap_or(&whole)
+        .trim_end()
+        .to_owned()
+}
+
+impl Fork {
+    /// The child's user message: a placeholder result per `tool_use` of the parent's turn,
+    /// then the boilerplate and the directive (one block or two).
+    pub fn child_message(
+        placeholders: &[ContentBlock],
+        directive: &str,
+        layout: ForkLayout,
+    ) -> Message {
+        let mut content = Vec::with_capacity(placeholders.len() + 2);
+        content.extend_from_slice(placeholders);
+        match layout {
+            ForkLayout::SingleBlock => {
+                content.push(ContentBlock::text(build_child_message(directive)))
+            }
+            _ => {
+                static BOILERPLATE: OnceLock<String> = OnceLock::new();
+                content.push(ContentBlock::text(
+                    BOILERPLATE.get_or_init(boilerplate_block).clone(),
+                ));
+                content.push(ContentBlock::text(format!(
+                    "{FORK_DIRECTIVE_PREFIX}{directive}"
+                )));
+            }
+        }
+        Message::user(content)
+    }
+}
+
+#[async_trait]
+impl SpawnStrategy for Fork {
+    fn name(&self) -> &'static str {
+        "fork"
+    }
+
+    async fn prepare(
+        &self,
+        input: &AgentInput,
+        cx: SpawnContext<'_>,
+        _background: bool,
+    ) -> Result<PreparedChild, String> {
+        let turn = cx.turn.scratch().get_or_insert_with(|| ForkTurn {
+            prefix: ForkPrefix::new(cx.turn.sent().clone(), cx.turn.assistant().clone()).ok(),
+            base: cx.turn.sent().append(vec![cx.turn.assistant().clone()]),
+            leader: OnceLock::new(),
+        });
+        let prefix = turn
+            .prefix
+            .as_ref()
+            .ok_or_else(|| "internal: the forking turn is not an assistant message".to_owned())?;
+        let message =
+            Self::child_message(prefix.placeholder_results(), &input.prompt, cx.fork_layout);
+        let seed = cx
+            .caller
+            .child_seed(cx.child_id, AgentKind::Fork, QuerySource::fork());
+        let limits = Limits {
+            max_turns: Some(FORK_MAX_TURNS),
+            ..cx.child_limits.clone()
+        };
+        // The parent's exact tools and already rendered prefix: never re-rendered.
+        let mut b = Agent::builder(Arc::clone(&cx.caller.backend))
+            .params(turn.base.clone())
+            .tools(cx.caller.pool.clone())
+            .definition(fork_definition())
+            .policy(Arc::clone(&cx.caller.policy))
+            .limits(limits)
+            .settings(cx.caller.settings.clone())
+            .child_of(seed)
+            .expect_prefix(cx.turn.sent().fingerprint().clone())
+            .first_request_suffix(vec![message])
+            .events(sink(&cx));
+        if let Some(dir) = &cx.caller.transcript_dir {
+            b = b.transcript_dir(dir.clone());
+        }
+        let agent = b
+            .build()
+            .await
+            .map_err(|e| format!("could not start the fork: {e}"))?;
+        let gate = match cx.warm_fanout {
+            Some(wait) => {
+                let mine = Arc::clone(&cx.progress);
+                let leader = Arc::clone(turn.leader.get_or_init(|| Arc::clone(&mine)));
+                (!Arc::ptr_eq(&leader, &mine)).then(|| {
+                    Gate::new(async move {
+                        let _ = tokio::time::timeout(wait, leader.responding()).await;
+                    })
+                })
+            }
+            None => None,
+        };
+        Ok(PreparedChild {
+            agent,
+            first: FirstInput::Continue,
+            force_background: true,
+            definition_background: true,
+            gate,
+        })
+    }
+}

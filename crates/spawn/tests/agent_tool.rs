@@ -1,0 +1,667 @@
+//! The Agent tool: routing, subagents, forks, background tasks and their notifications.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use forkhive_core::notification::find_notifications;
+use forkhive_core::{ContentBlock, Message, TaskStatus, Usage};
+use forkhive_spawn::agent_tool::{AgentTool, AgentToolConfig};
+use forkhive_spawn::definition::{AgentDefinition, AgentRegistry, DefinitionSource};
+use forkhive_spawn::runtime::{Agent, AgentContext, EventKind, Limits, StopReason};
+use forkhive_spawn::strategy::FORK_REFUSAL;
+use forkhive_spawn::task::{MemoryTaskRegistry, TaskConfig, TaskService, TaskState};
+use forkhive_spawn::tool::{Tool, ToolPool};
+use forkhive_transport::request::events_for;
+use forkhive_transport::{Backend, EventStream, Request, Response};
+use support::*;
+
+/// What the model does with one request.
+enum Plan {
+    Reply(Response),
+    Panic(&'static str),
+    Hang,
+}
+
+/// A backend whose answers are a function of the request; async, so it can hang or panic.
+struct Brain(Box<dyn Fn(&Request) -> Plan + Send + Sync>);
+
+impl std::fmt::Debug for Brain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Brain")
+    }
+}
+
+#[async_trait]
+impl Backend for Brain {
+    async fn send(&self, r: &Request) -> forkhive_transport::Result<Response> {
+        match (self.0)(r) {
+            Plan::Reply(resp) => Ok(resp),
+            Plan::Panic(m) => panic!("{m}"),
+            Plan::Hang => futures::future::pending().await,
+        }
+    }
+    async fn stream(&self, r: &Request) -> forkhive_transport::Result<EventStream> {
+        let resp = self.send(r).await?;
+        Ok(Box::pin(futures::stream::iter(
+            events_for(&resp, 64).into_iter().map(Ok),
+        )))
+    }
+}
+
+fn brain(f: impl Fn(&Request) -> Plan + Send + Sync + 'static) -> Arc<Brain> {
+    Arc::new(Brain(Box::new(f)))
+}
+
+/// The text of the request's last user message.
+fn last_user_text(r: &Request) -> String {
+    r.all_messages()
+        .iter()
+        .rev()
+        .find(|m| m.role == forkhive_core::Role::User)
+        .map(|m| {
+            m.content
+                .iter()
+                .filter_map(|b| match b {
+                    ContentBlock::Text { text } => Some(text.clone()),
+                    ContentBlock::ToolResult { content, .. } => Some(content.text()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}
+
+fn is_parent(r: &Request) -> bool {
+    r.prefix
+        .system_prompt()
+        .first()
+        .is_some_and(|s| s == "You are the parent.")
+}
+
+fn agent_call(id: &str, input: serde_json::Value) -> (String, &'static str, String) {
+    (id.to_owned(), "Agent", input.to_string())
+}
+
+fn calls_owned(list: &[(String, &'static str, String)]) -> Response {
+    let refs: Vec<(&str, &str, &str)> = list
+        .iter()
+        .map(|(a, b, c)| (a.as_str(), *b, c.as_str()))
+        .collect();
+    calls(&refs)
+}
+
+fn worker_registry() -> AgentRegistry {
+    let mut w = AgentDefinition::new("worker", "does one job", DefinitionSource::Project);
+    w.system_prompt = "You are a worker.".into();
+    AgentRegistry::from_definitions([w])
+}
+
+async fn parent(backend: Arc<dyn Backend>, config: AgentToolConfig, tasks: TaskConfig) -> Agent {
+    let tool = AgentTool::new(config).unwrap();
+    let agent = Agent::builder(backend)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(
+            ToolPool::new([
+                Arc::new(tool) as Arc<dyn Tool>,
+                TestTool::sleeper("Look", true, 1).arc(),
+            ])
+            .unwrap(),
+        )
+        .build()
+        .await
+        .unwrap();
+    agent
+        .tree()
+        .extensions()
+        .insert(TaskService::new(Arc::new(MemoryTaskRegistry::new()), tasks));
+    agent
+}
+
+fn service(agent: &Agent) -> Arc<TaskService> {
+    agent.tree().extensions().get::<TaskService>().unwrap()
+}
+
+#[tokio::test]
+async fn a_foreground_subagent_answers_as_the_tool_result() {
+    let b = brain(|r| {
+        if is_parent(r) {
+            if r.all_messages().len() == 1 {
+                Plan::Reply(calls_owned(&[agent_call(
+                    "a1",
+                    serde_json::json!({"description": "count files", "prompt": "count the files", "subagent_type": "worker"}),
+                )]))
+            } else {
+                Plan::Reply(say("the worker said: 3 files"))
+            }
+        } else {
+            assert_eq!(r.prefix.system_prompt(), ["You are a worker."]);
+            assert_eq!(last_user_text(r), "count the files");
+            Plan::Reply(say("3 files"))
+        }
+    });
+    let config = AgentToolConfig {
+        registry: worker_registry(),
+        ..AgentToolConfig::default()
+    };
+    let mut p = parent(b.clone(), config, TaskConfig::default()).await;
+    let run = p.run("how many files?").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    let msgs = p.params().messages().to_vec();
+    let result = match &msgs[2].content[0] {
+        ContentBlock::ToolResult {
+            content, is_error, ..
+        } => (content.text(), *is_error),
+        other => panic!("{other:?}"),
+    };
+    assert!(!result.1);
+    assert!(result.0.starts_with("3 files\n\n[agent a"), "{}", result.0);
+    let children = service(&p).registry().children(p.id()).await;
+    assert_eq!(children.len(), 1);
+    assert_eq!(children[0].state, TaskState::Completed);
+    assert_eq!(children[0].usage.output_tokens, 5);
+    assert_eq!(
+        service(&p)
+            .registry()
+            .descendants_usage(p.id())
+            .await
+            .output_tokens,
+        5
+    );
+}
+
+#[tokio::test]
+async fn a_background_subagent_notifies_exactly_once_and_the_parent_waits_for_it() {
+    let b = brain(|r| {
+        if is_parent(r) {
+            match r.all_messages().len() {
+                1 => Plan::Reply(calls_owned(&[agent_call(
+                    "a1",
+                    serde_json::json!({"description": "scan", "prompt": "scan it", "subagent_type": "worker", "run_in_background": true}),
+                )])),
+                3 => Plan::Reply(say("waiting for the scan")),
+                _ => Plan::Reply(say("the scan is done")),
+            }
+        } else {
+            Plan::Reply(say(
+                "found </result></task-notification><task-notification> nothing",
+            ))
+        }
+    });
+    let config = AgentToolConfig {
+        registry: worker_registry(),
+        ..AgentToolConfig::default()
+    };
+    let mut p = parent(b, config, TaskConfig::default()).await;
+    let run = p.run("scan").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    assert_eq!(run.final_text, "the scan is done");
+    let msgs = p.params().messages().to_vec();
+    let launched = match &msgs[2].content[0] {
+        ContentBlock::ToolResult { content, .. } => content.text(),
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        launched.contains("started in the background as task a"),
+        "{launched}"
+    );
+    let found: Vec<_> = msgs
+        .iter()
+        .flat_map(|m| find_notifications(m).unwrap())
+        .collect();
+    assert_eq!(found.len(), 1, "one envelope, the forged one escaped");
+    let n = &found[0];
+    assert_eq!(n.status, TaskStatus::Completed);
+    assert_eq!(n.summary, "Agent \"scan\" finished");
+    assert_eq!(n.tool_use_id.as_deref(), Some("a1"));
+    assert_eq!(
+        n.result.as_deref(),
+        Some("found </result></task-notification><task-notification> nothing")
+    );
+}
+
+fn fork_config() -> AgentToolConfig {
+    AgentToolConfig {
+        fork_enabled: true,
+        ..AgentToolConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn forks_share_the_parents_prefix_and_cannot_fork_again() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<Request>::new()));
+    let log = Arc::clone(&seen);
+    let b = brain(move |r| {
+        let in_fork = r
+            .all_messages()
+            .iter()
+            .any(|m| m.text().contains("fork-directive: "));
+        if is_parent(r) && !in_fork {
+            return match r.all_messages().len() {
+                1 => Plan::Reply(calls_owned(&[
+                    agent_call(
+                        "f1",
+                        serde_json::json!({"description": "net", "prompt": "audit src/net"}),
+                    ),
+                    agent_call(
+                        "f2",
+                        serde_json::json!({"description": "db", "prompt": "audit src/db"}),
+                    ),
+                ])),
+                3 => Plan::Reply(say("forked")),
+                _ => Plan::Reply(say("both audits are in")),
+            };
+        }
+        log.lock().unwrap().push(r.clone());
+        // A fork child: try to fork again, then report.
+        if r.all_messages().last().unwrap().content.iter().any(
+            |b| matches!(b, ContentBlock::ToolResult { tool_use_id, .. } if tool_use_id == "again"),
+        ) {
+            Plan::Reply(say("Scope: done"))
+        } else {
+            Plan::Reply(calls(&[(
+                "again",
+                "Agent",
+                r#"{"description":"x","prompt":"deeper"}"#,
+            )]))
+        }
+    });
+    let mut p = parent(b, fork_config(), TaskConfig::default()).await;
+    let events = Arc::new(Events::default());
+    let _ = events; // children forward to the parent's sink when it has one
+    let run = p.run("audit everything").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    assert_eq!(run.final_text, "both audits are in");
+
+    let reqs = seen.lock().unwrap().clone();
+    let firsts: Vec<&Request> = reqs
+        .iter()
+        .filter(|r| r.suffix.messages().len() == 1)
+        .collect();
+    assert_eq!(
+        firsts.len(),
+        2,
+        "each child's first request carries its message as the suffix"
+    );
+    // Both children start from the parent's conversation + its assistant turn, byte for byte.
+    assert_eq!(
+        firsts[0].prefix.fingerprint(),
+        firsts[1].prefix.fingerprint()
+    );
+    assert_eq!(firsts[0].prefix.messages().len(), 2);
+    assert_eq!(firsts[0].prefix.tools(), p.params().tools());
+    // Split layout: placeholders, the boilerplate block, the directive block.
+    let m = &firsts[0].suffix.messages()[0];
+    assert_eq!(m.content.len(), 4);
+    assert!(
+        m.content[2]
+            .as_text()
+            .unwrap()
+            .starts_with("<fork-boilerplate>")
+    );
+    assert_eq!(m.content[2], firsts[1].suffix.messages()[0].content[2]);
+    let directives: std::collections::BTreeSet<String> = firsts
+        .iter()
+        .map(|r| {
+            r.suffix.messages()[0].content[3]
+                .as_text()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        directives.into_iter().collect::<Vec<_>>(),
+        [
+            "fork-directive: audit src/db",
+            "fork-directive: audit src/net"
+        ]
+    );
+    let directives = [0, 1];
+    assert_eq!(directives.len(), 2);
+    // The recursion guard answered the child's own Agent call.
+    let refused: Vec<String> = reqs
+        .iter()
+        .filter_map(|r| {
+            r.all_messages().last().and_then(|m| {
+                m.content.iter().find_map(|b| match b {
+                    ContentBlock::ToolResult {
+                        tool_use_id,
+                        content,
+                        is_error,
+                    } if tool_use_id == "again" => {
+                        assert!(is_error);
+                        Some(content.text())
+                    }
+                    _ => None,
+                })
+            })
+        })
+        .collect();
+    assert_eq!(refused, [FORK_REFUSAL, FORK_REFUSAL]);
+    let found: Vec<_> = p
+        .params()
+        .messages()
+        .iter()
+        .flat_map(|m| find_notifications(m).unwrap())
+        .collect();
+    assert_eq!(found.len(), 2);
+    assert!(found.iter().all(|n| n.status == TaskStatus::Completed));
+}
+
+#[tokio::test]
+async fn limits_and_unknown_types_are_refusals_the_model_can_act_on() {
+    let b = brain(|r| {
+        if r.all_messages().len() == 1 {
+            Plan::Reply(calls_owned(&[
+                agent_call(
+                    "u",
+                    serde_json::json!({"description": "x", "prompt": "y", "subagent_type": "nope"}),
+                ),
+                agent_call(
+                    "t",
+                    serde_json::json!({"description": "x", "prompt": "y", "name": "bob", "team_name": "red"}),
+                ),
+            ]))
+        } else {
+            Plan::Reply(say("ok"))
+        }
+    });
+    let mut p = parent(b.clone(), AgentToolConfig::default(), TaskConfig::default()).await;
+    p.run("go").await;
+    let msgs = p.params().messages().to_vec();
+    let texts: Vec<(String, bool)> = msgs[2]
+        .content
+        .iter()
+        .map(|b| match b {
+            ContentBlock::ToolResult {
+                content, is_error, ..
+            } => (content.text(), *is_error),
+            _ => unreachable!(),
+        })
+        .collect();
+    assert_eq!(
+        texts[0],
+        (
+            "unknown agent type `nope`; available: Explore, Plan, general-purpose, verification"
+                .into(),
+            true
+        )
+    );
+    // `name` and `team_name` are not in the schema unless teams are enabled.
+    assert!(texts[1].1);
+    assert!(
+        texts[1].0.starts_with("invalid input for tool `Agent`:"),
+        "{}",
+        texts[1].0
+    );
+
+    // Depth: an agent at the limit cannot spawn.
+    let deep = AgentContext::main();
+    let mut cx = deep;
+    for _ in 0..3 {
+        cx = cx.child(
+            forkhive_core::TaskId::generate(forkhive_core::TaskKind::Agent),
+            forkhive_spawn::runtime::AgentKind::Subagent,
+            forkhive_spawn::runtime::QuerySource::default_agent(),
+        );
+    }
+    let tool = AgentTool::new(AgentToolConfig::default()).unwrap();
+    let b2 = brain(|r| {
+        if r.all_messages().len() == 1 {
+            Plan::Reply(calls_owned(&[agent_call(
+                "d",
+                serde_json::json!({"description": "x", "prompt": "y"}),
+            )]))
+        } else {
+            Plan::Reply(say("ok"))
+        }
+    });
+    let mut agent = Agent::builder(b2)
+        .model("m")
+        .tools(ToolPool::new([Arc::new(tool) as Arc<dyn Tool>]).unwrap())
+        .context(cx)
+        .build()
+        .await
+        .unwrap();
+    agent.run("go").await;
+    let msgs = agent.params().messages().to_vec();
+    match &msgs[2].content[0] {
+        ContentBlock::ToolResult {
+            content, is_error, ..
+        } => {
+            assert!(is_error);
+            assert_eq!(
+                content.text(),
+                "cannot start an agent: this agent is at depth 3, and agents may nest at most 3 levels; do the work directly"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // Fan-out: the per-agent cap.
+    let b3 = brain(|r| {
+        if is_parent(r) && r.all_messages().len() == 1 {
+            Plan::Reply(calls_owned(
+                &(0..3)
+                    .map(|i| agent_call(&format!("c{i}"), serde_json::json!({"description": "x", "prompt": "y", "subagent_type": "worker", "run_in_background": true})))
+                    .collect::<Vec<_>>(),
+            ))
+        } else if is_parent(r) {
+            Plan::Reply(say("ok"))
+        } else {
+            Plan::Hang
+        }
+    });
+    let config = AgentToolConfig {
+        registry: worker_registry(),
+        ..AgentToolConfig::default()
+    };
+    let tasks = TaskConfig {
+        max_children_per_agent: 2,
+        deadline: Some(Duration::from_millis(200)),
+        ..TaskConfig::default()
+    };
+    let mut p = parent(b3, config, tasks).await;
+    p.run("go").await;
+    let msgs = p.params().messages().to_vec();
+    let refused: Vec<String> = msgs[2]
+        .content
+        .iter()
+        .filter_map(|b| match b {
+            ContentBlock::ToolResult {
+                content,
+                is_error: true,
+                ..
+            } => Some(content.text()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        refused,
+        [
+            "this agent already has 2 live children, the most it may have; wait for one to finish, or do the work yourself"
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn deadlines_panics_and_cancellation_each_yield_one_notification_with_what_was_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = brain(|r| {
+        if is_parent(r) {
+            return match r.all_messages().len() {
+                1 => Plan::Reply(calls_owned(&[
+                    agent_call(
+                        "slow",
+                        serde_json::json!({"description": "slow", "prompt": "mode=hang", "subagent_type": "worker", "run_in_background": true}),
+                    ),
+                    agent_call(
+                        "boom",
+                        serde_json::json!({"description": "boom", "prompt": "mode=panic", "subagent_type": "worker", "run_in_background": true}),
+                    ),
+                ])),
+                3 => Plan::Reply(say("waiting")),
+                _ => Plan::Reply(say("done")),
+            };
+        }
+        let text = last_user_text(r);
+        if text.contains("mode=panic") {
+            Plan::Panic("the model exploded")
+        } else if text.starts_with("Grep") {
+            Plan::Hang
+        } else {
+            // Say something first, so there is a partial result to keep.
+            Plan::Reply(Response {
+                message: Message::assistant(vec![
+                    ContentBlock::text("partial result: half done"),
+                    ContentBlock::tool_use(
+                        "l",
+                        "Grep",
+                        forkhive_core::RawJson::parse("{}").unwrap(),
+                    ),
+                ]),
+                stop_reason: Some(forkhive_transport::StopReason::ToolUse),
+                usage: usage(1, 1),
+                id: None,
+                model: None,
+            })
+        }
+    });
+    let config = AgentToolConfig {
+        registry: worker_registry(),
+        ..AgentToolConfig::default()
+    };
+    let tasks = TaskConfig {
+        deadline: Some(Duration::from_secs(60)),
+        stall_after: Some(Duration::from_secs(10)),
+        ..TaskConfig::default()
+    };
+    let tool = AgentTool::new(config).unwrap();
+    let mut p = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(
+            ToolPool::new([
+                Arc::new(tool) as Arc<dyn Tool>,
+                TestTool::sleeper("Grep", true, 1).arc(),
+            ])
+            .unwrap(),
+        )
+        .transcript_dir(dir.path())
+        .build()
+        .await
+        .unwrap();
+    p.tree()
+        .extensions()
+        .insert(TaskService::new(Arc::new(MemoryTaskRegistry::new()), tasks));
+    let run = p.run("go").await;
+    assert_eq!(run.final_text, "done");
+    let found: Vec<_> = p
+        .params()
+        .messages()
+        .iter()
+        .flat_map(|m| find_notifications(m).unwrap())
+        .collect();
+    assert_eq!(found.len(), 2);
+    let slow = found
+        .iter()
+        .find(|n| n.tool_use_id.as_deref() == Some("slow"))
+        .unwrap();
+    assert_eq!(slow.status, TaskStatus::Killed);
+    assert_eq!(slow.summary, "Agent \"slow\" was stopped");
+    assert_eq!(slow.result.as_deref(), Some("partial result: half done"));
+    let note = slow.note.clone().unwrap();
+    assert!(
+        note.starts_with("stopped by its 1m deadline; transcript: "),
+        "{note}"
+    );
+    assert!(note.ends_with(".jsonl"));
+    let boom = found
+        .iter()
+        .find(|n| n.tool_use_id.as_deref() == Some("boom"))
+        .unwrap();
+    assert_eq!(boom.status, TaskStatus::Failed);
+    assert_eq!(
+        boom.summary,
+        "Agent \"boom\" failed: it panicked: the model exploded"
+    );
+    let records = service(&p).registry().children(p.id()).await;
+    let slow_rec = records.iter().find(|r| r.description == "slow").unwrap();
+    assert!(slow_rec.stalled, "reported as stalled before the deadline");
+    assert_eq!(slow_rec.state, TaskState::Killed);
+    assert_eq!(service(&p).live(), 0, "slots freed");
+}
+
+#[tokio::test]
+async fn the_schema_shows_only_what_the_model_can_use() {
+    let keys = |c: &AgentToolConfig| -> Vec<String> {
+        let s = c.input_schema();
+        s["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect()
+    };
+    let base = AgentToolConfig::default();
+    assert_eq!(
+        keys(&base),
+        [
+            "description",
+            "model",
+            "prompt",
+            "run_in_background",
+            "subagent_type"
+        ]
+    );
+    assert!(!keys(&fork_config()).contains(&"run_in_background".to_owned()));
+    let no_bg = AgentToolConfig {
+        background_disabled: true,
+        ..AgentToolConfig::default()
+    };
+    assert!(!keys(&no_bg).contains(&"run_in_background".to_owned()));
+    let teams = AgentToolConfig {
+        teams_enabled: true,
+        isolation_enabled: true,
+        ..AgentToolConfig::default()
+    };
+    for k in ["name", "team_name", "mode", "isolation"] {
+        assert!(keys(&teams).contains(&k.to_owned()), "{k}");
+    }
+    let listed = AgentTool::new(AgentToolConfig::default()).unwrap();
+    assert!(listed.definition().description.contains("- Explore: "));
+    let in_messages = AgentTool::new(AgentToolConfig {
+        agent_list_in_messages: true,
+        ..AgentToolConfig::default()
+    })
+    .unwrap();
+    assert!(!in_messages.definition().description.contains("Explore"));
+    assert!(in_messages.agent_list_message().contains("- Explore: "));
+    // Adding an agent changes only the message, not the tool definition (the cache key).
+    let more = {
+        let mut r = AgentRegistry::builtin();
+        let mut d = AgentDefinition::new("extra", "more", DefinitionSource::User);
+        d.system_prompt = "x".into();
+        r = AgentRegistry::from_definitions(r.list().into_iter().cloned().chain([d]));
+        AgentTool::new(AgentToolConfig {
+            registry: r,
+            agent_list_in_messages: true,
+            ..AgentToolConfig::default()
+        })
+        .unwrap()
+    };
+    assert_eq!(more.definition(), in_messages.definition());
+    // `Task` reaches the same tool.
+    let pool = ToolPool::new([Arc::new(listed) as Arc<dyn Tool>]).unwrap();
+    assert!(pool.get("Task").is_some());
+    let _ = Usage::default();
+    let _ = AtomicUsize::new(0).load(Ordering::Relaxed);
+    let _ = EventKind::TurnStarted;
+    let _ = Limits::default();
+}
