@@ -346,7 +346,8 @@ async fn refusal_max_tokens_and_pause_turn() {
     let reqs = backend.requests();
     assert_eq!(reqs.len(), 4);
     assert_eq!(last_texts(&reqs[3]), [CONTINUE_PROMPT]);
-    assert_eq!(run.final_text, "part 3");
+    // The answer is the concatenation of the continued parts.
+    assert_eq!(run.final_text, "part 0part 1part 2part 3");
 
     let backend = Arc::new(ScriptedBackend::from_replies([
         Ok(answer("thinking about it", ModelStop::PauseTurn)),
@@ -863,6 +864,7 @@ async fn permission_modes_map_onto_policies() {
                 .unwrap(),
             )
             .policy(Arc::new(SaysNo))
+            .trust_permission_modes(true)
             .child_of(seed)
             .build()
             .await
@@ -894,4 +896,181 @@ impl PermissionPolicy for SaysNo {
             r.tool_name()
         ))
     }
+}
+
+#[tokio::test]
+async fn limits_on_continuations_and_resends_count_in_a_row() {
+    // max_tokens, max_tokens, tool call, max_tokens x3, then done: never 4 in a row.
+    let mut replies = vec![
+        Ok(answer("a", ModelStop::MaxTokens)),
+        Ok(answer("b", ModelStop::MaxTokens)),
+        Ok(calls(&[("l", "Look", "{}")])),
+    ];
+    replies.extend((0..3).map(|_| Ok(answer("c", ModelStop::MaxTokens))));
+    replies.push(Ok(say("d")));
+    let backend = Arc::new(ScriptedBackend::from_replies(replies));
+    let mut agent = agent_with(backend, vec![TestTool::sleeper("Look", true, 1).arc()], Limits::default()).await;
+    let run = agent.run("x").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    assert_eq!(run.final_text, "cccd");
+
+    let backend = Arc::new(ScriptedBackend::from_replies(
+        (0..3).map(|_| Ok(answer("p", ModelStop::PauseTurn))),
+    ));
+    let limits = Limits { max_pause_resends: 2, ..Limits::default() };
+    let mut agent = agent_with(backend, vec![], limits).await;
+    let run = agent.run("x").await;
+    assert_eq!(run.stop, StopReason::PauseLimit { resends: 2 });
+    assert_eq!(run.stop.to_string(), "the provider paused the turn again after 2 resends");
+}
+
+#[tokio::test]
+async fn only_tools_the_model_was_offered_can_run() {
+    let danger = TestTool::new("Danger", OBJECT, false, |_, _| async { ToolOutput::text("boom") });
+    let ran = Arc::clone(&danger.calls);
+    let offered = CacheSafeParams::builder("m")
+        .tool(ToolDefinition::new("Look", "the Look tool", OBJECT).unwrap())
+        .build();
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(calls(&[("d", "Danger", "{}")])),
+        Ok(say("ok")),
+    ]));
+    let mut agent = Agent::builder(backend.clone())
+        .params(offered)
+        .tools(ToolPool::new([TestTool::sleeper("Look", true, 1).arc(), danger.arc()]).unwrap())
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(agent.tools().names(), ["Look"]);
+    agent.run("x").await;
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        results(&backend.requests()[1])[0],
+        ("d".into(), "unknown tool `Danger`; available tools: Look".into(), true)
+    );
+}
+
+#[derive(Debug)]
+struct DenyAll;
+
+#[async_trait]
+impl PermissionPolicy for DenyAll {
+    async fn check(&self, r: PermissionRequest<'_>) -> PermissionDecision {
+        PermissionDecision::deny(format!("the host denies `{}`", r.tool_name()))
+    }
+}
+
+#[tokio::test]
+async fn permission_modes_never_loosen_the_host_unless_trusted() {
+    use forkhive_spawn::definition::{AgentDefinition, DefinitionSource, PermissionMode};
+    let run_with = |mode: PermissionMode, trust: bool| async move {
+        let mut def = AgentDefinition::new("d", "d", DefinitionSource::Project);
+        def.permission_mode = Some(mode);
+        let backend = Arc::new(ScriptedBackend::from_replies([
+            Ok(calls(&[("l", "Look", "{}")])),
+            Ok(say("ok")),
+        ]));
+        let mut agent = Agent::builder(backend.clone())
+            .model("m")
+            .definition(def)
+            .tools(ToolPool::new([TestTool::sleeper("Look", true, 1).arc()]).unwrap())
+            .policy(Arc::new(DenyAll))
+            .trust_permission_modes(trust)
+            .build()
+            .await
+            .unwrap();
+        agent.run("x").await;
+        results(&backend.requests()[1])[0].1.clone()
+    };
+    // Plan on top of a host that denies: still denied (read-only is necessary, not sufficient).
+    assert_eq!(run_with(PermissionMode::Plan, false).await, "the host denies `Look`");
+    assert_eq!(run_with(PermissionMode::DontAsk, false).await, "the host denies `Look`");
+    // A project file cannot switch permissions off...
+    assert_eq!(run_with(PermissionMode::BypassPermissions, false).await, "the host denies `Look`");
+    // ...unless the host trusts definitions' modes.
+    assert_eq!(run_with(PermissionMode::BypassPermissions, true).await, "Look {}");
+}
+
+#[derive(Debug)]
+struct Panicky;
+
+#[async_trait]
+impl PermissionPolicy for Panicky {
+    async fn check(&self, _r: PermissionRequest<'_>) -> PermissionDecision {
+        #[allow(clippy::panic)]
+        if true {
+            panic!("policy bug");
+        }
+        PermissionDecision::Allow
+    }
+}
+
+#[derive(Debug)]
+struct BadClassifier(ToolDefinition);
+
+#[async_trait]
+impl Tool for BadClassifier {
+    fn definition(&self) -> &ToolDefinition {
+        &self.0
+    }
+    fn is_concurrency_safe(&self, _input: &serde_json::Value) -> bool {
+        #[allow(clippy::panic)]
+        if true {
+            panic!("classifier bug");
+        }
+        true
+    }
+    fn is_read_only(&self) -> bool {
+        true
+    }
+    async fn call(&self, _input: serde_json::Value, _cx: &forkhive_spawn::tool::ToolContext) -> ToolOutput {
+        ToolOutput::text("ran alone")
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_policy_or_classifier_does_not_kill_the_loop() {
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(calls(&[("l", "Look", "{}")])),
+        Ok(say("ok")),
+    ]));
+    let mut agent = Agent::builder(backend.clone())
+        .model("m")
+        .tools(ToolPool::new([TestTool::sleeper("Look", true, 1).arc()]).unwrap())
+        .policy(Arc::new(Panicky))
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(agent.run("x").await.stop, StopReason::Completed);
+    assert_eq!(
+        results(&backend.requests()[1])[0].1,
+        "the permission policy panicked while checking `Look`: policy bug; the call did not run"
+    );
+
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(calls(&[("b", "Bad", "{}")])),
+        Ok(say("ok")),
+    ]));
+    let bad = BadClassifier(ToolDefinition::new("Bad", "bad", OBJECT).unwrap());
+    let mut agent = agent_with(backend.clone(), vec![Arc::new(bad)], Limits::default()).await;
+    assert_eq!(agent.run("x").await.stop, StopReason::Completed);
+    assert_eq!(results(&backend.requests()[1])[0].1, "ran alone");
+}
+
+#[tokio::test]
+async fn a_child_gets_the_sub_agent_layers_by_default() {
+    use forkhive_spawn::definition::AgentRegistry;
+    let parent = agent_with(Arc::new(Hang), vec![], Limits::default()).await;
+    let seed = parent.child_seed(TaskId::generate(TaskKind::Agent), AgentKind::Subagent, QuerySource::builtin("general-purpose"));
+    let gp = AgentRegistry::builtin().get("general-purpose").unwrap().clone();
+    let tool = |n: &str| TestTool::sleeper(n, true, 1).arc();
+    let child = Agent::builder(Arc::new(Hang))
+        .model("m")
+        .definition(gp)
+        .tools(ToolPool::new([tool("Read"), tool("Agent"), tool("AskUserQuestion")]).unwrap())
+        .child_of(seed)
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(child.tools().names(), ["Read"]);
 }

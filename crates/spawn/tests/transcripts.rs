@@ -267,3 +267,76 @@ async fn a_planted_symlink_is_refused_and_its_target_untouched() {
     assert_eq!(source.kind(), std::io::ErrorKind::AlreadyExists);
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me");
 }
+
+#[tokio::test]
+async fn a_crash_mid_tool_round_is_answered_on_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, path) = first_session(dir.path()).await;
+    // Keep the header, the user message, the usage record and the assistant's tool call.
+    let text = std::fs::read_to_string(&path).unwrap();
+    let kept: Vec<&str> = text.lines().take(4).collect();
+    std::fs::write(&path, kept.join("\n") + "\n").unwrap();
+
+    let backend = Arc::new(ScriptedBackend::from_texts(["recovered"]));
+    let builder = Agent::builder(backend.clone()).tools(ToolPool::new([look()]).unwrap());
+    let (mut agent, report) = Agent::resume(builder, &path).await.unwrap();
+    assert_eq!(report.interrupted_calls, 1);
+    assert_eq!(agent.run("go on").await.final_text, "recovered");
+    let msgs = backend.requests()[0].all_messages();
+    match &msgs[2].content[0] {
+        forkhive_core::ContentBlock::ToolResult { tool_use_id, content, is_error } => {
+            assert_eq!(tool_use_id, "t1");
+            assert!(is_error);
+            assert_eq!(
+                content.text(),
+                "the call to `Look` was interrupted: the agent stopped before it finished, and was \
+                 resumed from its transcript; check its effects and call it again if needed"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let t = transcript::read(&path).await.unwrap();
+    assert_eq!(t.messages.len(), 5, "the answered results are in the transcript");
+}
+
+#[tokio::test]
+async fn a_resumed_agent_keeps_its_definitions_restrictions() {
+    use forkhive_spawn::definition::{AgentDefinition, DefinitionSource, PermissionMode};
+    let dir = tempfile::tempdir().unwrap();
+    let mut def = AgentDefinition::new("planner", "plans", DefinitionSource::Project);
+    def.system_prompt = "You plan.".into();
+    def.permission_mode = Some(PermissionMode::Plan);
+    def.max_turns = Some(7);
+    def.disallowed_tools = Some(vec!["Danger".into()]);
+    let danger = || {
+        TestTool::new("Danger", OBJECT, false, |_, _| async { forkhive_spawn::tool::ToolOutput::text("boom") })
+            .read_only(false)
+            .arc()
+    };
+    let mut agent = Agent::builder(Arc::new(ScriptedBackend::from_texts(["planned"])))
+        .model("m")
+        .definition(def)
+        .tools(ToolPool::new([look(), danger()]).unwrap())
+        .transcript_dir(dir.path())
+        .build()
+        .await
+        .unwrap();
+    agent.run("plan").await;
+    let path = agent.transcript_path().unwrap().to_path_buf();
+    let t = transcript::read(&path).await.unwrap();
+    assert_eq!(t.header.permission_mode.as_deref(), Some("plan"));
+    assert_eq!(t.header.max_turns, Some(7));
+
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(calls(&[("d", "Danger", "{}")])),
+        Ok(say("ok")),
+    ]));
+    let builder = Agent::builder(backend.clone()).tools(ToolPool::new([look(), danger()]).unwrap());
+    let (mut resumed, _) = Agent::resume(builder, &path).await.unwrap();
+    assert_eq!(resumed.tools().names(), ["Look"], "the disallowed tool stays out");
+    resumed.run("now break something").await;
+    assert_eq!(
+        results(&backend.requests()[1])[0].1,
+        "unknown tool `Danger`; available tools: Look"
+    );
+}

@@ -63,6 +63,9 @@ pub struct ResumeReport {
     pub turns: usize,
     /// A last line cut by a crash, left out (and cut from the file before appending).
     pub dropped: Option<transcript::DroppedTail>,
+    /// Tool calls the transcript left without results (a crash mid-round); each was answered
+    /// with an error result before the agent goes on.
+    pub interrupted_calls: usize,
 }
 
 /// Builds an [`Agent`]; see [`Agent::builder`].
@@ -77,7 +80,8 @@ pub struct AgentBuilder {
     definition: Option<AgentDefinition>,
     tools: ToolPool,
     filter: ToolFilter,
-    audience: ToolAudience,
+    audience: Option<ToolAudience>,
+    trust_modes: bool,
     policy: Arc<dyn PermissionPolicy>,
     parent_policy: Option<Arc<dyn PermissionPolicy>>,
     limits: Limits,
@@ -106,7 +110,8 @@ impl AgentBuilder {
             definition: None,
             tools: ToolPool::empty(),
             filter: ToolFilter::default(),
-            audience: ToolAudience::Main,
+            audience: None,
+            trust_modes: false,
             policy: Arc::new(AllowAll),
             parent_policy: None,
             limits: Limits::default(),
@@ -178,9 +183,17 @@ impl AgentBuilder {
         self
     }
 
-    /// Who the tools are for (default: [`ToolAudience::Main`], no layer 1 or 2).
+    /// Who the tools are for. Default: from the agent's kind — [`ToolAudience::Main`] for a
+    /// main agent, `Foreground` for a subagent or fork, `Teammate` for a teammate.
     pub fn audience(mut self, audience: ToolAudience) -> Self {
-        self.audience = audience;
+        self.audience = Some(audience);
+        self
+    }
+
+    /// Whether a definition's loosening `permissionMode` (`acceptEdits`, `bypassPermissions`)
+    /// is honoured (default: no — the host's policy decides; tightening modes always apply).
+    pub fn trust_permission_modes(mut self, trust: bool) -> Self {
+        self.trust_modes = trust;
         self
     }
 
@@ -269,13 +282,18 @@ impl AgentBuilder {
     /// Renders the parameters and tools, opens the transcript, and returns the agent.
     pub async fn build(self) -> Result<Agent> {
         let def = self.definition.as_ref();
+        let audience = self.audience.unwrap_or(match self.context.as_ref().map(AgentContext::kind) {
+            None | Some(AgentKind::Main) => ToolAudience::Main,
+            Some(AgentKind::Teammate) => ToolAudience::Teammate,
+            Some(_) => ToolAudience::Foreground,
+        });
         let pool = match def {
             Some(d) if self.params.is_none() => {
                 let names: Vec<String> = self
                     .filter
                     .apply(
                         &self.tools.names(),
-                        self.audience,
+                        audience,
                         d.tools.as_deref(),
                         d.disallowed_tools.as_deref(),
                     )
@@ -286,7 +304,7 @@ impl AgentBuilder {
             }
             _ => self.tools.clone(),
         };
-        let params = match self.params {
+        let (params, pool) = match self.params {
             Some(p) => {
                 for t in p.tools() {
                     if pool.get(&t.name).is_none() {
@@ -296,7 +314,9 @@ impl AgentBuilder {
                         )));
                     }
                 }
-                p
+                // Only what the model was offered may run.
+                let offered = pool.retain(|n| p.tools().iter().any(|t| t.name == n));
+                (p, offered)
             }
             None => {
                 let def_model = def
@@ -328,7 +348,7 @@ impl AgentBuilder {
                         b = b.user_context(k, v);
                     }
                 }
-                b.build()
+                (b.build(), pool)
             }
         };
         let mut limits = self.limits;
@@ -339,6 +359,7 @@ impl AgentBuilder {
             def.and_then(|d| d.permission_mode.as_ref()),
             self.policy,
             self.parent_policy,
+            self.trust_modes,
         );
         let context = match self.context {
             Some(c) => c,
@@ -382,6 +403,10 @@ impl AgentBuilder {
                     model: params.model().to_owned(),
                     prefix_fingerprint: params.fingerprint().total().to_string(),
                     prefix: PrefixRecord::of(&params),
+                    permission_mode: def
+                        .and_then(|d| d.permission_mode)
+                        .map(|m| m.as_str().to_owned()),
+                    max_turns: def.and_then(|d| d.max_turns),
                 };
                 let mut w = TranscriptWriter::create(dir, &header).await?;
                 for m in params.messages().iter().chain(&self.unsent) {
@@ -514,6 +539,8 @@ struct RunState {
     final_text: String,
     continuations: u32,
     pauses: u32,
+    /// Text of assistant messages cut at `max_tokens` and continued, not yet complete.
+    continued: String,
     error: Option<Arc<Error>>,
 }
 
@@ -550,18 +577,62 @@ impl Agent {
         if let Some(d) = &t.header.definition {
             cx = cx.with_agent_type(d.clone());
         }
-        let params = t.params();
+        // The definition's restrictions survive a resume: its tools are the header's tool array
+        // (the pool is narrowed to it), its permission mode and turn limit are re-applied.
+        let definition = match (&t.header.permission_mode, t.header.max_turns) {
+            (None, None) => None,
+            (mode, max_turns) => {
+                let name = t.header.definition.clone().unwrap_or_default();
+                let mut d = AgentDefinition::new(name, "", crate::definition::DefinitionSource::BuiltIn);
+                d.max_turns = max_turns;
+                d.permission_mode = match mode {
+                    Some(m) => Some(m.parse().map_err(|e| Error::Transcript {
+                        path: path.to_path_buf(),
+                        line: 1,
+                        message: format!("bad permission_mode: {e}"),
+                    })?),
+                    None => None,
+                };
+                Some(d)
+            }
+        };
+        let mut params = t.params();
         let writer = TranscriptWriter::reopen(&t).await?;
         let mut agent = AgentBuilder {
-            params: Some(params),
+            params: Some(params.clone()),
             context: Some(cx),
             transcript_dir: None,
-            definition: None,
+            definition,
             ..builder
         }
         .build()
         .await?;
         agent.transcript = Some(writer);
+        // A crash in the middle of a tool round leaves calls without results, which no provider
+        // accepts: answer each with an error and record it.
+        let interrupted: Vec<ContentBlock> = match params.messages().last() {
+            Some(m) if m.role == Role::Assistant => m
+                .tool_uses()
+                .map(|(id, name, _)| {
+                    ToolOutput::error(format!(
+                        "the call to `{name}` was interrupted: the agent stopped before it \
+                         finished, and was resumed from its transcript; check its effects and \
+                         call it again if needed"
+                    ))
+                    .into_result_block(id)
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        let interrupted_calls = interrupted.len();
+        if interrupted_calls > 0 {
+            let m = Message::user(interrupted);
+            if let Some(w) = &mut agent.transcript {
+                w.message(&m).await?;
+            }
+            params = params.append(vec![m]);
+            agent.params = params;
+        }
         agent.turn = t.turns.iter().map(|u| u.turn).max().unwrap_or(0);
         agent.last_fingerprint = Some(agent.params.fingerprint().clone());
         let report = ResumeReport {
@@ -569,6 +640,7 @@ impl Agent {
             messages: t.messages.len(),
             turns: t.turns.len(),
             dropped: t.dropped.clone(),
+            interrupted_calls,
         };
         Ok((agent, report))
     }
@@ -853,8 +925,23 @@ impl Agent {
         let snapshot = (!calls.is_empty())
             .then(|| Arc::new(TurnSnapshot::new(sent, message.clone(), self.turn)));
         let has_content = !message.content.is_empty();
+        // The limits on continuations and resends count in a row: any other answer resets them.
+        let cut_in_text = stop_reason == Some(ModelStop::MaxTokens) && calls.is_empty();
+        if !cut_in_text {
+            run.continuations = 0;
+        }
+        if stop_reason != Some(ModelStop::PauseTurn) {
+            run.pauses = 0;
+        }
         if has_content {
-            run.final_text = message.text();
+            // An answer continued after `max_tokens` is the concatenation of its parts.
+            let text = message.text();
+            if cut_in_text || stop_reason == Some(ModelStop::PauseTurn) {
+                run.continued.push_str(&text);
+                run.final_text.clone_from(&run.continued);
+            } else {
+                run.final_text = std::mem::take(&mut run.continued) + &text;
+            }
             if let Err(e) = self.push(run, vec![message]).await {
                 run.error = Some(Arc::new(e));
                 return TurnEnd::Stop(StopReason::Failed);
@@ -895,7 +982,9 @@ impl Agent {
             }
             Some(ModelStop::PauseTurn) if has_content => {
                 if run.pauses >= self.shared.limits.max_pause_resends {
-                    return TurnEnd::EndTurn;
+                    return TurnEnd::Stop(StopReason::PauseLimit {
+                        resends: run.pauses,
+                    });
                 }
                 run.pauses += 1;
                 // Resend as is: the provider continues the paused assistant turn.

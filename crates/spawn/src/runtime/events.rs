@@ -54,7 +54,8 @@ pub enum EventKind {
         /// Why the model stopped, if the provider said.
         stop_reason: Option<ModelStop>,
     },
-    /// A tool call starts (after its input was validated).
+    /// A tool call starts — or is about to be answered without running (an unknown tool, an
+    /// input that fails the schema), in which case its `ToolCallFinished` says `is_error`.
     ToolCallStarted {
         /// The `tool_use` id.
         id: String,

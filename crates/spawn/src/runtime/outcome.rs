@@ -35,6 +35,12 @@ pub enum StopReason {
         /// How many continuations were sent.
         continuations: u32,
     },
+    /// The provider paused the turn (`pause_turn`) again after `max_pause_resends` resends
+    /// in a row.
+    PauseLimit {
+        /// How many resends were made.
+        resends: u32,
+    },
     /// The model refused.
     Refusal,
     /// The agent (or an ancestor) was cancelled.
@@ -55,6 +61,9 @@ impl fmt::Display for StopReason {
                 f,
                 "hit the output limit again after {continuations} continuations"
             ),
+            StopReason::PauseLimit { resends } => {
+                write!(f, "the provider paused the turn again after {resends} resends")
+            }
             StopReason::Refusal => f.write_str("the model refused"),
             StopReason::Cancelled => f.write_str("cancelled"),
             StopReason::Failed => f.write_str("failed"),
@@ -71,9 +80,9 @@ pub struct Limits {
     pub token_budget: Option<u64>,
     /// `max_tokens` of every request.
     pub max_output_tokens: u32,
-    /// How often a `max_tokens` stop in text is answered with "continue".
+    /// How often in a row a `max_tokens` stop in text is answered with "continue".
     pub max_continuations: u32,
-    /// How often a `pause_turn` is resent in a row.
+    /// How often in a row a `pause_turn` is resent.
     pub max_pause_resends: u32,
     /// Concurrency-safe calls running at once in one tool round.
     pub max_concurrent_tools: usize,

@@ -536,7 +536,9 @@ fn notification(
                     Completed,
                     format!("Agent \"{d}\" stopped at its {limit}-turn limit"),
                 ),
-                StopReason::TokenBudget { .. } | StopReason::OutputLimit { .. } => {
+                StopReason::TokenBudget { .. }
+                | StopReason::OutputLimit { .. }
+                | StopReason::PauseLimit { .. } => {
                     (Completed, format!("Agent \"{d}\" {}", run.stop))
                 }
                 StopReason::Cancelled => (Killed, format!("Agent \"{d}\" was stopped")),

@@ -87,10 +87,11 @@ impl Round<'_> {
             .zip(&prepared)
             .map(|(c, p)| match p {
                 Prepared::Answered(_) => true,
-                Prepared::Run(input) => self
-                    .pool
-                    .get(&c.name)
-                    .is_some_and(|t| t.is_concurrency_safe(input)),
+                // A panicking classification counts as unsafe: run the call alone.
+                Prepared::Run(input) => self.pool.get(&c.name).is_some_and(|t| {
+                    std::panic::catch_unwind(AssertUnwindSafe(|| t.is_concurrency_safe(input)))
+                        .unwrap_or(false)
+                }),
             })
             .collect();
 
@@ -193,15 +194,24 @@ impl Round<'_> {
         let Some(tool) = self.pool.get(&call.name) else {
             return ToolOutput::error(format!("unknown tool `{}`", call.name));
         };
-        let decision = self
-            .policy
-            .check(PermissionRequest {
-                tool: tool.as_ref(),
-                input: &input,
-                agent: &self.cx.agent,
-                tool_use_id: &call.id,
-            })
-            .await;
+        let decision = AssertUnwindSafe(self.policy.check(PermissionRequest {
+            tool: tool.as_ref(),
+            input: &input,
+            agent: &self.cx.agent,
+            tool_use_id: &call.id,
+        }))
+        .catch_unwind()
+        .await;
+        let decision = match decision {
+            Ok(d) => d,
+            Err(panic) => {
+                return ToolOutput::error(format!(
+                    "the permission policy panicked while checking `{}`: {}; the call did not run",
+                    call.name,
+                    panic_message(panic.as_ref())
+                ));
+            }
+        };
         let input = match decision {
             PermissionDecision::Allow => input,
             PermissionDecision::Deny { reason } => return ToolOutput::error(reason),

@@ -161,31 +161,85 @@ impl PermissionPolicy for AcceptEdits {
     }
 }
 
-/// The policy for a definition's `permissionMode`.
+/// Asks `first`, then — if it allowed — `then` (with the input `first` may have rewritten).
+/// A tightening mode layered on the host's policy: both must allow.
+#[derive(Debug, Clone)]
+pub struct Both {
+    first: Arc<dyn PermissionPolicy>,
+    then: Arc<dyn PermissionPolicy>,
+}
+
+impl Both {
+    /// `first`, then `then`.
+    pub fn new(first: Arc<dyn PermissionPolicy>, then: Arc<dyn PermissionPolicy>) -> Self {
+        Self { first, then }
+    }
+}
+
+#[async_trait]
+impl PermissionPolicy for Both {
+    async fn check(&self, request: PermissionRequest<'_>) -> PermissionDecision {
+        match self.first.check(request).await {
+            PermissionDecision::Allow => self.then.check(request).await,
+            PermissionDecision::AllowWithInput(input) => {
+                let rewritten = PermissionRequest {
+                    input: &input,
+                    ..request
+                };
+                match self.then.check(rewritten).await {
+                    PermissionDecision::Allow => PermissionDecision::AllowWithInput(input),
+                    other => other,
+                }
+            }
+            deny => deny,
+        }
+    }
+}
+
+/// The policy for a definition's `permissionMode`, layered on the host's policy.
+///
+/// Modes that *tighten* always apply, on top of the host's policy: a definition can never make
+/// an agent less strict than the host. Modes that *loosen* (`acceptEdits`,
+/// `bypassPermissions`) come from files an untrusted repository may carry, so they apply only
+/// when the host says it trusts definitions' modes (`trust_loosening`); otherwise the host's
+/// policy decides alone.
 ///
 /// | mode | policy |
 /// | --- | --- |
-/// | none, `default` | `host`: the host's own policy |
-/// | `acceptEdits` | read-only and file-editing tools allowed, the rest asked of `host` |
-/// | `bypassPermissions` | [`AllowAll`] |
-/// | `plan` | [`ReadOnly`]: planning never changes anything |
-/// | `dontAsk` | [`ReadOnly`]: what would need asking is denied instead |
-/// | `bubble` | [`BubbleToParent`] with `parent` (the host's policy when there is no parent) |
+/// | none, `default` | `host` |
+/// | `plan` | [`ReadOnly`] ("plan mode: only read-only tools may run while planning"), then `host` |
+/// | `dontAsk` | [`ReadOnly`] (what would need asking is denied instead), then `host` |
+/// | `bubble` | [`BubbleToParent`]: the parent's policy (`host` when there is no parent) |
+/// | `acceptEdits` | trusted: read-only and file-editing tools allowed, the rest asked of `host`; else `host` |
+/// | `bypassPermissions` | trusted: [`AllowAll`]; else `host` |
 pub fn policy_for_mode(
     mode: Option<&PermissionMode>,
     host: Arc<dyn PermissionPolicy>,
     parent: Option<Arc<dyn PermissionPolicy>>,
+    trust_loosening: bool,
 ) -> Arc<dyn PermissionPolicy> {
+    let read_only = |reason: &str| -> Arc<dyn PermissionPolicy> { Arc::new(ReadOnly::new(reason)) };
     match mode {
         None | Some(PermissionMode::Default) => host,
-        Some(PermissionMode::AcceptEdits) => Arc::new(AcceptEdits { rest: host }),
-        Some(PermissionMode::BypassPermissions) => Arc::new(AllowAll),
-        Some(PermissionMode::Plan) => Arc::new(ReadOnly::new(
-            "plan mode: only read-only tools may run while planning",
+        Some(PermissionMode::Plan) => Arc::new(Both::new(
+            read_only("plan mode: only read-only tools may run while planning"),
+            host,
         )),
-        Some(PermissionMode::DontAsk) => Arc::new(ReadOnly::new(
-            "this agent runs without asking, and the tool is not read-only",
+        Some(PermissionMode::DontAsk) => Arc::new(Both::new(
+            read_only("this agent runs without asking, and the tool is not read-only"),
+            host,
         )),
         Some(PermissionMode::Bubble) => Arc::new(BubbleToParent::new(parent.unwrap_or(host))),
+        Some(PermissionMode::AcceptEdits) if trust_loosening => {
+            Arc::new(AcceptEdits { rest: host })
+        }
+        Some(PermissionMode::BypassPermissions) if trust_loosening => Arc::new(AllowAll),
+        Some(PermissionMode::AcceptEdits | PermissionMode::BypassPermissions) => {
+            tracing::warn!(
+                "ignoring a definition's loosening permissionMode: the host does not trust \
+                 definitions' modes"
+            );
+            host
+        }
     }
 }

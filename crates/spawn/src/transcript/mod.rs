@@ -103,6 +103,12 @@ pub struct TranscriptHeader {
     pub prefix_fingerprint: String,
     /// The prefix's parts before the messages.
     pub prefix: PrefixRecord,
+    /// The definition's `permissionMode`, re-applied on resume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permission_mode: Option<String>,
+    /// The definition's `maxTurns`, re-applied on resume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_turns: Option<u32>,
 }
 
 #[derive(Serialize)]
