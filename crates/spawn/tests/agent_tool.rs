@@ -16,66 +16,8 @@ use forkhive_spawn::runtime::{Agent, AgentContext, EventKind, Limits, StopReason
 use forkhive_spawn::strategy::FORK_REFUSAL;
 use forkhive_spawn::task::{MemoryTaskRegistry, TaskConfig, TaskService, TaskState};
 use forkhive_spawn::tool::{Tool, ToolPool};
-use forkhive_transport::request::events_for;
-use forkhive_transport::{Backend, EventStream, Request, Response};
+use forkhive_transport::{Backend, Request, Response};
 use support::*;
-
-/// What the model does with one request.
-enum Plan {
-    Reply(Response),
-    Panic(&'static str),
-    Hang,
-}
-
-/// A backend whose answers are a function of the request; async, so it can hang or panic.
-struct Brain(Box<dyn Fn(&Request) -> Plan + Send + Sync>);
-
-impl std::fmt::Debug for Brain {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Brain")
-    }
-}
-
-#[async_trait]
-impl Backend for Brain {
-    async fn send(&self, r: &Request) -> forkhive_transport::Result<Response> {
-        match (self.0)(r) {
-            Plan::Reply(resp) => Ok(resp),
-            Plan::Panic(m) => panic!("{m}"),
-            Plan::Hang => futures::future::pending().await,
-        }
-    }
-    async fn stream(&self, r: &Request) -> forkhive_transport::Result<EventStream> {
-        let resp = self.send(r).await?;
-        Ok(Box::pin(futures::stream::iter(
-            events_for(&resp, 64).into_iter().map(Ok),
-        )))
-    }
-}
-
-fn brain(f: impl Fn(&Request) -> Plan + Send + Sync + 'static) -> Arc<Brain> {
-    Arc::new(Brain(Box::new(f)))
-}
-
-/// The text of the request's last user message.
-fn last_user_text(r: &Request) -> String {
-    r.all_messages()
-        .iter()
-        .rev()
-        .find(|m| m.role == forkhive_core::Role::User)
-        .map(|m| {
-            m.content
-                .iter()
-                .filter_map(|b| match b {
-                    ContentBlock::Text { text } => Some(text.clone()),
-                    ContentBlock::ToolResult { content, .. } => Some(content.text()),
-                    _ => None,
-                })
-                .collect::<Vec<_>>()
-                .join("\n")
-        })
-        .unwrap_or_default()
-}
 
 fn is_parent(r: &Request) -> bool {
     r.prefix

@@ -282,11 +282,13 @@ impl AgentBuilder {
     /// Renders the parameters and tools, opens the transcript, and returns the agent.
     pub async fn build(self) -> Result<Agent> {
         let def = self.definition.as_ref();
-        let audience = self.audience.unwrap_or(match self.context.as_ref().map(AgentContext::kind) {
-            None | Some(AgentKind::Main) => ToolAudience::Main,
-            Some(AgentKind::Teammate) => ToolAudience::Teammate,
-            Some(_) => ToolAudience::Foreground,
-        });
+        let audience =
+            self.audience
+                .unwrap_or(match self.context.as_ref().map(AgentContext::kind) {
+                    None | Some(AgentKind::Main) => ToolAudience::Main,
+                    Some(AgentKind::Teammate) => ToolAudience::Teammate,
+                    Some(_) => ToolAudience::Foreground,
+                });
         let pool = match def {
             Some(d) if self.params.is_none() => {
                 let names: Vec<String> = self
@@ -583,7 +585,8 @@ impl Agent {
             (None, None) => None,
             (mode, max_turns) => {
                 let name = t.header.definition.clone().unwrap_or_default();
-                let mut d = AgentDefinition::new(name, "", crate::definition::DefinitionSource::BuiltIn);
+                let mut d =
+                    AgentDefinition::new(name, "", crate::definition::DefinitionSource::BuiltIn);
                 d.max_turns = max_turns;
                 d.permission_mode = match mode {
                     Some(m) => Some(m.parse().map_err(|e| Error::Transcript {
@@ -750,13 +753,31 @@ impl Agent {
                 self.finish(RunState::default(), StopReason::Completed)
                     .await
             }
-            Some(Wake::Messages(ms)) => {
+            Some(Wake::Messages(mut ms)) => {
+                self.coalesce(&mut ms).await;
                 self.emit
                     .emit(EventKind::MessagesInjected { count: ms.len() });
                 let blocks = ms.into_iter().map(|m| ContentBlock::text(m.text)).collect();
                 self.run_with(Some(blocks)).await
             }
         }
+    }
+
+    /// After waking on a message while more are promised, waits up to
+    /// `Limits::notification_window` (or until nothing more is promised) and takes what else
+    /// arrived, so children finishing together reach the model in one turn, not one each.
+    async fn coalesce(&self, ms: &mut Vec<PendingMessage>) {
+        let window = self.shared.limits.notification_window;
+        if window.is_zero() || self.shared.pending.outstanding() == 0 {
+            return;
+        }
+        tokio::select! {
+            biased;
+            () = self.shared.cancel.cancelled() => {}
+            () = self.shared.pending.settled() => {}
+            () = tokio::time::sleep(window) => {}
+        }
+        ms.extend(self.shared.pending.drain());
     }
 
     fn drain_pending(&self) -> Vec<ContentBlock> {
@@ -835,7 +856,8 @@ impl Agent {
                     match wake {
                         None => return self.finish(run, StopReason::Cancelled).await,
                         Some(Wake::Idle) => return self.finish(run, StopReason::Completed).await,
-                        Some(Wake::Messages(ms)) => {
+                        Some(Wake::Messages(mut ms)) => {
+                            self.coalesce(&mut ms).await;
                             self.emit
                                 .emit(EventKind::MessagesInjected { count: ms.len() });
                             let blocks =

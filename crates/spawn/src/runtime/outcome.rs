@@ -62,7 +62,10 @@ impl fmt::Display for StopReason {
                 "hit the output limit again after {continuations} continuations"
             ),
             StopReason::PauseLimit { resends } => {
-                write!(f, "the provider paused the turn again after {resends} resends")
+                write!(
+                    f,
+                    "the provider paused the turn again after {resends} resends"
+                )
             }
             StopReason::Refusal => f.write_str("the model refused"),
             StopReason::Cancelled => f.write_str("cancelled"),
@@ -90,6 +93,9 @@ pub struct Limits {
     pub tool_timeout: Duration,
     /// How long a cancelled run waits for its background children's notifications.
     pub cancel_grace: Duration,
+    /// When a waiting agent wakes on a message while more are promised, how long it waits for
+    /// others before starting the turn (zero: start at once).
+    pub notification_window: Duration,
 }
 
 impl Default for Limits {
@@ -103,6 +109,7 @@ impl Default for Limits {
             max_concurrent_tools: 10,
             tool_timeout: Duration::from_secs(120),
             cancel_grace: Duration::from_secs(5),
+            notification_window: Duration::from_millis(100),
         }
     }
 }
