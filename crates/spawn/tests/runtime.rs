@@ -909,7 +909,12 @@ async fn limits_on_continuations_and_resends_count_in_a_row() {
     replies.extend((0..3).map(|_| Ok(answer("c", ModelStop::MaxTokens))));
     replies.push(Ok(say("d")));
     let backend = Arc::new(ScriptedBackend::from_replies(replies));
-    let mut agent = agent_with(backend, vec![TestTool::sleeper("Look", true, 1).arc()], Limits::default()).await;
+    let mut agent = agent_with(
+        backend,
+        vec![TestTool::sleeper("Look", true, 1).arc()],
+        Limits::default(),
+    )
+    .await;
     let run = agent.run("x").await;
     assert_eq!(run.stop, StopReason::Completed);
     assert_eq!(run.final_text, "cccd");
@@ -917,16 +922,24 @@ async fn limits_on_continuations_and_resends_count_in_a_row() {
     let backend = Arc::new(ScriptedBackend::from_replies(
         (0..3).map(|_| Ok(answer("p", ModelStop::PauseTurn))),
     ));
-    let limits = Limits { max_pause_resends: 2, ..Limits::default() };
+    let limits = Limits {
+        max_pause_resends: 2,
+        ..Limits::default()
+    };
     let mut agent = agent_with(backend, vec![], limits).await;
     let run = agent.run("x").await;
     assert_eq!(run.stop, StopReason::PauseLimit { resends: 2 });
-    assert_eq!(run.stop.to_string(), "the provider paused the turn again after 2 resends");
+    assert_eq!(
+        run.stop.to_string(),
+        "the provider paused the turn again after 2 resends"
+    );
 }
 
 #[tokio::test]
 async fn only_tools_the_model_was_offered_can_run() {
-    let danger = TestTool::new("Danger", OBJECT, false, |_, _| async { ToolOutput::text("boom") });
+    let danger = TestTool::new("Danger", OBJECT, false, |_, _| async {
+        ToolOutput::text("boom")
+    });
     let ran = Arc::clone(&danger.calls);
     let offered = CacheSafeParams::builder("m")
         .tool(ToolDefinition::new("Look", "the Look tool", OBJECT).unwrap())
@@ -946,7 +959,11 @@ async fn only_tools_the_model_was_offered_can_run() {
     assert_eq!(ran.load(Ordering::SeqCst), 0);
     assert_eq!(
         results(&backend.requests()[1])[0],
-        ("d".into(), "unknown tool `Danger`; available tools: Look".into(), true)
+        (
+            "d".into(),
+            "unknown tool `Danger`; available tools: Look".into(),
+            true
+        )
     );
 }
 
@@ -983,12 +1000,24 @@ async fn permission_modes_never_loosen_the_host_unless_trusted() {
         results(&backend.requests()[1])[0].1.clone()
     };
     // Plan on top of a host that denies: still denied (read-only is necessary, not sufficient).
-    assert_eq!(run_with(PermissionMode::Plan, false).await, "the host denies `Look`");
-    assert_eq!(run_with(PermissionMode::DontAsk, false).await, "the host denies `Look`");
+    assert_eq!(
+        run_with(PermissionMode::Plan, false).await,
+        "the host denies `Look`"
+    );
+    assert_eq!(
+        run_with(PermissionMode::DontAsk, false).await,
+        "the host denies `Look`"
+    );
     // A project file cannot switch permissions off...
-    assert_eq!(run_with(PermissionMode::BypassPermissions, false).await, "the host denies `Look`");
+    assert_eq!(
+        run_with(PermissionMode::BypassPermissions, false).await,
+        "the host denies `Look`"
+    );
     // ...unless the host trusts definitions' modes.
-    assert_eq!(run_with(PermissionMode::BypassPermissions, true).await, "Look {}");
+    assert_eq!(
+        run_with(PermissionMode::BypassPermissions, true).await,
+        "Look {}"
+    );
 }
 
 #[derive(Debug)]
@@ -1023,7 +1052,11 @@ impl Tool for BadClassifier {
     fn is_read_only(&self) -> bool {
         true
     }
-    async fn call(&self, _input: serde_json::Value, _cx: &forkhive_spawn::tool::ToolContext) -> ToolOutput {
+    async fn call(
+        &self,
+        _input: serde_json::Value,
+        _cx: &forkhive_spawn::tool::ToolContext,
+    ) -> ToolOutput {
         ToolOutput::text("ran alone")
     }
 }
@@ -1061,8 +1094,15 @@ async fn a_panicking_policy_or_classifier_does_not_kill_the_loop() {
 async fn a_child_gets_the_sub_agent_layers_by_default() {
     use forkhive_spawn::definition::AgentRegistry;
     let parent = agent_with(Arc::new(Hang), vec![], Limits::default()).await;
-    let seed = parent.child_seed(TaskId::generate(TaskKind::Agent), AgentKind::Subagent, QuerySource::builtin("general-purpose"));
-    let gp = AgentRegistry::builtin().get("general-purpose").unwrap().clone();
+    let seed = parent.child_seed(
+        TaskId::generate(TaskKind::Agent),
+        AgentKind::Subagent,
+        QuerySource::builtin("general-purpose"),
+    );
+    let gp = AgentRegistry::builtin()
+        .get("general-purpose")
+        .unwrap()
+        .clone();
     let tool = |n: &str| TestTool::sleeper(n, true, 1).arc();
     let child = Agent::builder(Arc::new(Hang))
         .model("m")

@@ -284,7 +284,11 @@ async fn a_crash_mid_tool_round_is_answered_on_resume() {
     assert_eq!(agent.run("go on").await.final_text, "recovered");
     let msgs = backend.requests()[0].all_messages();
     match &msgs[2].content[0] {
-        forkhive_core::ContentBlock::ToolResult { tool_use_id, content, is_error } => {
+        forkhive_core::ContentBlock::ToolResult {
+            tool_use_id,
+            content,
+            is_error,
+        } => {
             assert_eq!(tool_use_id, "t1");
             assert!(is_error);
             assert_eq!(
@@ -296,7 +300,11 @@ async fn a_crash_mid_tool_round_is_answered_on_resume() {
         other => panic!("{other:?}"),
     }
     let t = transcript::read(&path).await.unwrap();
-    assert_eq!(t.messages.len(), 5, "the answered results are in the transcript");
+    assert_eq!(
+        t.messages.len(),
+        5,
+        "the answered results are in the transcript"
+    );
 }
 
 #[tokio::test]
@@ -309,9 +317,11 @@ async fn a_resumed_agent_keeps_its_definitions_restrictions() {
     def.max_turns = Some(7);
     def.disallowed_tools = Some(vec!["Danger".into()]);
     let danger = || {
-        TestTool::new("Danger", OBJECT, false, |_, _| async { forkhive_spawn::tool::ToolOutput::text("boom") })
-            .read_only(false)
-            .arc()
+        TestTool::new("Danger", OBJECT, false, |_, _| async {
+            forkhive_spawn::tool::ToolOutput::text("boom")
+        })
+        .read_only(false)
+        .arc()
     };
     let mut agent = Agent::builder(Arc::new(ScriptedBackend::from_texts(["planned"])))
         .model("m")
@@ -333,7 +343,11 @@ async fn a_resumed_agent_keeps_its_definitions_restrictions() {
     ]));
     let builder = Agent::builder(backend.clone()).tools(ToolPool::new([look(), danger()]).unwrap());
     let (mut resumed, _) = Agent::resume(builder, &path).await.unwrap();
-    assert_eq!(resumed.tools().names(), ["Look"], "the disallowed tool stays out");
+    assert_eq!(
+        resumed.tools().names(),
+        ["Look"],
+        "the disallowed tool stays out"
+    );
     resumed.run("now break something").await;
     assert_eq!(
         results(&backend.requests()[1])[0].1,

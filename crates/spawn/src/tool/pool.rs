@@ -12,7 +12,7 @@ use crate::tool::Tool;
 /// One tool and the compiled validator of its input schema.
 struct Entry {
     tool: Arc<dyn Tool>,
-    validator: jsonschema::Validator,
+    validator: Arc<jsonschema::Validator>,
 }
 
 /// The tools an agent may call, in a fixed order.
@@ -24,7 +24,7 @@ struct Entry {
 /// Cloning is O(1).
 #[derive(Clone, Default)]
 pub struct ToolPool {
-    entries: Arc<[Entry]>,
+    entries: Arc<[Arc<Entry>]>,
     index: Arc<HashMap<String, usize>>,
 }
 
@@ -60,7 +60,10 @@ impl ToolPool {
                     });
                 }
             }
-            entries.push(Entry { tool, validator });
+            entries.push(Arc::new(Entry {
+                tool,
+                validator: Arc::new(validator),
+            }));
         }
         Ok(Self {
             entries: entries.into(),
@@ -106,15 +109,24 @@ impl ToolPool {
 
     /// A pool of the tools whose names `keep` accepts, in the same relative order.
     pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) -> Self {
-        let kept: Vec<Arc<dyn Tool>> = self
+        // Reuses the compiled validators: filtering a pool per child costs no schema work.
+        let kept: Vec<Arc<Entry>> = self
             .entries
             .iter()
             .filter(|e| keep(&e.tool.definition().name))
-            .map(|e| Arc::clone(&e.tool))
+            .cloned()
             .collect();
-        // Every schema already compiled once, so rebuilding cannot fail; fall back to an empty
-        // pool rather than panic if that ever changed.
-        Self::new(kept).unwrap_or_default()
+        let mut index = HashMap::with_capacity(kept.len());
+        for (i, e) in kept.iter().enumerate() {
+            index.insert(e.tool.definition().name.clone(), i);
+            for alias in e.tool.aliases() {
+                index.insert((*alias).to_owned(), i);
+            }
+        }
+        Self {
+            entries: kept.into(),
+            index: Arc::new(index),
+        }
     }
 
     /// Checks `input` against the schema of the tool at `name`.

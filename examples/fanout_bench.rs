@@ -1,0 +1,286 @@
+//! Orchestration cost of a wide fan-out, with a scripted model (no model time at all).
+//!
+//! ```text
+//! cargo run --release --example fanout_bench -- --children N --turns T
+//! ```
+//!
+//! A parent emits N `Agent` calls in one response (background subagents of one definition).
+//! Each child makes T−1 turns that each call a `read_file` tool returning 1 KiB, then answers
+//! with ~200 characters; every child's answer must reach the parent through its
+//! `<task-notification>`, and then the parent answers. Prints one JSON line:
+//! `{"framework":"forkhive","n":..,"t":..,"wall_s":..,"per_child_us":..,"peak_rss_mb":..,"total_model_calls":..}`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use forkhive::core::notification::find_notifications;
+use forkhive::core::{ContentBlock, Message, RawJson, Role, ToolDefinition, Usage};
+use forkhive::spawn::agent_tool::{AgentTool, AgentToolConfig};
+use forkhive::spawn::definition::{AgentDefinition, AgentRegistry, DefinitionSource};
+use forkhive::spawn::runtime::{Agent, Limits, StopReason};
+use forkhive::spawn::task::{MemoryTaskRegistry, TaskConfig, TaskService};
+use forkhive::spawn::tool::{Tool, ToolContext, ToolFilter, ToolOutput, ToolPool};
+use forkhive::transport::request::events_for;
+use forkhive::transport::{Backend, EventStream, Request, Response, StopReason as ModelStop};
+
+const PARENT: &str = "You are the parent. Split the work.";
+
+/// The scripted model: answers from the shape of the request, records nothing.
+#[derive(Debug)]
+struct Model {
+    n: usize,
+    t: usize,
+    calls: AtomicUsize,
+}
+
+fn tool_call(id: String, name: &str, input: &str) -> ContentBlock {
+    ContentBlock::tool_use(
+        id,
+        name,
+        RawJson::parse(input).unwrap_or_else(|_| RawJson::empty_object()),
+    )
+}
+
+fn reply(content: Vec<ContentBlock>, stop: ModelStop) -> Response {
+    Response {
+        message: Message::assistant(content),
+        stop_reason: Some(stop),
+        usage: Usage {
+            input_tokens: 10,
+            output_tokens: 10,
+            ..Usage::default()
+        },
+        id: None,
+        model: None,
+    }
+}
+
+impl Model {
+    fn answer(&self, r: &Request) -> Response {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let parent = r
+            .prefix
+            .system_prompt()
+            .first()
+            .is_some_and(|s| s == PARENT);
+        let msgs = r.prefix.messages();
+        let assistant_turns = msgs.iter().filter(|m| m.role == Role::Assistant).count()
+            + r.suffix
+                .messages()
+                .iter()
+                .filter(|m| m.role == Role::Assistant)
+                .count();
+        if parent {
+            if assistant_turns == 0 {
+                let calls = (0..self.n)
+                    .map(|i| {
+                        tool_call(
+                            format!("toolu_{i}"),
+                            "Agent",
+                            &format!(
+                                r#"{{"description":"part {i}","prompt":"Summarise part {i}.","subagent_type":"worker","run_in_background":true}}"#
+                            ),
+                        )
+                    })
+                    .collect();
+                return reply(calls, ModelStop::ToolUse);
+            }
+            return reply(
+                vec![ContentBlock::text("All parts are summarised.")],
+                ModelStop::EndTurn,
+            );
+        }
+        if assistant_turns + 1 < self.t {
+            return reply(
+                vec![tool_call(
+                    format!("read_{assistant_turns}"),
+                    "read_file",
+                    r#"{"path":"data.txt"}"#,
+                )],
+                ModelStop::ToolUse,
+            );
+        }
+        let text = "Summary: the part was read and holds one kilobyte of plain text; nothing in it \
+                    needs attention, no errors were found, and no further work is required here. Done.";
+        reply(vec![ContentBlock::text(text)], ModelStop::EndTurn)
+    }
+}
+
+#[async_trait]
+impl Backend for Model {
+    async fn send(&self, r: &Request) -> forkhive::transport::Result<Response> {
+        Ok(self.answer(r))
+    }
+    async fn stream(&self, r: &Request) -> forkhive::transport::Result<EventStream> {
+        let events = events_for(&self.answer(r), 4096);
+        Ok(Box::pin(futures::stream::iter(events.into_iter().map(Ok))))
+    }
+}
+
+/// A `read_file` that returns 1 KiB from memory.
+#[derive(Debug)]
+struct ReadFile1K(ToolDefinition, String);
+
+#[async_trait]
+impl Tool for ReadFile1K {
+    fn definition(&self) -> &ToolDefinition {
+        &self.0
+    }
+    fn is_concurrency_safe(&self, _input: &serde_json::Value) -> bool {
+        true
+    }
+    fn is_read_only(&self) -> bool {
+        true
+    }
+    async fn call(&self, _input: serde_json::Value, _cx: &ToolContext) -> ToolOutput {
+        ToolOutput::text(self.1.clone())
+    }
+}
+
+fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn parse_args() -> Result<(usize, usize), String> {
+    let usage = "usage: fanout_bench --children N --turns T";
+    let (mut n, mut t) = (100usize, 3usize);
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = || {
+            it.next()
+                .ok_or_else(|| format!("{a} needs a value\n{usage}"))
+        };
+        match a.as_str() {
+            "--children" => n = value()?.parse().map_err(|e| format!("--children: {e}"))?,
+            "--turns" => t = value()?.parse().map_err(|e| format!("--turns: {e}"))?,
+            _ => return Err(format!("unknown argument {a}\n{usage}")),
+        }
+    }
+    if n == 0 || t == 0 {
+        return Err(format!("N and T must be at least 1\n{usage}"));
+    }
+    Ok((n, t))
+}
+
+async fn run(n: usize, t: usize) -> Result<String, String> {
+    let model = Arc::new(Model {
+        n,
+        t,
+        calls: AtomicUsize::new(0),
+    });
+    let mut worker =
+        AgentDefinition::new("worker", "summarises one part", DefinitionSource::Project);
+    worker.system_prompt = "You summarise one part. Read it, then answer briefly.".into();
+    let read: Arc<dyn Tool> = Arc::new(ReadFile1K(
+        ToolDefinition::new(
+            "read_file",
+            "Read a file",
+            r#"{"type":"object","properties":{"path":{"type":"string"}},"required":["path"]}"#,
+        )
+        .map_err(|e| e.to_string())?,
+        "x".repeat(1024),
+    ));
+    let config = AgentToolConfig {
+        registry: AgentRegistry::from_definitions([worker]),
+        subagent_tools: Some(ToolPool::new([Arc::clone(&read)]).map_err(|e| e.to_string())?),
+        filter: ToolFilter::none(),
+        ..AgentToolConfig::default()
+    };
+    let agent_tool: Arc<dyn Tool> = Arc::new(AgentTool::new(config).map_err(|e| e.to_string())?);
+    let mut parent = Agent::builder(model.clone())
+        .model("scripted")
+        .system_prompt(PARENT)
+        .tools(ToolPool::new([agent_tool]).map_err(|e| e.to_string())?)
+        .limits(Limits {
+            max_concurrent_tools: n,
+            max_turns: None,
+            ..Limits::default()
+        })
+        .build()
+        .await
+        .map_err(|e| e.to_string())?;
+    let tasks = TaskConfig {
+        max_children_per_agent: n,
+        max_children_per_tree: n,
+        stall_after: None,
+        ..TaskConfig::default()
+    };
+    parent
+        .tree()
+        .extensions()
+        .insert(TaskService::new(Arc::new(MemoryTaskRegistry::new()), tasks));
+
+    let start = Instant::now();
+    let run = parent.run("Summarise every part.").await;
+    let wall = start.elapsed();
+    if run.stop != StopReason::Completed {
+        return Err(format!("the parent stopped: {} {:?}", run.stop, run.error));
+    }
+    let reached = parent
+        .params()
+        .messages()
+        .iter()
+        .map(|m| find_notifications(m).map(|v| v.len()))
+        .sum::<Result<usize, _>>()
+        .map_err(|e| e.to_string())?;
+    if reached != n {
+        return Err(format!(
+            "{reached} of {n} children's answers reached the parent"
+        ));
+    }
+    let wall_s = wall.as_secs_f64();
+    Ok(serde_json::json!({
+        "framework": "forkhive",
+        "n": n,
+        "t": t,
+        "wall_s": (wall_s * 1e4).round() / 1e4,
+        "per_child_us": (wall_s * 1e6 / n as f64 * 100.0).round() / 100.0,
+        "peak_rss_mb": (peak_rss_mb() * 10.0).round() / 10.0,
+        "total_model_calls": model.calls.load(Ordering::Relaxed),
+    })
+    .to_string())
+}
+
+fn main() -> ExitCode {
+    let (n, t) = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    // One core, as the peers were measured.
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(n, t)) {
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
