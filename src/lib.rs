@@ -71,6 +71,11 @@ pub struct RuntimeDocDoctests;
 #[doc = include_str!("../docs/definitions.md")]
 pub struct DefinitionsDocDoctests;
 
+/// The code in `docs/subagent.md`, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/subagent.md")]
+pub struct SubagentDocDoctests;
+
 /// The names most programs need, in one import.
 pub mod prelude {
     #[doc(inline)]

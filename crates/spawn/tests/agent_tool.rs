@@ -607,3 +607,113 @@ async fn the_schema_shows_only_what_the_model_can_use() {
     let _ = EventKind::TurnStarted;
     let _ = Limits::default();
 }
+
+/// Answers after a delay, as a real provider does: the simulator in front of it keeps the
+/// request's cache writes pending until then.
+#[derive(Debug)]
+struct Slow(Arc<Brain>, Duration);
+
+#[async_trait]
+impl Backend for Slow {
+    async fn send(&self, r: &Request) -> forkhive_transport::Result<Response> {
+        tokio::time::sleep(self.1).await;
+        self.0.send(r).await
+    }
+    async fn stream(
+        &self,
+        r: &Request,
+    ) -> forkhive_transport::Result<forkhive_transport::EventStream> {
+        tokio::time::sleep(self.1).await;
+        self.0.stream(r).await
+    }
+}
+
+/// Cache economics of a fork fan-out in the simulator: what the split layout and the
+/// cache-warm fan-out save, against the write-ups' layout with every sibling at once.
+async fn fan_out(
+    layout: forkhive_spawn::strategy::ForkLayout,
+    warm: Option<Duration>,
+) -> (u64, u64, u64) {
+    use forkhive_transport::simulator::PromptCacheSimulator;
+    const CHILDREN: usize = 4;
+    let b = brain(|r| {
+        let in_fork = r
+            .all_messages()
+            .iter()
+            .any(|m| m.text().contains("fork-directive: "));
+        if in_fork {
+            return Plan::Reply(say("Scope: done. Result: fine."));
+        }
+        match r.all_messages().len() {
+            1 => Plan::Reply(calls_owned(
+                &(0..CHILDREN)
+                    .map(|i| agent_call(&format!("f{i}"), serde_json::json!({"description": format!("part {i}"), "prompt": format!("audit part {i} of the codebase")})))
+                    .collect::<Vec<_>>(),
+            )),
+            3 => Plan::Reply(say("forked")),
+            _ => Plan::Reply(say("done")),
+        }
+    });
+    let sim = Arc::new(PromptCacheSimulator::anthropic(Slow(
+        b,
+        Duration::from_millis(40),
+    )));
+    let config = AgentToolConfig {
+        fork_enabled: true,
+        fork_layout: layout,
+        warm_fanout: warm,
+        ..AgentToolConfig::default()
+    };
+    let tool = AgentTool::new(config).unwrap();
+    let mut p = Agent::builder(sim.clone())
+        .model("claude-sonnet-4-5")
+        .system_prompt(format!(
+            "You are the parent. {}",
+            "Read the code carefully and keep notes. ".repeat(700)
+        ))
+        .tools(ToolPool::new([Arc::new(tool) as Arc<dyn Tool>]).unwrap())
+        .build()
+        .await
+        .unwrap();
+    let parent_id = p.id().to_string();
+    assert_eq!(
+        p.run("audit the codebase").await.stop,
+        StopReason::Completed
+    );
+    let child_firsts: Vec<_> = sim
+        .reports()
+        .into_iter()
+        .filter(|r| {
+            r.label
+                .as_deref()
+                .is_some_and(|l| !l.starts_with(&parent_id) && l.ends_with("-1"))
+        })
+        .collect();
+    assert_eq!(child_firsts.len(), CHILDREN);
+    let writes: u64 = child_firsts.iter().map(|r| r.cache_write_tokens).sum();
+    let uncached: u64 = child_firsts.iter().map(|r| r.input_tokens).sum();
+    let read: u64 = child_firsts.iter().map(|r| r.cache_read_tokens).sum();
+    (writes, uncached, read)
+}
+
+#[tokio::test]
+async fn cache_warm_fan_out_and_the_split_layout_save_cache_writes_and_uncached_input() {
+    use forkhive_spawn::strategy::ForkLayout;
+    let seeds = fan_out(ForkLayout::SingleBlock, None).await;
+    let split = fan_out(ForkLayout::SplitBlocks, None).await;
+    let warm = fan_out(ForkLayout::SplitBlocks, Some(Duration::from_secs(2))).await;
+    eprintln!("4 fork children, first requests (write, uncached, read):");
+    eprintln!("  single block, all at once : {seeds:?}");
+    eprintln!("  split blocks, all at once : {split:?}");
+    eprintln!("  split blocks, cache-warm  : {warm:?}");
+    // All at once, every sibling writes the shared prefix; warm, only the first does.
+    assert!(warm.0 * 2 < split.0, "warm {warm:?} vs parallel {split:?}");
+    assert!(warm.2 > split.2);
+    // With the boilerplate in its own block, warm siblings read it: less uncached input.
+    let single_warm = fan_out(ForkLayout::SingleBlock, Some(Duration::from_secs(2))).await;
+    eprintln!("  single block, cache-warm  : {single_warm:?}");
+    assert!(
+        warm.1 < single_warm.1,
+        "split {warm:?} vs single {single_warm:?}"
+    );
+}

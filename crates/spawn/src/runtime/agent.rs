@@ -878,7 +878,8 @@ impl Agent {
         self.emit.emit(EventKind::TurnStarted);
         let suffix = std::mem::take(&mut self.unsent);
         let request = Request::new(self.params.clone(), suffix.clone())
-            .with_settings(self.shared.settings.clone());
+            .with_settings(self.shared.settings.clone())
+            .with_label(format!("{}-{}", self.shared.cx.id(), self.turn));
         let fingerprint = self.params.fingerprint().clone();
         // The suffix is already part of the conversation (and the transcript).
         let suffix_len = suffix.len();
