@@ -358,6 +358,8 @@ fn replay_events(response: &Response, cut: &BTreeMap<String, String>) -> Vec<Str
                         index: *index,
                         partial_json: (*json).clone(),
                     });
+                    // A cut-off call never got its block stop: replay it so.
+                    continue;
                 }
             }
             _ => {}

@@ -409,6 +409,8 @@ enum Building {
 #[derive(Debug, Default)]
 pub struct ResponseBuilder {
     blocks: Vec<(usize, Building)>,
+    /// Indexes of the blocks whose `BlockStop` arrived.
+    closed: std::collections::BTreeSet<usize>,
     usage: Usage,
     stop_reason: Option<StopReason>,
     id: Option<String>,
@@ -513,7 +515,9 @@ impl ResponseBuilder {
                 None => {}
             },
             StreamEvent::BlockStop { index } => {
-                self.block(*index, "content_block_stop");
+                if self.block(*index, "content_block_stop").is_some() {
+                    self.closed.insert(*index);
+                }
             }
             StreamEvent::MessageDelta { stop_reason, usage } => {
                 if stop_reason.is_some() {
@@ -539,8 +543,12 @@ impl ResponseBuilder {
     }
 
     /// Like [`finish`](Self::finish), for an answer that may have been cut off at
-    /// `max_tokens`: a tool call whose input JSON is incomplete gets `{}` as its input instead
-    /// of failing the answer, and its id is returned so the caller can answer it with an error.
+    /// `max_tokens`: a tool call that was cut gets `{}` as its input instead of failing the
+    /// answer, and its id is returned so the caller can answer it with an error.
+    ///
+    /// When the answer stopped at `max_tokens`, a tool call counts as cut if its block never
+    /// received its `BlockStop` (whatever its input: empty, or a prefix that happens to parse)
+    /// or if its input JSON does not parse. Otherwise nothing is cut.
     pub fn finish_cut_off(mut self) -> Result<(Response, Vec<String>)> {
         if !self.stopped {
             return Err(Error::TruncatedStream {
@@ -550,13 +558,14 @@ impl ResponseBuilder {
         }
         let mut cut = Vec::new();
         if self.stop_reason == Some(StopReason::MaxTokens) {
-            for (_, b) in &mut self.blocks {
-                if let Building::ToolUse { id, json, .. } = b
-                    && !json.trim().is_empty()
-                    && RawJson::parse(json).is_err()
-                {
-                    cut.push(id.clone());
-                    json.clear();
+            for (index, b) in &mut self.blocks {
+                if let Building::ToolUse { id, json, .. } = b {
+                    let unfinished = !self.closed.contains(index);
+                    let broken = !json.trim().is_empty() && RawJson::parse(json).is_err();
+                    if unfinished || broken {
+                        cut.push(id.clone());
+                        json.clear();
+                    }
                 }
             }
         }
@@ -799,6 +808,7 @@ mod tests {
                 index: 0,
                 partial_json: "{\"a\":1}".into(),
             },
+            StreamEvent::BlockStop { index: 0 },
             StreamEvent::BlockStart {
                 index: 1,
                 block: BlockStart::ToolUse {
@@ -822,6 +832,55 @@ mod tests {
         assert_eq!(cut, ["cut"]);
         let inputs: Vec<&str> = r.message.tool_uses().map(|(_, _, i)| i.as_str()).collect();
         assert_eq!(inputs, ["{\"a\":1}", "{}"]);
+    }
+
+    #[test]
+    fn a_tool_call_without_its_block_stop_at_max_tokens_is_cut() {
+        let tool = |index: usize, id: &str| StreamEvent::BlockStart {
+            index,
+            block: BlockStart::ToolUse {
+                id: id.into(),
+                name: "n".into(),
+            },
+        };
+        let json = |index: usize, j: &str| StreamEvent::InputJsonDelta {
+            index,
+            partial_json: j.into(),
+        };
+        let fold = |stop: StopReason, events: Vec<StreamEvent>| {
+            let mut b = ResponseBuilder::new();
+            for e in events.iter().chain([
+                &StreamEvent::MessageDelta {
+                    stop_reason: Some(stop),
+                    usage: PartialUsage::default(),
+                },
+                &StreamEvent::MessageStop,
+            ]) {
+                b.push(e).unwrap();
+            }
+            b.finish_cut_off().unwrap()
+        };
+        let events = vec![
+            tool(0, "whole"),
+            json(0, "{\"a\":1}"),
+            StreamEvent::BlockStop { index: 0 },
+            tool(1, "empty_whole"),
+            StreamEvent::BlockStop { index: 1 },
+            // Started, no input, no stop.
+            tool(2, "no_input"),
+            // Input that parses, but the stop never came.
+            tool(3, "parses"),
+            json(3, "{}"),
+            // A stop for a block that never started does not close anything.
+            StreamEvent::BlockStop { index: 9 },
+        ];
+        let (r, cut) = fold(StopReason::MaxTokens, events.clone());
+        assert_eq!(cut, ["no_input", "parses"]);
+        let inputs: Vec<&str> = r.message.tool_uses().map(|(_, _, i)| i.as_str()).collect();
+        assert_eq!(inputs, ["{\"a\":1}", "{}", "{}", "{}"]);
+        // Without max_tokens, a missing stop is not a cut.
+        let (_, cut) = fold(StopReason::ToolUse, events);
+        assert!(cut.is_empty());
     }
 
     #[test]

@@ -8,6 +8,20 @@
 //! 3. the **final filter**: MCP tools (`mcp__*`) always pass the first two layers, and the
 //!    agent definition's own `tools` / `disallowedTools` apply last (`*` means all).
 //!
+//! # List entries
+//!
+//! Every list holds entries as agent definitions in the wild spell them:
+//!
+//! - `Name`: that tool;
+//! - `*`: every tool (except that `*` in `disallowedTools` spares MCP tools);
+//! - `prefix*` (e.g. `mcp__github__*`): every tool whose name starts with `prefix`;
+//! - `mcp__<server>`: every tool of that MCP server (as `mcp__<server>__*`);
+//! - `Name(rule)` (e.g. `Bash(npm test:*)`): tool `Name` **as a whole**. The rule is a
+//!   permission detail that a filter over tool names cannot enforce, so it is dropped: in
+//!   `tools`, `Bash(git:*)` makes all of `Bash` available; in `disallowedTools`, `Bash(rm:*)`
+//!   takes all of `Bash` away (the safer direction). [`ToolFilter::unenforceable`] lists the
+//!   entries whose rule is dropped, so the runtime can warn about them.
+//!
 //! Fork children never go through this: they keep the parent's exact tool array so that their
 //! requests share the parent's cache, and are refused at call time instead.
 
@@ -40,14 +54,15 @@ pub struct ToolFilter {
     pub teammate_extra: Vec<String>,
 }
 
-/// Layer 1's default list.
-pub const GLOBAL_DISALLOW: [&str; 6] = [
+/// Layer 1's default list (`Task` is the legacy name of `Agent`).
+pub const GLOBAL_DISALLOW: [&str; 7] = [
     "TaskOutput",
     "ExitPlanMode",
     "EnterPlanMode",
     "AskUserQuestion",
     "TaskStop",
     "Agent",
+    "Task",
 ];
 
 /// Layer 2's default list.
@@ -94,8 +109,45 @@ pub fn is_mcp_tool(name: &str) -> bool {
     name.starts_with("mcp__")
 }
 
+/// An entry split into its name pattern and its `(rule)`, if any (both trimmed).
+fn parse(entry: &str) -> (&str, Option<&str>) {
+    let entry = entry.trim();
+    if let Some(body) = entry.strip_suffix(')')
+        && let Some((pattern, rule)) = body.split_once('(')
+    {
+        return (pattern.trim(), Some(rule.trim()));
+    }
+    (entry, None)
+}
+
+/// Whether the name pattern of an entry (see the module docs) matches tool `name`.
+fn pattern_matches(pattern: &str, name: &str) -> bool {
+    if pattern == "*" || pattern == name {
+        return true;
+    }
+    if let Some(prefix) = pattern.strip_suffix('*') {
+        return !prefix.is_empty() && name.starts_with(prefix);
+    }
+    // `mcp__<server>`, which names no tool itself: every tool of that server.
+    let server_only = pattern
+        .strip_prefix("mcp__")
+        .is_some_and(|server| !server.is_empty() && !server.contains("__"));
+    server_only
+        && name
+            .strip_prefix(pattern)
+            .is_some_and(|rest| rest.starts_with("__"))
+}
+
 fn listed(list: &[String], name: &str) -> bool {
-    list.iter().any(|t| t == "*" || t == name)
+    list.iter().any(|e| pattern_matches(parse(e).0, name))
+}
+
+/// Whether `disallowed` denies `name`: like [`listed`], except that `*` spares MCP tools.
+fn denied(disallowed: &[String], name: &str) -> bool {
+    disallowed.iter().any(|e| match parse(e).0 {
+        "*" => !is_mcp_tool(name),
+        pattern => pattern_matches(pattern, name),
+    })
 }
 
 impl ToolFilter {
@@ -108,8 +160,24 @@ impl ToolFilter {
         }
     }
 
+    /// The entries of a `tools` or `disallowedTools` list whose `(rule)` part the filter drops
+    /// (see the module docs), in their order, as written: `Bash(npm test:*)` is listed;
+    /// `Bash`, `mcp__github__*`, `Bash(*)` and `Bash()` are not, since they lose nothing.
+    pub fn unenforceable(entries: &[String]) -> Vec<String> {
+        entries
+            .iter()
+            .filter(|e| {
+                parse(e)
+                    .1
+                    .is_some_and(|rule| !rule.is_empty() && rule != "*")
+            })
+            .cloned()
+            .collect()
+    }
+
     /// Whether `name` survives the three layers for `audience`, given a definition's `tools`
-    /// (`None`: no restriction) and `disallowed_tools`.
+    /// (`None`: no restriction) and `disallowed_tools`. List entries may be patterns (see the
+    /// module docs).
     pub fn allows(
         &self,
         name: &str,
@@ -133,7 +201,7 @@ impl ToolFilter {
             }
         }
         // Layer 3: the definition's own lists; an explicit deny wins over everything.
-        if disallowed_tools.is_some_and(|d| d.iter().any(|t| t == name || (t == "*" && !mcp))) {
+        if disallowed_tools.is_some_and(|d| denied(d, name)) {
             return false;
         }
         match tools {
@@ -175,6 +243,13 @@ mod tests {
         let read_only = v(&["Read", "Grep"]);
         let no_bash = v(&["Bash"]);
         let no_mcp = v(&["mcp__db__drop"]);
+        let bash_rules = v(&["Bash(npm test:*)", "Bash(git:*)", "Read"]);
+        let no_rm = v(&["Bash(rm:*)"]);
+        let no_db = v(&["mcp__db__*"]);
+        let no_db_server = v(&["mcp__db"]);
+        let web_glob = v(&["Web*"]);
+        let github_only = v(&["mcp__github__*"]);
+        let spaced = v(&[" Grep ( pattern ) "]);
         type Row<'a> = (
             &'a str,
             ToolAudience,
@@ -221,6 +296,37 @@ mod tests {
             ("Bash",              Foreground, Some(&read_only), None,           false),
             ("Bash",              Background, Some(&star),      Some(&no_bash), false),
             ("Read",              Foreground, None,             Some(&star),    false),
+            // Patterns: `Name(rule)` is tool `Name` as a whole...
+            ("Bash",              Main,       Some(&bash_rules),None,           true),
+            ("Bash",              Background, Some(&bash_rules),None,           true),
+            ("Read",              Foreground, Some(&bash_rules),None,           true),
+            ("Grep",              Foreground, Some(&bash_rules),None,           false),
+            ("Grep",              Foreground, Some(&spaced),    None,           true),
+            // ...and in disallowedTools it denies the whole tool, even if allowed by a rule.
+            ("Bash",              Foreground, None,             Some(&no_rm),   false),
+            ("Bash",              Main,       Some(&bash_rules),Some(&no_rm),   false),
+            ("Read",              Foreground, None,             Some(&no_rm),   true),
+            // A prefix glob, for any tool.
+            ("WebFetch",          Foreground, Some(&web_glob),  None,           true),
+            ("WebSearch",         Background, Some(&web_glob),  None,           true),
+            ("Read",              Foreground, Some(&web_glob),  None,           false),
+            ("Read",              Foreground, None,             Some(&web_glob),true),
+            ("WebFetch",          Main,       None,             Some(&web_glob),false),
+            // MCP globs: allowing one server leaves other tools out but MCP tools pass anyway...
+            ("mcp__github__x",    Foreground, Some(&github_only),None,          true),
+            ("mcp__db__query",    Foreground, Some(&github_only),None,          true),
+            ("Read",              Foreground, Some(&github_only),None,          false),
+            // ...while a denied glob or server takes all of its tools away.
+            ("mcp__db__drop",     Background, None,             Some(&no_db),   false),
+            ("mcp__db__query",    Main,       Some(&star),      Some(&no_db),   false),
+            ("mcp__dbx__query",   Foreground, None,             Some(&no_db),   true),
+            ("mcp__db__query",    Foreground, None,             Some(&no_db_server), false),
+            ("mcp__dbx__query",   Foreground, None,             Some(&no_db_server), true),
+            ("mcp__db__query",    Foreground, None,             Some(&no_mcp),  true),
+            // `Task`, the legacy name of `Agent`, is kept from sub-agents too.
+            ("Task",              Foreground, None,             None,           false),
+            ("Task",              Background, Some(&star),      None,           false),
+            ("Task",              Main,       None,             None,           true),
         ];
         for (i, (name, who, tools, denied, want)) in rows.iter().enumerate() {
             let got = f.allows(
@@ -231,6 +337,24 @@ mod tests {
             );
             assert_eq!(got, *want, "row {i}: {name} for {who:?}");
         }
+    }
+
+    #[test]
+    fn unenforceable_lists_the_entries_whose_rule_is_dropped() {
+        let entries = v(&[
+            "Read",
+            "Bash(npm test:*)",
+            "mcp__github__*",
+            "Bash(*)",
+            "Edit()",
+            " WebFetch(domain:example.com) ",
+            "*",
+        ]);
+        assert_eq!(
+            ToolFilter::unenforceable(&entries),
+            ["Bash(npm test:*)", " WebFetch(domain:example.com) "]
+        );
+        assert!(ToolFilter::unenforceable(&[]).is_empty());
     }
 
     #[test]

@@ -2,43 +2,121 @@
 //!
 //! Both resolve the model's path inside their root and refuse anything that leaves it — a
 //! `..` segment, an absolute path elsewhere, or a symlink whose target lies outside — because
-//! a model's input is untrusted.
+//! a model's input is untrusted. The refusal is the same sentence in every case,
+//! `` path `<p>` is outside the directory this tool may read ``, and the first two are
+//! decided from the text of the path alone, before the filesystem is touched, so that a
+//! refusal never tells whether something outside the root exists. An absolute path must be spelled under the root's
+//! canonical form (symlinks in the root's own path resolved).
+//!
+//! `Read` also narrows the race between resolving a path and opening it: once the file is
+//! open, the path is resolved again and must name the same place, and (on unix) the opened
+//! handle must be the same file (device and inode) as the one the path names now. A path that
+//! changed in between is refused; this narrows the window but, without `openat2`-style
+//! confinement, cannot close it against an adversary who keeps swapping links. `LS` only
+//! checks the path before listing.
 
 use std::path::{Component, Path, PathBuf};
 
 use async_trait::async_trait;
-use forkhive_core::ToolDefinition;
+use forkhive_core::{Digest, ToolDefinition};
 use serde::Deserialize;
+use tokio::io::AsyncReadExt;
 
 use crate::error::{Error, Result};
 use crate::runtime::state::FileStamp;
 use crate::tool::{Tool, ToolContext, ToolOutput};
 
-/// The most bytes [`ReadFile`] returns of one file.
+/// The most bytes [`ReadFile`] returns of one file (and the most it reads into memory, plus
+/// one byte to tell that there is more).
 pub const READ_LIMIT: usize = 256 * 1024;
+
+fn outside(requested: &str) -> String {
+    format!("path `{requested}` is outside the directory this tool may read")
+}
+
+fn changed(requested: &str) -> String {
+    format!("`{requested}` changed while it was being opened; read it again")
+}
+
+/// Whether `path`, as written, stays under `root`: no `..`, and an absolute path must start
+/// with `root`. Touches nothing on disk.
+fn lexically_inside(root: &Path, path: &Path) -> bool {
+    if path.is_absolute() {
+        path.starts_with(root) && !path.components().any(|c| matches!(c, Component::ParentDir))
+    } else {
+        path.components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+    }
+}
 
 /// Resolves `requested` inside `root` (canonical), or says why it may not be used.
 async fn resolve(root: &Path, requested: &str) -> std::result::Result<PathBuf, String> {
-    let rel = Path::new(requested);
-    let joined = if rel.is_absolute() {
-        rel.to_path_buf()
-    } else {
-        if rel.components().any(|c| matches!(c, Component::ParentDir)) {
-            return Err(format!(
-                "path `{requested}` contains `..`; give a path inside the directory"
-            ));
-        }
-        root.join(rel)
-    };
-    let real = tokio::fs::canonicalize(&joined)
+    let path = Path::new(requested);
+    // The text first: a refusal must not depend on what exists outside the root.
+    if !lexically_inside(root, path) {
+        return Err(outside(requested));
+    }
+    let real = tokio::fs::canonicalize(root.join(path))
         .await
         .map_err(|e| format!("cannot open `{requested}`: {e}"))?;
+    // Then the real place: a symlink inside may point outside.
     if !real.starts_with(root) {
-        return Err(format!(
-            "path `{requested}` is outside the directory this tool may read"
-        ));
+        return Err(outside(requested));
     }
     Ok(real)
+}
+
+/// Whether two metadata describe the same file (device and inode); `true` where that cannot
+/// be told.
+#[cfg(unix)]
+fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    a.dev() == b.dev() && a.ino() == b.ino()
+}
+
+#[cfg(not(unix))]
+fn same_file(_a: &std::fs::Metadata, _b: &std::fs::Metadata) -> bool {
+    true
+}
+
+/// Checks, after opening, that `real` (canonical, inside the root) still resolves to itself
+/// and names the file whose handle has metadata `opened`.
+async fn check_opened(
+    real: &Path,
+    opened: &std::fs::Metadata,
+    requested: &str,
+) -> std::result::Result<(), String> {
+    let again = tokio::fs::canonicalize(real)
+        .await
+        .map_err(|_| changed(requested))?;
+    if again != real {
+        return Err(changed(requested));
+    }
+    let now = tokio::fs::metadata(real)
+        .await
+        .map_err(|_| changed(requested))?;
+    if !same_file(opened, &now) {
+        return Err(changed(requested));
+    }
+    Ok(())
+}
+
+/// Opens `real` (resolved from `requested`) and reads at most [`READ_LIMIT`]` + 1` bytes of
+/// it: the bytes read and the file's length.
+async fn read_capped(real: &Path, requested: &str) -> std::result::Result<(Vec<u8>, u64), String> {
+    let cannot = |e: std::io::Error| format!("cannot read `{requested}`: {e}");
+    let file = tokio::fs::File::open(real).await.map_err(cannot)?;
+    let meta = file.metadata().await.map_err(cannot)?;
+    check_opened(real, &meta, requested).await?;
+    let wanted = usize::try_from(meta.len()).map_or(READ_LIMIT, |l| l.min(READ_LIMIT));
+    let mut bytes = Vec::with_capacity(wanted + 1);
+    file.take(READ_LIMIT as u64 + 1)
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(cannot)?;
+    // The file may have grown since its metadata was taken.
+    let len = meta.len().max(bytes.len() as u64);
+    Ok((bytes, len))
 }
 
 fn definition(name: &str, description: &str, schema: &str) -> Result<ToolDefinition> {
@@ -58,7 +136,11 @@ async fn canonical_root(root: impl Into<PathBuf>) -> Result<PathBuf> {
 
 /// Reads a UTF-8 text file under a root directory (`Read`).
 ///
-/// Input: `{"path": "<relative path>"}`. Records what it read in the agent's file-read state.
+/// Input: `{"path": "<relative path>"}`. At most [`READ_LIMIT`] bytes are read and shown
+/// (fewer when the limit falls inside a character), followed by
+/// `[truncated: showing N of M bytes]` when the file is longer. Records what it read in the
+/// agent's file-read state as a [`FileStamp`] whose `len` is the file's true length and whose
+/// `digest` covers the bytes shown — the whole file unless it was truncated.
 #[derive(Debug, Clone)]
 pub struct ReadFile {
     root: PathBuf,
@@ -104,24 +186,30 @@ impl Tool for ReadFile {
             Ok(p) => p,
             Err(e) => return ToolOutput::error(e),
         };
-        let bytes = match tokio::fs::read(&path).await {
-            Ok(b) => b,
-            Err(e) => return ToolOutput::error(format!("cannot read `{requested}`: {e}")),
+        let (bytes, len) = match read_capped(&path, &requested).await {
+            Ok(r) => r,
+            Err(e) => return ToolOutput::error(e),
         };
-        let len = bytes.len();
-        let shown = &bytes[..len.min(READ_LIMIT)];
+        let truncated = bytes.len() > READ_LIMIT;
+        let shown = &bytes[..bytes.len().min(READ_LIMIT)];
         let text = match std::str::from_utf8(shown) {
             Ok(t) => t,
             // A cut in the middle of a character is not an encoding error.
-            Err(e) if len > READ_LIMIT && e.error_len().is_none() => {
+            Err(e) if truncated && e.error_len().is_none() => {
                 std::str::from_utf8(&shown[..e.valid_up_to()]).unwrap_or_default()
             }
             Err(_) => {
                 return ToolOutput::error(format!("`{requested}` is not UTF-8 text ({len} bytes)"));
             }
         };
-        cx.state().record_read(path, FileStamp::of(&bytes));
-        if len > READ_LIMIT {
+        cx.state().record_read(
+            path,
+            FileStamp {
+                len,
+                digest: Digest::of(text.as_bytes()),
+            },
+        );
+        if truncated {
             ToolOutput::text(format!(
                 "{text}\n[truncated: showing {} of {len} bytes]",
                 text.len()
@@ -200,5 +288,169 @@ impl Tool for ListDir {
         } else {
             ToolOutput::text(names.join("\n"))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::runtime::AgentContext;
+
+    fn cx() -> ToolContext {
+        ToolContext::detached(Arc::new(AgentContext::main()), "t")
+    }
+
+    async fn read(tool: &ReadFile, cx: &ToolContext, path: &str) -> ToolOutput {
+        tool.call(serde_json::json!({ "path": path }), cx).await
+    }
+
+    fn refused(path: &str) -> ToolOutput {
+        ToolOutput::error(format!(
+            "path `{path}` is outside the directory this tool may read"
+        ))
+    }
+
+    #[tokio::test]
+    async fn paths_outside_the_root_get_one_message_whether_or_not_they_exist() {
+        let root = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::fs::write(root.path().join("a.txt"), "inside").unwrap();
+        std::fs::write(elsewhere.path().join("secret"), "outside").unwrap();
+        let read_tool = ReadFile::new(root.path()).await.unwrap();
+        let ls = ListDir::new(root.path()).await.unwrap();
+        let cx = cx();
+        let existing = elsewhere.path().join("secret").display().to_string();
+        let missing = elsewhere.path().join("nope").display().to_string();
+        let escaping = format!(
+            "{}/../{}/secret",
+            root.path().display(),
+            elsewhere.path().display()
+        );
+        for p in [
+            existing.as_str(),
+            missing.as_str(),
+            escaping.as_str(),
+            "/etc/hostname",
+            "/no/such/file",
+            "../secret",
+            "sub/../a.txt",
+            "..",
+        ] {
+            assert_eq!(read(&read_tool, &cx, p).await, refused(p), "Read {p}");
+            let listed = ls.call(serde_json::json!({ "path": p }), &cx).await;
+            assert_eq!(listed, refused(p), "LS {p}");
+        }
+        // Inside, by relative or canonical absolute path, is fine.
+        let canonical = read_tool.root.join("a.txt").display().to_string();
+        for p in ["a.txt", "./a.txt", canonical.as_str()] {
+            assert_eq!(read(&read_tool, &cx, p).await, ToolOutput::text("inside"));
+        }
+        assert_eq!(
+            read(&read_tool, &cx, "gone.txt").await.text_content(),
+            "cannot open `gone.txt`: No such file or directory (os error 2)"
+        );
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_symlink_pointing_outside_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::fs::write(elsewhere.path().join("secret"), "outside").unwrap();
+        std::os::unix::fs::symlink(elsewhere.path().join("secret"), root.path().join("link"))
+            .unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), root.path().join("dir")).unwrap();
+        std::fs::write(root.path().join("a.txt"), "inside").unwrap();
+        std::os::unix::fs::symlink("a.txt", root.path().join("ok")).unwrap();
+        let tool = ReadFile::new(root.path()).await.unwrap();
+        let ls = ListDir::new(root.path()).await.unwrap();
+        let cx = cx();
+        assert_eq!(read(&tool, &cx, "link").await, refused("link"));
+        assert_eq!(read(&tool, &cx, "dir/secret").await, refused("dir/secret"));
+        let listed = ls.call(serde_json::json!({ "path": "dir" }), &cx).await;
+        assert_eq!(listed, refused("dir"));
+        // A symlink that stays inside is followed.
+        assert_eq!(read(&tool, &cx, "ok").await, ToolOutput::text("inside"));
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_file_swapped_after_opening_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::write(root.path().join("a"), "a").unwrap();
+        std::fs::write(root.path().join("b"), "b").unwrap();
+        let a = tokio::fs::canonicalize(root.path().join("a"))
+            .await
+            .unwrap();
+        let b = std::fs::metadata(root.path().join("b")).unwrap();
+        let same = std::fs::metadata(&a).unwrap();
+        assert_eq!(check_opened(&a, &same, "a").await, Ok(()));
+        assert_eq!(
+            check_opened(&a, &b, "a").await,
+            Err("`a` changed while it was being opened; read it again".to_owned())
+        );
+        // A path that no longer resolves to itself (here: now a symlink) is refused too.
+        std::os::unix::fs::symlink("a", root.path().join("l")).unwrap();
+        let l = a.with_file_name("l");
+        assert_eq!(
+            check_opened(&l, &same, "l").await,
+            Err("`l` changed while it was being opened; read it again".to_owned())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_large_file_is_read_up_to_the_limit_and_names_its_true_size() {
+        let root = tempfile::tempdir().unwrap();
+        let big = "a".repeat(READ_LIMIT + 10);
+        std::fs::write(root.path().join("big"), &big).unwrap();
+        // The limit falls inside a two-byte character: the cut moves back before it.
+        let mut mid = "a".repeat(READ_LIMIT - 1);
+        mid.push_str("éé");
+        std::fs::write(root.path().join("mid"), &mid).unwrap();
+        let tool = ReadFile::new(root.path()).await.unwrap();
+        let cx = cx();
+
+        let got = read(&tool, &cx, "big").await;
+        let shown = &big[..READ_LIMIT];
+        assert_eq!(
+            got,
+            ToolOutput::text(format!(
+                "{shown}\n[truncated: showing {READ_LIMIT} of {} bytes]",
+                READ_LIMIT + 10
+            ))
+        );
+        let stamp = cx.state().last_read(&tool.root.join("big")).unwrap();
+        assert_eq!(stamp.len, (READ_LIMIT + 10) as u64);
+        assert_eq!(stamp.digest, Digest::of(shown.as_bytes()));
+
+        let got = read(&tool, &cx, "mid").await;
+        let shown = &mid[..READ_LIMIT - 1];
+        assert_eq!(
+            got,
+            ToolOutput::text(format!(
+                "{shown}\n[truncated: showing {} of {} bytes]",
+                READ_LIMIT - 1,
+                READ_LIMIT + 3
+            ))
+        );
+
+        // A whole file is stamped with the digest of all of it.
+        std::fs::write(root.path().join("small"), "hi").unwrap();
+        assert_eq!(read(&tool, &cx, "small").await, ToolOutput::text("hi"));
+        let stamp = cx.state().last_read(&tool.root.join("small")).unwrap();
+        assert_eq!(stamp, FileStamp::of(b"hi"));
+    }
+
+    #[tokio::test]
+    async fn a_file_that_is_not_utf8_is_an_error() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::write(root.path().join("bin"), [b'a', 0xff, b'b']).unwrap();
+        let tool = ReadFile::new(root.path()).await.unwrap();
+        assert_eq!(
+            read(&tool, &cx(), "bin").await,
+            ToolOutput::error("`bin` is not UTF-8 text (3 bytes)")
+        );
     }
 }
