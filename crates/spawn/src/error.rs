@@ -80,6 +80,10 @@ pub enum Error {
         message: String,
     },
 
+    /// A verification run gave no usable verdict.
+    #[error("verification failed: {0}")]
+    Verification(String),
+
     /// An agent was configured inconsistently (a missing backend, a zero limit).
     #[error("invalid agent configuration: {0}")]
     Config(String),

@@ -717,3 +717,100 @@ async fn cache_warm_fan_out_and_the_split_layout_save_cache_writes_and_uncached_
         "split {warm:?} vs single {single_warm:?}"
     );
 }
+
+#[tokio::test]
+async fn a_side_question_reads_the_cache_writes_nothing_for_itself_and_leaves_the_conversation() {
+    use forkhive_spawn::strategy::side_question;
+    use forkhive_transport::simulator::PromptCacheSimulator;
+    let sim = Arc::new(PromptCacheSimulator::anthropic(
+        forkhive_transport::ScriptedBackend::from_fn(|r: &Request| {
+            Ok(say(&format!("answer to: {}", last_user_text(r))))
+        }),
+    ));
+    let mut agent = Agent::builder(sim.clone())
+        .model("claude-sonnet-4-5")
+        .system_prompt("Keep careful notes about the build. ".repeat(400))
+        .tools(ToolPool::new([TestTool::sleeper("Look", true, 1).arc()]).unwrap())
+        .build()
+        .await
+        .unwrap();
+    agent.run("what failed?").await;
+    let before = agent.params().fingerprint().clone();
+    let first = side_question(&agent, "btw, which branch is this?")
+        .await
+        .unwrap();
+    let second = side_question(&agent, "btw, which branch is this?")
+        .await
+        .unwrap();
+    assert_eq!(first.text, "answer to: btw, which branch is this?");
+    assert_eq!(
+        agent.params().fingerprint(),
+        &before,
+        "the conversation is untouched"
+    );
+    let reports = sim.reports();
+    let (a, b) = (&reports[reports.len() - 2], &reports[reports.len() - 1]);
+    assert!(a.cache_read_tokens > 0);
+    assert_eq!(
+        b.cache_write_tokens, 0,
+        "the question itself was never written"
+    );
+    assert_eq!(
+        b.cache_read_tokens,
+        a.cache_read_tokens + a.cache_write_tokens
+    );
+    assert_eq!(first.usage.cache_read_tokens, a.cache_read_tokens);
+    let _ = second;
+}
+
+#[tokio::test]
+async fn the_verification_agent_is_read_only_and_its_verdict_is_typed() {
+    use forkhive_spawn::strategy::{Verdict, verify};
+    use forkhive_spawn::tool::AllowAll;
+    let write = TestTool::new("Write", OBJECT, false, |_, _| async {
+        forkhive_spawn::tool::ToolOutput::text("written")
+    })
+    .read_only(false);
+    let tools = ToolPool::new([TestTool::sleeper("Read", true, 1).arc(), write.arc()]).unwrap();
+    let b = Arc::new(forkhive_transport::ScriptedBackend::from_replies([
+        Ok(calls(&[("w", "Write", "{}")])),
+        Ok(say(
+            "I tried to overwrite the config and could not.\nThe parser crashes on empty input.\nVERDICT: FAIL",
+        )),
+    ]));
+    let v = verify(
+        b.clone(),
+        "m",
+        &tools,
+        Arc::new(AllowAll),
+        "check the parser change",
+    )
+    .await
+    .unwrap();
+    assert_eq!(v.verdict, Verdict::Fail);
+    let second = b.requests()[1].clone();
+    assert_eq!(
+        second
+            .prefix
+            .tools()
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect::<Vec<_>>(),
+        ["Read"]
+    );
+    assert_eq!(
+        results(&second)[0].1,
+        "unknown tool `Write`; available tools: Read"
+    );
+
+    let b = Arc::new(forkhive_transport::ScriptedBackend::from_texts([
+        "Looks fine to me.",
+    ]));
+    let err = verify(b, "m", &tools, Arc::new(AllowAll), "check")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "verification failed: the report's last line is \"Looks fine to me.\"; it must be `VERDICT: PASS`, `VERDICT: FAIL` or `VERDICT: PARTIAL`"
+    );
+}

@@ -5,6 +5,8 @@
 //! A strategy only *builds* the child; the Agent tool decides foreground or background, holds
 //! the capacity slot and reports the result.
 
+pub mod side;
+
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -19,6 +21,8 @@ use crate::definition::{
 use crate::runtime::{Agent, AgentKind, AgentShared, Limits, QuerySource, TurnSnapshot};
 use crate::task::{ChildSink, FirstInput, Gate, Progress};
 use crate::tool::{ToolAudience, ToolFilter, ToolPool};
+
+pub use side::{SideAnswer, Verdict, Verification, side_question, verify};
 
 /// What the model asked for, parsed from the Agent tool's input.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Deserialize)]
