@@ -17,6 +17,8 @@ use async_trait::async_trait;
 use forkhive_core::{ContentBlock, Message, RawJson, Usage};
 use forkhive_spawn::runtime::{Agent, Limits, StopReason};
 use forkhive_spawn::tool::{ListDir, ReadFile, ToolPool};
+#[allow(unused_imports)]
+use forkhive_transport::StopReason as _;
 use forkhive_transport::http::{HttpBackend, HttpConfig};
 use forkhive_transport::request::events_for;
 use forkhive_transport::{Backend, EventStream, Request, Response, StopReason as ModelStop};
@@ -149,5 +151,169 @@ async fn a_three_turn_loop_reads_each_previous_turn_from_the_servers_cache() {
                 t + 1
             );
         }
+    }
+}
+
+/// A router for a fork fan-out: the parent's first answer becomes three fork calls; every
+/// request (parent and children) really goes to the server.
+///
+/// The server has one slot, whose cache holds only the last prompt: a parent request landing
+/// between two siblings would evict the siblings' shared prefix, which a provider's prefix
+/// cache (Anthropic's, or a multi-slot server's) would keep. So the router holds the parent's
+/// later requests until the children have sent theirs; the children themselves are ordered by
+/// the runtime's cache-warm fan-out, not by the router.
+#[derive(Debug)]
+struct ForkRouter {
+    real: HttpBackend,
+    usage: Mutex<Vec<(String, Usage)>>,
+    children_done: tokio::sync::Semaphore,
+}
+
+#[async_trait]
+impl Backend for ForkRouter {
+    async fn send(&self, r: &Request) -> forkhive_transport::Result<Response> {
+        let msgs = r.all_messages();
+        // A fork child's first request carries its message as the suffix; the parent's never do.
+        let child = !r.suffix.is_empty();
+        if !child && msgs.len() > 1 {
+            let _ = self.children_done.acquire_many(3).await.map(|p| p.forget());
+            self.children_done.add_permits(3);
+        }
+        let answer = self.real.send(r).await;
+        if child {
+            self.children_done.add_permits(1);
+        }
+        let mut answer = answer?;
+        let label = r.label.clone().unwrap_or_default();
+        self.usage.lock().unwrap().push((
+            if child {
+                format!("child {label}")
+            } else {
+                "parent".into()
+            },
+            answer.usage,
+        ));
+        if !child && msgs.len() == 1 {
+            answer.message = Message::assistant(
+                ["net", "db", "ui"]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, part)| {
+                        ContentBlock::tool_use(
+                            format!("call_{i}"),
+                            "Agent",
+                            RawJson::parse(&format!(r#"{{"description":"audit {part}","prompt":"Audit the {part} code."}}"#)).unwrap(),
+                        )
+                    })
+                    .collect(),
+            );
+            answer.stop_reason = Some(ModelStop::ToolUse);
+        }
+        Ok(answer)
+    }
+
+    async fn stream(&self, r: &Request) -> forkhive_transport::Result<EventStream> {
+        let answer = self.send(r).await?;
+        Ok(Box::pin(futures::stream::iter(
+            events_for(&answer, 16).into_iter().map(Ok),
+        )))
+    }
+}
+
+#[tokio::test]
+async fn a_fork_fan_out_reads_the_shared_prefix_from_the_servers_cache() {
+    use forkhive_core::notification::find_notifications;
+    use forkhive_spawn::agent_tool::{AgentTool, AgentToolConfig};
+    use forkhive_spawn::tool::Tool;
+    let Some(url) = server("a_fork_fan_out_reads_the_shared_prefix_from_the_servers_cache") else {
+        return;
+    };
+    let nonce = format!(
+        "{:x}-{}",
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos(),
+        std::process::id()
+    );
+    let words = [
+        "the", "parent", "splits", "the", "audit", "into", "parts", "and", "forks", "workers",
+    ];
+    let guide: Vec<&str> = (0..1200).map(|i| words[(i * 3) % words.len()]).collect();
+    let router = Arc::new(ForkRouter {
+        real: HttpBackend::anthropic(HttpConfig::new(&url)).unwrap(),
+        usage: Mutex::new(Vec::new()),
+        children_done: tokio::sync::Semaphore::new(0),
+    });
+    let tool = AgentTool::new(AgentToolConfig {
+        fork_enabled: true,
+        child_limits: Limits {
+            max_turns: Some(1),
+            max_output_tokens: 8,
+            ..Limits::default()
+        },
+        ..AgentToolConfig::default()
+    })
+    .unwrap();
+    let mut parent = Agent::builder(router.clone())
+        .model("smollm2")
+        .system_prompt(format!("Session {nonce}. {}.", guide.join(" ")))
+        .tools(ToolPool::new([Arc::new(tool) as Arc<dyn Tool>]).unwrap())
+        .limits(Limits {
+            max_turns: Some(6),
+            max_output_tokens: 8,
+            ..Limits::default()
+        })
+        .build()
+        .await
+        .unwrap();
+    let run = parent.run("Audit the code base.").await;
+    assert!(run.error.is_none(), "{:?}", run.error);
+    eprintln!("parent: {} after {} turns", run.stop, run.turns.len());
+    // The parent may stop (at its turn limit) before every child reported: the rest are
+    // promised on its queue.
+    tokio::time::timeout(
+        std::time::Duration::from_secs(300),
+        parent.pending().settled(),
+    )
+    .await
+    .unwrap();
+    let mut found: Vec<_> = parent
+        .params()
+        .messages()
+        .iter()
+        .flat_map(|m| find_notifications(m).unwrap())
+        .collect();
+    found.extend(
+        parent
+            .pending()
+            .drain()
+            .iter()
+            .map(|m| forkhive_core::TaskNotification::parse(&m.text).unwrap()),
+    );
+    assert_eq!(
+        found.len(),
+        3,
+        "each child's notification reaches the parent once"
+    );
+    let mut ids: Vec<_> = found
+        .iter()
+        .map(|n| n.tool_use_id.clone().unwrap())
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["call_0", "call_1", "call_2"]);
+    let usage = router.usage.lock().unwrap().clone();
+    let children: Vec<&(String, Usage)> = usage
+        .iter()
+        .filter(|(who, _)| who.starts_with("child"))
+        .collect();
+    assert_eq!(children.len(), 3);
+    for (who, u) in &children[1..] {
+        let total = u.total_input_tokens();
+        eprintln!(
+            "{who}: {} of {total} input tokens read from the cache",
+            u.cache_read_tokens
+        );
+        assert!(u.cache_read_tokens * 100 >= total * 95, "{who}: {u:?}");
     }
 }
