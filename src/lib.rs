@@ -76,6 +76,11 @@ pub struct DefinitionsDocDoctests;
 #[doc = include_str!("../docs/subagent.md")]
 pub struct SubagentDocDoctests;
 
+/// The code in `docs/verification.md`, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/verification.md")]
+pub struct VerificationDocDoctests;
+
 /// The names most programs need, in one import.
 pub mod prelude {
     #[doc(inline)]
