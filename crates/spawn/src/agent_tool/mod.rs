@@ -460,3 +460,59 @@ impl Tool for AgentTool {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every reason alone sends a spawn to the background; the veto overrides each of them;
+    /// nothing set means the foreground.
+    #[test]
+    fn should_run_async_table() {
+        let none = AsyncInputs::default();
+        #[rustfmt::skip]
+        let rows: [(&str, AsyncInputs, bool); 14] = [
+            ("nothing",                 none, false),
+            ("run_in_background",       AsyncInputs { run_in_background: true, ..none }, true),
+            ("definition background",   AsyncInputs { definition_background: true, ..none }, true),
+            ("coordinator mode",        AsyncInputs { coordinator: true, ..none }, true),
+            ("fork forces async",       AsyncInputs { fork_force_async: true, ..none }, true),
+            ("assistant mode",          AsyncInputs { assistant_force_async: true, ..none }, true),
+            ("proactive",               AsyncInputs { proactive_active: true, ..none }, true),
+            ("veto alone",              AsyncInputs { background_disabled: true, ..none }, false),
+            ("veto run_in_background",  AsyncInputs { run_in_background: true, background_disabled: true, ..none }, false),
+            ("veto definition",         AsyncInputs { definition_background: true, background_disabled: true, ..none }, false),
+            ("veto coordinator",        AsyncInputs { coordinator: true, background_disabled: true, ..none }, false),
+            ("veto fork",               AsyncInputs { fork_force_async: true, background_disabled: true, ..none }, false),
+            ("veto assistant",          AsyncInputs { assistant_force_async: true, background_disabled: true, ..none }, false),
+            ("veto proactive",          AsyncInputs { proactive_active: true, background_disabled: true, ..none }, false),
+        ];
+        for (name, inputs, want) in rows {
+            assert_eq!(should_run_async(inputs), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn forks_need_fork_mode_and_neither_coordinator_nor_non_interactive() {
+        let on = AgentToolConfig {
+            fork_enabled: true,
+            ..AgentToolConfig::default()
+        };
+        assert!(on.forks());
+        assert!(!AgentToolConfig::default().forks());
+        assert!(
+            !AgentToolConfig {
+                coordinator_mode: true,
+                ..on.clone()
+            }
+            .forks()
+        );
+        assert!(
+            !AgentToolConfig {
+                non_interactive: true,
+                ..on
+            }
+            .forks()
+        );
+    }
+}
