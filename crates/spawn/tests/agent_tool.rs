@@ -814,3 +814,54 @@ async fn the_verification_agent_is_read_only_and_its_verdict_is_typed() {
         "verification failed: the report's last line is \"Looks fine to me.\"; it must be `VERDICT: PASS`, `VERDICT: FAIL` or `VERDICT: PARTIAL`"
     );
 }
+
+#[tokio::test]
+async fn a_detached_parent_stops_and_a_background_child_writes_its_output_file() {
+    use forkhive_spawn::task::OutputConfig;
+    let dir = tempfile::tempdir().unwrap();
+    let b = brain(|r| {
+        if is_parent(r) {
+            return match r.all_messages().len() {
+                1 => Plan::Reply(calls_owned(&[agent_call(
+                    "bg",
+                    serde_json::json!({"description": "scan", "prompt": "scan it", "subagent_type": "worker", "run_in_background": true}),
+                )])),
+                _ => Plan::Reply(say("not waiting")),
+            };
+        }
+        Plan::Reply(say("the scan found three files"))
+    });
+    let tool = AgentTool::new(AgentToolConfig {
+        registry: worker_registry(),
+        ..AgentToolConfig::default()
+    })
+    .unwrap();
+    let mut p = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(ToolPool::new([Arc::new(tool) as Arc<dyn Tool>]).unwrap())
+        .detach_background(true)
+        .build()
+        .await
+        .unwrap();
+    let tasks = TaskConfig {
+        output: Some(OutputConfig::new(dir.path(), "session-1")),
+        ..TaskConfig::default()
+    };
+    let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), tasks);
+    p.tree().extensions().insert(Arc::clone(&service));
+    let run = p.run("scan").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    assert_eq!(run.final_text, "not waiting");
+    // Detached: the run returned; the notification is collected afterwards.
+    service.wait_idle().await;
+    let queued = p.pending().drain();
+    assert_eq!(queued.len(), 1);
+    let n = forkhive_core::TaskNotification::parse(&queued[0].text).unwrap();
+    assert_eq!(n.status, TaskStatus::Completed);
+    let out = n.output_file.unwrap();
+    assert!(out.starts_with(&dir.path().join("session-1/tasks").display().to_string()));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.starts_with("the scan found three files"), "{text}");
+    assert!(text.ends_with("[stopped: completed]\n"), "{text}");
+}
