@@ -865,3 +865,74 @@ async fn a_detached_parent_stops_and_a_background_child_writes_its_output_file()
     assert!(text.starts_with("the scan found three files"), "{text}");
     assert!(text.ends_with("[stopped: completed]\n"), "{text}");
 }
+
+#[tokio::test]
+async fn a_host_sees_each_notification_once_as_it_is_queued() {
+    let b = brain(|r| {
+        if is_parent(r) {
+            match r.all_messages().len() {
+                1 => Plan::Reply(calls_owned(
+                    &(0..3)
+                        .map(|i| {
+                            agent_call(
+                                &format!("a{i}"),
+                                serde_json::json!({"description": format!("part {i}"), "prompt": "go", "subagent_type": "worker", "run_in_background": true}),
+                            )
+                        })
+                        .collect::<Vec<_>>(),
+                )),
+                _ => Plan::Reply(say("noted")),
+            }
+        } else {
+            Plan::Reply(say("done"))
+        }
+    });
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let tool = AgentTool::new(AgentToolConfig {
+        registry: worker_registry(),
+        ..AgentToolConfig::default()
+    })
+    .unwrap();
+    let mut p = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(ToolPool::new([Arc::new(tool) as Arc<dyn Tool>]).unwrap())
+        .events(Arc::new(tx))
+        .build()
+        .await
+        .unwrap();
+    let run = p.run("split it").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    let mut events = Vec::new();
+    while let Ok(e) = rx.try_recv() {
+        events.push(e);
+    }
+    let notified: Vec<_> = events
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| match &e.kind {
+            EventKind::Notified {
+                parent,
+                status,
+                summary,
+            } => Some((i, e.agent, e.turn, *parent, *status, summary.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(notified.len(), 3, "one per child");
+    let mut children: Vec<_> = notified.iter().map(|n| n.1).collect();
+    children.sort();
+    children.dedup();
+    assert_eq!(children.len(), 3, "three different children");
+    for (at, child, turn, parent, status, summary) in &notified {
+        assert_eq!(parent, p.id());
+        assert_eq!(*status, TaskStatus::Completed);
+        assert!(summary.starts_with("Agent \"part "), "{summary}");
+        assert_eq!(*turn, 1, "the child's turns so far");
+        let stopped = events
+            .iter()
+            .position(|e| e.agent == *child && matches!(e.kind, EventKind::Stopped { .. }))
+            .unwrap();
+        assert!(stopped < *at, "Notified follows the child's Stopped");
+    }
+}

@@ -350,6 +350,7 @@ impl AgentTool {
                     output: output.clone(),
                     slot,
                     gate: prepared.gate,
+                    events: caller.events.clone(),
                 })
                 .await
                 .map_err(|e| format!("could not start the agent: {e}"))?;

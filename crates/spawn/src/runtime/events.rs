@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use forkhive_core::{CacheBreak, Digest, TaskId, Usage};
+use forkhive_core::{CacheBreak, Digest, TaskId, TaskStatus, Usage};
 use forkhive_transport::StopReason as ModelStop;
 
 use crate::runtime::outcome::StopReason;
@@ -77,6 +77,17 @@ pub enum EventKind {
     MessagesInjected {
         /// How many.
         count: usize,
+    },
+    /// This background child's `<task-notification>` was queued for its parent, which will
+    /// read it at the start of its next turn: emitted once per child, after `Stopped`, so a
+    /// host sees notifications as they arrive.
+    Notified {
+        /// The parent the notification went to.
+        parent: TaskId,
+        /// The status it carries.
+        status: TaskStatus,
+        /// Its one-line summary.
+        summary: String,
     },
     /// The agent stopped.
     Stopped {

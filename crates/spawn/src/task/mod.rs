@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -83,6 +83,7 @@ pub struct Progress {
     state: Mutex<ProgressState>,
     responding: AtomicBool,
     responded: Notify,
+    turns: AtomicU32,
 }
 
 #[derive(Debug, Default)]
@@ -101,6 +102,7 @@ impl Default for Progress {
             state: Mutex::default(),
             responding: AtomicBool::new(false),
             responded: Notify::new(),
+            turns: AtomicU32::new(0),
         }
     }
 }
@@ -129,6 +131,9 @@ impl Progress {
                 self.mark_responding();
             }
             EventKind::ToolCallStarted { .. } => self.lock().tool_uses += 1,
+            EventKind::TurnStarted => {
+                self.turns.fetch_add(1, Ordering::AcqRel);
+            }
             _ => {}
         }
     }
@@ -163,6 +168,11 @@ impl Progress {
     /// Usage so far.
     pub fn usage(&self) -> Usage {
         self.lock().usage
+    }
+
+    /// Model turns started so far.
+    pub fn turns(&self) -> u32 {
+        self.turns.load(Ordering::Acquire)
     }
 
     /// Tool calls so far.
@@ -289,6 +299,9 @@ pub struct Launch {
     pub slot: Slot,
     /// Work to await before the child starts (a cache-warm fan-out gate).
     pub gate: Option<Gate>,
+    /// Where to report [`EventKind::Notified`] once the notification is queued (normally
+    /// the parent's sink, so a host sees the whole tree).
+    pub events: Option<Arc<dyn EventSink>>,
 }
 
 /// Work a child awaits before its first request (the cache-warm fan-out wait).
@@ -408,6 +421,7 @@ impl TaskService {
             output,
             slot,
             gate,
+            events,
         } = launch;
         let id = *agent.id();
         let parent = agent.context().parent().copied().unwrap_or(id);
@@ -452,7 +466,21 @@ impl TaskService {
                 _ => TaskState::Killed,
             };
             match service.registry.transition(&id, state).await {
-                Ok(_) => promise.deliver(PendingMessage::new(n.to_xml(), "task-notification")),
+                Ok(_) => {
+                    let (status, summary) = (n.status, n.summary.clone());
+                    promise.deliver(PendingMessage::new(n.to_xml(), "task-notification"));
+                    if let Some(sink) = events {
+                        sink.emit(AgentEvent {
+                            agent: id,
+                            turn: progress.turns(),
+                            kind: EventKind::Notified {
+                                parent: record.parent,
+                                status,
+                                summary,
+                            },
+                        });
+                    }
+                }
                 Err(e) => tracing::warn!(task = %id, "not notifying twice: {e}"),
             }
         });
