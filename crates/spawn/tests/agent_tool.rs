@@ -936,3 +936,86 @@ async fn a_host_sees_each_notification_once_as_it_is_queued() {
         assert!(stopped < *at, "Notified follows the child's Stopped");
     }
 }
+
+#[tokio::test]
+async fn children_of_one_definition_share_one_rendered_head() {
+    use forkhive_core::Dimension;
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let b = brain(move |r| {
+        if !is_parent(r) {
+            log.lock().unwrap().push(r.clone());
+        }
+        if is_parent(r) {
+            match r.all_messages().len() {
+                1 => Plan::Reply(calls_owned(&[
+                    agent_call(
+                        "a0",
+                        serde_json::json!({"description": "one", "prompt": "first", "subagent_type": "worker", "run_in_background": true}),
+                    ),
+                    agent_call(
+                        "a1",
+                        serde_json::json!({"description": "two", "prompt": "second", "subagent_type": "worker", "run_in_background": true}),
+                    ),
+                    agent_call(
+                        "a2",
+                        serde_json::json!({"description": "three", "prompt": "third", "subagent_type": "worker"}),
+                    ),
+                    agent_call(
+                        "a3",
+                        serde_json::json!({"description": "four", "prompt": "fourth", "subagent_type": "worker", "model": "m2", "run_in_background": true}),
+                    ),
+                ])),
+                _ => Plan::Reply(say("noted")),
+            }
+        } else {
+            Plan::Reply(say("done"))
+        }
+    });
+    let tool = Arc::new(
+        AgentTool::new(AgentToolConfig {
+            registry: worker_registry(),
+            ..AgentToolConfig::default()
+        })
+        .unwrap(),
+    );
+    let mut p = Agent::builder(b.clone())
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(
+            ToolPool::new([
+                tool.clone() as Arc<dyn Tool>,
+                TestTool::sleeper("Look", true, 1).arc(),
+            ])
+            .unwrap(),
+        )
+        .build()
+        .await
+        .unwrap();
+    let run = p.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    // (worker, m, background), (worker, m, foreground), (worker, m2, background).
+    assert_eq!(tool.cached_heads(), 3);
+    let firsts: Vec<Request> = seen.lock().unwrap().clone();
+    assert_eq!(firsts.len(), 4);
+    let background: Vec<&Request> = firsts
+        .iter()
+        .filter(|r| r.prefix.model() == "m" && last_user_text(r) != "third")
+        .collect();
+    assert_eq!(background.len(), 2);
+    // The head is the same bytes for both, whichever was built first.
+    let (x, y) = (
+        background[0].prefix.fingerprint(),
+        background[1].prefix.fingerprint(),
+    );
+    for d in [
+        Dimension::SystemPrompt,
+        Dimension::Tools,
+        Dimension::UserContext,
+    ] {
+        assert_eq!(x.dimension(d), y.dimension(d), "{d:?}");
+    }
+    assert_eq!(background[0].prefix.system_prompt(), ["You are a worker."]);
+    let other_model = firsts.iter().find(|r| r.prefix.model() == "m2").unwrap();
+    assert_eq!(last_user_text(other_model), "fourth");
+}

@@ -18,7 +18,9 @@ use forkhive_core::{TaskId, TaskKind, ToolDefinition};
 
 use crate::definition::AgentRegistry;
 use crate::runtime::Limits;
-use crate::strategy::{AgentInput, Fork, ForkLayout, SpawnContext, SpawnStrategy, Subagent};
+use crate::strategy::{
+    AgentInput, Fork, ForkLayout, HeadCache, SpawnContext, SpawnStrategy, Subagent,
+};
 use crate::task::{
     FirstInput, Launch, MemoryTaskRegistry, OutputFile, Progress, TaskConfig, TaskRecord,
     TaskService, TaskState,
@@ -224,6 +226,8 @@ impl AgentToolConfig {
 pub struct AgentTool {
     config: Arc<AgentToolConfig>,
     definition: ToolDefinition,
+    filter: Arc<ToolFilter>,
+    heads: Arc<HeadCache>,
 }
 
 impl AgentTool {
@@ -240,9 +244,17 @@ impl AgentTool {
         let schema = config.input_schema().to_string();
         let definition = ToolDefinition::new(AGENT_TOOL, description, &schema)?;
         Ok(Self {
+            filter: Arc::new(config.filter.clone()),
+            heads: Arc::new(HeadCache::new()),
             config: Arc::new(config),
             definition,
         })
+    }
+
+    /// How many rendered subagent heads this tool holds (one per definition, model,
+    /// foreground/background and tool pool it has spawned from).
+    pub fn cached_heads(&self) -> usize {
+        self.heads.len()
     }
 
     /// The configuration.
@@ -326,7 +338,8 @@ impl AgentTool {
                     turn,
                     registry: &self.config.registry,
                     subagent_tools: self.config.subagent_tools.as_ref(),
-                    filter: &self.config.filter,
+                    filter: &self.filter,
+                    heads: &self.heads,
                     child_limits: &self.config.child_limits,
                     user_context: &self.config.subagent_user_context,
                     fork_layout: self.config.fork_layout,

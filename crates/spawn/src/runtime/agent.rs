@@ -79,7 +79,7 @@ pub struct AgentBuilder {
     user_context: Vec<(String, String)>,
     definition: Option<AgentDefinition>,
     tools: ToolPool,
-    filter: ToolFilter,
+    filter: Option<Arc<ToolFilter>>,
     audience: Option<ToolAudience>,
     trust_modes: bool,
     policy: Arc<dyn PermissionPolicy>,
@@ -109,7 +109,7 @@ impl AgentBuilder {
             user_context: Vec::new(),
             definition: None,
             tools: ToolPool::empty(),
-            filter: ToolFilter::default(),
+            filter: None,
             audience: None,
             trust_modes: false,
             policy: Arc::new(AllowAll),
@@ -177,9 +177,10 @@ impl AgentBuilder {
         self
     }
 
-    /// The lists of filtering layers 1 and 2 (default: Claude Code's).
-    pub fn tool_filter(mut self, filter: ToolFilter) -> Self {
-        self.filter = filter;
+    /// The lists of filtering layers 1 and 2 (default: Claude Code's). Takes a
+    /// [`ToolFilter`] or an `Arc` of one, which children built from one config share.
+    pub fn tool_filter(mut self, filter: impl Into<Arc<ToolFilter>>) -> Self {
+        self.filter = Some(filter.into());
         self
     }
 
@@ -291,8 +292,10 @@ impl AgentBuilder {
                 });
         let pool = match def {
             Some(d) if self.params.is_none() => {
-                let names: Vec<String> = self
-                    .filter
+                static DEFAULT_FILTER: std::sync::LazyLock<ToolFilter> =
+                    std::sync::LazyLock::new(ToolFilter::default);
+                let filter = self.filter.as_deref().unwrap_or(&DEFAULT_FILTER);
+                let names: Vec<String> = filter
                     .apply(
                         &self.tools.names(),
                         audience,
@@ -316,8 +319,19 @@ impl AgentBuilder {
                         )));
                     }
                 }
-                // Only what the model was offered may run.
-                let offered = pool.retain(|n| p.tools().iter().any(|t| t.name == n));
+                // Only what the model was offered may run. A pool that already is exactly the
+                // offered array (a cached head's) is kept as it is.
+                let exact = pool.len() == p.tools().len()
+                    && pool
+                        .names()
+                        .iter()
+                        .zip(p.tools())
+                        .all(|(n, t)| *n == t.name);
+                let offered = if exact {
+                    pool
+                } else {
+                    pool.retain(|n| p.tools().iter().any(|t| t.name == n))
+                };
                 (p, offered)
             }
             None => {
@@ -802,7 +816,10 @@ impl Agent {
             model = %self.params.model(),
         );
         let cx = Arc::clone(&self.shared.cx);
-        cx.scope(self.run_loop(first).instrument(span)).await
+        // Boxed: the loop's state is allocated when the run starts, so a task holding an
+        // agent that has not started yet (a background child behind its gate, or one of
+        // thousands just spawned) stays small.
+        Box::pin(cx.scope(self.run_loop(first).instrument(span))).await
     }
 
     async fn run_loop(&mut self, first: Option<Vec<ContentBlock>>) -> AgentRun {
@@ -834,7 +851,10 @@ impl Agent {
             self.turn += 1;
             self.emit.set_turn(self.turn);
             let span = tracing::info_span!("turn", turn = self.turn);
-            let end = self.turn_once(&mut run).instrument(span).await;
+            // Boxed: a turn's state (stream, tool round) lives only while the turn runs, so
+            // an agent waiting between turns — or thousands of background children not yet
+            // started — hold a small future.
+            let end = Box::pin(self.turn_once(&mut run).instrument(span)).await;
             match end {
                 TurnEnd::Continue => {}
                 TurnEnd::Stop(reason) => return self.finish(run, reason).await,
@@ -1094,9 +1114,14 @@ impl Agent {
     /// Appends messages to the conversation (O(new)) and the transcript.
     async fn push(&mut self, run: &mut RunState, messages: Vec<Message>) -> Result<()> {
         if let Some(w) = &mut self.transcript {
-            for m in &messages {
-                w.message(m).await?;
-            }
+            // Boxed, like every file write here: the agent's future stays small.
+            Box::pin(async {
+                for m in &messages {
+                    w.message(m).await?;
+                }
+                Ok::<_, Error>(())
+            })
+            .await?;
         }
         run.new_messages.extend(messages.iter().cloned());
         self.params = self.params.append(messages);
@@ -1109,10 +1134,10 @@ impl Agent {
             // Cancelling an agent cancels its children; give their notifications a moment to
             // arrive, so a cancelled run returns with its tree's results in its queue.
             let grace = self.shared.limits.cancel_grace;
-            let _ = tokio::time::timeout(grace, self.shared.pending.settled()).await;
+            let _ = Box::pin(tokio::time::timeout(grace, self.shared.pending.settled())).await;
         }
         if let Some(w) = &mut self.transcript
-            && let Err(e) = w.stop(&stop, run.usage).await
+            && let Err(e) = Box::pin(w.stop(&stop, run.usage)).await
         {
             tracing::warn!(agent = %self.shared.cx.id(), "could not record the stop: {e}");
             if run.error.is_none() {

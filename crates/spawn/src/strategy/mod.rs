@@ -7,8 +7,9 @@
 
 pub mod side;
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -23,6 +24,71 @@ use crate::task::{ChildSink, FirstInput, Gate, Progress};
 use crate::tool::{ToolAudience, ToolFilter, ToolPool};
 
 pub use side::{SideAnswer, Verdict, Verification, side_question, verify};
+
+/// The most heads a [`HeadCache`] keeps; past that it starts again empty.
+const HEAD_CACHE_LIMIT: usize = 256;
+
+/// Rendered subagent heads — system prompt, tool array, contexts and their fingerprints,
+/// with the filtered tool pool — shared by every child of one definition and model, in the
+/// foreground or the background, drawn from one tool pool. A child built from a cached head
+/// costs no rendering and no hashing, and its conversation shares the head's memory.
+///
+/// One cache belongs to one Agent tool, whose registry, filter and subagent context are
+/// fixed; a head keeps its source pool alive, so a pool's identity cannot be reused while
+/// its entry exists.
+#[derive(Debug, Default)]
+pub struct HeadCache {
+    heads: Mutex<HashMap<HeadKey, Head>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct HeadKey {
+    definition: String,
+    model: String,
+    background: bool,
+    pool: usize,
+}
+
+#[derive(Debug, Clone)]
+struct Head {
+    params: CacheSafeParams,
+    pool: ToolPool,
+    /// Holds the source pool's identity.
+    _source: ToolPool,
+}
+
+impl HeadCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many heads it holds.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<HeadKey, Head>> {
+        self.heads.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn get(&self, key: &HeadKey) -> Option<Head> {
+        self.lock().get(key).cloned()
+    }
+
+    fn put(&self, key: HeadKey, head: Head) {
+        let mut heads = self.lock();
+        if heads.len() >= HEAD_CACHE_LIMIT && !heads.contains_key(&key) {
+            heads.clear();
+        }
+        heads.insert(key, head);
+    }
+}
 
 /// What the model asked for, parsed from the Agent tool's input.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Deserialize)]
@@ -80,7 +146,9 @@ pub struct SpawnContext<'a> {
     /// Tools for fresh subagents (default: the caller's).
     pub subagent_tools: Option<&'a ToolPool>,
     /// Filtering layers 1 and 2.
-    pub filter: &'a ToolFilter,
+    pub filter: &'a Arc<ToolFilter>,
+    /// Subagent heads already rendered by this Agent tool.
+    pub heads: &'a HeadCache,
     /// Limits of children.
     pub child_limits: &'a Limits,
     /// User context entries a fresh subagent gets (`claudeMd`, `cwd`, ...).
@@ -186,15 +254,21 @@ impl SpawnStrategy for Subagent {
             .clone()
             .unwrap_or_else(|| cx.turn.sent().model().to_owned());
         let definition_background = def.background;
+        let source = cx
+            .subagent_tools
+            .cloned()
+            .unwrap_or_else(|| cx.caller.pool.clone());
+        let key = HeadKey {
+            definition: def.name.clone(),
+            model: model.clone(),
+            background,
+            pool: source.identity(),
+        };
+        let cached = cx.heads.get(&key);
         let mut b = Agent::builder(Arc::clone(&cx.caller.backend))
             .model(model)
             .definition(def)
-            .tools(
-                cx.subagent_tools
-                    .cloned()
-                    .unwrap_or_else(|| cx.caller.pool.clone()),
-            )
-            .tool_filter(cx.filter.clone())
+            .tool_filter(Arc::clone(cx.filter))
             .audience(if background {
                 ToolAudience::Background
             } else {
@@ -205,8 +279,14 @@ impl SpawnStrategy for Subagent {
             .settings(cx.caller.settings.clone())
             .child_of(seed)
             .events(sink(&cx));
-        for (k, v) in cx.user_context {
-            b = b.user_context(k.clone(), v.clone());
+        match &cached {
+            Some(head) => b = b.params(head.params.clone()).tools(head.pool.clone()),
+            None => {
+                b = b.tools(source.clone());
+                for (k, v) in cx.user_context {
+                    b = b.user_context(k.clone(), v.clone());
+                }
+            }
         }
         if let Some(dir) = &cx.caller.transcript_dir {
             b = b.transcript_dir(dir.clone());
@@ -215,6 +295,16 @@ impl SpawnStrategy for Subagent {
             .build()
             .await
             .map_err(|e| format!("could not start the agent: {e}"))?;
+        if cached.is_none() {
+            cx.heads.put(
+                key,
+                Head {
+                    params: agent.params().clone(),
+                    pool: agent.tools().clone(),
+                    _source: source,
+                },
+            );
+        }
         Ok(PreparedChild {
             agent,
             first: FirstInput::Prompt(input.prompt.clone()),

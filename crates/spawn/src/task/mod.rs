@@ -436,7 +436,9 @@ impl TaskService {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, cancel.clone());
-        let child = tokio::spawn(async move {
+        // The child runs inside its supervisor's task (one task per child, not two): the
+        // supervisor polls it, catches its panic, and drops it if its deadline and grace pass.
+        let child = async move {
             if let Some(gate) = gate {
                 gate.0.await;
             }
@@ -444,11 +446,43 @@ impl TaskService {
                 FirstInput::Prompt(p) => agent.run(p).await,
                 FirstInput::Continue => agent.continue_run().await,
             }
-        });
+        };
         let service = Arc::clone(self);
+        // Both halves are boxed so the task itself stays small: thousands of children that
+        // have not started yet hold little more than their agents.
         self.tracker.spawn(async move {
-            let ended = service.supervise(child, &cancel, &progress, &id).await;
+            let ended = Box::pin(service.supervise(child, &cancel, &progress, &id)).await;
             drop(slot);
+            Box::pin(service.report(
+                record,
+                ended,
+                progress,
+                tool_use_id,
+                output,
+                promise,
+                events,
+            ))
+            .await;
+        });
+        Ok(id)
+    }
+
+    /// Frees the child's cancellation handle, rolls its usage up, moves it to its terminal
+    /// state, and delivers its notification (once: a refused transition delivers nothing).
+    #[allow(clippy::too_many_arguments)]
+    async fn report(
+        &self,
+        record: TaskRecord,
+        ended: Ended,
+        progress: Arc<Progress>,
+        tool_use_id: Option<String>,
+        output: Option<Arc<OutputFile>>,
+        promise: crate::runtime::pending::Expectation,
+        events: Option<Arc<dyn EventSink>>,
+    ) {
+        let id = record.id;
+        let service = self;
+        {
             service
                 .tokens
                 .lock()
@@ -483,33 +517,38 @@ impl TaskService {
                 }
                 Err(e) => tracing::warn!(task = %id, "not notifying twice: {e}"),
             }
-        });
-        Ok(id)
+        }
     }
 
     async fn supervise(
         &self,
-        mut child: tokio::task::JoinHandle<AgentRun>,
+        child: impl Future<Output = AgentRun> + Send,
         cancel: &tokio_util::sync::CancellationToken,
         progress: &Progress,
         id: &TaskId,
     ) -> Ended {
+        use futures::FutureExt;
         let deadline = self.config.deadline;
-        let sleep = tokio::time::sleep(deadline.unwrap_or(Duration::from_secs(u64::MAX / 4)));
-        tokio::pin!(sleep);
+        let mut child = std::pin::pin!(std::panic::AssertUnwindSafe(child).catch_unwind());
+        // Timers only for what is configured: a child without a deadline or stall check
+        // registers none.
+        let mut sleep = deadline.map(|d| Box::pin(tokio::time::sleep(d)));
         let check = self
             .config
             .stall_after
             .map(|s| (s / 4).clamp(Duration::from_millis(10), Duration::from_secs(5)));
-        let mut ticker = tokio::time::interval(check.unwrap_or(Duration::from_secs(3600)));
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticker = check.map(|c| {
+            let mut t = tokio::time::interval(c);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            t
+        });
         let mut stalled = false;
         let joined = loop {
             tokio::select! {
                 biased;
                 r = &mut child => break Some(r),
-                () = &mut sleep => break None,
-                _ = ticker.tick(), if check.is_some() && !stalled => {
+                () = until(sleep.as_mut()) => break None,
+                () = tick(ticker.as_mut()), if !stalled => {
                     if let Some(after) = self.config.stall_after
                         && progress.idle() >= after
                     {
@@ -520,10 +559,9 @@ impl TaskService {
                 }
             }
         };
-        let from_join = |r: std::result::Result<AgentRun, tokio::task::JoinError>| match r {
+        let from_join = |r: std::thread::Result<AgentRun>| match r {
             Ok(run) => Ended::Ran(run),
-            Err(e) if e.is_panic() => Ended::Panicked(panic_message(e.into_panic().as_ref())),
-            Err(_) => Ended::Panicked("its task was aborted".to_owned()),
+            Err(panic) => Ended::Panicked(panic_message(panic.as_ref())),
         };
         match joined {
             Some(r) => from_join(r),
@@ -535,14 +573,30 @@ impl TaskService {
                         run: Some(run),
                         after,
                     },
-                    Ok(Err(e)) => from_join(Err(e)),
-                    Err(_) => {
-                        child.abort();
-                        Ended::Deadline { run: None, after }
-                    }
+                    Ok(Err(panic)) => from_join(Err(panic)),
+                    // The child is dropped with this future: nothing of it runs on.
+                    Err(_) => Ended::Deadline { run: None, after },
                 }
             }
         }
+    }
+}
+
+/// Waits for `sleep`, or forever when there is none.
+async fn until(sleep: Option<&mut std::pin::Pin<Box<tokio::time::Sleep>>>) {
+    match sleep {
+        Some(s) => s.as_mut().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The next tick of `ticker`, or never when there is none.
+async fn tick(ticker: Option<&mut tokio::time::Interval>) {
+    match ticker {
+        Some(t) => {
+            t.tick().await;
+        }
+        None => std::future::pending().await,
     }
 }
 

@@ -89,6 +89,12 @@ impl ToolPool {
             .collect()
     }
 
+    /// Which pool this is: equal for a pool and its clones, different for pools built or
+    /// filtered separately (valid while a clone is alive).
+    pub(crate) fn identity(&self) -> usize {
+        Arc::as_ptr(&self.entries).cast::<()>() as usize
+    }
+
     /// The tool names, in pool order.
     pub fn names(&self) -> Vec<&str> {
         self.entries
