@@ -31,6 +31,22 @@ impl Digest {
         Self(Sha256::digest(bytes).into())
     }
 
+    /// The SHA-256 of `message`'s canonical JSON ([`Message::write_json`]), streamed into
+    /// the hash through a small stack buffer instead of being written out first.
+    pub fn of_message(message: &Message) -> Self {
+        let mut w = HashWriter {
+            hasher: Sha256::new(),
+            buf: [0; HASH_BUF],
+            len: 0,
+        };
+        // Writing into the hash cannot fail: every map key is a string and RawJson is valid.
+        if serde_json::to_writer(&mut w, message).is_err() {
+            debug_assert!(false, "serialising a Message failed");
+        }
+        w.hasher.update(&w.buf[..w.len]);
+        Self(w.hasher.finalize().into())
+    }
+
     /// The raw 32 bytes.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
@@ -284,18 +300,42 @@ pub struct PrefixFingerprint {
     total: Digest,
 }
 
+const HASH_BUF: usize = 512;
+
+/// Batches serde_json's many small writes into `HASH_BUF`-byte updates of the hash.
+struct HashWriter {
+    hasher: Sha256,
+    buf: [u8; HASH_BUF],
+    len: usize,
+}
+
+impl std::io::Write for HashWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if self.len + bytes.len() > HASH_BUF {
+            self.hasher.update(&self.buf[..self.len]);
+            self.len = 0;
+        }
+        if bytes.len() >= HASH_BUF {
+            self.hasher.update(bytes);
+        } else {
+            self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+            self.len += bytes.len();
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 impl PrefixFingerprint {
     /// Fingerprints `messages` on top of an already hashed head.
     pub(crate) fn new(head: Arc<HeadFingerprint>, messages: &MessageList) -> Self {
         let mut state = Sha256::new_with_prefix(MESSAGES_TAG);
-        let mut buf = Vec::new();
         let digests: PVec<MessageDigest> = messages
             .iter()
-            .map(|m| {
-                buf.clear();
-                m.write_json(&mut buf);
-                chained(&mut state, Digest::of(&buf))
-            })
+            .map(|m| chained(&mut state, Digest::of_message(m)))
             .collect();
         let messages_digest = match digests.last() {
             Some(d) => d.chain,
@@ -327,15 +367,7 @@ impl PrefixFingerprint {
     /// The fingerprint of this prefix followed by `more` messages, in O(`more`): only the new
     /// messages are hashed, and the earlier digests are shared, not copied.
     pub fn extend(&self, more: &[Message]) -> Self {
-        let mut buf = Vec::new();
-        let digests: Vec<Digest> = more
-            .iter()
-            .map(|m| {
-                buf.clear();
-                m.write_json(&mut buf);
-                Digest::of(&buf)
-            })
-            .collect();
+        let digests: Vec<Digest> = more.iter().map(Digest::of_message).collect();
         self.extend_digests(&digests)
     }
 

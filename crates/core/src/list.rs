@@ -174,7 +174,20 @@ fn push_into<T>(node: &Arc<Node<T>>, shift: u32, start: usize, leaf: Arc<Node<T>
 impl<T: Clone> PVec<T> {
     /// This vector followed by `more`. Shares every leaf of `self`.
     pub(crate) fn extended(&self, more: impl IntoIterator<Item = T>) -> Self {
-        let mut more = more.into_iter().peekable();
+        let more = more.into_iter();
+        let (low, high) = more.size_hint();
+        if high == Some(0) {
+            return self.clone();
+        }
+        // The common case — a few elements that fit in a tail that is not full — builds the
+        // new tail in one exact allocation (the old tail's pointers, then the new elements).
+        if high == Some(low) && self.tail.len() < WIDTH && self.tail.len() + low <= WIDTH {
+            let mut out = self.clone();
+            out.tail = self.tail.iter().cloned().chain(more).collect();
+            out.len = self.tail_offset() + out.tail.len();
+            return out;
+        }
+        let mut more = more.peekable();
         if more.peek().is_none() {
             return self.clone();
         }
