@@ -278,13 +278,24 @@ fn scripted(request: &Request) -> Response {
         ),
         1 => reply(fan_out_calls(), ModelStop::ToolUse),
         _ => {
-            let reports: Vec<String> = messages
+            // Each report as `<file>: <result>`, from its own Scope and Result lines (they
+            // arrive in any order; a child that failed has no Result line).
+            let notifications: Vec<_> = messages
                 .iter()
                 .flat_map(|m| find_notifications(m).unwrap_or_default())
-                .filter_map(|n| n.result)
-                .filter_map(|r| {
-                    r.lines()
-                        .find_map(|l| l.strip_prefix("Result: ").map(str::to_owned))
+                .collect();
+            let reports: Vec<String> = notifications
+                .iter()
+                .map(|n| {
+                    let text = n.result.as_deref().unwrap_or_default();
+                    let line = |prefix: &str| {
+                        text.lines()
+                            .find_map(|l| l.strip_prefix(prefix).map(str::to_owned))
+                    };
+                    match (line("Scope: audit "), line("Result: ")) {
+                        (Some(file), Some(result)) => format!("{file}: {result}"),
+                        _ => format!("{}: {}", n.summary, n.status.as_str()),
+                    }
                 })
                 .collect();
             if turns == 2 {
@@ -294,7 +305,7 @@ fn scripted(request: &Request) -> Response {
                     )],
                     ModelStop::EndTurn,
                 )
-            } else if reports.len() < FILES.len() {
+            } else if notifications.len() < FILES.len() {
                 reply(
                     vec![ContentBlock::text(format!(
                         "{} of {} reports are in; waiting for the rest.",
@@ -304,12 +315,9 @@ fn scripted(request: &Request) -> Response {
                     ModelStop::EndTurn,
                 )
             } else {
-                let summary = FILES
-                    .iter()
-                    .zip(&reports)
-                    .map(|(f, r)| format!("{f}: {r}"))
-                    .collect::<Vec<_>>()
-                    .join(" ");
+                let mut reports = reports;
+                reports.sort();
+                let summary = reports.join(" ");
                 reply(
                     vec![ContentBlock::text(format!(
                         "All three audits are in. {summary}"
@@ -799,6 +807,11 @@ async fn run(a: Args) -> Result<(), String> {
         .run("Audit each source file of this project for TODO markers and unwrap() calls.")
         .await;
     let wall = started.elapsed();
+    if run.stop != StopReason::Completed {
+        // A run stopped by a limit returns with its children's notifications still promised:
+        // wait for them, so the report below covers every child.
+        let _ = tokio::time::timeout(Duration::from_secs(600), parent.pending().settled()).await;
+    }
     // Children have all stopped (`run` returns only then). Copy what the report needs, so no
     // lock is held across the `.await`s below.
     let tree = tree.lock().unwrap().snapshot();

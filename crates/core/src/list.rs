@@ -174,19 +174,29 @@ fn push_into<T>(node: &Arc<Node<T>>, shift: u32, start: usize, leaf: Arc<Node<T>
 impl<T: Clone> PVec<T> {
     /// This vector followed by `more`. Shares every leaf of `self`.
     pub(crate) fn extended(&self, more: impl IntoIterator<Item = T>) -> Self {
-        let more = more.into_iter();
+        let mut more = more.into_iter();
         let (low, high) = more.size_hint();
-        if high == Some(0) {
-            return self.clone();
-        }
         // The common case — a few elements that fit in a tail that is not full — builds the
         // new tail in one exact allocation (the old tail's pointers, then the new elements).
-        if high == Some(low) && self.tail.len() < WIDTH && self.tail.len() + low <= WIDTH {
+        // The hint only picks the path: at most `room` elements are taken, and whatever an
+        // iterator yields beyond its hint goes on through the general path.
+        if low > 0 && high == Some(low) && self.tail.len() + low <= WIDTH {
+            let room = WIDTH - self.tail.len();
             let mut out = self.clone();
-            out.tail = self.tail.iter().cloned().chain(more).collect();
+            out.tail = self
+                .tail
+                .iter()
+                .cloned()
+                .chain(more.by_ref().take(room))
+                .collect();
             out.len = self.tail_offset() + out.tail.len();
-            return out;
+            return out.extended_slow(more);
         }
+        self.extended_slow(more)
+    }
+
+    /// [`extended`](Self::extended) for any iterator: element by element into new tails.
+    fn extended_slow(&self, more: impl Iterator<Item = T>) -> Self {
         let mut more = more.peekable();
         if more.peek().is_none() {
             return self.clone();
@@ -519,6 +529,42 @@ mod tests {
 
     fn pvec(n: usize) -> PVec<usize> {
         (0..n).collect()
+    }
+
+    /// Yields `0..n` but claims exactly `hint` elements.
+    struct Liar {
+        next: usize,
+        n: usize,
+        hint: usize,
+    }
+
+    impl Iterator for Liar {
+        type Item = usize;
+        fn next(&mut self) -> Option<usize> {
+            (self.next < self.n).then(|| {
+                self.next += 1;
+                self.next - 1
+            })
+        }
+        fn size_hint(&self) -> (usize, Option<usize>) {
+            (self.hint, Some(self.hint))
+        }
+    }
+
+    #[test]
+    fn an_iterator_that_misstates_its_length_loses_nothing() {
+        for start in [0, 5, 31, 32, 40] {
+            for (n, hint) in [(40, 0), (50, 2), (1, 3), (0, 1), (3, 3)] {
+                let base = pvec(start);
+                let v = base.extended(Liar { next: 0, n, hint });
+                let expected: Vec<usize> = (0..start).chain(0..n).collect();
+                assert_eq!(v.len(), expected.len(), "start={start} n={n} hint={hint}");
+                assert!(v.iter().copied().eq(expected.iter().copied()));
+                for (i, e) in expected.iter().enumerate() {
+                    assert_eq!(v.get(i), Some(e), "start={start} n={n} hint={hint} i={i}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -1018,4 +1018,13 @@ async fn children_of_one_definition_share_one_rendered_head() {
     assert_eq!(background[0].prefix.system_prompt(), ["You are a worker."]);
     let other_model = firsts.iter().find(|r| r.prefix.model() == "m2").unwrap();
     assert_eq!(last_user_text(other_model), "fourth");
+    // The cache holds its source pool weakly: the pool holds the tool, and the tool the
+    // cache, yet dropping the agent and the tool frees them.
+    let weak = Arc::downgrade(&tool);
+    drop(p);
+    drop(tool);
+    assert!(
+        weak.upgrade().is_none(),
+        "the Agent tool outlived its agent"
+    );
 }

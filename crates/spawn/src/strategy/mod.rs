@@ -34,8 +34,9 @@ const HEAD_CACHE_LIMIT: usize = 256;
 /// costs no rendering and no hashing, and its conversation shares the head's memory.
 ///
 /// One cache belongs to one Agent tool, whose registry, filter and subagent context are
-/// fixed; a head keeps its source pool alive, so a pool's identity cannot be reused while
-/// its entry exists.
+/// fixed; a head keeps a weak reference to its source pool, so the pool's identity cannot be
+/// reused while its entry exists, and the pool (which may hold the Agent tool itself) is not
+/// kept alive by its own cache.
 #[derive(Debug, Default)]
 pub struct HeadCache {
     heads: Mutex<HashMap<HeadKey, Head>>,
@@ -53,8 +54,8 @@ struct HeadKey {
 struct Head {
     params: CacheSafeParams,
     pool: ToolPool,
-    /// Holds the source pool's identity.
-    _source: ToolPool,
+    /// Reserves the source pool's identity (weakly: the pool may hold this very Agent tool).
+    _source: crate::tool::pool::PoolIdentity,
 }
 
 impl HeadCache {
@@ -198,6 +199,7 @@ pub trait SpawnStrategy: Send + Sync + fmt::Debug + 'static {
 
 fn sink(cx: &SpawnContext<'_>) -> Arc<ChildSink> {
     Arc::new(ChildSink {
+        child: cx.child_id,
         progress: Arc::clone(&cx.progress),
         output: cx.output.clone(),
         forward: cx.caller.events.clone(),
@@ -301,7 +303,7 @@ impl SpawnStrategy for Subagent {
                 Head {
                     params: agent.params().clone(),
                     pool: agent.tools().clone(),
-                    _source: source,
+                    _source: source.identity_guard(),
                 },
             );
         }

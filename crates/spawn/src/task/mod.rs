@@ -193,9 +193,12 @@ impl Progress {
 }
 
 /// A child's event sink: updates its [`Progress`], appends to its output file, and forwards to
-/// the parent's sink so hosts see the whole tree.
+/// the parent's sink so hosts see the whole tree. Only the child's own events count toward its
+/// progress and output file; its descendants' events (forwarded through it) pass on untouched.
 #[derive(Debug)]
 pub struct ChildSink {
+    /// The child whose events these are.
+    pub child: TaskId,
     /// The child's progress.
     pub progress: Arc<Progress>,
     /// The child's output file.
@@ -206,6 +209,12 @@ pub struct ChildSink {
 
 impl EventSink for ChildSink {
     fn emit(&self, event: AgentEvent) {
+        if event.agent != self.child {
+            if let Some(f) = &self.forward {
+                f.emit(event);
+            }
+            return;
+        }
         self.progress.observe(&event);
         if let Some(out) = &self.output {
             match &event.kind {
@@ -529,7 +538,7 @@ impl TaskService {
     ) -> Ended {
         use futures::FutureExt;
         let deadline = self.config.deadline;
-        let mut child = std::pin::pin!(std::panic::AssertUnwindSafe(child).catch_unwind());
+        let mut child = Box::pin(std::panic::AssertUnwindSafe(child).catch_unwind());
         // Timers only for what is configured: a child without a deadline or stall check
         // registers none.
         let mut sleep = deadline.map(|d| Box::pin(tokio::time::sleep(d)));
@@ -563,7 +572,7 @@ impl TaskService {
             Ok(run) => Ended::Ran(run),
             Err(panic) => Ended::Panicked(panic_message(panic.as_ref())),
         };
-        match joined {
+        let ended = match joined {
             Some(r) => from_join(r),
             None => {
                 let after = deadline.unwrap_or_default();
@@ -574,11 +583,17 @@ impl TaskService {
                         after,
                     },
                     Ok(Err(panic)) => from_join(Err(panic)),
-                    // The child is dropped with this future: nothing of it runs on.
+                    // The child is dropped below: nothing of it runs on.
                     Err(_) => Ended::Deadline { run: None, after },
                 }
             }
+        };
+        // A child past its grace is dropped mid-run; a destructor of its state that panics
+        // must not take the notification with it.
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(child))).is_err() {
+            tracing::warn!(task = %id, "dropping the stopped child panicked");
         }
+        ended
     }
 }
 
@@ -692,4 +707,54 @@ pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         cur = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use forkhive_core::TaskKind;
+
+    #[test]
+    fn a_child_sink_counts_only_its_own_events_and_forwards_all() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let child = TaskId::generate(TaskKind::Agent);
+        let grandchild = TaskId::generate(TaskKind::Agent);
+        let sink = ChildSink {
+            child,
+            progress: Arc::new(Progress::default()),
+            output: None,
+            forward: Some(Arc::new(tx)),
+        };
+        let event = |agent, kind| AgentEvent {
+            agent,
+            turn: 1,
+            kind,
+        };
+        sink.emit(event(child, EventKind::TurnStarted));
+        sink.emit(event(grandchild, EventKind::TurnStarted));
+        sink.emit(event(
+            grandchild,
+            EventKind::TextDelta {
+                text: "not mine".into(),
+            },
+        ));
+        sink.emit(event(
+            grandchild,
+            EventKind::ResponseReceived {
+                usage: Usage {
+                    output_tokens: 7,
+                    ..Usage::default()
+                },
+                stop_reason: None,
+            },
+        ));
+        assert_eq!(sink.progress.turns(), 1);
+        assert_eq!(sink.progress.last_text(), "");
+        assert_eq!(sink.progress.usage().output_tokens, 0);
+        let mut forwarded = 0;
+        while rx.try_recv().is_ok() {
+            forwarded += 1;
+        }
+        assert_eq!(forwarded, 4);
+    }
 }

@@ -28,6 +28,11 @@ pub struct ToolPool {
     index: Arc<HashMap<String, usize>>,
 }
 
+/// Keeps a pool's identity from being reused (a weak reference holds the allocation) while
+/// letting its tools go: a cache keyed by identity holds no cycle through the pool's tools.
+#[derive(Debug, Clone)]
+pub(crate) struct PoolIdentity(#[allow(dead_code)] std::sync::Weak<[Arc<Entry>]>);
+
 impl ToolPool {
     /// A pool of `tools`, in this order.
     ///
@@ -90,9 +95,14 @@ impl ToolPool {
     }
 
     /// Which pool this is: equal for a pool and its clones, different for pools built or
-    /// filtered separately (valid while a clone is alive).
+    /// filtered separately (valid while a clone or a [`PoolIdentity`] of it is alive).
     pub(crate) fn identity(&self) -> usize {
         Arc::as_ptr(&self.entries).cast::<()>() as usize
+    }
+
+    /// Reserves this pool's [`identity`](Self::identity) without keeping its tools alive.
+    pub(crate) fn identity_guard(&self) -> PoolIdentity {
+        PoolIdentity(Arc::downgrade(&self.entries))
     }
 
     /// The tool names, in pool order.
