@@ -338,3 +338,66 @@ proptest! {
         }
     }
 }
+
+/// A value whose destructor panics.
+struct PanicOnDrop;
+
+impl Drop for PanicOnDrop {
+    fn drop(&mut self) {
+        panic!("a destructor in the child's state panicked");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_child_dropped_past_its_grace_is_notified_even_if_dropping_it_panics() {
+    use forkhive_spawn::runtime::PendingQueue;
+    use forkhive_spawn::task::{FirstInput, Gate, Launch, Progress};
+    let service = TaskService::new(
+        Arc::new(MemoryTaskRegistry::new()),
+        TaskConfig {
+            deadline: Some(Duration::from_secs(1)),
+            kill_grace: Duration::from_secs(1),
+            stall_after: None,
+            ..TaskConfig::default()
+        },
+    );
+    let parent = forkhive_core::TaskId::generate(forkhive_core::TaskKind::Agent);
+    let child = Agent::builder(brain(|_| Plan::Reply(say("never asked"))))
+        .model("m")
+        .build()
+        .await
+        .unwrap();
+    let queue = PendingQueue::new();
+    // The child never gets past its gate, which ignores cancellation and holds a value whose
+    // destructor panics: the supervisor must drop it after the grace and still notify.
+    let gate = Gate::new(async {
+        let _guard = PanicOnDrop;
+        std::future::pending::<()>().await;
+    });
+    let id = service
+        .launch(Launch {
+            agent: child,
+            first: FirstInput::Prompt("work".into()),
+            description: "stubborn".into(),
+            tool_use_id: Some("toolu_1".into()),
+            parent_queue: queue.clone(),
+            progress: Arc::new(Progress::default()),
+            output: None,
+            slot: service.acquire(parent).unwrap(),
+            gate: Some(gate),
+            events: None,
+        })
+        .await
+        .unwrap();
+    queue.settled().await;
+    let delivered = queue.drain();
+    assert_eq!(delivered.len(), 1, "exactly one notification");
+    let n = TaskNotification::parse(&delivered[0].text).unwrap();
+    assert_eq!(n.status, TaskStatus::Killed);
+    assert_eq!(n.task_id, id);
+    assert_eq!(
+        service.registry().get(&id).await.unwrap().state,
+        TaskState::Killed
+    );
+    assert_eq!(service.live(), 0, "the slot was freed");
+}

@@ -214,8 +214,14 @@ impl TaskRegistry for MemoryTaskRegistry {
         task.usage = usage;
         task.tree_usage += usage;
         let mut parent = task.parent;
-        // Walk up: every ancestor (registered or not) learns of it.
-        loop {
+        // Walk up: every ancestor (registered or not) learns of it. A task is not below itself
+        // (a root agent launched as a task is its own parent), and a malformed parent cycle
+        // stops after one pass over the tasks instead of looping.
+        let limit = inner.tasks.len();
+        for _ in 0..=limit {
+            if parent == *id {
+                break;
+            }
             *inner.below.entry(parent).or_default() += usage;
             match inner.tasks.get_mut(&parent) {
                 Some(p) => {
@@ -272,6 +278,24 @@ mod tests {
             output_tokens: n,
             ..Usage::default()
         }
+    }
+
+    #[tokio::test]
+    async fn a_task_that_is_its_own_parent_or_in_a_cycle_rolls_up_once() {
+        let r = MemoryTaskRegistry::new();
+        // A root agent launched as a task: its own parent.
+        r.create(TaskRecord::new(id(1), id(1), "root"))
+            .await
+            .unwrap();
+        r.roll_up(&id(1), tokens(5)).await.unwrap();
+        assert_eq!(r.get(&id(1)).await.unwrap().tree_usage.output_tokens, 5);
+        assert_eq!(r.descendants_usage(&id(1)).await.output_tokens, 0);
+        // A malformed cycle 2 -> 3 -> 2 below a task 4 -> 2: the walk ends.
+        r.create(TaskRecord::new(id(2), id(3), "a")).await.unwrap();
+        r.create(TaskRecord::new(id(3), id(2), "b")).await.unwrap();
+        r.create(TaskRecord::new(id(4), id(2), "c")).await.unwrap();
+        r.roll_up(&id(4), tokens(1)).await.unwrap();
+        assert!(r.descendants_usage(&id(2)).await.output_tokens >= 1);
     }
 
     #[tokio::test]
