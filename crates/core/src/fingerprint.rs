@@ -367,19 +367,21 @@ impl PrefixFingerprint {
     /// The fingerprint of this prefix followed by `more` messages, in O(`more`): only the new
     /// messages are hashed, and the earlier digests are shared, not copied.
     pub fn extend(&self, more: &[Message]) -> Self {
-        let digests: Vec<Digest> = more.iter().map(Digest::of_message).collect();
-        self.extend_digests(&digests)
+        self.extend_with(more.iter().map(Digest::of_message))
     }
 
     /// The same as [`extend`](Self::extend) for messages whose digests are already known.
     pub(crate) fn extend_digests(&self, more: &[Digest]) -> Self {
-        if more.is_empty() {
+        self.extend_with(more.iter().copied())
+    }
+
+    /// This prefix followed by messages with the given digests, hashed as they are yielded.
+    pub(crate) fn extend_with(&self, more: impl ExactSizeIterator<Item = Digest>) -> Self {
+        if more.len() == 0 {
             return self.clone();
         }
         let mut state = self.messages_state.clone();
-        let messages = self
-            .messages
-            .extended(more.iter().map(|d| chained(&mut state, *d)));
+        let messages = self.messages.extended(more.map(|d| chained(&mut state, d)));
         let messages_digest = match messages.last() {
             Some(d) => d.chain,
             None => self.messages_digest,

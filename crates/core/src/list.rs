@@ -225,6 +225,35 @@ impl<T: Clone> PVec<T> {
     }
 }
 
+impl<T> PVec<Arc<T>> {
+    /// Whether the first `prefix.len()` elements of `self` are `prefix`'s very allocations
+    /// (one was made from the other by appending): one pointer comparison per shared leaf,
+    /// one per element of a copied tail.
+    pub(crate) fn shares_prefix(&self, prefix: &Self) -> bool {
+        if prefix.len > self.len {
+            return false;
+        }
+        let mut start = 0;
+        while start < prefix.len {
+            let (Some(ours), Some(theirs)) = (self.chunk(start), prefix.chunk(start)) else {
+                return false;
+            };
+            let n = theirs.len().min(prefix.len - start);
+            let Some(ours) = ours.get(..n) else {
+                return false;
+            };
+            let theirs = &theirs[..n];
+            if !std::ptr::eq(ours.as_ptr(), theirs.as_ptr())
+                && !ours.iter().zip(theirs).all(|(a, b)| Arc::ptr_eq(a, b))
+            {
+                return false;
+            }
+            start += WIDTH;
+        }
+        true
+    }
+}
+
 impl<T: Clone> FromIterator<T> for PVec<T> {
     fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
         Self::default().extended(iter)
@@ -373,6 +402,12 @@ impl MessageList {
         Self {
             items: self.items.extended(more.into_iter().map(Arc::new)),
         }
+    }
+
+    /// Whether `self` begins with `prefix`'s very messages (it was made from `prefix`, or from a
+    /// list made from it, by appending). O(len ÷ 32) pointer comparisons.
+    pub(crate) fn shares_prefix(&self, prefix: &Self) -> bool {
+        self.items.shares_prefix(&prefix.items)
     }
 
     /// Whether `self` and `other` share their storage (one was cloned from the other, or both
@@ -549,6 +584,39 @@ mod tests {
         fn size_hint(&self) -> (usize, Option<usize>) {
             (self.hint, Some(self.hint))
         }
+    }
+
+    fn arcs(n: usize) -> PVec<Arc<usize>> {
+        (0..n).map(Arc::new).collect()
+    }
+
+    #[test]
+    fn a_shared_prefix_is_told_from_an_equal_copy_across_leaves_and_tails() {
+        for base_len in [0, 1, 31, 32, 33, 64, 100, 1100] {
+            let base = arcs(base_len);
+            for more in [0, 1, 5, 32, 70] {
+                let grown = base.extended((0..more).map(Arc::new));
+                assert!(grown.shares_prefix(&base), "base={base_len} more={more}");
+                assert!(grown.shares_prefix(&grown));
+                assert_eq!(
+                    base.shares_prefix(&grown),
+                    more == 0,
+                    "shorter never starts with longer"
+                );
+                // A sibling grown from the same base shares the base, not the other's growth.
+                let sibling = base.extended((0..more).map(Arc::new));
+                assert!(sibling.shares_prefix(&base));
+                assert_eq!(sibling.shares_prefix(&grown), more == 0);
+            }
+            // Equal values in other allocations are not shared.
+            let copy = arcs(base_len);
+            assert_eq!(copy.shares_prefix(&base), base_len == 0);
+        }
+        // Two steps of growth still share the first.
+        let a = arcs(40);
+        let b = a.extended((0..3).map(Arc::new));
+        let c = b.extended((0..30).map(Arc::new));
+        assert!(c.shares_prefix(&a) && c.shares_prefix(&b));
     }
 
     #[test]

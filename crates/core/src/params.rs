@@ -6,10 +6,10 @@
 //! user context, system context, tool definitions with the model (and thinking config), and
 //! the conversation prefix. A fork child must reuse the parent's *already rendered* values —
 //! re-rendering risks a different byte and a cache miss — so the value is built once from
-//! rendered parts, fingerprinted once, and cloned in O(1) after that.
+//! rendered parts, fingerprinted at most once, and cloned in O(1) after that.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
@@ -76,15 +76,32 @@ struct Head {
 struct Inner {
     head: Arc<Head>,
     messages: MessageList,
-    fingerprint: PrefixFingerprint,
+    /// Computed on first use, from `base` when there is one.
+    fingerprint: OnceLock<PrefixFingerprint>,
+    /// The fingerprint of a prefix of `messages` (that of the nearest value this one was
+    /// appended to whose fingerprint had been computed): the lazy fingerprint only hashes
+    /// the messages after it.
+    base: Option<PrefixFingerprint>,
+}
+
+impl Inner {
+    fn new(head: Arc<Head>, messages: MessageList, base: Option<PrefixFingerprint>) -> Self {
+        Self {
+            head,
+            messages,
+            fingerprint: OnceLock::new(),
+            base,
+        }
+    }
 }
 
 /// The cache-safe prefix of a request: system prompt, user context, system context, tools
 /// with model and thinking config, and the conversation prefix.
 ///
-/// Built once (with [`CacheSafeParams::builder`]) from already rendered parts and fingerprinted
-/// at that moment; cloning is O(1). Encoders must render it deterministically: same value, same
-/// bytes.
+/// Built once (with [`CacheSafeParams::builder`]) from already rendered parts; cloning is O(1).
+/// The head (everything before the messages) is fingerprinted when it is built; the messages
+/// when [`fingerprint`](Self::fingerprint) is first asked for, once per value and shared by its
+/// clones. Encoders must render it deterministically: same value, same bytes.
 ///
 /// An agent's next turn is [`append`](Self::append): O(new messages), sharing the head and every
 /// earlier message, with the same fingerprint as a from-scratch build of the same parts.
@@ -159,9 +176,43 @@ impl CacheSafeParams {
         &self.inner.messages
     }
 
-    /// The fingerprint, computed when the value was built.
+    /// The fingerprint, computed on first use and kept: O(messages not yet hashed) the first
+    /// time — the messages appended since the nearest earlier value whose fingerprint was
+    /// computed — and O(1) after that, for this value and all its clones.
     pub fn fingerprint(&self) -> &PrefixFingerprint {
-        &self.inner.fingerprint
+        let inner = &*self.inner;
+        inner.fingerprint.get_or_init(|| match &inner.base {
+            Some(base) => base.extend_with(
+                inner
+                    .messages
+                    .iter()
+                    .skip(base.message_count())
+                    .map(Digest::of_message),
+            ),
+            None => PrefixFingerprint::new(Arc::clone(&inner.head.fingerprint), &inner.messages),
+        })
+    }
+
+    /// Whether `self` was made from `earlier` by appending messages (or is a clone of it): it
+    /// shares `earlier`'s head and every one of its messages. Then `earlier`'s cache is a
+    /// prefix of `self`'s — `earlier.fingerprint().diff(self.fingerprint())` is `None` — which
+    /// this tells in O(messages ÷ 32) pointer comparisons, hashing nothing. `false` does not
+    /// mean the cache breaks, only that the fingerprints must be compared to know.
+    ///
+    /// ```
+    /// use forkhive_core::{CacheSafeParams, Message};
+    /// let turn1 = CacheSafeParams::builder("m").messages(vec![Message::user_text("hi")]).build();
+    /// let turn2 = turn1.append(vec![Message::assistant_text("hello")]);
+    /// assert!(turn2.extends(&turn1));
+    /// assert!(!turn1.extends(&turn2));
+    /// let rebuilt = turn1.with_messages(turn2.messages().to_vec()); // equal, but not shared
+    /// assert!(!rebuilt.extends(&turn1));
+    /// assert_eq!(turn1.fingerprint().diff(rebuilt.fingerprint()), None);
+    /// ```
+    pub fn extends(&self, earlier: &CacheSafeParams) -> bool {
+        self.ptr_eq(earlier)
+            || (Arc::ptr_eq(&self.inner.head, &earlier.inner.head)
+                && self.inner.messages.shares_prefix(&earlier.inner.messages))
     }
 
     /// Whether `self` and `other` are the same allocation (a clone of one another).
@@ -171,28 +222,27 @@ impl CacheSafeParams {
 
     /// The same system, context and tools with a different message prefix.
     ///
-    /// The parts before the messages are shared, not copied; all of `messages` is hashed
-    /// (O(history)). To add messages at the end, [`append`](Self::append) is O(new messages).
+    /// The parts before the messages are shared, not copied; the fingerprint hashes all of
+    /// `messages` (O(history)) when it is first asked for. To add messages at the end,
+    /// [`append`](Self::append) keeps the earlier messages' digests.
     pub fn with_messages(&self, messages: impl Into<MessageList>) -> Self {
-        let messages = messages.into();
-        let head = Arc::clone(&self.inner.head);
-        let fingerprint = PrefixFingerprint::new(Arc::clone(&head.fingerprint), &messages);
         Self {
-            inner: Arc::new(Inner {
-                head,
-                messages,
-                fingerprint,
-            }),
+            inner: Arc::new(Inner::new(
+                Arc::clone(&self.inner.head),
+                messages.into(),
+                None,
+            )),
         }
     }
 
     /// This prefix followed by `more` messages: the next turn of a growing conversation.
     ///
-    /// Costs O(`more`), not O(history), and not amortised: only the new messages are hashed
-    /// (the message chain's hash state is kept), and the result shares the head (system,
-    /// context, tools) and every earlier message and message digest with `self` (see
-    /// [`MessageList`] for the layout). The fingerprint equals that of a from-scratch build
-    /// with the same parts and messages, so `diff` against either finds no break.
+    /// Costs O(`more`), not O(history), and not amortised, and hashes nothing: the result
+    /// shares the head (system, context, tools) and every earlier message with `self` (see
+    /// [`MessageList`] for the layout). Its fingerprint, when asked for, hashes only the
+    /// messages appended since the last value whose fingerprint was computed, and equals that
+    /// of a from-scratch build with the same parts and messages, so `diff` against either
+    /// finds no break.
     ///
     /// ```
     /// use forkhive_core::{CacheSafeParams, Message};
@@ -207,13 +257,21 @@ impl CacheSafeParams {
     /// assert_eq!(turn2.fingerprint(), scratch.fingerprint());
     /// ```
     pub fn append(&self, more: Vec<Message>) -> CacheSafeParams {
-        let fingerprint = self.inner.fingerprint.extend(&more);
+        if more.is_empty() {
+            return self.clone();
+        }
+        let base = self
+            .inner
+            .fingerprint
+            .get()
+            .or(self.inner.base.as_ref())
+            .cloned();
         Self {
-            inner: Arc::new(Inner {
-                head: Arc::clone(&self.inner.head),
-                messages: self.inner.messages.extended(more),
-                fingerprint,
-            }),
+            inner: Arc::new(Inner::new(
+                Arc::clone(&self.inner.head),
+                self.inner.messages.extended(more),
+                base,
+            )),
         }
     }
 
@@ -239,6 +297,16 @@ fn render_entries(entries: &[(String, String)]) -> Option<String> {
     let parts: Vec<String> = entries.iter().map(|(k, v)| format!("# {k}\n{v}")).collect();
     Some(parts.join("\n\n"))
 }
+
+/// Two prefixes are equal when they render to the same cache key: equal
+/// [`fingerprint`](CacheSafeParams::fingerprint) totals (a clone is equal without hashing).
+impl PartialEq for CacheSafeParams {
+    fn eq(&self, other: &Self) -> bool {
+        self.ptr_eq(other) || self.fingerprint().total() == other.fingerprint().total()
+    }
+}
+
+impl Eq for CacheSafeParams {}
 
 impl fmt::Debug for CacheSafeParams {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -307,7 +375,8 @@ impl CacheSafeParamsBuilder {
         self
     }
 
-    /// Fingerprints the parts and freezes them.
+    /// Fingerprints the head and freezes the parts (the messages are fingerprinted on first
+    /// use; see [`CacheSafeParams::fingerprint`]).
     pub fn build(self) -> CacheSafeParams {
         let head_fp = hash_head(&self);
         let head = Arc::new(Head {
@@ -319,14 +388,8 @@ impl CacheSafeParamsBuilder {
             user_context: self.user_context,
             fingerprint: Arc::new(head_fp),
         });
-        let messages = MessageList::from(self.messages);
-        let fingerprint = PrefixFingerprint::new(Arc::clone(&head.fingerprint), &messages);
         CacheSafeParams {
-            inner: Arc::new(Inner {
-                head,
-                messages,
-                fingerprint,
-            }),
+            inner: Arc::new(Inner::new(head, MessageList::from(self.messages), None)),
         }
     }
 }

@@ -60,6 +60,50 @@ proptest! {
         }
     }
 
+    /// The fingerprint is computed lazily, from the nearest earlier value whose fingerprint was
+    /// computed: whichever values are asked and in whatever order, each equals a from-scratch
+    /// build, and every value `extends` each value it was appended to (and no sibling's growth).
+    #[test]
+    fn lazy_fingerprints_match_whenever_they_are_asked_for(
+        history in arb_history(),
+        turns in batches(),
+        asked in prop::collection::vec(any::<bool>(), 24),
+        order in any::<prop::sample::Index>(),
+    ) {
+        let mut p = base(history.clone());
+        let mut all = history;
+        let mut values = vec![(p.clone(), all.clone())];
+        for (more, ask) in turns.into_iter().zip(asked) {
+            let next = p.append(more.clone());
+            all.extend(more);
+            if ask {
+                let scratch = base(all.clone());
+                prop_assert_eq!(next.fingerprint(), scratch.fingerprint());
+            }
+            for (earlier, _) in &values {
+                prop_assert!(next.extends(earlier));
+            }
+            values.push((next.clone(), all.clone()));
+            p = next;
+        }
+        // A sibling grown from the middle shares the middle, not what came after it.
+        let (mid, mid_msgs) = values[order.index(values.len())].clone();
+        let sibling = mid.append(vec![Message::user_text("a sibling's turn")]);
+        prop_assert!(sibling.extends(&mid));
+        for (later, msgs) in &values {
+            if msgs.len() > mid_msgs.len() {
+                prop_assert!(!sibling.extends(later));
+                prop_assert!(!later.extends(&sibling));
+            }
+        }
+        // Ask the rest back to front: later values first, then the ones they were built from.
+        for (v, msgs) in values.iter().rev() {
+            let scratch = base(msgs.clone());
+            prop_assert_eq!(v.fingerprint(), scratch.fingerprint());
+        }
+        prop_assert!(!base(all).extends(&p), "an equal value built anew shares nothing");
+    }
+
     /// A changed or dropped message is named at the same index whether either side was built
     /// by `append` or from scratch.
     #[test]

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use forkhive_core::{
-    CacheSafeParams, ContentBlock, Message, PrefixFingerprint, Role, TaskId, Usage,
+    CacheBreak, CacheSafeParams, ContentBlock, Message, PrefixFingerprint, Role, TaskId, Usage,
 };
 use forkhive_transport::{
     Backend, Request, RequestSettings, Response, ResponseBuilder, StopReason as ModelStop,
@@ -454,10 +454,34 @@ impl AgentBuilder {
             params,
             emit,
             transcript,
-            last_fingerprint: self.expected_prefix,
+            last_prefix: self
+                .expected_prefix
+                .map(|fp| LastPrefix::Expected(Box::new(fp))),
             turn: 0,
             unsent: self.unsent,
         })
+    }
+}
+
+/// What the next request's prefix is checked against for a prompt-cache break.
+#[derive(Debug)]
+enum LastPrefix {
+    /// A fingerprint the host expects the first request to extend (a fork child's parent's).
+    Expected(Box<PrefixFingerprint>),
+    /// The prefix of the last request sent.
+    Sent(CacheSafeParams),
+}
+
+impl LastPrefix {
+    /// The first difference that stops `next` from reading this prefix's cache. A prefix made
+    /// from the last one by appending — every turn of a plain conversation — is told apart
+    /// by pointers, without hashing anything.
+    fn break_before(&self, next: &CacheSafeParams) -> Option<CacheBreak> {
+        match self {
+            Self::Sent(last) if next.extends(last) => None,
+            Self::Sent(last) => last.fingerprint().diff(next.fingerprint()),
+            Self::Expected(fp) => fp.diff(next.fingerprint()),
+        }
     }
 }
 
@@ -484,7 +508,7 @@ pub struct Agent {
     params: CacheSafeParams,
     emit: Emitter,
     transcript: Option<TranscriptWriter>,
-    last_fingerprint: Option<PrefixFingerprint>,
+    last_prefix: Option<LastPrefix>,
     turn: u32,
     /// Messages already in the conversation but sent as the next request's suffix (a fork
     /// child's first message, so that its boilerplate block gets a cache breakpoint).
@@ -651,7 +675,7 @@ impl Agent {
             agent.params = params;
         }
         agent.turn = t.turns.iter().map(|u| u.turn).max().unwrap_or(0);
-        agent.last_fingerprint = Some(agent.params.fingerprint().clone());
+        agent.last_prefix = Some(LastPrefix::Sent(agent.params.clone()));
         let report = ResumeReport {
             path: path.to_path_buf(),
             messages: t.messages.len(),
@@ -679,7 +703,10 @@ impl Agent {
 
     /// The fingerprint of the last request sent.
     pub fn last_request_fingerprint(&self) -> Option<&PrefixFingerprint> {
-        self.last_fingerprint.as_ref()
+        match self.last_prefix.as_ref()? {
+            LastPrefix::Expected(fp) => Some(fp),
+            LastPrefix::Sent(params) => Some(params.fingerprint()),
+        }
     }
 
     /// The tools this agent may call (after filtering).
@@ -900,7 +927,7 @@ impl Agent {
         let request = Request::new(self.params.clone(), suffix.clone())
             .with_settings(self.shared.settings.clone())
             .with_label(format!("{}-{}", self.shared.cx.id(), self.turn));
-        let fingerprint = self.params.fingerprint().clone();
+        let prefix = self.params.clone();
         // The suffix is already part of the conversation (and the transcript).
         let suffix_len = suffix.len();
         if suffix_len > 0 {
@@ -908,18 +935,20 @@ impl Agent {
             self.params = self.params.append(suffix);
         }
         let sent = self.params.clone();
-        if let Some(prev) = &self.last_fingerprint
-            && let Some(at) = prev.diff(&fingerprint)
+        if let Some(at) = self
+            .last_prefix
+            .as_ref()
+            .and_then(|last| last.break_before(&prefix))
         {
             tracing::warn!(agent = %self.shared.cx.id(), "prompt cache break: {at}");
             self.emit.emit(EventKind::CacheBreak { at });
         }
         self.emit.emit(EventKind::RequestSent {
-            fingerprint: fingerprint.total(),
+            prefix: prefix.clone(),
             messages: self.params.messages().len(),
             invoking_request_id: self.shared.cx.take_invoking_request_id(),
         });
-        self.last_fingerprint = Some(fingerprint.clone());
+        self.last_prefix = Some(LastPrefix::Sent(prefix.clone()));
 
         let answer = tokio::select! {
             biased;
@@ -951,7 +980,7 @@ impl Agent {
         let calls = ToolCall::from_message(&message);
         let record = TurnRecord {
             turn: self.turn,
-            fingerprint: fingerprint.total(),
+            prefix: prefix.clone(),
             usage,
             stop_reason: model_stop_str(stop_reason.as_ref()),
             tool_calls: calls.len(),
@@ -1165,5 +1194,42 @@ impl Agent {
             error: run.error,
             new_messages: run.new_messages,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use forkhive_core::ToolDefinition;
+
+    fn params(tool: &str) -> CacheSafeParams {
+        CacheSafeParams::builder("m")
+            .tool(ToolDefinition::new(tool, "a tool", r#"{"type":"object"}"#).unwrap())
+            .messages(vec![Message::user_text("hi")])
+            .build()
+    }
+
+    #[test]
+    fn a_break_is_named_whether_or_not_the_prefix_was_appended_to() {
+        let sent = params("Read");
+        let last = LastPrefix::Sent(sent.clone());
+        // Appended to: no break, and nothing is hashed to know it.
+        let next = sent.append(vec![Message::assistant_text("hello")]);
+        assert_eq!(last.break_before(&next), None);
+        // Equal but rebuilt: the fingerprints agree.
+        assert_eq!(last.break_before(&params("Read")), None);
+        // A changed tool or a rewritten history is a break, named.
+        let other = params("Write").append(vec![Message::assistant_text("hello")]);
+        assert_eq!(
+            last.break_before(&other).map(|b| b.to_string()).as_deref(),
+            Some("tools[0] changed")
+        );
+        let rewritten = sent.with_messages(vec![Message::user_text("bye")]);
+        assert!(last.break_before(&rewritten).is_some());
+        // Against an expected fingerprint (a fork child's parent's), the same answers.
+        let expected = LastPrefix::Expected(Box::new(sent.fingerprint().clone()));
+        assert_eq!(expected.break_before(&next), None);
+        assert!(expected.break_before(&other).is_some());
     }
 }

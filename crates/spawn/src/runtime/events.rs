@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use forkhive_core::{CacheBreak, Digest, TaskId, TaskStatus, Usage};
+use forkhive_core::{CacheBreak, CacheSafeParams, TaskId, TaskStatus, Usage};
 use forkhive_transport::StopReason as ModelStop;
 
 use crate::runtime::outcome::StopReason;
@@ -29,8 +29,9 @@ pub enum EventKind {
     TurnStarted,
     /// A request went to the backend.
     RequestSent {
-        /// The fingerprint of its cache-safe prefix.
-        fingerprint: Digest,
+        /// Its cache-safe prefix (an O(1) clone). `prefix.fingerprint()` is computed on first
+        /// use, so an agent whose events nobody fingerprints hashes nothing per turn.
+        prefix: CacheSafeParams,
         /// How many messages the prefix holds.
         messages: usize,
         /// The id of the request that spawned this agent, on its first request only.

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use forkhive_core::{Digest, Message, Usage};
+use forkhive_core::{CacheSafeParams, Digest, Message, Usage};
 use forkhive_transport::StopReason as ModelStop;
 use serde::{Deserialize, Serialize};
 
@@ -119,14 +119,22 @@ impl Default for Limits {
 pub struct TurnRecord {
     /// The turn number (1-based, counted over the agent's life).
     pub turn: u32,
-    /// The fingerprint of the request's cache-safe prefix.
-    pub fingerprint: Digest,
+    /// The request's cache-safe prefix (an O(1) clone); see [`fingerprint`](Self::fingerprint).
+    pub prefix: CacheSafeParams,
     /// This turn's tokens.
     pub usage: Usage,
     /// Why the model stopped (`end_turn`, `tool_use`, ...).
     pub stop_reason: Option<String>,
     /// How many tools it called.
     pub tool_calls: usize,
+}
+
+impl TurnRecord {
+    /// The digest of the request's cache-safe prefix, computed on first use (and kept by the
+    /// prefix, so asking again is O(1)).
+    pub fn fingerprint(&self) -> Digest {
+        self.prefix.fingerprint().total()
+    }
 }
 
 /// The result of [`Agent::run`](crate::runtime::Agent::run).

@@ -240,7 +240,7 @@ impl TranscriptWriter {
     pub async fn usage(&mut self, turn: &TurnRecord) -> Result<()> {
         let line = UsageLine {
             turn: turn.turn,
-            fingerprint: turn.fingerprint.to_string(),
+            fingerprint: turn.fingerprint().to_string(),
             usage: turn.usage,
             stop_reason: turn.stop_reason.clone(),
             tool_calls: turn.tool_calls,
