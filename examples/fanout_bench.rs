@@ -36,6 +36,8 @@ struct Model {
     n: usize,
     t: usize,
     calls: AtomicUsize,
+    /// The `read_file` input every child sends, parsed once.
+    read_input: RawJson,
 }
 
 fn tool_call(id: String, name: &str, input: &str) -> ContentBlock {
@@ -97,10 +99,10 @@ impl Model {
         }
         if assistant_turns + 1 < self.t {
             return reply(
-                vec![tool_call(
+                vec![ContentBlock::tool_use(
                     format!("read_{assistant_turns}"),
                     "read_file",
-                    r#"{"path":"data.txt"}"#,
+                    self.read_input.clone(),
                 )],
                 ModelStop::ToolUse,
             );
@@ -180,6 +182,7 @@ async fn run(n: usize, t: usize) -> Result<String, String> {
         n,
         t,
         calls: AtomicUsize::new(0),
+        read_input: RawJson::parse(r#"{"path":"data.txt"}"#).map_err(|e| e.to_string())?,
     });
     let mut worker =
         AgentDefinition::new("worker", "summarises one part", DefinitionSource::Project);

@@ -404,6 +404,22 @@ impl MessageList {
         }
     }
 
+    /// The messages from `start` on, as a list of their own that shares each message with
+    /// `self` (no message is copied): O(`len − start`) pointer copies. Empty when `start` is
+    /// past the end.
+    ///
+    /// ```
+    /// use forkhive_core::{Message, MessageList};
+    /// let all = MessageList::from(vec![Message::user_text("a"), Message::assistant_text("b")]);
+    /// assert_eq!(all.tail_from(1).to_vec(), vec![Message::assistant_text("b")]);
+    /// assert!(all.tail_from(5).is_empty());
+    /// ```
+    pub fn tail_from(&self, start: usize) -> MessageList {
+        Self {
+            items: self.items.iter().skip(start).cloned().collect(),
+        }
+    }
+
     /// Whether `self` begins with `prefix`'s very messages (it was made from `prefix`, or from a
     /// list made from it, by appending). O(len ÷ 32) pointer comparisons.
     pub(crate) fn shares_prefix(&self, prefix: &Self) -> bool {

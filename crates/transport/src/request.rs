@@ -632,9 +632,20 @@ pub fn events_for(response: &Response, chunk: usize) -> Vec<StreamEvent> {
             ..PartialUsage::full(u)
         },
     }];
+    // `chunk` characters a piece (the last may be shorter), cut at character boundaries.
     let pieces = |s: &str| -> Vec<String> {
-        let chars: Vec<char> = s.chars().collect();
-        chars.chunks(chunk).map(|c| c.iter().collect()).collect()
+        let mut out = Vec::with_capacity(s.len() / chunk + 1);
+        let mut rest = s;
+        while !rest.is_empty() {
+            let cut = rest
+                .char_indices()
+                .nth(chunk)
+                .map_or(rest.len(), |(i, _)| i);
+            let (piece, tail) = rest.split_at(cut);
+            out.push(piece.to_owned());
+            rest = tail;
+        }
+        out
     };
     for (index, block) in response.message.content.iter().enumerate() {
         match block {
@@ -730,6 +741,30 @@ mod tests {
         };
         let mut b = ResponseBuilder::new();
         for e in events_for(&r, 5) {
+            b.push(&e).unwrap();
+        }
+        assert_eq!(b.finish().unwrap(), r);
+    }
+
+    #[test]
+    fn text_is_streamed_in_pieces_of_whole_characters() {
+        let r = Response {
+            message: Message::assistant(vec![ContentBlock::text("héllo wörld, ☃☃")]),
+            stop_reason: Some(StopReason::EndTurn),
+            usage: Usage::default(),
+            id: None,
+            model: None,
+        };
+        let pieces: Vec<String> = events_for(&r, 4)
+            .into_iter()
+            .filter_map(|e| match e {
+                StreamEvent::TextDelta { text, .. } => Some(text),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(pieces, ["héll", "o wö", "rld,", " ☃☃"]);
+        let mut b = ResponseBuilder::new();
+        for e in events_for(&r, 1) {
             b.push(&e).unwrap();
         }
         assert_eq!(b.finish().unwrap(), r);

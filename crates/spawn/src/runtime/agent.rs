@@ -575,7 +575,9 @@ enum TurnEnd {
 struct RunState {
     turns: Vec<TurnRecord>,
     usage: Usage,
-    new_messages: Vec<Message>,
+    /// How many messages the conversation held when the run began: the run's own messages
+    /// are the ones after them.
+    start: usize,
     final_text: String,
     continuations: u32,
     pauses: u32,
@@ -787,12 +789,12 @@ impl Agent {
         };
         match wake {
             None => {
-                self.finish(RunState::default(), StopReason::Cancelled)
-                    .await
+                let run = self.run_state();
+                self.finish(run, StopReason::Cancelled).await
             }
             Some(Wake::Idle) => {
-                self.finish(RunState::default(), StopReason::Completed)
-                    .await
+                let run = self.run_state();
+                self.finish(run, StopReason::Completed).await
             }
             Some(Wake::Messages(mut ms)) => {
                 self.coalesce(&mut ms).await;
@@ -819,6 +821,14 @@ impl Agent {
             () = tokio::time::sleep(window) => {}
         }
         ms.extend(self.shared.pending.drain());
+    }
+
+    /// The state of a run that begins now.
+    fn run_state(&self) -> RunState {
+        RunState {
+            start: self.params.messages().len(),
+            ..RunState::default()
+        }
     }
 
     fn drain_pending(&self) -> Vec<ContentBlock> {
@@ -851,9 +861,9 @@ impl Agent {
 
     async fn run_loop(&mut self, first: Option<Vec<ContentBlock>>) -> AgentRun {
         let _live = self.shared.tree.enter();
-        let mut run = RunState::default();
+        let mut run = self.run_state();
         if let Some(first) = first
-            && let Err(e) = self.push(&mut run, vec![Message::user(first)]).await
+            && let Err(e) = self.push(vec![Message::user(first)]).await
         {
             run.error = Some(Arc::new(e));
             return self.finish(run, StopReason::Failed).await;
@@ -909,7 +919,7 @@ impl Agent {
                                 .emit(EventKind::MessagesInjected { count: ms.len() });
                             let blocks =
                                 ms.into_iter().map(|m| ContentBlock::text(m.text)).collect();
-                            if let Err(e) = self.push(&mut run, vec![Message::user(blocks)]).await {
+                            if let Err(e) = self.push(vec![Message::user(blocks)]).await {
                                 run.error = Some(Arc::new(e));
                                 return self.finish(run, StopReason::Failed).await;
                             }
@@ -931,7 +941,6 @@ impl Agent {
         // The suffix is already part of the conversation (and the transcript).
         let suffix_len = suffix.len();
         if suffix_len > 0 {
-            run.new_messages.extend(suffix.iter().cloned());
             self.params = self.params.append(suffix);
         }
         let sent = self.params.clone();
@@ -1014,7 +1023,7 @@ impl Agent {
             } else {
                 run.final_text = std::mem::take(&mut run.continued) + &text;
             }
-            if let Err(e) = self.push(run, vec![message]).await {
+            if let Err(e) = self.push(vec![message]).await {
                 run.error = Some(Arc::new(e));
                 return TurnEnd::Stop(StopReason::Failed);
             }
@@ -1024,7 +1033,7 @@ impl Agent {
             let results = self.tool_round(&calls, &cut_off, snapshot).await;
             let mut blocks = results;
             blocks.extend(self.drain_pending());
-            if let Err(e) = self.push(run, vec![Message::user(blocks)]).await {
+            if let Err(e) = self.push(vec![Message::user(blocks)]).await {
                 run.error = Some(Arc::new(e));
                 return TurnEnd::Stop(StopReason::Failed);
             }
@@ -1044,7 +1053,7 @@ impl Agent {
                 run.continuations += 1;
                 let mut blocks = vec![ContentBlock::text(CONTINUE_PROMPT)];
                 blocks.extend(self.drain_pending());
-                match self.push(run, vec![Message::user(blocks)]).await {
+                match self.push(vec![Message::user(blocks)]).await {
                     Ok(()) => TurnEnd::Continue,
                     Err(e) => {
                         run.error = Some(Arc::new(e));
@@ -1141,7 +1150,7 @@ impl Agent {
     }
 
     /// Appends messages to the conversation (O(new)) and the transcript.
-    async fn push(&mut self, run: &mut RunState, messages: Vec<Message>) -> Result<()> {
+    async fn push(&mut self, messages: Vec<Message>) -> Result<()> {
         if let Some(w) = &mut self.transcript {
             // Boxed, like every file write here: the agent's future stays small.
             Box::pin(async {
@@ -1152,7 +1161,6 @@ impl Agent {
             })
             .await?;
         }
-        run.new_messages.extend(messages.iter().cloned());
         self.params = self.params.append(messages);
         Ok(())
     }
@@ -1177,9 +1185,10 @@ impl Agent {
             reason: stop.clone(),
             usage: run.usage,
         });
+        // The run's messages share the conversation's: nothing is copied.
+        let new_messages = self.params.messages().tail_from(run.start);
         if run.final_text.is_empty()
-            && let Some(last) = run
-                .new_messages
+            && let Some(last) = new_messages
                 .iter()
                 .rev()
                 .find(|m| m.role == Role::Assistant)
@@ -1192,7 +1201,7 @@ impl Agent {
             turns: run.turns,
             usage: run.usage,
             error: run.error,
-            new_messages: run.new_messages,
+            new_messages,
         }
     }
 }

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use forkhive_core::{CacheSafeParams, Digest, Message, Usage};
+use forkhive_core::{CacheSafeParams, Digest, MessageList, Usage};
 use forkhive_transport::StopReason as ModelStop;
 use serde::{Deserialize, Serialize};
 
@@ -151,8 +151,8 @@ pub struct AgentRun {
     pub usage: Usage,
     /// The backend error, when `stop` is [`StopReason::Failed`].
     pub error: Option<Arc<Error>>,
-    /// The messages this run added to the conversation.
-    pub new_messages: Vec<Message>,
+    /// The messages this run added to the conversation, shared with it (not copies).
+    pub new_messages: MessageList,
 }
 
 impl AgentRun {

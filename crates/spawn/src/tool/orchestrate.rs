@@ -104,6 +104,18 @@ impl Round<'_> {
             } else {
                 start + 1
             };
+            if end == start + 1 {
+                // One call (an unsafe one, or a round of one): run it here, with no stream.
+                if let Some(p) = prepared[start].take() {
+                    tokio::select! {
+                        biased;
+                        () = self.cx.cancel.cancelled() => break 'batches,
+                        out = self.finish(&calls[start], p) => slots[start] = Some(out),
+                    }
+                }
+                start = end;
+                continue;
+            }
             let batch = (start..end).filter_map(|i| prepared[i].take().map(|p| (i, p)));
             let mut running = futures::stream::iter(batch.map(|(i, p)| {
                 let call = &calls[i];
