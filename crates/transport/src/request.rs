@@ -409,6 +409,12 @@ enum Building {
 #[derive(Debug, Default)]
 pub struct ResponseBuilder {
     blocks: Vec<(usize, Building)>,
+    /// The largest block index started so far.
+    max_index: Option<usize>,
+    /// Whether the last started block's index is the only block with that index, so the
+    /// events that follow its start find it without a search (an answer of thousands of
+    /// tool calls is then linear, not quadratic).
+    last_is_unique: bool,
     /// Indexes of the blocks whose `BlockStop` arrived.
     closed: std::collections::BTreeSet<usize>,
     usage: Usage,
@@ -440,11 +446,17 @@ impl ResponseBuilder {
     /// The block being built at `index`, or `None` (with a warning) for a block that never
     /// started: the official SDKs skip such an event instead of failing the whole answer.
     fn block(&mut self, index: usize, event: &str) -> Option<&mut Building> {
-        let found = self
-            .blocks
-            .iter_mut()
-            .find(|(i, _)| *i == index)
-            .map(|(_, b)| b);
+        let last_matches =
+            self.last_is_unique && self.blocks.last().is_some_and(|(i, _)| *i == index);
+        let found = if last_matches {
+            self.blocks.last_mut().map(|(_, b)| b)
+        } else {
+            // Out of order, or an index started twice (the first one gets the deltas).
+            self.blocks
+                .iter_mut()
+                .find(|(i, _)| *i == index)
+                .map(|(_, b)| b)
+        };
         if found.is_none() {
             tracing::warn!(
                 index,
@@ -485,6 +497,9 @@ impl ResponseBuilder {
                         json: String::new(),
                     },
                 };
+                self.last_is_unique = self.max_index.is_none_or(|m| *index > m)
+                    || !self.blocks.iter().any(|(i, _)| i == index);
+                self.max_index = Some(self.max_index.map_or(*index, |m| m.max(*index)));
                 self.blocks.push((*index, b));
             }
             StreamEvent::TextDelta { index, text } => match self.block(*index, "text_delta") {
@@ -744,6 +759,49 @@ mod tests {
             b.push(&e).unwrap();
         }
         assert_eq!(b.finish().unwrap(), r);
+    }
+
+    #[test]
+    fn deltas_find_their_block_out_of_order_and_when_an_index_starts_twice() {
+        let start = |index: usize| StreamEvent::BlockStart {
+            index,
+            block: BlockStart::Text(String::new()),
+        };
+        let text = |index: usize, t: &str| StreamEvent::TextDelta {
+            index,
+            text: t.into(),
+        };
+        let mut b = ResponseBuilder::new();
+        for e in [
+            StreamEvent::MessageStart {
+                id: None,
+                model: None,
+                usage: PartialUsage::default(),
+            },
+            start(1),
+            start(0),
+            text(1, "one"),
+            text(0, "zero"),
+            start(2),
+            text(2, "two"),
+            start(2), // started again: deltas still go to the first block 2
+            text(2, "!"),
+            StreamEvent::MessageStop,
+        ] {
+            b.push(&e).unwrap();
+        }
+        let texts: Vec<String> = b
+            .finish()
+            .unwrap()
+            .message
+            .content
+            .iter()
+            .map(|c| match c {
+                ContentBlock::Text { text } => text.clone(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(texts, ["zero", "one", "two!", ""]);
     }
 
     #[test]
