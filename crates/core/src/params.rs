@@ -77,15 +77,15 @@ struct Inner {
     head: Arc<Head>,
     messages: MessageList,
     /// Computed on first use, from `base` when there is one.
-    fingerprint: OnceLock<PrefixFingerprint>,
+    fingerprint: OnceLock<Arc<PrefixFingerprint>>,
     /// The fingerprint of a prefix of `messages` (that of the nearest value this one was
     /// appended to whose fingerprint had been computed): the lazy fingerprint only hashes
-    /// the messages after it.
-    base: Option<PrefixFingerprint>,
+    /// the messages after it. Shared, so an append copies a pointer, not the hash state.
+    base: Option<Arc<PrefixFingerprint>>,
 }
 
 impl Inner {
-    fn new(head: Arc<Head>, messages: MessageList, base: Option<PrefixFingerprint>) -> Self {
+    fn new(head: Arc<Head>, messages: MessageList, base: Option<Arc<PrefixFingerprint>>) -> Self {
         Self {
             head,
             messages,
@@ -181,15 +181,19 @@ impl CacheSafeParams {
     /// computed — and O(1) after that, for this value and all its clones.
     pub fn fingerprint(&self) -> &PrefixFingerprint {
         let inner = &*self.inner;
-        inner.fingerprint.get_or_init(|| match &inner.base {
-            Some(base) => base.extend_with(
-                inner
-                    .messages
-                    .iter()
-                    .skip(base.message_count())
-                    .map(Digest::of_message),
-            ),
-            None => PrefixFingerprint::new(Arc::clone(&inner.head.fingerprint), &inner.messages),
+        inner.fingerprint.get_or_init(|| {
+            Arc::new(match &inner.base {
+                Some(base) => base.extend_with(
+                    inner
+                        .messages
+                        .iter()
+                        .skip(base.message_count())
+                        .map(Digest::of_message),
+                ),
+                None => {
+                    PrefixFingerprint::new(Arc::clone(&inner.head.fingerprint), &inner.messages)
+                }
+            })
         })
     }
 

@@ -823,6 +823,14 @@ impl Agent {
         ms.extend(self.shared.pending.drain());
     }
 
+    /// `<agent id>-<turn>`, in one allocation.
+    fn request_label(&self) -> String {
+        use std::fmt::Write as _;
+        let mut label = String::with_capacity(24);
+        let _ = write!(label, "{}-{}", self.shared.cx.id(), self.turn);
+        label
+    }
+
     /// The state of a run that begins now.
     fn run_state(&self) -> RunState {
         RunState {
@@ -936,7 +944,7 @@ impl Agent {
         let suffix = std::mem::take(&mut self.unsent);
         let request = Request::new(self.params.clone(), suffix.clone())
             .with_settings(self.shared.settings.clone())
-            .with_label(format!("{}-{}", self.shared.cx.id(), self.turn));
+            .with_label(self.request_label());
         let prefix = self.params.clone();
         // The suffix is already part of the conversation (and the transcript).
         let suffix_len = suffix.len();
@@ -1105,7 +1113,7 @@ impl Agent {
             agent: Arc::clone(&self.shared.cx),
             state: self.shared.state.clone(),
             cancel: self.shared.cancel.clone(),
-            tool_use_id: String::new(),
+            tool_use_id: Arc::from(""),
             caller: Some(Arc::clone(&self.shared)),
             turn,
         };
@@ -1124,25 +1132,24 @@ impl Agent {
         }
         let runnable: Vec<ToolCall> = calls
             .iter()
-            .filter(|c| !cut_off.contains(&c.id))
+            .filter(|c| !cut_off.iter().any(|id| **id == *c.id))
             .cloned()
             .collect();
         let mut ran = round.run(&runnable).await.into_iter();
         calls
             .iter()
             .map(|c| {
-                if cut_off.contains(&c.id) {
+                if cut_off.iter().any(|id| **id == *c.id) {
                     ToolOutput::error(format!(
                         "the call to `{}` was cut off by the output token limit before its \
                          input was complete, so it did not run; make the call again with a \
                          shorter input",
                         c.name
                     ))
-                    .into_result_block(c.id.clone())
+                    .into_result_block(&*c.id)
                 } else {
                     ran.next().unwrap_or_else(|| {
-                        ToolOutput::error("internal: missing tool result")
-                            .into_result_block(c.id.clone())
+                        ToolOutput::error("internal: missing tool result").into_result_block(&*c.id)
                     })
                 }
             })

@@ -58,17 +58,17 @@ pub enum EventKind {
     /// A tool call starts — or is about to be answered without running (an unknown tool, an
     /// input that fails the schema), in which case its `ToolCallFinished` says `is_error`.
     ToolCallStarted {
-        /// The `tool_use` id.
-        id: String,
+        /// The `tool_use` id (shared with the call: cloning it copies a pointer).
+        id: Arc<str>,
         /// The tool.
-        name: String,
+        name: Arc<str>,
     },
     /// A tool call finished.
     ToolCallFinished {
         /// The `tool_use` id.
-        id: String,
+        id: Arc<str>,
         /// The tool.
-        name: String,
+        name: Arc<str>,
         /// Whether its result is an error.
         is_error: bool,
         /// How long it took.

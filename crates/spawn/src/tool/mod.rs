@@ -99,7 +99,7 @@ pub struct ToolContext {
     pub(crate) agent: Arc<AgentContext>,
     pub(crate) state: AgentState,
     pub(crate) cancel: CancellationToken,
-    pub(crate) tool_use_id: String,
+    pub(crate) tool_use_id: Arc<str>,
     pub(crate) caller: Option<Arc<AgentShared>>,
     pub(crate) turn: Option<Arc<TurnSnapshot>>,
 }
@@ -111,7 +111,7 @@ impl ToolContext {
             agent,
             state: AgentState::default(),
             cancel: CancellationToken::new(),
-            tool_use_id: tool_use_id.into(),
+            tool_use_id: Arc::from(tool_use_id.into()),
             caller: None,
             turn: None,
         }

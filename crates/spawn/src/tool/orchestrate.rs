@@ -20,10 +20,10 @@ use crate::tool::{ToolContext, ToolOutput, ToolPool};
 /// One `tool_use` block of an assistant message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolCall {
-    /// The block's id, echoed by its result.
-    pub id: String,
+    /// The block's id, echoed by its result (shared by the call's events and context).
+    pub id: Arc<str>,
     /// The tool the model named.
-    pub name: String,
+    pub name: Arc<str>,
     /// The input, byte for byte as the model wrote it.
     pub input: RawJson,
 }
@@ -34,8 +34,8 @@ impl ToolCall {
         message
             .tool_uses()
             .map(|(id, name, input)| ToolCall {
-                id: id.to_owned(),
-                name: name.to_owned(),
+                id: Arc::from(id),
+                name: Arc::from(name),
                 input: input.clone(),
             })
             .collect()
@@ -145,7 +145,7 @@ impl Round<'_> {
                         call.name
                     ))
                 })
-                .into_result_block(call.id.clone())
+                .into_result_block(&*call.id)
             })
             .collect()
     }
@@ -239,7 +239,7 @@ impl Round<'_> {
             }
         };
         let mut cx = self.cx.clone();
-        cx.tool_use_id.clone_from(&call.id);
+        cx.tool_use_id = Arc::clone(&call.id);
         let run = AssertUnwindSafe(tool.call(input, &cx)).catch_unwind();
         let limit = tool.timeout().unwrap_or(self.config.timeout);
         match tokio::time::timeout(limit, run).await {

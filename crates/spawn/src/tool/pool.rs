@@ -157,8 +157,12 @@ impl ToolPool {
         let Some(&i) = self.index.get(name) else {
             return Ok(());
         };
-        let problems: Vec<String> = self.entries[i]
-            .validator
+        let validator = &self.entries[i].validator;
+        // The common case, a valid input, allocates nothing.
+        if validator.is_valid(input) {
+            return Ok(());
+        }
+        let problems: Vec<String> = validator
             .iter_errors(input)
             .map(|e| {
                 let at = e.instance_path().as_str();
