@@ -187,6 +187,26 @@ async fn nothing_a_tool_or_the_model_does_crashes_the_loop() {
     assert_eq!(got.len(), 7);
 }
 
+#[tokio::test]
+async fn a_tool_timeout_too_long_to_represent_is_no_panic() {
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(calls(&[("t1", "Quick", "{}")])),
+        Ok(say("done")),
+    ]));
+    let limits = Limits {
+        tool_timeout: Duration::MAX,
+        ..Limits::default()
+    };
+    let quick = TestTool::sleeper("Quick", true, 1);
+    let mut agent = agent_with(backend.clone(), vec![quick.arc()], limits).await;
+    let run = agent.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    assert!(
+        !results(&backend.requests()[1])[0].2,
+        "the call ran and succeeded"
+    );
+}
+
 #[derive(Debug)]
 struct Gatekeeper;
 

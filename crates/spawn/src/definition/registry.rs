@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use serde::{Serialize, Serializer};
 
@@ -73,7 +74,7 @@ impl fmt::Display for Shadowed {
 /// run.
 #[derive(Debug, Clone, Default)]
 pub struct AgentRegistry {
-    agents: BTreeMap<String, AgentDefinition>,
+    agents: BTreeMap<String, Arc<AgentDefinition>>,
     shadowed: Vec<Shadowed>,
     warnings: Vec<Diagnostic>,
     errors: Vec<Diagnostic>,
@@ -117,7 +118,7 @@ impl AgentRegistry {
                     overridden: loser.origin(),
                 });
             }
-            agents.insert(name, winner);
+            agents.insert(name, Arc::new(winner));
         }
         AgentRegistry {
             agents,
@@ -130,12 +131,18 @@ impl AgentRegistry {
 
     /// The definition named `name` (exact, case-sensitive match).
     pub fn get(&self, name: &str) -> Option<&AgentDefinition> {
+        self.agents.get(name).map(|d| &**d)
+    }
+
+    /// The definition named `name`, shared: cloning it copies a pointer, which is what a
+    /// spawn hands each child (see [`AgentBuilder::definition`](crate::runtime::AgentBuilder::definition)).
+    pub fn get_shared(&self, name: &str) -> Option<&Arc<AgentDefinition>> {
         self.agents.get(name)
     }
 
     /// Every definition, sorted by name (byte order: `Explore` before `code-reviewer`).
     pub fn list(&self) -> Vec<&AgentDefinition> {
-        self.agents.values().collect()
+        self.agents.values().map(|d| &**d).collect()
     }
 
     /// Every name, sorted.

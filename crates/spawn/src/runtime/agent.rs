@@ -77,7 +77,7 @@ pub struct AgentBuilder {
     system: Vec<String>,
     system_context: Vec<(String, String)>,
     user_context: Vec<(String, String)>,
-    definition: Option<AgentDefinition>,
+    definition: Option<Arc<AgentDefinition>>,
     tools: ToolPool,
     filter: Option<Arc<ToolFilter>>,
     audience: Option<ToolAudience>,
@@ -165,9 +165,10 @@ impl AgentBuilder {
 
     /// Renders the agent from a definition: its system prompt (unless system blocks were
     /// given), its model (`inherit` or none: the builder's), its tools through the three
-    /// filtering layers, its `maxTurns` and its `permissionMode`.
-    pub fn definition(mut self, definition: AgentDefinition) -> Self {
-        self.definition = Some(definition);
+    /// filtering layers, its `maxTurns` and its `permissionMode`. Takes an `AgentDefinition`
+    /// or an `Arc` of one (shared by every child of a definition, not copied per child).
+    pub fn definition(mut self, definition: impl Into<Arc<AgentDefinition>>) -> Self {
+        self.definition = Some(definition.into());
         self
     }
 
@@ -282,7 +283,7 @@ impl AgentBuilder {
 
     /// Renders the parameters and tools, opens the transcript, and returns the agent.
     pub async fn build(self) -> Result<Agent> {
-        let def = self.definition.as_ref();
+        let def = self.definition.as_deref();
         let audience =
             self.audience
                 .unwrap_or(match self.context.as_ref().map(AgentContext::kind) {
@@ -645,7 +646,7 @@ impl Agent {
             params: Some(params.clone()),
             context: Some(cx),
             transcript_dir: None,
-            definition,
+            definition: definition.map(Arc::new),
             ..builder
         }
         .build()

@@ -215,12 +215,12 @@ impl Subagent {
     pub fn definition<'a>(
         registry: &'a AgentRegistry,
         input: &AgentInput,
-    ) -> Result<&'a AgentDefinition, String> {
+    ) -> Result<&'a Arc<AgentDefinition>, String> {
         let ty = input
             .subagent_type
             .as_deref()
             .unwrap_or(GENERAL_PURPOSE_AGENT);
-        registry.get(ty).ok_or_else(|| {
+        registry.get_shared(ty).ok_or_else(|| {
             format!(
                 "unknown agent type `{ty}`; available: {}",
                 registry.names().collect::<Vec<_>>().join(", ")
@@ -241,7 +241,7 @@ impl SpawnStrategy for Subagent {
         cx: SpawnContext<'_>,
         background: bool,
     ) -> Result<PreparedChild, String> {
-        let def = Self::definition(cx.registry, input)?.clone();
+        let def = Arc::clone(Self::definition(cx.registry, input)?);
         let source = if def.source == crate::definition::DefinitionSource::BuiltIn {
             QuerySource::builtin(&def.name)
         } else {

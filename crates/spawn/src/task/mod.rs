@@ -79,7 +79,9 @@ impl Default for TaskConfig {
 #[derive(Debug)]
 pub struct Progress {
     started: Instant,
-    last_event_ms: AtomicU64,
+    /// How many of the child's own events arrived (the stall check compares counts, so no
+    /// event pays for a clock read).
+    events: AtomicU64,
     state: Mutex<ProgressState>,
     responding: AtomicBool,
     responded: Notify,
@@ -98,7 +100,7 @@ impl Default for Progress {
     fn default() -> Self {
         Self {
             started: Instant::now(),
-            last_event_ms: AtomicU64::new(0),
+            events: AtomicU64::new(0),
             state: Mutex::default(),
             responding: AtomicBool::new(false),
             responded: Notify::new(),
@@ -114,8 +116,7 @@ impl Progress {
 
     /// Folds one of the child's events in.
     pub fn observe(&self, event: &AgentEvent) {
-        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_event_ms.store(ms, Ordering::Release);
+        self.events.fetch_add(1, Ordering::Release);
         match &event.kind {
             EventKind::TextDelta { text } => {
                 self.lock().current_text.push_str(text);
@@ -180,10 +181,10 @@ impl Progress {
         self.lock().tool_uses
     }
 
-    /// Time since the last event (or since the start).
-    pub fn idle(&self) -> Duration {
-        let last = Duration::from_millis(self.last_event_ms.load(Ordering::Acquire));
-        self.started.elapsed().saturating_sub(last)
+    /// How many of the child's own events have arrived: a count that does not move means no
+    /// progress.
+    pub fn events(&self) -> u64 {
+        self.events.load(Ordering::Acquire)
     }
 
     /// Time since the child started.
@@ -552,17 +553,27 @@ impl TaskService {
             t
         });
         let mut stalled = false;
+        // The event count at the last check that saw it move, and when that was.
+        let mut seen = (progress.events(), Instant::now());
         let joined = loop {
             tokio::select! {
                 biased;
                 r = &mut child => break Some(r),
                 () = until(sleep.as_mut()) => break None,
                 () = tick(ticker.as_mut()), if !stalled => {
-                    if let Some(after) = self.config.stall_after
-                        && progress.idle() >= after
+                    let now = Instant::now();
+                    let events = progress.events();
+                    if events != seen.0 {
+                        seen = (events, now);
+                    } else if let Some(after) = self.config.stall_after
+                        && now.duration_since(seen.1) >= after
                     {
                         stalled = true;
-                        tracing::warn!(task = %id, "no progress for {:?}: stalled", progress.idle());
+                        tracing::warn!(
+                            task = %id,
+                            "no progress for {:?}: stalled",
+                            now.duration_since(seen.1)
+                        );
                         let _ = self.registry.mark_stalled(id).await;
                     }
                 }

@@ -8,10 +8,11 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use forkhive_core::{ContentBlock, RawJson};
 use futures::{FutureExt, StreamExt};
+use tokio::time::Instant;
 
 use crate::runtime::events::{Emitter, EventKind};
 use crate::tool::permission::{PermissionDecision, PermissionPolicy, PermissionRequest};
@@ -191,7 +192,7 @@ impl Round<'_> {
         });
         let out = match prepared {
             Prepared::Answered(out) => out,
-            Prepared::Run(input) => self.permitted(call, input).await,
+            Prepared::Run(input) => self.permitted(call, input, started).await,
         };
         self.emit.emit(EventKind::ToolCallFinished {
             id: call.id.clone(),
@@ -202,7 +203,12 @@ impl Round<'_> {
         out
     }
 
-    async fn permitted(&self, call: &ToolCall, input: serde_json::Value) -> ToolOutput {
+    async fn permitted(
+        &self,
+        call: &ToolCall,
+        input: serde_json::Value,
+        started: Instant,
+    ) -> ToolOutput {
         let Some(tool) = self.pool.get(&call.name) else {
             return ToolOutput::error(format!("unknown tool `{}`", call.name));
         };
@@ -242,7 +248,12 @@ impl Round<'_> {
         cx.tool_use_id = Arc::clone(&call.id);
         let run = AssertUnwindSafe(tool.call(input, &cx)).catch_unwind();
         let limit = tool.timeout().unwrap_or(self.config.timeout);
-        match tokio::time::timeout(limit, run).await {
+        // Timed from the call's start (one clock read a call, not two); a limit too far to
+        // represent is thirty years.
+        let at = started
+            .checked_add(limit)
+            .unwrap_or_else(|| started + Duration::from_secs(30 * 365 * 86_400));
+        match tokio::time::timeout_at(at, run).await {
             Ok(Ok(out)) => out,
             Ok(Err(panic)) => ToolOutput::error(format!(
                 "tool `{}` panicked: {}",
