@@ -176,9 +176,12 @@ impl CacheSafeParams {
         &self.inner.messages
     }
 
-    /// The fingerprint, computed on first use and kept: O(messages not yet hashed) the first
-    /// time — the messages appended since the nearest earlier value whose fingerprint was
-    /// computed — and O(1) after that, for this value and all its clones.
+    /// The fingerprint, computed on first use and kept: the first time it hashes the messages
+    /// appended since the nearest ancestor whose fingerprint had been computed *when this
+    /// value was appended from it* (an ancestor fingerprinted later does not help values
+    /// already made from it), and it is O(1) after that, for this value and all its clones.
+    /// An agent loop fingerprints each request before the next append, so each message is
+    /// hashed once.
     pub fn fingerprint(&self) -> &PrefixFingerprint {
         let inner = &*self.inner;
         inner.fingerprint.get_or_init(|| {
@@ -244,7 +247,8 @@ impl CacheSafeParams {
     /// Costs O(`more`), not O(history), and not amortised, and hashes nothing: the result
     /// shares the head (system, context, tools) and every earlier message with `self` (see
     /// [`MessageList`] for the layout). Its fingerprint, when asked for, hashes only the
-    /// messages appended since the last value whose fingerprint was computed, and equals that
+    /// messages appended since the nearest ancestor whose fingerprint had been computed by the
+    /// time of the append (see [`fingerprint`](Self::fingerprint)), and equals that
     /// of a from-scratch build with the same parts and messages, so `diff` against either
     /// finds no break.
     ///

@@ -207,6 +207,45 @@ async fn a_tool_timeout_too_long_to_represent_is_no_panic() {
     );
 }
 
+/// Approves every call, after a human's long pause.
+#[derive(Debug)]
+struct SlowApprover;
+
+#[async_trait]
+impl PermissionPolicy for SlowApprover {
+    async fn check(&self, _r: PermissionRequest<'_>) -> PermissionDecision {
+        tokio::time::sleep(Duration::from_secs(125)).await;
+        PermissionDecision::Allow
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tool_is_timed_from_when_it_runs_not_from_a_slow_permission_decision() {
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(calls(&[("t1", "Quick", "{}")])),
+        Ok(say("done")),
+    ]));
+    let mut agent = Agent::builder(backend.clone())
+        .model("claude-sonnet-4-5")
+        .tools(ToolPool::new([TestTool::sleeper("Quick", true, 1_000).arc()]).unwrap())
+        .policy(Arc::new(SlowApprover))
+        .limits(Limits {
+            tool_timeout: Duration::from_secs(120),
+            ..Limits::default()
+        })
+        .build()
+        .await
+        .unwrap();
+    let run = agent.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    let got = results(&backend.requests()[1]);
+    assert_eq!(
+        (got[0].1.as_str(), got[0].2),
+        ("Quick {}", false),
+        "{got:?}"
+    );
+}
+
 #[derive(Debug)]
 struct Gatekeeper;
 

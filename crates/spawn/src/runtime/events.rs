@@ -32,7 +32,8 @@ pub enum EventKind {
         /// Its cache-safe prefix (an O(1) clone). `prefix.fingerprint()` is computed on first
         /// use, so an agent whose events nobody fingerprints hashes nothing per turn.
         prefix: CacheSafeParams,
-        /// How many messages the prefix holds.
+        /// How many messages the request holds: the prefix and, on a fork child's first
+        /// request, its suffix.
         messages: usize,
         /// The id of the request that spawned this agent, on its first request only.
         invoking_request_id: Option<String>,

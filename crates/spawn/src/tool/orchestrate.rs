@@ -192,7 +192,7 @@ impl Round<'_> {
         });
         let out = match prepared {
             Prepared::Answered(out) => out,
-            Prepared::Run(input) => self.permitted(call, input, started).await,
+            Prepared::Run(input) => self.permitted(call, input).await,
         };
         self.emit.emit(EventKind::ToolCallFinished {
             id: call.id.clone(),
@@ -203,12 +203,7 @@ impl Round<'_> {
         out
     }
 
-    async fn permitted(
-        &self,
-        call: &ToolCall,
-        input: serde_json::Value,
-        started: Instant,
-    ) -> ToolOutput {
+    async fn permitted(&self, call: &ToolCall, input: serde_json::Value) -> ToolOutput {
         let Some(tool) = self.pool.get(&call.name) else {
             return ToolOutput::error(format!("unknown tool `{}`", call.name));
         };
@@ -248,8 +243,9 @@ impl Round<'_> {
         cx.tool_use_id = Arc::clone(&call.id);
         let run = AssertUnwindSafe(tool.call(input, &cx)).catch_unwind();
         let limit = tool.timeout().unwrap_or(self.config.timeout);
-        // Timed from the call's start (one clock read a call, not two); a limit too far to
-        // represent is thirty years.
+        // Timed from when the tool starts, not from the call's start: a policy may wait for a
+        // human. A limit too far to represent is thirty years.
+        let started = Instant::now();
         let at = started
             .checked_add(limit)
             .unwrap_or_else(|| started + Duration::from_secs(30 * 365 * 86_400));
