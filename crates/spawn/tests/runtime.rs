@@ -587,6 +587,50 @@ async fn cancellation_stops_a_model_request_and_a_tool_round() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn cancellation_answers_a_lone_call_that_had_not_finished() {
+    // One call (run without a stream), and an unsafe one after a safe one (a batch of one).
+    for script in [
+        vec![("slow", "Wait", "{}")],
+        vec![("fast", "Quick", "{}"), ("slow", "Wait", "{}")],
+    ] {
+        let backend = Arc::new(ScriptedBackend::from_replies([Ok(calls(&script))]));
+        let quick = TestTool::sleeper("Quick", true, 1);
+        let wait = TestTool::sleeper("Wait", false, 3_600_000);
+        let limits = Limits {
+            tool_timeout: Duration::from_secs(7200),
+            ..Limits::default()
+        };
+        let mut agent = agent_with(backend, vec![quick.arc(), wait.arc()], limits).await;
+        let token = agent.cancellation().clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            token.cancel();
+        });
+        let run = agent.run("x").await;
+        assert_eq!(run.stop, StopReason::Cancelled);
+        let last = run.new_messages.last().unwrap();
+        let got: Vec<(String, bool)> = last
+            .content
+            .iter()
+            .map(|b| match b {
+                ContentBlock::ToolResult {
+                    content, is_error, ..
+                } => (content.text(), *is_error),
+                _ => (String::new(), false),
+            })
+            .collect();
+        let cancelled = (
+            "tool `Wait` was cancelled: the agent was stopped before the call finished".to_owned(),
+            true,
+        );
+        assert_eq!(got.last(), Some(&cancelled), "{script:?}");
+        if script.len() == 2 {
+            assert_eq!(got[0], ("Quick {}".into(), false), "finished work is kept");
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn cancelling_a_parent_cancels_its_child_but_not_the_reverse() {
     let parent = agent_with(Arc::new(Hang), vec![], Limits::default()).await;
     let seed = parent.child_seed(
