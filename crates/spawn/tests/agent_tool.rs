@@ -317,16 +317,7 @@ async fn limits_and_unknown_types_are_refusals_the_model_can_act_on() {
     let mut p = parent(b.clone(), AgentToolConfig::default(), TaskConfig::default()).await;
     p.run("go").await;
     let msgs = p.params().messages().to_vec();
-    let texts: Vec<(String, bool)> = msgs[2]
-        .content
-        .iter()
-        .map(|b| match b {
-            ContentBlock::ToolResult {
-                content, is_error, ..
-            } => (content.text(), *is_error),
-            _ => unreachable!(),
-        })
-        .collect();
+    let texts = result_texts(&msgs[2]);
     assert_eq!(
         texts[0],
         (

@@ -496,16 +496,7 @@ async fn a_tool_call_cut_off_at_max_tokens_gets_an_error_result() {
     );
     let msgs = agent.params().messages();
     let user = &msgs[2];
-    let texts: Vec<(String, bool)> = user
-        .content
-        .iter()
-        .map(|b| match b {
-            ContentBlock::ToolResult {
-                content, is_error, ..
-            } => (content.text(), *is_error),
-            _ => (String::new(), false),
-        })
-        .collect();
+    let texts = result_texts(&user);
     assert_eq!(texts[0], ("Look {}".into(), false));
     assert_eq!(
         texts[1],
@@ -566,16 +557,7 @@ async fn cancellation_stops_a_model_request_and_a_tool_round() {
     assert_eq!(run.stop, StopReason::Cancelled);
     // The conversation stays well-formed: every call has a result.
     let last = run.new_messages.last().unwrap();
-    let got: Vec<(String, bool)> = last
-        .content
-        .iter()
-        .map(|b| match b {
-            ContentBlock::ToolResult {
-                content, is_error, ..
-            } => (content.text(), *is_error),
-            _ => (String::new(), false),
-        })
-        .collect();
+    let got = result_texts(last);
     assert_eq!(got[0], ("Quick {}".into(), false), "finished work is kept");
     assert_eq!(
         got[1],
@@ -609,16 +591,7 @@ async fn cancellation_answers_a_lone_call_that_had_not_finished() {
         let run = agent.run("x").await;
         assert_eq!(run.stop, StopReason::Cancelled);
         let last = run.new_messages.last().unwrap();
-        let got: Vec<(String, bool)> = last
-            .content
-            .iter()
-            .map(|b| match b {
-                ContentBlock::ToolResult {
-                    content, is_error, ..
-                } => (content.text(), *is_error),
-                _ => (String::new(), false),
-            })
-            .collect();
+        let got = result_texts(last);
         let cancelled = (
             "tool `Wait` was cancelled: the agent was stopped before the call finished".to_owned(),
             true,

@@ -48,8 +48,13 @@ pub(crate) fn say(text: &str) -> Response {
 /// The tool results of the last user message of `request`: `(id, text, is_error)`.
 pub(crate) fn results(request: &Request) -> Vec<(String, String, bool)> {
     let msgs = request.all_messages();
-    let last = msgs.last().expect("a message");
-    last.content
+    message_results(msgs.last().expect("a message"))
+}
+
+/// The `(tool_use_id, text, is_error)` of each tool result in `message`.
+pub(crate) fn message_results(message: &Message) -> Vec<(String, String, bool)> {
+    message
+        .content
         .iter()
         .filter_map(|b| match b {
             ContentBlock::ToolResult {
@@ -59,6 +64,21 @@ pub(crate) fn results(request: &Request) -> Vec<(String, String, bool)> {
             } => Some((tool_use_id.clone(), content.text(), *is_error)),
             _ => None,
         })
+        .collect()
+}
+
+/// The `(text, is_error)` of each block of `message`, which must all be tool results.
+pub(crate) fn result_texts(message: &Message) -> Vec<(String, bool)> {
+    assert!(
+        message
+            .content
+            .iter()
+            .all(|b| matches!(b, ContentBlock::ToolResult { .. })),
+        "not only tool results: {message:?}"
+    );
+    message_results(message)
+        .into_iter()
+        .map(|(_, text, is_error)| (text, is_error))
         .collect()
 }
 
