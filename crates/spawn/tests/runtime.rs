@@ -496,7 +496,7 @@ async fn a_tool_call_cut_off_at_max_tokens_gets_an_error_result() {
     );
     let msgs = agent.params().messages();
     let user = &msgs[2];
-    let texts = result_texts(&user);
+    let texts = result_texts(user);
     assert_eq!(texts[0], ("Look {}".into(), false));
     assert_eq!(
         texts[1],
