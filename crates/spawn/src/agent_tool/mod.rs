@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use forkhive_core::fork::is_in_fork_child;
-use forkhive_core::{TaskId, TaskKind, ToolDefinition};
+use forkhive_core::{TaskId, TaskKind, TaskStatus, ToolDefinition};
 
 use crate::definition::AgentRegistry;
 use crate::runtime::Limits;
@@ -22,8 +22,7 @@ use crate::strategy::{
     AgentInput, Fork, ForkLayout, HeadCache, SpawnContext, SpawnStrategy, Subagent,
 };
 use crate::task::{
-    FirstInput, Launch, MemoryTaskRegistry, OutputFile, Progress, TaskConfig, TaskRecord,
-    TaskService, TaskState,
+    ChildEnd, Launch, MemoryTaskRegistry, Mode, OutputFile, Progress, TaskConfig, TaskService,
 };
 use crate::tool::{Tool, ToolContext, ToolFilter, ToolOutput, ToolPool};
 
@@ -351,9 +350,17 @@ impl AgentTool {
                 background,
             )
             .await?;
-        if background {
-            let id = service
-                .launch(Launch {
+        let mode = if background {
+            Mode::Background
+        } else {
+            Mode::Foreground
+        };
+        // Foreground or background, the child is started through the one service that owns
+        // its life: a foreground call only awaits its handle, so a call that times out or is
+        // dropped with its parent stops the child, which still ends recorded and accounted.
+        let handle = service
+            .start(
+                Launch {
                     agent: prepared.agent,
                     first: prepared.first,
                     description: input.description.clone(),
@@ -364,9 +371,13 @@ impl AgentTool {
                     slot,
                     gate: prepared.gate,
                     events: caller.events.clone(),
-                })
-                .await
-                .map_err(|e| format!("could not start the agent: {e}"))?;
+                },
+                mode,
+            )
+            .await
+            .map_err(|e| format!("could not start the agent: {e}"))?;
+        if background {
+            let id = handle.id();
             let mut text = format!(
                 "Agent \"{}\" started in the background as task {id} ({}). You will receive a \
                  <task-notification> with its result when it finishes; do not wait or poll for it.",
@@ -381,59 +392,49 @@ impl AgentTool {
             }
             return Ok(text);
         }
-        // Foreground: run inline; the parent's cancellation reaches the child through its
-        // linked token.
-        let registry = service.registry();
-        let mut agent = prepared.agent;
-        let mut record = TaskRecord::new(child_id, *me.id(), input.description.clone());
-        record.transcript = agent.transcript_path().map(Into::into);
-        registry.create(record).await.map_err(|e| e.to_string())?;
-        let _ = registry.transition(&child_id, TaskState::Running).await;
-        let run = match prepared.first {
-            FirstInput::Prompt(p) => agent.run(p).await,
-            FirstInput::Continue => agent.continue_run().await,
-        };
-        drop(slot);
-        let _ = registry.roll_up(&child_id, run.usage).await;
-        let ok = matches!(
-            run.stop,
-            crate::runtime::StopReason::Completed | crate::runtime::StopReason::MaxTurns { .. }
-        );
-        let state = match run.stop {
-            crate::runtime::StopReason::Cancelled => TaskState::Killed,
-            _ if ok => TaskState::Completed,
-            _ => TaskState::Failed,
-        };
-        let _ = registry.transition(&child_id, state).await;
-        let mut answer = run.final_text.clone();
-        if answer.len() > RESULT_CAP {
-            let mut cut = RESULT_CAP;
-            while !answer.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            answer.truncate(cut);
-            answer.push_str("\n[truncated]");
+        let end = handle.end().await.map_err(|e| e.to_string())?;
+        foreground_result(&end)
+    }
+}
+
+/// The tool result of a foreground child: its answer and a trailer when it completed (a limit
+/// counts, as in the background); otherwise an error saying why, with its partial answer.
+fn foreground_result(end: &ChildEnd) -> Result<String, String> {
+    let n = &end.notification;
+    let mut answer = n.result.clone().unwrap_or_default();
+    if answer.len() > RESULT_CAP {
+        let mut cut = RESULT_CAP;
+        while !answer.is_char_boundary(cut) {
+            cut -= 1;
         }
-        let trailer = format!(
-            "[agent {child_id} {}: {} tokens, {} tool uses, {} turns]",
+        answer.truncate(cut);
+        answer.push_str("\n[truncated]");
+    }
+    let trailer = match &end.run {
+        Some(run) => format!(
+            "[agent {} {}: {} tokens, {} tool uses, {} turns]",
+            end.id,
             run.stop,
             run.usage.total_tokens(),
             run.tool_calls(),
             run.turns.len()
-        );
-        if ok {
-            Ok(format!("{answer}\n\n{trailer}"))
-        } else {
-            let why = run
-                .error
-                .as_ref()
-                .map(|e| crate::task::error_chain(e.as_ref()))
-                .unwrap_or_else(|| run.stop.to_string());
-            Err(format!(
-                "the agent did not finish: {why}\n{answer}\n\n{trailer}"
-            ))
-        }
+        ),
+        None => format!("[agent {} {}]", end.id, end.status),
+    };
+    if end.status == TaskStatus::Completed {
+        return Ok(format!("{answer}\n\n{trailer}"));
     }
+    let why = match &end.run {
+        Some(run) if n.note.is_none() => run
+            .error
+            .as_ref()
+            .map(|e| crate::task::error_chain(e.as_ref()))
+            .unwrap_or_else(|| run.stop.to_string()),
+        _ => n.note.clone().unwrap_or_else(|| n.summary.clone()),
+    };
+    Err(format!(
+        "the agent did not finish: {why}\n{answer}\n\n{trailer}"
+    ))
 }
 
 /// The refusal text (see [`crate::strategy::FORK_REFUSAL`]).

@@ -96,6 +96,7 @@ pub struct AgentBuilder {
     expected_prefix: Option<PrefixFingerprint>,
     unsent: Vec<Message>,
     detach: bool,
+    keep_children: bool,
 }
 
 impl AgentBuilder {
@@ -126,6 +127,7 @@ impl AgentBuilder {
             expected_prefix: None,
             unsent: Vec::new(),
             detach: false,
+            keep_children: false,
         }
     }
 
@@ -234,9 +236,20 @@ impl AgentBuilder {
         self
     }
 
-    /// The cancellation token (default: a new root token).
+    /// Links the agent to `token` (default: a new root token): cancelling `token` stops the
+    /// agent and everything it started. The agent runs on a child of `token`, so dropping the
+    /// agent (which stops its children, see [`Agent`]) never cancels `token` itself: a host
+    /// may share one token among many agents.
     pub fn cancellation(mut self, token: CancellationToken) -> Self {
-        self.cancel = Some(token);
+        self.cancel = Some(token.child_token());
+        self
+    }
+
+    /// Whether dropping the agent stops the children it started that are still running
+    /// (default: yes). Turn it off only when something else owns them — for instance a host
+    /// that keeps the tree's [`TaskService`](crate::task::TaskService) and cancels through it.
+    pub fn cancel_children_on_drop(mut self, cancel: bool) -> Self {
+        self.keep_children = !cancel;
         self
     }
 
@@ -460,6 +473,7 @@ impl AgentBuilder {
                 .map(|fp| LastPrefix::Expected(Box::new(fp))),
             turn: 0,
             unsent: self.unsent,
+            keep_children: self.keep_children,
         })
     }
 }
@@ -514,6 +528,22 @@ pub struct Agent {
     /// Messages already in the conversation but sent as the next request's suffix (a fork
     /// child's first message, so that its boilerplate block gets a cache breakpoint).
     unsent: Vec<Message>,
+    /// Leave running children alone when dropped.
+    keep_children: bool,
+}
+
+/// Dropping an agent stops everything it started that still runs: a run that ended at a limit
+/// (`MaxTurns`, a budget) or failed may leave background children behind, and once the agent is
+/// gone nobody reads their notifications. Each stopped child still ends `killed`, recorded and
+/// accounted by its owner ([`TaskService`](crate::task::TaskService)). The agent's token is its
+/// own (a child of any token the host passed in), so no host token is cancelled. Opt out with
+/// [`AgentBuilder::cancel_children_on_drop`].
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if !self.keep_children {
+            self.shared.cancel.cancel();
+        }
+    }
 }
 
 /// The parts of an agent its tools may use — to spawn a child with the same backend, tools

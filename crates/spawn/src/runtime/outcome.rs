@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use forkhive_core::{CacheSafeParams, Digest, MessageList, Usage};
+use forkhive_core::{CacheSafeParams, Digest, MessageList, TaskStatus, Usage};
 use forkhive_transport::StopReason as ModelStop;
 use serde::{Deserialize, Serialize};
 
@@ -74,6 +74,29 @@ impl fmt::Display for StopReason {
     }
 }
 
+impl StopReason {
+    /// How a child that stopped for this reason ends, in the foreground and the background
+    /// alike (and for [`verify`](crate::strategy::verify)): one mapping, so the same stop never
+    /// ends in two states.
+    ///
+    /// A limit — turns, token budget, output continuations, pause resends — ends the work
+    /// early but is not an error ("Chapter 9: Sub-Agents and the Fork Pattern — 9.6 Sub-Agent
+    /// Lifecycle Management": `maxTurns` is a budget, and what was done is the result):
+    /// `completed`, with the reason in the summary. A refusal or a backend failure is
+    /// `failed`; a cancellation is `killed`.
+    pub fn task_status(&self) -> TaskStatus {
+        match self {
+            StopReason::Completed
+            | StopReason::MaxTurns { .. }
+            | StopReason::TokenBudget { .. }
+            | StopReason::OutputLimit { .. }
+            | StopReason::PauseLimit { .. } => TaskStatus::Completed,
+            StopReason::Refusal | StopReason::Failed => TaskStatus::Failed,
+            StopReason::Cancelled => TaskStatus::Killed,
+        }
+    }
+}
+
 /// When a run must stop, and how its tool rounds behave.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
@@ -91,7 +114,10 @@ pub struct Limits {
     pub max_concurrent_tools: usize,
     /// How long one tool call may take.
     pub tool_timeout: Duration,
-    /// How long a cancelled run waits for its background children's notifications.
+    /// How long a cancelled run waits for its children to end (their notifications, and the
+    /// foreground children it was awaiting). A supervisor gives a cancelled child at least
+    /// this plus [`TaskConfig::kill_grace`](crate::task::TaskConfig::kill_grace) before it
+    /// drops it, so the child's own wait is never cut short.
     pub cancel_grace: Duration,
     /// When a waiting agent wakes on a message while more are promised, how long it waits for
     /// others before starting the turn (zero: start at once).

@@ -45,7 +45,29 @@ struct State {
 #[derive(Debug, Default)]
 struct Inner {
     state: Mutex<State>,
+    /// Woken (all waiters, `notify_waiters`) on every change. `wait` and `settled` wait for
+    /// different things on the same queue; a single stored permit (`notify_one`) taken by the
+    /// wrong one would leave the other asleep with its condition true.
     changed: Notify,
+}
+
+impl Inner {
+    /// Waits until `ready` returns a value, looking after registering for wake-ups, so a
+    /// change between the look and the sleep is never missed.
+    async fn until<T>(&self, mut ready: impl FnMut(&mut State) -> Option<T>) -> T {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(v) = ready(&mut st) {
+                    return v;
+                }
+            }
+            changed.await;
+        }
+    }
 }
 
 /// A cloneable handle to one agent's pending messages.
@@ -76,7 +98,7 @@ impl PendingQueue {
     /// Queues `message` for the agent's next tool round (or wakes it if it waits).
     pub fn push(&self, message: PendingMessage) {
         self.lock().queue.push_back(message);
-        self.inner.changed.notify_one();
+        self.inner.changed.notify_waiters();
     }
 
     /// Promises one message later: until the returned guard delivers or drops, a waiting
@@ -110,34 +132,27 @@ impl PendingQueue {
     }
 
     /// Waits until no promised message is outstanding (they were delivered or withdrawn).
+    /// Any number of callers may wait here and in [`wait`](Self::wait) at once: every change
+    /// wakes them all, and each looks again.
     pub async fn settled(&self) {
-        loop {
-            let changed = self.inner.changed.notified();
-            if self.lock().outstanding == 0 {
-                // Pass the wake-up on: another waiter may be waiting for messages.
-                self.inner.changed.notify_one();
-                return;
-            }
-            changed.await;
-        }
+        self.inner
+            .until(|st| (st.outstanding == 0).then_some(()))
+            .await
     }
 
     /// Waits until a message is queued (and drains them all) or nothing is expected any more.
     pub async fn wait(&self) -> Wake {
-        loop {
-            // Register interest before looking, so a push in between is not missed.
-            let changed = self.inner.changed.notified();
-            {
-                let mut st = self.lock();
+        self.inner
+            .until(|st| {
                 if !st.queue.is_empty() {
-                    return Wake::Messages(st.queue.drain(..).collect());
+                    Some(Wake::Messages(st.queue.drain(..).collect()))
+                } else if st.outstanding == 0 {
+                    Some(Wake::Idle)
+                } else {
+                    None
                 }
-                if st.outstanding == 0 {
-                    return Wake::Idle;
-                }
-            }
-            changed.await;
-        }
+            })
+            .await
     }
 }
 
@@ -169,7 +184,7 @@ impl Expectation {
             st.outstanding = st.outstanding.saturating_sub(1);
         }
         self.settled = true;
-        self.queue.inner.changed.notify_one();
+        self.queue.inner.changed.notify_waiters();
     }
 }
 
@@ -180,7 +195,7 @@ impl Drop for Expectation {
                 let mut st = self.queue.lock();
                 st.outstanding = st.outstanding.saturating_sub(1);
             }
-            self.queue.inner.changed.notify_one();
+            self.queue.inner.changed.notify_waiters();
         }
     }
 }
@@ -225,6 +240,108 @@ mod tests {
         tokio::task::yield_now().await;
         drop(dropped);
         assert_eq!(waiter.await.unwrap(), Wake::Idle);
+    }
+
+    /// A host awaiting `settled()` while the agent waits for its next message: a delivery
+    /// wakes both, neither swallows the other's wake-up.
+    #[tokio::test]
+    async fn settled_and_wait_at_once_both_wake_on_one_delivery() {
+        let q = PendingQueue::new();
+        let promise = q.expect();
+        let settled = tokio::spawn({
+            let q = q.clone();
+            async move { q.settled().await }
+        });
+        let waiter = tokio::spawn({
+            let q = q.clone();
+            async move { q.wait().await }
+        });
+        tokio::task::yield_now().await;
+        tokio::task::yield_now().await;
+        promise.deliver(PendingMessage::new("done", "task"));
+        let woke = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            (settled.await.unwrap(), waiter.await.unwrap())
+        })
+        .await
+        .expect("a wake-up was swallowed");
+        assert_eq!(
+            woke.1,
+            Wake::Messages(vec![PendingMessage::new("done", "task")])
+        );
+        // The reverse order of registration, and a withdrawn promise.
+        let promise = q.expect();
+        let waiter = tokio::spawn({
+            let q = q.clone();
+            async move { q.wait().await }
+        });
+        let settled = tokio::spawn({
+            let q = q.clone();
+            async move { q.settled().await }
+        });
+        tokio::task::yield_now().await;
+        tokio::task::yield_now().await;
+        drop(promise);
+        let (w, ()) = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            (waiter.await.unwrap(), settled.await.unwrap())
+        })
+        .await
+        .expect("a wake-up was swallowed");
+        assert_eq!(w, Wake::Idle);
+    }
+
+    /// Many waiters of both kinds, many producers: every waiter returns, every message is
+    /// drained exactly once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn many_waiters_of_both_kinds_all_wake() {
+        for _ in 0..50 {
+            let q = PendingQueue::new();
+            let promises: Vec<_> = (0..16).map(|_| q.expect()).collect();
+            let settled: Vec<_> = (0..4)
+                .map(|_| {
+                    let q = q.clone();
+                    tokio::spawn(async move { q.settled().await })
+                })
+                .collect();
+            let waiters: Vec<_> = (0..4)
+                .map(|_| {
+                    let q = q.clone();
+                    tokio::spawn(async move {
+                        let mut got = Vec::new();
+                        while let Wake::Messages(ms) = q.wait().await {
+                            got.extend(ms);
+                        }
+                        got
+                    })
+                })
+                .collect();
+            for (i, p) in promises.into_iter().enumerate() {
+                if i % 3 == 0 {
+                    drop(p);
+                } else {
+                    p.deliver(PendingMessage::new(i.to_string(), "t"));
+                }
+            }
+            let all = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+                for s in settled {
+                    s.await.unwrap();
+                }
+                let mut all = Vec::new();
+                for w in waiters {
+                    all.extend(w.await.unwrap());
+                }
+                all
+            })
+            .await
+            .expect("a waiter never woke");
+            let mut texts: Vec<_> = all.into_iter().map(|m| m.text).collect();
+            texts.sort();
+            let mut want: Vec<_> = (0..16)
+                .filter(|i| i % 3 != 0)
+                .map(|i| i.to_string())
+                .collect();
+            want.sort();
+            assert_eq!(texts, want);
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

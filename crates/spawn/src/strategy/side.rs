@@ -8,7 +8,7 @@ use forkhive_transport::{Request, ToolChoice};
 
 use crate::definition::{AgentRegistry, VERIFICATION_AGENT};
 use crate::error::{Error, Result};
-use crate::runtime::{Agent, AgentRun, StopReason};
+use crate::runtime::{Agent, AgentRun};
 use crate::tool::permission::{Both, PermissionPolicy, ReadOnly};
 use crate::tool::{ToolAudience, ToolPool};
 
@@ -157,10 +157,8 @@ pub async fn verify(
             crate::task::error_chain(e.as_ref())
         )));
     }
-    if !matches!(
-        run.stop,
-        StopReason::Completed | StopReason::MaxTurns { .. }
-    ) {
+    // The same mapping a spawned child's end goes through (`StopReason::task_status`).
+    if run.stop.task_status() != forkhive_core::TaskStatus::Completed {
         return Err(Error::Verification(format!(
             "the verification agent stopped early: {}",
             run.stop

@@ -31,28 +31,32 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use forkhive_core::{TaskId, TaskNotification, Usage};
-use tokio::sync::Notify;
-use tokio_util::task::TaskTracker;
+use forkhive_core::{TaskId, TaskNotification, TaskStatus, Usage};
+use tokio::sync::{Notify, oneshot};
+use tokio_util::sync::CancellationToken;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::runtime::events::{AgentEvent, EventKind, EventSink};
 use crate::runtime::outcome::{AgentRun, StopReason};
-use crate::runtime::pending::{PendingMessage, PendingQueue};
+use crate::runtime::pending::{Expectation, PendingMessage, PendingQueue};
 use crate::tool::orchestrate::panic_message;
+use crate::transcript;
 
 pub use output::{OutputConfig, OutputFile};
-pub use registry::{MemoryTaskRegistry, TaskRecord, TaskRegistry, TaskState};
+pub use registry::{MemoryTaskRegistry, Retention, TaskRecord, TaskRegistry, TaskState};
 
 /// How background children are supervised.
 #[derive(Debug, Clone)]
 pub struct TaskConfig {
-    /// How long a child may run before it is cancelled and reported `killed` (`None`: no
-    /// deadline).
+    /// How long a background child may run before it is cancelled and reported `killed`
+    /// (`None`: no deadline). A foreground child is bounded by its tool call's timeout
+    /// (`AgentToolConfig::foreground_timeout`) instead.
     pub deadline: Option<Duration>,
     /// How long without any event before a child is reported as stalled (`None`: never).
     pub stall_after: Option<Duration>,
-    /// How long a cancelled child gets to stop before its task is aborted.
+    /// How long a stopped child gets, beyond its own
+    /// [`Limits::cancel_grace`](crate::runtime::Limits::cancel_grace) (its wait for its own
+    /// children), to return before it is dropped; its owner then writes its stop record.
     pub kill_grace: Duration,
     /// Where output files go (`None`: none are written).
     pub output: Option<OutputConfig>,
@@ -259,14 +263,28 @@ impl Drop for Slot {
     }
 }
 
-/// The background-task service of one tree: the registry, the supervisors, the capacity
-/// counters. Reach it through [`TreeState::extensions`](crate::runtime::TreeState::extensions).
+/// The service every child of one tree is started through: the registry, the supervisors, the
+/// capacity counters. Reach it through
+/// [`TreeState::extensions`](crate::runtime::TreeState::extensions).
+///
+/// One owner per life ("Chapter 9: Sub-Agents and the Fork Pattern — 9.6 Sub-Agent Lifecycle
+/// Management"; "Coordinator Mode — gotchas": a worker that never reports): every child,
+/// foreground or background, runs inside a supervisor task that [`start`](Self::start) spawns,
+/// and that task holds the child's guard — its cancellation token, registry record, capacity
+/// slot, transcript stop record, usage roll-up and the parent's promise. However the child
+/// ends — it finishes, errors, panics, passes its deadline, the caller awaiting a foreground
+/// child stops waiting (its tool call timed out, its parent was cancelled or dropped), or the
+/// supervisor itself is dropped — the guard finishes all of them exactly once and cancels the
+/// child's descendants.
 pub struct TaskService {
     registry: Arc<dyn TaskRegistry>,
-    tracker: TaskTracker,
     live: AtomicUsize,
     per_agent: Mutex<HashMap<TaskId, usize>>,
-    tokens: Mutex<HashMap<TaskId, tokio_util::sync::CancellationToken>>,
+    tokens: Mutex<HashMap<TaskId, CancellationToken>>,
+    /// Children whose guard has not finished yet.
+    active: AtomicUsize,
+    /// Woken (all waiters) when `active` reaches zero.
+    idle: Notify,
     config: TaskConfig,
 }
 
@@ -274,7 +292,7 @@ impl fmt::Debug for TaskService {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TaskService")
             .field("live", &self.live.load(Ordering::Relaxed))
-            .field("supervisors", &self.tracker.len())
+            .field("active", &self.active.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
 }
@@ -288,7 +306,18 @@ pub enum FirstInput {
     Continue,
 }
 
-/// Everything the supervisor needs about one background child.
+/// Whether the caller waits for a child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The caller awaits the child's end through its [`ChildHandle`]; dropping the handle
+    /// first stops the child (`killed`). No notification.
+    Foreground,
+    /// The child reports through exactly one `<task-notification>` on the parent's queue, and
+    /// is stopped by the service's deadline.
+    Background,
+}
+
+/// Everything the supervisor needs about one child.
 #[derive(Debug)]
 pub struct Launch {
     /// The child, built.
@@ -299,7 +328,8 @@ pub struct Launch {
     pub description: String,
     /// The parent's `tool_use` id that started it.
     pub tool_use_id: Option<String>,
-    /// The parent's queue, which receives the notification.
+    /// The parent's queue: it holds a promise while the child lives (so a parent that ends its
+    /// turn waits for it), and receives a background child's notification.
     pub parent_queue: PendingQueue,
     /// Its progress (fed by its [`ChildSink`]).
     pub progress: Arc<Progress>,
@@ -330,14 +360,249 @@ impl fmt::Debug for Gate {
     }
 }
 
-/// How a child ended, as the supervisor saw it.
+/// How a child ended, as its owner saw it.
 enum Ended {
+    /// Its run returned (and wrote its own stop record).
     Ran(AgentRun),
+    /// It panicked.
     Panicked(String),
-    Deadline {
-        run: Option<AgentRun>,
-        after: Duration,
-    },
+    /// Its owner stopped it; `run` is what it returned within its grace, if it did.
+    Stopped { run: Option<AgentRun>, why: Why },
+}
+
+/// Why an owner stopped a child.
+#[derive(Debug, Clone, Copy)]
+enum Why {
+    /// Its deadline passed.
+    Deadline(Duration),
+    /// The caller awaiting it (a foreground tool call) stopped waiting.
+    Abandoned,
+    /// Its supervisor was dropped (the runtime shut down).
+    Dropped,
+}
+
+impl Ended {
+    fn run(&self) -> Option<&AgentRun> {
+        match self {
+            Ended::Ran(run) | Ended::Stopped { run: Some(run), .. } => Some(run),
+            _ => None,
+        }
+    }
+
+    /// The stop record the child could not write itself (it wrote one whenever its run
+    /// returned).
+    fn unrecorded_stop(&self) -> Option<StopReason> {
+        match self {
+            Ended::Ran(_) | Ended::Stopped { run: Some(_), .. } => None,
+            Ended::Panicked(_) => Some(StopReason::Failed),
+            Ended::Stopped { run: None, .. } => Some(StopReason::Cancelled),
+        }
+    }
+}
+
+/// How a foreground child ended, for the caller that awaited it.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct ChildEnd {
+    /// The child.
+    pub id: TaskId,
+    /// Its end, as the registry recorded it.
+    pub status: TaskStatus,
+    /// What a background child would have been notified with: summary, partial result,
+    /// usage, transcript path (built by trusted code).
+    pub notification: TaskNotification,
+    /// Its run, when it returned one (not after a panic, nor when it was dropped past its
+    /// grace).
+    pub run: Option<AgentRun>,
+}
+
+/// A started child.
+///
+/// For a [`Mode::Foreground`] child, [`end`](Self::end) awaits how it ended; dropping the
+/// handle (or the future awaiting it) before that stops the child, which then ends `killed`.
+/// A background child's handle only names it: dropping it changes nothing.
+#[derive(Debug)]
+pub struct ChildHandle {
+    id: TaskId,
+    end: Option<oneshot::Receiver<ChildEnd>>,
+}
+
+impl ChildHandle {
+    /// The child's task id.
+    pub fn id(&self) -> TaskId {
+        self.id
+    }
+
+    /// Waits until a foreground child has ended and its owner has finished with it (record,
+    /// slot, stop record, usage). For a background child: an error, since it reports
+    /// through its notification.
+    pub async fn end(self) -> Result<ChildEnd> {
+        let id = self.id;
+        let Some(rx) = self.end else {
+            return Err(Error::Task {
+                id: id.to_string(),
+                message: "a background child reports through its notification, not its handle"
+                    .to_owned(),
+            });
+        };
+        rx.await.map_err(|_| Error::Task {
+            id: id.to_string(),
+            message: "its supervisor stopped before it could report (the runtime is shutting \
+                      down)"
+                .to_owned(),
+        })
+    }
+}
+
+/// Counts a child as active from its start until its guard has finished (see
+/// [`TaskService::wait_idle`]).
+struct Active(Arc<TaskService>);
+
+impl Active {
+    fn new(service: &Arc<TaskService>) -> Self {
+        service.active.fetch_add(1, Ordering::AcqRel);
+        Self(Arc::clone(service))
+    }
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        if self.0.active.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+/// What a child's guard owns until it finishes.
+struct Owned {
+    service: Arc<TaskService>,
+    record: TaskRecord,
+    mode: Mode,
+    cancel: CancellationToken,
+    slot: Option<Slot>,
+    promise: Expectation,
+    progress: Arc<Progress>,
+    output: Option<Arc<OutputFile>>,
+    tool_use_id: Option<String>,
+    events: Option<Arc<dyn EventSink>>,
+    report: Option<oneshot::Sender<ChildEnd>>,
+    _active: Active,
+}
+
+/// The one owner of a child's life: finishes its token, record, slot, stop record, usage and
+/// promise exactly once — through [`finish`](Self::finish), or, if it is dropped unfinished, in
+/// a task its `Drop` starts.
+struct ChildGuard(Option<Owned>);
+
+impl ChildGuard {
+    async fn finish(mut self, ended: Ended) {
+        if let Some(owned) = self.0.take() {
+            owned.finish(ended).await;
+        }
+    }
+
+    fn report_mut(&mut self) -> Option<&mut oneshot::Sender<ChildEnd>> {
+        self.0.as_mut().and_then(|o| o.report.as_mut())
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let Some(owned) = self.0.take() else { return };
+        // Stop the child's tree at once; the rest is async (registry, transcript), so it runs
+        // in a task of its own when a runtime is there to run it.
+        owned.cancel.cancel();
+        tracing::warn!(task = %owned.record.id, "a child's supervisor was dropped before it finished");
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(owned.finish(Ended::Stopped {
+                run: None,
+                why: Why::Dropped,
+            }));
+        }
+    }
+}
+
+impl Owned {
+    async fn finish(mut self, ended: Ended) {
+        let id = self.record.id;
+        let service = Arc::clone(&self.service);
+        // 1. The token: the child and everything below it stop. A child whose run returned at
+        //    a limit may have left background children of its own; nobody reads their queue.
+        self.cancel.cancel();
+        service
+            .tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+        // 2. The slot.
+        drop(self.slot.take());
+        let n = notification(
+            &self.record,
+            &ended,
+            &self.progress,
+            self.tool_use_id.take(),
+            self.output.as_deref(),
+        );
+        // 3. The stop record, when the child could not write its own.
+        if let (Some(path), Some(stop)) = (&self.record.transcript, ended.unrecorded_stop())
+            && let Err(e) = transcript::append_stop(path, &stop, self.progress.usage()).await
+        {
+            tracing::warn!(task = %id, "could not record the child's stop: {e}");
+        }
+        // 4. The usage roll-up.
+        let usage = ended
+            .run()
+            .map(|r| r.usage)
+            .unwrap_or_else(|| self.progress.usage());
+        if let Err(e) = service.registry.roll_up(&id, usage).await {
+            tracing::warn!(task = %id, "could not roll the child's usage up: {e}");
+        }
+        // 5. The record's end: the gate of exactly-once delivery.
+        let status = n.status;
+        let moved = service
+            .registry
+            .transition(&id, TaskState::ended(status))
+            .await;
+        if let Err(e) = &moved {
+            tracing::warn!(task = %id, "not reporting twice: {e}");
+        }
+        match self.mode {
+            Mode::Background => {
+                if moved.is_ok() {
+                    let summary = n.summary.clone();
+                    self.promise
+                        .deliver(PendingMessage::new(n.to_xml(), "task-notification"));
+                    if let Some(sink) = &self.events {
+                        sink.emit(AgentEvent {
+                            agent: id,
+                            turn: self.progress.turns(),
+                            kind: EventKind::Notified {
+                                parent: self.record.parent,
+                                status,
+                                summary,
+                            },
+                        });
+                    }
+                }
+            }
+            Mode::Foreground => {
+                // Withdraw the promise first: the caller goes on once it has the end.
+                drop(self.promise);
+                if let Some(tx) = self.report.take() {
+                    let run = match ended {
+                        Ended::Ran(run) | Ended::Stopped { run: Some(run), .. } => Some(run),
+                        _ => None,
+                    };
+                    let _ = tx.send(ChildEnd {
+                        id,
+                        status,
+                        notification: n,
+                        run,
+                    });
+                }
+            }
+        }
+    }
 }
 
 impl TaskService {
@@ -351,16 +616,17 @@ impl TaskService {
     pub fn unshared(registry: Arc<dyn TaskRegistry>, config: TaskConfig) -> Self {
         Self {
             registry,
-            tracker: TaskTracker::new(),
             live: AtomicUsize::new(0),
             per_agent: Mutex::default(),
             tokens: Mutex::default(),
+            active: AtomicUsize::new(0),
+            idle: Notify::new(),
             config,
         }
     }
 
-    /// Stops a running background task (its notification says `killed`). Returns whether the
-    /// task was running.
+    /// Stops a running child, foreground or background (it ends `killed`). Returns whether
+    /// the child was running.
     pub fn cancel(&self, id: &TaskId) -> bool {
         let token = self
             .tokens
@@ -381,9 +647,14 @@ impl TaskService {
         &self.config
     }
 
-    /// Children alive in the tree now.
+    /// Children alive in the tree now (holding a capacity slot).
     pub fn live(&self) -> usize {
         self.live.load(Ordering::Acquire)
+    }
+
+    /// Children whose owner has not finished with them yet (see [`wait_idle`](Self::wait_idle)).
+    pub fn active(&self) -> usize {
+        self.active.load(Ordering::Acquire)
     }
 
     /// Takes a capacity slot for a child of `parent`, or says which cap is full.
@@ -411,16 +682,32 @@ impl TaskService {
         })
     }
 
-    /// Waits until every supervisor has delivered (close the service to stop new ones).
+    /// Waits until every child started so far has ended and its owner has finished with it
+    /// (notified, recorded). Any number of callers may wait at once, while children are still
+    /// being started.
     pub async fn wait_idle(&self) {
-        self.tracker.close();
-        self.tracker.wait().await;
-        self.tracker.reopen();
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.active.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            idle.await;
+        }
     }
 
-    /// Registers a child and starts it in the background; its notification will reach
-    /// `launch.parent_queue` exactly once. Returns the child's task id.
+    /// Starts a background child; its notification will reach `launch.parent_queue` exactly
+    /// once. Returns the child's task id. (The same as [`start`](Self::start) with
+    /// [`Mode::Background`].)
     pub async fn launch(self: &Arc<Self>, launch: Launch) -> Result<TaskId> {
+        Ok(self.start(launch, Mode::Background).await?.id())
+    }
+
+    /// Registers a child and starts it under its owner (see [`TaskService`]): in the
+    /// background, reporting through one notification, or in the foreground, reporting through
+    /// the returned handle.
+    pub async fn start(self: &Arc<Self>, launch: Launch, mode: Mode) -> Result<ChildHandle> {
         let Launch {
             mut agent,
             first,
@@ -435,19 +722,47 @@ impl TaskService {
         } = launch;
         let id = *agent.id();
         let parent = agent.context().parent().copied().unwrap_or(id);
-        let mut record = TaskRecord::new(id, parent, description.clone());
+        let mut record = TaskRecord::new(id, parent, description);
         record.transcript = agent.transcript_path().map(PathBuf::from);
         record.output = output.as_ref().map(|o| o.path().to_path_buf());
         self.registry.create(record.clone()).await?;
         self.registry.transition(&id, TaskState::Running).await?;
-        let promise = parent_queue.expect();
         let cancel = agent.cancellation().clone();
         self.tokens
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, cancel.clone());
+        // A cancelled child first waits up to its own `cancel_grace` for its children; it is
+        // dropped only `kill_grace` after that, so its stop record is never cut off.
+        let grace = agent.shared().limits.cancel_grace + self.config.kill_grace;
+        let deadline = match mode {
+            Mode::Background => self.config.deadline,
+            Mode::Foreground => None,
+        };
+        let (report, end) = match mode {
+            Mode::Foreground => {
+                let (tx, rx) = oneshot::channel();
+                (Some(tx), Some(rx))
+            }
+            Mode::Background => (None, None),
+        };
+        let mut guard = ChildGuard(Some(Owned {
+            service: Arc::clone(self),
+            record,
+            mode,
+            cancel: cancel.clone(),
+            slot: Some(slot),
+            promise: parent_queue.expect(),
+            progress: Arc::clone(&progress),
+            output,
+            tool_use_id,
+            events,
+            report,
+            _active: Active::new(self),
+        }));
         // The child runs inside its supervisor's task (one task per child, not two): the
-        // supervisor polls it, catches its panic, and drops it if its deadline and grace pass.
+        // supervisor polls it, catches its panic, and drops it if it must be stopped and its
+        // grace passes.
         let child = async move {
             if let Some(gate) = gate {
                 gate.0.await;
@@ -460,85 +775,34 @@ impl TaskService {
         let service = Arc::clone(self);
         // Both halves are boxed so the task itself stays small: thousands of children that
         // have not started yet hold little more than their agents.
-        self.tracker.spawn(async move {
-            let ended = Box::pin(service.supervise(child, &cancel, &progress, &id)).await;
-            drop(slot);
-            Box::pin(service.report(
-                record,
-                ended,
-                progress,
-                tool_use_id,
-                output,
-                promise,
-                events,
-            ))
-            .await;
+        tokio::spawn(async move {
+            let watch = Watch {
+                cancel: &cancel,
+                progress: &progress,
+                id: &id,
+                deadline,
+                grace,
+            };
+            let ended = Box::pin(service.supervise(child, watch, guard.report_mut())).await;
+            Box::pin(guard.finish(ended)).await;
         });
-        Ok(id)
-    }
-
-    /// Frees the child's cancellation handle, rolls its usage up, moves it to its terminal
-    /// state, and delivers its notification (once: a refused transition delivers nothing).
-    #[allow(clippy::too_many_arguments)]
-    async fn report(
-        &self,
-        record: TaskRecord,
-        ended: Ended,
-        progress: Arc<Progress>,
-        tool_use_id: Option<String>,
-        output: Option<Arc<OutputFile>>,
-        promise: crate::runtime::pending::Expectation,
-        events: Option<Arc<dyn EventSink>>,
-    ) {
-        let id = record.id;
-        let service = self;
-        {
-            service
-                .tokens
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&id);
-            let n = notification(&record, &ended, &progress, tool_use_id, output.as_deref());
-            let usage = match &ended {
-                Ended::Ran(run) | Ended::Deadline { run: Some(run), .. } => run.usage,
-                _ => progress.usage(),
-            };
-            let _ = service.registry.roll_up(&id, usage).await;
-            let state = match n.status {
-                forkhive_core::TaskStatus::Completed => TaskState::Completed,
-                forkhive_core::TaskStatus::Failed => TaskState::Failed,
-                _ => TaskState::Killed,
-            };
-            match service.registry.transition(&id, state).await {
-                Ok(_) => {
-                    let (status, summary) = (n.status, n.summary.clone());
-                    promise.deliver(PendingMessage::new(n.to_xml(), "task-notification"));
-                    if let Some(sink) = events {
-                        sink.emit(AgentEvent {
-                            agent: id,
-                            turn: progress.turns(),
-                            kind: EventKind::Notified {
-                                parent: record.parent,
-                                status,
-                                summary,
-                            },
-                        });
-                    }
-                }
-                Err(e) => tracing::warn!(task = %id, "not notifying twice: {e}"),
-            }
-        }
+        Ok(ChildHandle { id, end })
     }
 
     async fn supervise(
         &self,
         child: impl Future<Output = AgentRun> + Send,
-        cancel: &tokio_util::sync::CancellationToken,
-        progress: &Progress,
-        id: &TaskId,
+        watch: Watch<'_>,
+        mut report: Option<&mut oneshot::Sender<ChildEnd>>,
     ) -> Ended {
         use futures::FutureExt;
-        let deadline = self.config.deadline;
+        let Watch {
+            cancel,
+            progress,
+            id,
+            deadline,
+            grace,
+        } = watch;
         let mut child = Box::pin(std::panic::AssertUnwindSafe(child).catch_unwind());
         // Timers only for what is configured: a child without a deadline or stall check
         // registers none.
@@ -558,8 +822,9 @@ impl TaskService {
         let joined = loop {
             tokio::select! {
                 biased;
-                r = &mut child => break Some(r),
-                () = until(sleep.as_mut()) => break None,
+                r = &mut child => break Ok(r),
+                () = until(sleep.as_mut()) => break Err(Why::Deadline(deadline.unwrap_or_default())),
+                () = closed(report.as_deref_mut()) => break Err(Why::Abandoned),
                 () = tick(ticker.as_mut()), if !stalled => {
                     let now = Instant::now();
                     let events = progress.events();
@@ -584,18 +849,17 @@ impl TaskService {
             Err(panic) => Ended::Panicked(panic_message(panic.as_ref())),
         };
         let ended = match joined {
-            Some(r) => from_join(r),
-            None => {
-                let after = deadline.unwrap_or_default();
+            Ok(r) => from_join(r),
+            Err(why) => {
                 cancel.cancel();
-                match tokio::time::timeout(self.config.kill_grace, &mut child).await {
-                    Ok(Ok(run)) => Ended::Deadline {
+                match tokio::time::timeout(grace, &mut child).await {
+                    Ok(Ok(run)) => Ended::Stopped {
                         run: Some(run),
-                        after,
+                        why,
                     },
                     Ok(Err(panic)) => from_join(Err(panic)),
                     // The child is dropped below: nothing of it runs on.
-                    Err(_) => Ended::Deadline { run: None, after },
+                    Err(_) => Ended::Stopped { run: None, why },
                 }
             }
         };
@@ -608,10 +872,28 @@ impl TaskService {
     }
 }
 
+/// What a supervisor watches a child with.
+struct Watch<'a> {
+    cancel: &'a CancellationToken,
+    progress: &'a Progress,
+    id: &'a TaskId,
+    deadline: Option<Duration>,
+    grace: Duration,
+}
+
 /// Waits for `sleep`, or forever when there is none.
 async fn until(sleep: Option<&mut std::pin::Pin<Box<tokio::time::Sleep>>>) {
     match sleep {
         Some(s) => s.as_mut().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Waits until the receiver of a foreground child's end is gone, or forever for a background
+/// child.
+async fn closed<T>(report: Option<&mut oneshot::Sender<T>>) {
+    match report {
+        Some(tx) => tx.closed().await,
         None => std::future::pending().await,
     }
 }
@@ -638,26 +920,20 @@ fn notification(
     let d = &record.description;
     let (status, summary, result, note) = match ended {
         Ended::Ran(run) => {
-            let (status, summary) = match &run.stop {
-                StopReason::Completed => (Completed, format!("Agent \"{d}\" finished")),
-                StopReason::MaxTurns { limit } => (
-                    Completed,
-                    format!("Agent \"{d}\" stopped at its {limit}-turn limit"),
-                ),
-                StopReason::TokenBudget { .. }
-                | StopReason::OutputLimit { .. }
-                | StopReason::PauseLimit { .. } => {
-                    (Completed, format!("Agent \"{d}\" {}", run.stop))
-                }
-                StopReason::Cancelled => (Killed, format!("Agent \"{d}\" was stopped")),
-                StopReason::Refusal => (Failed, format!("Agent \"{d}\" failed: the model refused")),
+            // One mapping of stop reasons to ends, shared with the foreground and `verify`.
+            let status = run.stop.task_status();
+            let summary = match (&run.stop, status) {
+                (StopReason::Completed, _) => format!("Agent \"{d}\" finished"),
+                (_, Completed) => format!("Agent \"{d}\" {}", run.stop),
+                (_, Killed) => format!("Agent \"{d}\" was stopped"),
+                (StopReason::Refusal, _) => format!("Agent \"{d}\" failed: the model refused"),
                 _ => {
                     let why = run
                         .error
                         .as_ref()
                         .map(|e| error_chain(e.as_ref()))
                         .unwrap_or_else(|| run.stop.to_string());
-                    (Failed, format!("Agent \"{d}\" failed: {why}"))
+                    format!("Agent \"{d}\" failed: {why}")
                 }
             };
             (status, summary, run.final_text.clone(), None)
@@ -668,23 +944,29 @@ fn notification(
             progress.last_text(),
             None,
         ),
-        Ended::Deadline { run, after } => (
+        Ended::Stopped { run, why } => (
             Killed,
             format!("Agent \"{d}\" was stopped"),
             run.as_ref()
                 .map(|r| r.final_text.clone())
                 .filter(|t| !t.is_empty())
                 .unwrap_or_else(|| progress.last_text()),
-            Some(format!(
-                "stopped by its {} deadline",
-                crate::runtime::events::format_duration(*after)
-            )),
+            Some(match why {
+                Why::Deadline(after) => format!(
+                    "stopped by its {} deadline",
+                    crate::runtime::events::format_duration(*after)
+                ),
+                Why::Abandoned => "stopped: the call awaiting it ended first (its tool call \
+                                   timed out, or its parent stopped)"
+                    .to_owned(),
+                Why::Dropped => "stopped: its supervisor was dropped".to_owned(),
+            }),
         ),
     };
-    let mut usage = match ended {
-        Ended::Ran(run) | Ended::Deadline { run: Some(run), .. } => run.usage,
-        _ => progress.usage(),
-    };
+    let mut usage = ended
+        .run()
+        .map(|r| r.usage)
+        .unwrap_or_else(|| progress.usage());
     usage.tool_uses = progress.tool_uses();
     usage.duration_ms = u64::try_from(progress.elapsed().as_millis()).unwrap_or(u64::MAX);
     let mut n = TaskNotification::new(record.id, status, summary, usage.to_notification());

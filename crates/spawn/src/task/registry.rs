@@ -5,10 +5,13 @@
 //! refuses a second one, and that refusal is what makes a notification exactly-once — only
 //! the caller whose transition to a terminal state succeeded may deliver it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use async_trait::async_trait;
 use forkhive_core::{TaskId, TaskStatus, Usage};
@@ -40,6 +43,15 @@ impl TaskState {
             self,
             TaskState::Completed | TaskState::Failed | TaskState::Killed
         )
+    }
+
+    /// The terminal state of a notification status.
+    pub fn ended(status: TaskStatus) -> Self {
+        match status {
+            TaskStatus::Completed => TaskState::Completed,
+            TaskStatus::Failed => TaskState::Failed,
+            TaskStatus::Killed => TaskState::Killed,
+        }
     }
 
     /// The notification status of a terminal state.
@@ -138,23 +150,169 @@ pub trait TaskRegistry: Send + Sync + fmt::Debug + 'static {
     async fn descendants_usage(&self, id: &TaskId) -> Usage;
 }
 
-#[derive(Debug, Default)]
-struct Inner {
-    tasks: HashMap<TaskId, TaskRecord>,
-    order: HashMap<TaskId, Vec<TaskId>>,
-    below: HashMap<TaskId, Usage>,
+/// How long a [`MemoryTaskRegistry`] keeps records of tasks that have ended.
+///
+/// A long-running host starts children without end; their records must not pile up. An ended
+/// record is forgotten once more than `max_ended` ended records are held (oldest first) or it
+/// ended more than `max_age` ago — checked whenever a task ends — but never while a task below
+/// it is still running (its usage must still roll up through it). A forgotten task is gone from
+/// [`get`](TaskRegistry::get) and [`children`](TaskRegistry::children); once every child of an
+/// unregistered root is forgotten, so is the root's
+/// [`descendants_usage`](TaskRegistry::descendants_usage).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Most ended records kept.
+    pub max_ended: usize,
+    /// Longest an ended record is kept (`None`: no age limit).
+    pub max_age: Option<Duration>,
 }
 
-/// The in-memory [`TaskRegistry`]: one short lock per call, never held across an `.await`.
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            max_ended: 10_000,
+            max_age: Some(Duration::from_secs(60 * 60)),
+        }
+    }
+}
+
+impl Retention {
+    /// Keep every record (the registry grows with every task: for tests and short runs).
+    pub fn forever() -> Self {
+        Self {
+            max_ended: usize::MAX,
+            max_age: None,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    record: TaskRecord,
+    /// Creation order among its parent's children.
+    seq: u64,
+    /// Tasks below this one (at any depth) that have not ended.
+    live_below: usize,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    tasks: HashMap<TaskId, Entry>,
+    /// Each parent's children, in creation order.
+    order: HashMap<TaskId, BTreeMap<u64, TaskId>>,
+    /// Usage of everything below a task (registered or not) that has ended.
+    below: HashMap<TaskId, Usage>,
+    /// Ended tasks, oldest end first, with when they ended.
+    ended: VecDeque<(TaskId, Instant)>,
+    next_seq: u64,
+}
+
+impl Inner {
+    /// The registered ancestors of `id`, nearest first: stops at an unregistered one (which
+    /// is yielded too), at `id` itself (a root launched as its own parent) and after one pass
+    /// over the tasks (a malformed cycle).
+    fn ancestors(&self, id: &TaskId) -> Vec<TaskId> {
+        let mut out = Vec::new();
+        let Some(mut parent) = self.tasks.get(id).map(|e| e.record.parent) else {
+            return out;
+        };
+        for _ in 0..=self.tasks.len() {
+            if parent == *id {
+                break;
+            }
+            out.push(parent);
+            match self.tasks.get(&parent) {
+                Some(p) => parent = p.record.parent,
+                None => break,
+            }
+        }
+        out
+    }
+
+    /// Forgets ended records past the retention policy (see [`Retention`]).
+    fn evict(&mut self, retention: Retention, now: Instant) {
+        let mut kept = Vec::new();
+        while let Some(&(id, at)) = self.ended.front() {
+            let over_count = self.ended.len() + kept.len() > retention.max_ended;
+            let too_old = retention
+                .max_age
+                .is_some_and(|age| now.saturating_duration_since(at) >= age);
+            if !over_count && !too_old {
+                break;
+            }
+            self.ended.pop_front();
+            match self.tasks.get(&id) {
+                None => {}
+                Some(e) if e.live_below > 0 => kept.push((id, at)),
+                Some(_) => self.forget(&id),
+            }
+        }
+        for k in kept.into_iter().rev() {
+            self.ended.push_front(k);
+        }
+    }
+
+    fn forget(&mut self, id: &TaskId) {
+        let Some(entry) = self.tasks.remove(id) else {
+            return;
+        };
+        self.below.remove(id);
+        let parent = entry.record.parent;
+        if let Some(siblings) = self.order.get_mut(&parent) {
+            siblings.remove(&entry.seq);
+            if siblings.is_empty() {
+                self.order.remove(&parent);
+                // An unregistered root is remembered only through its children.
+                if !self.tasks.contains_key(&parent) {
+                    self.below.remove(&parent);
+                }
+            }
+        }
+    }
+}
+
+/// The in-memory [`TaskRegistry`]: one short lock per call, never held across an `.await`;
+/// ended records are forgotten by a [`Retention`] policy, so its size stays flat however many
+/// tasks a long-running host starts.
 #[derive(Debug, Default)]
 pub struct MemoryTaskRegistry {
     inner: Mutex<Inner>,
+    retention: Retention,
 }
 
 impl MemoryTaskRegistry {
-    /// An empty registry.
+    /// An empty registry with the default [`Retention`] (10,000 ended records, one hour).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty registry that keeps ended records as `retention` says.
+    pub fn with_retention(retention: Retention) -> Self {
+        Self {
+            inner: Mutex::default(),
+            retention,
+        }
+    }
+
+    /// How many records it holds now (running and ended).
+    pub fn len(&self) -> usize {
+        self.lock().tasks.len()
+    }
+
+    /// Whether it holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every entry of every internal table: what its memory grows with (for tests of the
+    /// retention policy).
+    pub fn footprint(&self) -> usize {
+        let inner = self.lock();
+        inner.tasks.len()
+            + inner.order.values().map(BTreeMap::len).sum::<usize>()
+            + inner.order.len()
+            + inner.below.len()
+            + inner.ended.len()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -179,18 +337,31 @@ impl TaskRegistry for MemoryTaskRegistry {
                 message: "a task with this id already exists".to_owned(),
             });
         }
-        inner
-            .order
-            .entry(record.parent)
-            .or_default()
-            .push(record.id);
-        inner.tasks.insert(record.id, record);
+        let (id, parent, live) = (record.id, record.parent, !record.state.is_terminal());
+        let seq = inner.next_seq;
+        inner.next_seq += 1;
+        inner.order.entry(parent).or_default().insert(seq, id);
+        inner.tasks.insert(
+            id,
+            Entry {
+                record,
+                seq,
+                live_below: 0,
+            },
+        );
+        if live {
+            for a in inner.ancestors(&id) {
+                if let Some(e) = inner.tasks.get_mut(&a) {
+                    e.live_below += 1;
+                }
+            }
+        }
         Ok(())
     }
 
     async fn transition(&self, id: &TaskId, to: TaskState) -> Result<TaskState> {
         let mut inner = self.lock();
-        let task = inner.tasks.get_mut(id).ok_or_else(|| unknown(id))?;
+        let task = &mut inner.tasks.get_mut(id).ok_or_else(|| unknown(id))?.record;
         let from = task.state;
         let allowed = match (from, to) {
             (TaskState::Created, TaskState::Running) => true,
@@ -204,31 +375,30 @@ impl TaskRegistry for MemoryTaskRegistry {
             });
         }
         task.state = to;
+        if to.is_terminal() {
+            for a in inner.ancestors(id) {
+                if let Some(e) = inner.tasks.get_mut(&a) {
+                    e.live_below = e.live_below.saturating_sub(1);
+                }
+            }
+            let now = Instant::now();
+            inner.ended.push_back((*id, now));
+            inner.evict(self.retention, now);
+        }
         Ok(from)
     }
 
     async fn roll_up(&self, id: &TaskId, usage: Usage) -> Result<()> {
         let mut inner = self.lock();
-        let task = inner.tasks.get_mut(id).ok_or_else(|| unknown(id))?;
+        let task = &mut inner.tasks.get_mut(id).ok_or_else(|| unknown(id))?.record;
         // Descendants that ended earlier were added when they ended: add only this task's own.
         task.usage = usage;
         task.tree_usage += usage;
-        let mut parent = task.parent;
-        // Walk up: every ancestor (registered or not) learns of it. A task is not below itself
-        // (a root agent launched as a task is its own parent), and a malformed parent cycle
-        // stops after one pass over the tasks instead of looping.
-        let limit = inner.tasks.len();
-        for _ in 0..=limit {
-            if parent == *id {
-                break;
-            }
-            *inner.below.entry(parent).or_default() += usage;
-            match inner.tasks.get_mut(&parent) {
-                Some(p) => {
-                    p.tree_usage += usage;
-                    parent = p.parent;
-                }
-                None => break,
+        // Every ancestor (registered or not) learns of it.
+        for a in inner.ancestors(id) {
+            *inner.below.entry(a).or_default() += usage;
+            if let Some(e) = inner.tasks.get_mut(&a) {
+                e.record.tree_usage += usage;
             }
         }
         Ok(())
@@ -237,12 +407,12 @@ impl TaskRegistry for MemoryTaskRegistry {
     async fn mark_stalled(&self, id: &TaskId) -> Result<()> {
         let mut inner = self.lock();
         let task = inner.tasks.get_mut(id).ok_or_else(|| unknown(id))?;
-        task.stalled = true;
+        task.record.stalled = true;
         Ok(())
     }
 
     async fn get(&self, id: &TaskId) -> Option<TaskRecord> {
-        self.lock().tasks.get(id).cloned()
+        self.lock().tasks.get(id).map(|e| e.record.clone())
     }
 
     async fn children(&self, parent: &TaskId) -> Vec<TaskRecord> {
@@ -251,8 +421,8 @@ impl TaskRegistry for MemoryTaskRegistry {
             .order
             .get(parent)
             .map(|ids| {
-                ids.iter()
-                    .filter_map(|i| inner.tasks.get(i).cloned())
+                ids.values()
+                    .filter_map(|i| inner.tasks.get(i).map(|e| e.record.clone()))
                     .collect()
             })
             .unwrap_or_default()
@@ -367,5 +537,97 @@ mod tests {
             total += t.await.unwrap();
         }
         assert_eq!(total, 200, "every task ended exactly once");
+    }
+
+    fn ended(
+        r: &MemoryTaskRegistry,
+        n: u64,
+        parent: u64,
+    ) -> impl std::future::Future<Output = ()> + '_ {
+        async move {
+            r.create(TaskRecord::new(id(n), id(parent), "t"))
+                .await
+                .unwrap();
+            r.transition(&id(n), TaskState::Running).await.unwrap();
+            r.roll_up(&id(n), tokens(1)).await.unwrap();
+            r.transition(&id(n), TaskState::Completed).await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn ended_records_are_forgotten_oldest_first_past_the_count() {
+        let r = MemoryTaskRegistry::with_retention(Retention {
+            max_ended: 3,
+            max_age: None,
+        });
+        for n in 1..=5 {
+            ended(&r, n, 0).await;
+        }
+        assert_eq!(r.len(), 3);
+        assert!(r.get(&id(1)).await.is_none());
+        assert!(r.get(&id(2)).await.is_none());
+        let kept: Vec<_> = r.children(&id(0)).await.iter().map(|t| t.id).collect();
+        assert_eq!(kept, vec![id(3), id(4), id(5)], "creation order kept");
+        // The root's total still counts every child, forgotten or not.
+        assert_eq!(r.descendants_usage(&id(0)).await, tokens(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ended_records_are_forgotten_past_their_age() {
+        let r = MemoryTaskRegistry::with_retention(Retention {
+            max_ended: 100,
+            max_age: Some(Duration::from_secs(10)),
+        });
+        ended(&r, 1, 0).await;
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert_eq!(r.len(), 1, "forgotten lazily, when a task ends");
+        ended(&r, 2, 0).await;
+        assert!(r.get(&id(1)).await.is_none());
+        assert!(r.get(&id(2)).await.is_some());
+    }
+
+    #[tokio::test]
+    async fn a_record_with_a_running_task_below_it_is_kept_until_that_ends() {
+        let r = MemoryTaskRegistry::with_retention(Retention {
+            max_ended: 0,
+            max_age: None,
+        });
+        // 0 (root) -> 1 -> 2 -> 3; 1 ends first, while 3 still runs.
+        r.create(TaskRecord::new(id(1), id(0), "a")).await.unwrap();
+        r.create(TaskRecord::new(id(2), id(1), "b")).await.unwrap();
+        r.create(TaskRecord::new(id(3), id(2), "c")).await.unwrap();
+        r.roll_up(&id(1), tokens(100)).await.unwrap();
+        r.transition(&id(1), TaskState::Completed).await.unwrap();
+        r.roll_up(&id(2), tokens(10)).await.unwrap();
+        r.transition(&id(2), TaskState::Killed).await.unwrap();
+        assert!(r.get(&id(1)).await.is_some(), "3 still runs below it");
+        assert!(r.get(&id(2)).await.is_some());
+        r.roll_up(&id(3), tokens(1)).await.unwrap();
+        assert_eq!(r.get(&id(1)).await.unwrap().tree_usage, tokens(111));
+        r.transition(&id(3), TaskState::Completed).await.unwrap();
+        assert_eq!(r.len(), 0);
+        // Everything below the root is forgotten, so is the root's total.
+        assert_eq!(r.footprint(), 0);
+    }
+
+    /// A long-running host: a million children, one after another, under one root. The
+    /// registry's tables stay at the retention bound.
+    #[tokio::test]
+    async fn a_million_sequential_children_keep_the_registry_flat() {
+        let r = MemoryTaskRegistry::with_retention(Retention {
+            max_ended: 1_000,
+            max_age: None,
+        });
+        let mut peak = 0;
+        for n in 1..=1_000_000 {
+            ended(&r, n, 0).await;
+            if n % 10_000 == 0 {
+                peak = peak.max(r.footprint());
+            }
+        }
+        assert_eq!(r.len(), 1_000);
+        // tasks + order entries + one parent + the root's total + the ended queue.
+        assert!(peak <= 1_000 * 3 + 2, "footprint {peak}");
+        assert_eq!(r.descendants_usage(&id(0)).await, tokens(1_000_000));
     }
 }

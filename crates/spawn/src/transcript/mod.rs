@@ -286,6 +286,72 @@ impl TranscriptWriter {
     }
 }
 
+/// Appends a stop record to the transcript at `path`, for an agent that could not write its
+/// own: it panicked, or its owner dropped it past its grace. A last line cut mid-write is cut
+/// off first (as [`TranscriptWriter::reopen`] does), so the file stays readable and its last
+/// record says how the agent ended. The file is opened without following a symlink and never
+/// created.
+pub async fn append_stop(path: &Path, stop: &StopReason, usage: Usage) -> Result<()> {
+    let record = Tagged {
+        kind: "stop",
+        body: &StopLine {
+            stop: stop.clone(),
+            usage,
+        },
+    };
+    let mut line = serde_json::to_vec(&record).map_err(|e| Error::Transcript {
+        path: path.to_path_buf(),
+        line: 0,
+        message: format!("cannot encode a record: {e}"),
+    })?;
+    line.push(b'\n');
+    let owned = path.to_path_buf();
+    let io = |source| Error::Io {
+        action: "appending a stop record to transcript",
+        path: path.to_path_buf(),
+        source,
+    };
+    tokio::task::spawn_blocking(move || append_after_last_line(&owned, &line))
+        .await
+        .map_err(|e| io(std::io::Error::other(e)))?
+        .map_err(io)
+}
+
+/// Cuts whatever follows the last newline of the file at `path`, then appends `line`.
+fn append_after_last_line(path: &Path, line: &[u8]) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true).write(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NOFOLLOW);
+    }
+    let mut f = opts.open(path)?;
+    let len = f.metadata()?.len();
+    let mut end = len;
+    let mut buf = [0u8; 4096];
+    while end > 0 {
+        let start = end.saturating_sub(buf.len() as u64);
+        let n = usize::try_from(end - start)
+            .unwrap_or(buf.len())
+            .min(buf.len());
+        f.seek(SeekFrom::Start(start))?;
+        f.read_exact(&mut buf[..n])?;
+        if let Some(i) = buf[..n].iter().rposition(|b| *b == b'\n') {
+            end = start + i as u64 + 1;
+            break;
+        }
+        end = start;
+    }
+    if end != len {
+        f.set_len(end)?;
+    }
+    f.seek(SeekFrom::Start(end))?;
+    f.write_all(line)?;
+    f.flush()
+}
+
 /// The last line of a transcript, cut by a crash and left out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DroppedTail {
