@@ -200,3 +200,34 @@ impl AgentRun {
 pub(crate) fn model_stop_str(stop: Option<&ModelStop>) -> Option<String> {
     stop.map(|s| s.as_str().to_owned())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One mapping for every path: a limit completes, a refusal or failure fails, a cancel
+    /// kills — whichever way the child ran.
+    #[test]
+    fn every_stop_reason_ends_in_one_status() {
+        use forkhive_core::TaskStatus::{Completed, Failed, Killed};
+        let rows = [
+            (StopReason::Completed, Completed),
+            (StopReason::MaxTurns { limit: 3 }, Completed),
+            (
+                StopReason::TokenBudget {
+                    limit: 10,
+                    used: 12,
+                },
+                Completed,
+            ),
+            (StopReason::OutputLimit { continuations: 3 }, Completed),
+            (StopReason::PauseLimit { resends: 5 }, Completed),
+            (StopReason::Refusal, Failed),
+            (StopReason::Failed, Failed),
+            (StopReason::Cancelled, Killed),
+        ];
+        for (stop, want) in rows {
+            assert_eq!(stop.task_status(), want, "{stop}");
+        }
+    }
+}

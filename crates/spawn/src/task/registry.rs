@@ -539,19 +539,13 @@ mod tests {
         assert_eq!(total, 200, "every task ended exactly once");
     }
 
-    fn ended(
-        r: &MemoryTaskRegistry,
-        n: u64,
-        parent: u64,
-    ) -> impl std::future::Future<Output = ()> + '_ {
-        async move {
-            r.create(TaskRecord::new(id(n), id(parent), "t"))
-                .await
-                .unwrap();
-            r.transition(&id(n), TaskState::Running).await.unwrap();
-            r.roll_up(&id(n), tokens(1)).await.unwrap();
-            r.transition(&id(n), TaskState::Completed).await.unwrap();
-        }
+    async fn ended(r: &MemoryTaskRegistry, n: u64, parent: u64) {
+        r.create(TaskRecord::new(id(n), id(parent), "t"))
+            .await
+            .unwrap();
+        r.transition(&id(n), TaskState::Running).await.unwrap();
+        r.roll_up(&id(n), tokens(1)).await.unwrap();
+        r.transition(&id(n), TaskState::Completed).await.unwrap();
     }
 
     #[tokio::test]

@@ -215,6 +215,8 @@ pub(crate) enum Plan {
     Reply(Response),
     Panic(&'static str),
     Hang,
+    /// The provider answers 503.
+    Fail(&'static str),
 }
 
 /// A backend whose answers are a function of the request; async, so it can hang or panic.
@@ -233,6 +235,11 @@ impl Backend for Brain {
             Plan::Reply(resp) => Ok(resp),
             Plan::Panic(m) => panic!("{m}"),
             Plan::Hang => futures::future::pending().await,
+            Plan::Fail(m) => Err(forkhive_transport::Error::Unavailable {
+                status: 503,
+                message: m.to_owned(),
+                retry_after: None,
+            }),
         }
     }
     async fn stream(&self, r: &Request) -> forkhive_transport::Result<EventStream> {

@@ -1,0 +1,742 @@
+//! One owner for every child's life: every way a child can end, in the foreground and the
+//! background, as a subagent and as a fork. Each cell checks the five things the owner
+//! finishes — the registry's terminal state, the transcript's stop record, the capacity slot,
+//! the usage roll-up, the descendants — and, in the background, exactly one notification.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use forkhive_core::notification::find_notifications;
+use forkhive_core::{ContentBlock, TaskNotification, TaskStatus, ToolDefinition};
+use forkhive_spawn::agent_tool::{AgentTool, AgentToolConfig};
+use forkhive_spawn::definition::{AgentDefinition, AgentRegistry, DefinitionSource};
+use forkhive_spawn::runtime::{Agent, AgentContext, Limits, StopReason};
+use forkhive_spawn::task::{MemoryTaskRegistry, TaskConfig, TaskRegistry, TaskService, TaskState};
+use forkhive_spawn::tool::{Tool, ToolContext, ToolFilter, ToolOutput, ToolPool};
+use forkhive_transport::Request;
+use support::*;
+
+/// Every way a child can end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// Its model answers.
+    Completes,
+    /// Its backend fails.
+    Fails,
+    /// It reaches its turn limit.
+    Limit,
+    /// Its backend panics.
+    Panics,
+    /// It hangs past its deadline (background only).
+    Deadline,
+    /// It hangs past its tool call's timeout (foreground only).
+    ToolTimeout,
+    /// Its parent is cancelled.
+    ParentCancelled,
+    /// Its parent's run future and then the parent agent are dropped.
+    ParentDropped,
+}
+
+impl End {
+    const ALL: [End; 8] = [
+        End::Completes,
+        End::Fails,
+        End::Limit,
+        End::Panics,
+        End::Deadline,
+        End::ToolTimeout,
+        End::ParentCancelled,
+        End::ParentDropped,
+    ];
+
+    fn applies(self, background: bool) -> bool {
+        match self {
+            End::Deadline => background,
+            End::ToolTimeout => !background,
+            _ => true,
+        }
+    }
+
+    fn state(self) -> TaskState {
+        match self {
+            End::Completes | End::Limit => TaskState::Completed,
+            End::Fails | End::Panics => TaskState::Failed,
+            _ => TaskState::Killed,
+        }
+    }
+
+    /// Whether `stop` is the stop record this end leaves.
+    fn stop_record(self, stop: &StopReason, fork: bool) -> bool {
+        match (self, stop) {
+            // A fork's turn limit is fixed (the seeds' 200): its cells use a token budget.
+            (End::Limit, StopReason::TokenBudget { limit: 1, .. }) => fork,
+            (End::Limit, StopReason::MaxTurns { limit: 1 }) => !fork,
+            (End::Limit, _) => false,
+            (end, stop) => end.other_stop_record() == *stop,
+        }
+    }
+
+    fn other_stop_record(self) -> StopReason {
+        match self {
+            End::Completes | End::Limit => StopReason::Completed,
+            End::Fails | End::Panics => StopReason::Failed,
+            _ => StopReason::Cancelled,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Cell {
+    end: End,
+    background: bool,
+    fork: bool,
+}
+
+/// A tool that answers at once.
+#[derive(Debug)]
+struct Echo(ToolDefinition);
+
+#[async_trait]
+impl Tool for Echo {
+    fn definition(&self) -> &ToolDefinition {
+        &self.0
+    }
+    fn is_concurrency_safe(&self, _input: &serde_json::Value) -> bool {
+        true
+    }
+    fn is_read_only(&self) -> bool {
+        true
+    }
+    async fn call(&self, _input: serde_json::Value, _cx: &ToolContext) -> ToolOutput {
+        ToolOutput::text("echo")
+    }
+}
+
+fn has_tool_result(r: &Request) -> bool {
+    r.all_messages().iter().any(|m| {
+        m.content
+            .iter()
+            .any(|b| matches!(b, ContentBlock::ToolResult { .. }))
+    })
+}
+
+/// The model of the whole tree: the parent spawns one child; the child does one successful
+/// turn (a subagent starts a background grandchild, a fork calls `Echo`), then ends as its
+/// cell says; a grandchild hangs (it answers only when its parent completes normally, which
+/// waits for it).
+fn model(cell: Cell) -> Arc<Brain> {
+    brain(move |r| {
+        let me = AgentContext::current().unwrap();
+        match me.depth() {
+            0 if !has_tool_result(r) => {
+                let mut input = serde_json::json!({
+                    "description": "child",
+                    "prompt": format!("row={:?}", cell.end),
+                });
+                if !cell.fork {
+                    input["subagent_type"] = "worker".into();
+                    input["run_in_background"] = cell.background.into();
+                }
+                Plan::Reply(calls(&[("toolu_child", "Agent", &input.to_string())]))
+            }
+            0 => Plan::Reply(say("parent done")),
+            1 if last_user_text(r).contains("row=") => {
+                if cell.fork {
+                    Plan::Reply(calls(&[("toolu_echo", "Echo", "{}")]))
+                } else {
+                    let input = serde_json::json!({
+                        "description": "grandchild",
+                        "prompt": "work below",
+                        "subagent_type": "worker",
+                        "run_in_background": true,
+                    });
+                    Plan::Reply(calls(&[("toolu_gc", "Agent", &input.to_string())]))
+                }
+            }
+            1 => match cell.end {
+                End::Completes | End::Limit => Plan::Reply(say("child done")),
+                End::Fails => Plan::Fail("the provider is down"),
+                End::Panics => Plan::Panic("child exploded"),
+                _ => Plan::Hang,
+            },
+            _ if cell.end == End::Completes => Plan::Reply(say("grandchild done")),
+            _ => Plan::Hang,
+        }
+    })
+}
+
+fn config(cell: Cell) -> AgentToolConfig {
+    let mut worker = AgentDefinition::new("worker", "does one job", DefinitionSource::Project);
+    worker.system_prompt = "You are a worker.".into();
+    AgentToolConfig {
+        registry: AgentRegistry::from_definitions([worker]),
+        fork_enabled: cell.fork,
+        // A fork in the foreground needs the veto: fork mode forces every spawn async.
+        background_disabled: cell.fork && !cell.background,
+        // Children may spawn their own (layer 1 normally forbids it), in the background too.
+        filter: ToolFilter {
+            global_disallow: Vec::new(),
+            background_allow: vec!["*".into()],
+            ..ToolFilter::default()
+        },
+        child_limits: Limits {
+            max_turns: (cell.end == End::Limit && !cell.fork).then_some(1),
+            token_budget: (cell.end == End::Limit && cell.fork).then_some(1),
+            ..Limits::default()
+        },
+        warm_fanout: None,
+        foreground_timeout: Duration::from_secs(10),
+        ..AgentToolConfig::default()
+    }
+}
+
+/// The notifications in the parent's conversation and its queue.
+fn delivered(
+    parent_messages: &[forkhive_core::Message],
+    queued: &[String],
+) -> Vec<TaskNotification> {
+    let mut out: Vec<TaskNotification> = parent_messages
+        .iter()
+        .flat_map(|m| find_notifications(m).unwrap())
+        .collect();
+    for text in queued {
+        out.push(TaskNotification::parse(text).unwrap());
+    }
+    out
+}
+
+async fn run_cell(cell: Cell) {
+    let dir = tempfile::tempdir().unwrap();
+    let tool = AgentTool::new(config(cell)).unwrap();
+    let echo = Echo(ToolDefinition::new("Echo", "echo", OBJECT).unwrap());
+    let mut parent = Agent::builder(model(cell))
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(ToolPool::new([Arc::new(tool) as Arc<dyn Tool>, Arc::new(echo)]).unwrap())
+        .transcript_dir(dir.path())
+        .build()
+        .await
+        .unwrap();
+    let service = TaskService::new(
+        Arc::new(MemoryTaskRegistry::new()),
+        TaskConfig {
+            deadline: Some(Duration::from_secs(60)),
+            stall_after: None,
+            ..TaskConfig::default()
+        },
+    );
+    parent.tree().extensions().insert(Arc::clone(&service));
+    let parent_id = *parent.id();
+    let queue = parent.pending();
+    let registry = Arc::clone(service.registry());
+
+    let mut parent_messages = Vec::new();
+    match cell.end {
+        End::ParentCancelled => {
+            let token = parent.cancellation().clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                token.cancel();
+            });
+            let run = parent.run("go").await;
+            assert_eq!(
+                run.stop,
+                StopReason::Cancelled,
+                "{cell:?}: the root reports its cancel"
+            );
+            parent_messages = parent.params().messages().to_vec();
+        }
+        End::ParentDropped => {
+            tokio::select! {
+                run = parent.run("go") => panic!("{cell:?}: the parent finished: {:?}", run.stop),
+                () = tokio::time::sleep(Duration::from_secs(5)) => {}
+            }
+            // The run future is gone; now the agent.
+            drop(parent);
+        }
+        _ => {
+            let run = parent.run("go").await;
+            assert_eq!(run.stop, StopReason::Completed, "{cell:?}");
+            parent_messages = parent.params().messages().to_vec();
+        }
+    }
+    service.wait_idle().await;
+
+    // 1. The registry's terminal state.
+    let children = registry.children(&parent_id).await;
+    assert_eq!(children.len(), 1, "{cell:?}");
+    let child = &children[0];
+    assert_eq!(child.state, cell.end.state(), "{cell:?}");
+    // 2. The transcript's stop record.
+    let path = child
+        .transcript
+        .as_ref()
+        .expect("the child keeps a transcript");
+    let t = forkhive_spawn::transcript::read(path).await.unwrap();
+    let last = t.stops.last().map(|s| s.stop.clone());
+    assert!(
+        last.as_ref()
+            .is_some_and(|s| cell.end.stop_record(s, cell.fork)),
+        "{cell:?}: {} ends with {last:?}",
+        path.display()
+    );
+    // 3. The slot.
+    assert_eq!(service.live(), 0, "{cell:?}: every slot freed");
+    // 4. The usage: the child's first turn counted, and rolled up to the root.
+    assert!(
+        child.usage.output_tokens >= 5,
+        "{cell:?}: {:?}",
+        child.usage
+    );
+    let below = registry.descendants_usage(&parent_id).await;
+    assert!(
+        below.output_tokens >= child.tree_usage.output_tokens,
+        "{cell:?}"
+    );
+    assert!(
+        child.tree_usage.output_tokens >= child.usage.output_tokens,
+        "{cell:?}"
+    );
+    // 5. The descendants: every one has ended (a grandchild that hung was stopped).
+    for gc in registry.children(&child.id).await {
+        let want = if cell.end == End::Completes {
+            TaskState::Completed
+        } else {
+            TaskState::Killed
+        };
+        assert_eq!(gc.state, want, "{cell:?}: the grandchild");
+    }
+    if !cell.fork {
+        assert_eq!(registry.children(&child.id).await.len(), 1, "{cell:?}");
+    }
+    // Background: exactly one notification, with the child's id and status. Foreground: none.
+    let queued: Vec<String> = queue.drain().into_iter().map(|m| m.text).collect();
+    let notes: Vec<_> = delivered(&parent_messages, &queued)
+        .into_iter()
+        .filter(|n| n.task_id == child.id)
+        .collect();
+    if cell.background {
+        assert_eq!(notes.len(), 1, "{cell:?}: exactly one notification");
+        assert_eq!(Some(notes[0].status), cell.end.state().status(), "{cell:?}");
+    } else {
+        assert!(
+            notes.is_empty(),
+            "{cell:?}: a foreground child is not notified"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_end_of_every_child_is_finished_once_by_its_owner() {
+    // The panicking rows are expected: keep them out of the output.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let p = info.payload();
+        let msg = p
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| p.downcast_ref::<&str>().copied());
+        if msg != Some("child exploded") {
+            default_hook(info);
+        }
+    }));
+    let mut cells = 0;
+    for end in End::ALL {
+        for background in [false, true] {
+            for fork in [false, true] {
+                if end.applies(background) {
+                    run_cell(Cell {
+                        end,
+                        background,
+                        fork,
+                    })
+                    .await;
+                    cells += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(cells, 28);
+}
+
+/// A background worker definition and a parent that may spawn it.
+async fn parent_of_workers(
+    model: Arc<Brain>,
+    limits: Limits,
+    tasks: TaskConfig,
+    configure: impl FnOnce(
+        forkhive_spawn::runtime::AgentBuilder,
+    ) -> forkhive_spawn::runtime::AgentBuilder,
+) -> (Agent, Arc<TaskService>) {
+    let cell = Cell {
+        end: End::Completes,
+        background: true,
+        fork: false,
+    };
+    let tool = AgentTool::new(config(cell)).unwrap();
+    let b = Agent::builder(model)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(ToolPool::new([Arc::new(tool) as Arc<dyn Tool>]).unwrap())
+        .limits(limits);
+    let parent = configure(b).build().await.unwrap();
+    let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), tasks);
+    parent.tree().extensions().insert(Arc::clone(&service));
+    (parent, service)
+}
+
+/// The parent spawns one background worker and then keeps calling tools; workers hang.
+fn spawner() -> Arc<Brain> {
+    brain(|r| {
+        let me = AgentContext::current().unwrap();
+        if me.depth() > 0 {
+            return Plan::Hang;
+        }
+        if has_tool_result(r) {
+            return Plan::Reply(say("waiting"));
+        }
+        let input = serde_json::json!({
+            "description": "worker", "prompt": "work", "subagent_type": "worker",
+            "run_in_background": true,
+        });
+        Plan::Reply(calls(&[("toolu_w", "Agent", &input.to_string())]))
+    })
+}
+
+/// A run that stops at its turn limit returns with its background child still running; dropping
+/// the agent then stops the child, which ends `killed` and still notifies the queue.
+#[tokio::test(start_paused = true)]
+async fn dropping_an_agent_after_a_limit_stops_its_background_children() {
+    let host = tokio_util::sync::CancellationToken::new();
+    let (mut parent, service) = parent_of_workers(
+        spawner(),
+        Limits {
+            max_turns: Some(1),
+            ..Limits::default()
+        },
+        TaskConfig {
+            deadline: None,
+            stall_after: None,
+            ..TaskConfig::default()
+        },
+        |b| b.cancellation(host.clone()),
+    )
+    .await;
+    let run = parent.run("go").await;
+    assert_eq!(run.stop, StopReason::MaxTurns { limit: 1 });
+    let children = service.registry().children(parent.id()).await;
+    assert_eq!(children.len(), 1);
+    assert_eq!(
+        children[0].state,
+        TaskState::Running,
+        "the limit left it running"
+    );
+    let queue = parent.pending();
+    drop(parent);
+    service.wait_idle().await;
+    let child = service.registry().get(&children[0].id).await.unwrap();
+    assert_eq!(child.state, TaskState::Killed);
+    assert_eq!(service.live(), 0);
+    let notes = queue.drain();
+    assert_eq!(notes.len(), 1);
+    assert_eq!(
+        TaskNotification::parse(&notes[0].text).unwrap().status,
+        TaskStatus::Killed
+    );
+    assert!(
+        !host.is_cancelled(),
+        "the host's own token is never cancelled by a drop"
+    );
+}
+
+/// Opting out: a host that owns the children through the service keeps them on drop.
+#[tokio::test(start_paused = true)]
+async fn an_agent_built_to_keep_its_children_leaves_them_running() {
+    let (mut parent, service) = parent_of_workers(
+        spawner(),
+        Limits {
+            max_turns: Some(1),
+            ..Limits::default()
+        },
+        TaskConfig {
+            deadline: None,
+            stall_after: None,
+            ..TaskConfig::default()
+        },
+        |b| b.cancel_children_on_drop(false),
+    )
+    .await;
+    parent.run("go").await;
+    let id = service.registry().children(parent.id()).await[0].id;
+    drop(parent);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(
+        service.registry().get(&id).await.unwrap().state,
+        TaskState::Running
+    );
+    assert!(service.cancel(&id));
+    service.wait_idle().await;
+    assert_eq!(
+        service.registry().get(&id).await.unwrap().state,
+        TaskState::Killed
+    );
+}
+
+/// A child stopped at its deadline first waits its own `cancel_grace` for what it promised
+/// (its children's notifications); its supervisor must not drop it before that wait is over,
+/// or the stop record would be lost. (`kill_grace` used to be shorter than `cancel_grace`.)
+#[tokio::test(start_paused = true)]
+async fn a_child_waiting_for_its_children_at_its_deadline_keeps_its_stop_record() {
+    use forkhive_spawn::runtime::PendingQueue;
+    use forkhive_spawn::task::{FirstInput, Launch, Progress};
+    let dir = tempfile::tempdir().unwrap();
+    let service = TaskService::new(
+        Arc::new(MemoryTaskRegistry::new()),
+        TaskConfig {
+            deadline: Some(Duration::from_secs(1)),
+            stall_after: None,
+            kill_grace: Duration::from_secs(2),
+            ..TaskConfig::default()
+        },
+    );
+    let own_queue = PendingQueue::new();
+    let child = Agent::builder(brain(|_| Plan::Hang))
+        .model("m")
+        .transcript_dir(dir.path())
+        .pending(own_queue.clone())
+        .limits(Limits {
+            cancel_grace: Duration::from_secs(5),
+            ..Limits::default()
+        })
+        .build()
+        .await
+        .unwrap();
+    // One of its own children that will never report.
+    let _silent = own_queue.expect();
+    let parent_queue = PendingQueue::new();
+    let parent = forkhive_core::TaskId::generate(forkhive_core::TaskKind::Agent);
+    let started = tokio::time::Instant::now();
+    let id = service
+        .launch(Launch {
+            agent: child,
+            first: FirstInput::Prompt("work".into()),
+            description: "patient".into(),
+            tool_use_id: None,
+            parent_queue: parent_queue.clone(),
+            progress: Arc::new(Progress::default()),
+            output: None,
+            slot: service.acquire(parent).unwrap(),
+            gate: None,
+            events: None,
+        })
+        .await
+        .unwrap();
+    service.wait_idle().await;
+    // Deadline (1 s) + its whole cancel_grace (5 s): it returned on its own, not dropped at 3 s.
+    assert_eq!(started.elapsed(), Duration::from_secs(6));
+    let record = service.registry().get(&id).await.unwrap();
+    assert_eq!(record.state, TaskState::Killed);
+    let t = forkhive_spawn::transcript::read(record.transcript.as_ref().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(t.stops.len(), 1);
+    assert_eq!(t.stops[0].stop, StopReason::Cancelled);
+    let n = TaskNotification::parse(&parent_queue.drain()[0].text).unwrap();
+    assert_eq!(
+        n.note
+            .as_deref()
+            .map(|s| s.starts_with("stopped by its 1s deadline")),
+        Some(true)
+    );
+}
+
+/// A child that ignores its cancellation is dropped after its grace; its owner writes the stop
+/// record it could not write itself, after cutting a half-written last line.
+#[tokio::test(start_paused = true)]
+async fn a_child_dropped_past_its_grace_gets_its_stop_record_from_its_owner() {
+    use forkhive_spawn::runtime::PendingQueue;
+    use forkhive_spawn::task::{FirstInput, Gate, Launch, Progress};
+    let dir = tempfile::tempdir().unwrap();
+    let service = TaskService::new(
+        Arc::new(MemoryTaskRegistry::new()),
+        TaskConfig {
+            deadline: Some(Duration::from_secs(1)),
+            stall_after: None,
+            kill_grace: Duration::from_secs(1),
+            ..TaskConfig::default()
+        },
+    );
+    let child = Agent::builder(brain(|_| Plan::Hang))
+        .model("m")
+        .transcript_dir(dir.path())
+        .build()
+        .await
+        .unwrap();
+    let path = child.transcript_path().unwrap().to_path_buf();
+    // A crash-cut last line the owner must cut before appending.
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        f.write_all(br#"{"type":"message","ind"#).unwrap();
+    }
+    let queue = PendingQueue::new();
+    let parent = forkhive_core::TaskId::generate(forkhive_core::TaskKind::Agent);
+    let id = service
+        .launch(Launch {
+            agent: child,
+            first: FirstInput::Prompt("work".into()),
+            description: "stubborn".into(),
+            tool_use_id: None,
+            parent_queue: queue.clone(),
+            progress: Arc::new(Progress::default()),
+            output: None,
+            slot: service.acquire(parent).unwrap(),
+            // Never opens, ignores cancellation.
+            gate: Some(Gate::new(std::future::pending())),
+            events: None,
+        })
+        .await
+        .unwrap();
+    service.wait_idle().await;
+    assert_eq!(
+        service.registry().get(&id).await.unwrap().state,
+        TaskState::Killed
+    );
+    let t = forkhive_spawn::transcript::read(&path).await.unwrap();
+    assert!(t.dropped.is_none(), "the cut line was removed");
+    assert_eq!(t.stops.len(), 1);
+    assert_eq!(t.stops[0].stop, StopReason::Cancelled);
+    assert_eq!(queue.drain().len(), 1);
+}
+
+/// Several hosts wait for the service to be idle at once while children still run: all of
+/// them return, each once nothing is active.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_wait_idle_callers_all_return() {
+    use forkhive_spawn::runtime::PendingQueue;
+    use forkhive_spawn::task::{FirstInput, Launch, Progress};
+    for round in 0..20 {
+        let service = TaskService::new(
+            Arc::new(MemoryTaskRegistry::new()),
+            TaskConfig {
+                deadline: None,
+                stall_after: None,
+                ..TaskConfig::default()
+            },
+        );
+        let parent = forkhive_core::TaskId::generate(forkhive_core::TaskKind::Agent);
+        let queue = PendingQueue::new();
+        for i in 0..16u64 {
+            let child = Agent::builder(brain(move |_| {
+                std::thread::sleep(Duration::from_micros(50 * (i % 4)));
+                Plan::Reply(say("done"))
+            }))
+            .model("m")
+            .build()
+            .await
+            .unwrap();
+            service
+                .launch(Launch {
+                    agent: child,
+                    first: FirstInput::Prompt("work".into()),
+                    description: format!("c{i}"),
+                    tool_use_id: None,
+                    parent_queue: queue.clone(),
+                    progress: Arc::new(Progress::default()),
+                    output: None,
+                    slot: service.acquire(parent).unwrap(),
+                    gate: None,
+                    events: None,
+                })
+                .await
+                .unwrap();
+        }
+        let waiters: Vec<_> = (0..4)
+            .map(|_| {
+                let s = Arc::clone(&service);
+                tokio::spawn(async move {
+                    s.wait_idle().await;
+                    s.active()
+                })
+            })
+            .collect();
+        for w in waiters {
+            let active = tokio::time::timeout(Duration::from_secs(20), w)
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: a wait_idle caller never returned"))
+                .unwrap();
+            assert_eq!(active, 0);
+        }
+        assert_eq!(queue.drain().len(), 16);
+    }
+}
+
+/// A long-running host: children one after another through the service; the registry's
+/// tables stay at the retention bound instead of growing with every child.
+#[tokio::test]
+async fn sequential_children_through_the_service_keep_the_registry_flat() {
+    use forkhive_spawn::runtime::PendingQueue;
+    use forkhive_spawn::task::{FirstInput, Launch, Progress, Retention};
+    let registry = Arc::new(MemoryTaskRegistry::with_retention(Retention {
+        max_ended: 100,
+        max_age: None,
+    }));
+    let service = TaskService::new(
+        Arc::clone(&registry) as _,
+        TaskConfig {
+            deadline: None,
+            stall_after: None,
+            ..TaskConfig::default()
+        },
+    );
+    let root = AgentContext::main();
+    let parent = *root.id();
+    let queue = PendingQueue::new();
+    let model = brain(|_| Plan::Reply(say("done")));
+    let mut peak = 0;
+    for i in 0..5_000 {
+        let child = Agent::builder(Arc::clone(&model) as _)
+            .model("m")
+            .context(root.child(
+                forkhive_core::TaskId::generate(forkhive_core::TaskKind::Agent),
+                forkhive_spawn::runtime::AgentKind::Subagent,
+                forkhive_spawn::runtime::QuerySource::default_agent(),
+            ))
+            .build()
+            .await
+            .unwrap();
+        service
+            .launch(Launch {
+                agent: child,
+                first: FirstInput::Prompt("work".into()),
+                description: "c".into(),
+                tool_use_id: None,
+                parent_queue: queue.clone(),
+                progress: Arc::new(Progress::default()),
+                output: None,
+                slot: service.acquire(parent).unwrap(),
+                gate: None,
+                events: None,
+            })
+            .await
+            .unwrap();
+        service.wait_idle().await;
+        assert_eq!(queue.drain().len(), 1);
+        if i % 500 == 0 {
+            peak = peak.max(registry.footprint());
+        }
+    }
+    assert_eq!(registry.len(), 100);
+    assert!(peak <= 100 * 3 + 2, "footprint {peak}");
+    assert_eq!(
+        registry.descendants_usage(&parent).await.output_tokens,
+        5 * 5_000
+    );
+}
