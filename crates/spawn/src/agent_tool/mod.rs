@@ -325,6 +325,7 @@ impl AgentTool {
         let output = match &service.config().output {
             Some(cfg) if background => Some(Arc::new(
                 OutputFile::create(cfg, &child_id)
+                    .await
                     .map_err(|e| format!("could not start the agent: {e}"))?,
             )),
             _ => None,

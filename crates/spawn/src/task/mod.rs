@@ -549,6 +549,10 @@ impl Owned {
         {
             tracing::warn!(task = %id, "could not record the child's stop: {e}");
         }
+        // The output file is complete before anyone is told where it is.
+        if let Some(out) = &self.output {
+            out.flush().await;
+        }
         // 4. The usage roll-up.
         let usage = ended
             .run()

@@ -6,17 +6,24 @@
 //! capped, because a runaway worker can fill a disk in minutes. We also create it with
 //! `O_EXCL` and mode 0600, and refuse a `tasks` directory that is a symlink.
 
-use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use forkhive_core::TaskId;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, Result};
 
 /// The default cap: 5 GiB, as the shipped CLI uses.
 pub const DEFAULT_OUTPUT_CAP: u64 = 5 * 1024 * 1024 * 1024;
+
+/// How many appends may wait for the writer before further text is dropped (and counted).
+pub const OUTPUT_QUEUE: usize = 4096;
+
+/// The most bytes the writer gathers into one write.
+const BATCH: usize = 64 * 1024;
 
 /// Where output files go and how large they may grow.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,64 +68,69 @@ fn check_session(session: &str) -> Result<()> {
     }
 }
 
-struct State {
-    file: File,
-    written: u64,
-    truncated: bool,
+/// What the writer task is asked to do.
+enum Op {
+    Text(String),
+    Flush(oneshot::Sender<()>),
 }
 
 /// One task's output file: appends until the cap, then one marker line, then nothing.
+///
+/// [`append`](Self::append) never blocks and never touches the file: it hands the text to a
+/// writer task through a bounded queue ([`OUTPUT_QUEUE`] appends), which gathers what is queued
+/// into one write. If the writer falls that far behind, further text is dropped and counted,
+/// and the file says so (`[N bytes of output dropped: the writer fell behind]`) — an agent's
+/// task is never blocked on a disk. [`flush`](Self::flush) waits until everything appended
+/// before it is written; a child's owner flushes before it notifies, so the notification's
+/// output file is complete. The writer ends when the last handle is dropped.
 pub struct OutputFile {
     path: PathBuf,
     cap: u64,
-    state: Mutex<State>,
+    tx: mpsc::Sender<Op>,
+    dropped: Arc<AtomicU64>,
+    truncated: Arc<AtomicBool>,
 }
 
 impl OutputFile {
-    /// Creates the output file of task `id` (`O_CREAT|O_EXCL|O_NOFOLLOW`, mode 0600).
+    /// Creates the output file of task `id` under `<root>/<session>/tasks/` and starts its
+    /// writer.
     ///
-    /// A file or a symlink already at the path is refused (`AlreadyExists`) and left
-    /// untouched.
-    pub fn create(config: &OutputConfig, id: &TaskId) -> Result<Self> {
+    /// The directories below the root are created (mode 0700) and walked one by one without
+    /// following a symbolic link (`openat` with `O_NOFOLLOW`): a session or `tasks` directory
+    /// that is a symlink is refused, wherever it points. The file is created
+    /// `O_CREAT|O_EXCL|O_NOFOLLOW`, mode 0600: a file or a symlink already at the path is
+    /// refused (`AlreadyExists`) and left untouched. The file system work runs off the async
+    /// threads.
+    pub async fn create(config: &OutputConfig, id: &TaskId) -> Result<Self> {
         check_session(&config.session)?;
-        let dir = config.root.join(&config.session).join("tasks");
-        let io = |action: &'static str, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| Error::Io {
-                action,
-                path,
-                source,
-            }
+        let config_owned = config.clone();
+        let id = *id;
+        let (file, path) = tokio::task::spawn_blocking(move || open_file(&config_owned, &id))
+            .await
+            .map_err(|e| Error::Io {
+                action: "creating task output file",
+                path: config.root.clone(),
+                source: std::io::Error::other(e),
+            })??;
+        let (tx, rx) = mpsc::channel(OUTPUT_QUEUE);
+        let dropped = Arc::new(AtomicU64::new(0));
+        let truncated = Arc::new(AtomicBool::new(false));
+        let writer = Writer {
+            file: tokio::fs::File::from_std(file),
+            path: path.clone(),
+            cap: config.cap,
+            written: 0,
+            dropped: Arc::clone(&dropped),
+            truncated: Arc::clone(&truncated),
+            failed: false,
         };
-        std::fs::create_dir_all(&dir).map_err(io("creating task output directory", &dir))?;
-        let meta =
-            std::fs::symlink_metadata(&dir).map_err(io("checking task output directory", &dir))?;
-        if meta.file_type().is_symlink() || !meta.is_dir() {
-            return Err(Error::Io {
-                action: "checking task output directory",
-                path: dir,
-                source: std::io::Error::other("not a real directory (a symlink?)"),
-            });
-        }
-        let path = dir.join(format!("{id}.output"));
-        let mut opts = std::fs::OpenOptions::new();
-        opts.append(true).create_new(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            opts.mode(0o600).custom_flags(libc::O_NOFOLLOW);
-        }
-        let file = opts
-            .open(&path)
-            .map_err(io("creating task output file", &path))?;
+        tokio::spawn(writer.run(rx));
         Ok(Self {
             path,
             cap: config.cap,
-            state: Mutex::new(State {
-                file,
-                written: 0,
-                truncated: false,
-            }),
+            tx,
+            dropped,
+            truncated,
         })
     }
 
@@ -127,43 +139,37 @@ impl OutputFile {
         &self.path
     }
 
-    /// Whether the cap was reached.
-    pub fn is_truncated(&self) -> bool {
-        self.state.lock().map(|s| s.truncated).unwrap_or(true)
+    /// The cap.
+    pub fn cap(&self) -> u64 {
+        self.cap
     }
 
-    /// Appends `text`; past the cap writes the marker line once and drops the rest. Write
-    /// errors are reported once through `tracing` and end further writes.
+    /// Whether the cap was reached (or a write failed), as far as the writer has got.
+    pub fn is_truncated(&self) -> bool {
+        self.truncated.load(Ordering::Acquire)
+    }
+
+    /// Queues `text` for the file without blocking; past the cap the writer writes the
+    /// marker line once and drops the rest. Write errors are reported once through `tracing`
+    /// and end further writes.
     pub fn append(&self, text: &str) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if st.truncated {
+        if text.is_empty() || self.is_truncated() {
             return;
         }
-        let room = self.cap.saturating_sub(st.written);
-        let bytes = text.as_bytes();
-        let (keep, cut) = if (bytes.len() as u64) <= room {
-            (bytes, false)
-        } else {
-            // Cut on a character boundary.
-            let mut n = usize::try_from(room).unwrap_or(usize::MAX).min(bytes.len());
-            while n > 0 && !text.is_char_boundary(n) {
-                n -= 1;
+        match self.tx.try_send(Op::Text(text.to_owned())) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.dropped.fetch_add(text.len() as u64, Ordering::AcqRel);
             }
-            (&bytes[..n], true)
-        };
-        let mut result = st.file.write_all(keep);
-        st.written += keep.len() as u64;
-        if cut && result.is_ok() {
-            let marker = format!(
-                "\n[output truncated: the {}-byte cap was reached]\n",
-                self.cap
-            );
-            result = st.file.write_all(marker.as_bytes());
-            st.truncated = true;
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
         }
-        if let Err(e) = result {
-            tracing::warn!(path = %self.path.display(), "task output write failed: {e}");
-            st.truncated = true;
+    }
+
+    /// Waits until everything appended so far is written to the file.
+    pub async fn flush(&self) {
+        let (ack, done) = oneshot::channel();
+        if self.tx.send(Op::Flush(ack)).await.is_ok() {
+            let _ = done.await;
         }
     }
 }
@@ -177,17 +183,205 @@ impl std::fmt::Debug for OutputFile {
     }
 }
 
+/// The task that owns the file: the only code that writes it.
+struct Writer {
+    file: tokio::fs::File,
+    path: PathBuf,
+    cap: u64,
+    written: u64,
+    dropped: Arc<AtomicU64>,
+    truncated: Arc<AtomicBool>,
+    failed: bool,
+}
+
+impl Writer {
+    async fn run(mut self, mut rx: mpsc::Receiver<Op>) {
+        let mut buf = Vec::new();
+        let mut acks = Vec::new();
+        while let Some(first) = rx.recv().await {
+            // Gather what is already queued into one write.
+            let mut next = Some(first);
+            while let Some(op) = next.take() {
+                match op {
+                    Op::Text(t) => self.take(&mut buf, &t),
+                    Op::Flush(ack) => acks.push(ack),
+                }
+                if buf.len() < BATCH {
+                    next = rx.try_recv().ok();
+                }
+            }
+            let dropped = self.dropped.swap(0, Ordering::AcqRel);
+            if dropped > 0 {
+                let marker =
+                    format!("\n[{dropped} bytes of output dropped: the writer fell behind]\n");
+                self.take(&mut buf, &marker);
+            }
+            if !buf.is_empty()
+                && !self.failed
+                && let Err(e) = self.file.write_all(&buf).await
+            {
+                self.fail(&e);
+            }
+            buf.clear();
+            if !acks.is_empty() {
+                if let Err(e) = self.file.flush().await {
+                    self.fail(&e);
+                }
+                for ack in acks.drain(..) {
+                    let _ = ack.send(());
+                }
+            }
+        }
+        let _ = self.file.flush().await;
+    }
+
+    /// Adds `text` to the pending write, within the cap (cut on a character boundary, then
+    /// the marker line once).
+    fn take(&mut self, buf: &mut Vec<u8>, text: &str) {
+        if self.truncated.load(Ordering::Acquire) {
+            return;
+        }
+        let room = self.cap.saturating_sub(self.written);
+        let bytes = text.as_bytes();
+        if (bytes.len() as u64) <= room {
+            buf.extend_from_slice(bytes);
+            self.written += bytes.len() as u64;
+            return;
+        }
+        let mut n = usize::try_from(room).unwrap_or(usize::MAX).min(bytes.len());
+        while n > 0 && !text.is_char_boundary(n) {
+            n -= 1;
+        }
+        buf.extend_from_slice(&bytes[..n]);
+        self.written += n as u64;
+        buf.extend_from_slice(
+            format!(
+                "\n[output truncated: the {}-byte cap was reached]\n",
+                self.cap
+            )
+            .as_bytes(),
+        );
+        self.truncated.store(true, Ordering::Release);
+    }
+
+    fn fail(&mut self, e: &std::io::Error) {
+        tracing::warn!(path = %self.path.display(), "task output write failed: {e}");
+        self.failed = true;
+        self.truncated.store(true, Ordering::Release);
+    }
+}
+
+/// Opens `<root>/<session>/tasks/<id>.output` as [`OutputFile::create`] describes.
+#[cfg(unix)]
+fn open_file(config: &OutputConfig, id: &TaskId) -> Result<(std::fs::File, PathBuf)> {
+    use rustix::fs::{CWD, Mode, OFlags, openat};
+    let io = |action: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |e: rustix::io::Errno| Error::Io {
+            action,
+            path,
+            source: e.into(),
+        }
+    };
+    // The root is the host's choice and may be reached through links; below it, nothing is.
+    let root = openat(
+        CWD,
+        &config.root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(io("opening task output root", &config.root))?;
+    let session_path = config.root.join(&config.session);
+    let session = open_dir_below(&root, &config.session, &session_path)?;
+    let tasks_path = session_path.join("tasks");
+    let tasks = open_dir_below(&session, "tasks", &tasks_path)?;
+    let name = format!("{id}.output");
+    let path = tasks_path.join(&name);
+    let fd = openat(
+        &tasks,
+        name.as_str(),
+        OFlags::WRONLY
+            | OFlags::CREATE
+            | OFlags::EXCL
+            | OFlags::NOFOLLOW
+            | OFlags::APPEND
+            | OFlags::CLOEXEC,
+        Mode::RUSR | Mode::WUSR,
+    )
+    .map_err(io("creating task output file", &path))?;
+    Ok((std::fs::File::from(fd), path))
+}
+
+/// Creates (if missing) and opens the directory `name` inside `parent`, refusing a symlink.
+#[cfg(unix)]
+fn open_dir_below(
+    parent: &rustix::fd::OwnedFd,
+    name: &str,
+    path: &Path,
+) -> Result<rustix::fd::OwnedFd> {
+    use rustix::fs::{Mode, OFlags, mkdirat, openat};
+    use rustix::io::Errno;
+    match mkdirat(parent, name, Mode::RWXU) {
+        Ok(()) | Err(Errno::EXIST) => {}
+        Err(e) => {
+            return Err(Error::Io {
+                action: "creating task output directory",
+                path: path.to_path_buf(),
+                source: e.into(),
+            });
+        }
+    }
+    openat(
+        parent,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| Error::Io {
+        action: "checking task output directory",
+        path: path.to_path_buf(),
+        source: if e == Errno::LOOP || e == Errno::NOTDIR {
+            std::io::Error::other("not a real directory (a symlink?)")
+        } else {
+            e.into()
+        },
+    })
+}
+
+/// Opens `<root>/<session>/tasks/<id>.output` (without the no-follow walk, which needs
+/// `openat`).
+#[cfg(not(unix))]
+fn open_file(config: &OutputConfig, id: &TaskId) -> Result<(std::fs::File, PathBuf)> {
+    let dir = config.root.join(&config.session).join("tasks");
+    std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+        action: "creating task output directory",
+        path: dir.clone(),
+        source,
+    })?;
+    let path = dir.join(format!("{id}.output"));
+    let file = std::fs::OpenOptions::new()
+        .append(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(|source| Error::Io {
+            action: "creating task output file",
+            path: path.clone(),
+            source,
+        })?;
+    Ok((file, path))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use forkhive_core::TaskKind;
 
-    #[test]
-    fn writes_until_the_cap_then_one_marker() {
+    #[tokio::test]
+    async fn writes_until_the_cap_then_one_marker() {
         let dir = tempfile::tempdir().unwrap();
         let cfg = OutputConfig::new(dir.path(), "s1").with_cap(10);
         let id = TaskId::from_entropy(TaskKind::Agent, 7);
-        let out = OutputFile::create(&cfg, &id).unwrap();
+        let out = OutputFile::create(&cfg, &id).await.unwrap();
         assert_eq!(
             out.path(),
             dir.path().join("s1/tasks").join(format!("{id}.output"))
@@ -196,6 +390,7 @@ mod tests {
         // 4 bytes of room: "wör" (ö is two bytes); the cut never splits a character.
         out.append("wörld and more");
         out.append("never written");
+        out.flush().await;
         assert!(out.is_truncated());
         let text = std::fs::read_to_string(out.path()).unwrap();
         assert_eq!(
@@ -211,8 +406,8 @@ mod tests {
     }
 
     #[cfg(unix)]
-    #[test]
-    fn a_planted_symlink_is_refused_and_its_target_untouched() {
+    #[tokio::test]
+    async fn a_planted_symlink_is_refused_and_its_target_untouched() {
         let dir = tempfile::tempdir().unwrap();
         let id = TaskId::from_entropy(TaskKind::Agent, 9);
         let tasks = dir.path().join("s/tasks");
@@ -221,7 +416,9 @@ mod tests {
         std::fs::write(&target, "ssh-ed25519 KEEP").unwrap();
         let link = tasks.join(format!("{id}.output"));
         std::os::unix::fs::symlink(&target, &link).unwrap();
-        let err = OutputFile::create(&OutputConfig::new(dir.path(), "s"), &id).unwrap_err();
+        let err = OutputFile::create(&OutputConfig::new(dir.path(), "s"), &id)
+            .await
+            .unwrap_err();
         assert_eq!(
             err.to_string(),
             format!("creating task output file {}", link.display())
@@ -237,15 +434,17 @@ mod tests {
     }
 
     #[cfg(unix)]
-    #[test]
-    fn a_symlinked_tasks_directory_and_a_bad_session_are_refused() {
+    #[tokio::test]
+    async fn a_symlinked_tasks_directory_and_a_bad_session_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let elsewhere = dir.path().join("elsewhere");
         std::fs::create_dir_all(&elsewhere).unwrap();
         std::fs::create_dir_all(dir.path().join("s")).unwrap();
         std::os::unix::fs::symlink(&elsewhere, dir.path().join("s/tasks")).unwrap();
         let id = TaskId::from_entropy(TaskKind::Agent, 1);
-        let err = OutputFile::create(&OutputConfig::new(dir.path(), "s"), &id).unwrap_err();
+        let err = OutputFile::create(&OutputConfig::new(dir.path(), "s"), &id)
+            .await
+            .unwrap_err();
         assert_eq!(
             err.to_string(),
             format!(
@@ -253,10 +452,99 @@ mod tests {
                 dir.path().join("s/tasks").display()
             )
         );
-        let err = OutputFile::create(&OutputConfig::new(dir.path(), "../up"), &id).unwrap_err();
+        let err = OutputFile::create(&OutputConfig::new(dir.path(), "../up"), &id)
+            .await
+            .unwrap_err();
         assert_eq!(
             err.to_string(),
             "invalid agent configuration: session name \"../up\" may only hold A-Z, a-z, 0-9, '-' and '_' (1 to 128 characters)"
         );
+    }
+
+    /// Not only the last component: a session directory that is a symlink is refused too,
+    /// and nothing is created where it points.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_symlinked_session_directory_is_refused_and_nothing_is_created_through_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, dir.path().join("s")).unwrap();
+        let id = TaskId::from_entropy(TaskKind::Agent, 2);
+        let err = OutputFile::create(&OutputConfig::new(dir.path(), "s"), &id)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "checking task output directory {}",
+                dir.path().join("s").display()
+            )
+        );
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+    }
+
+    /// A writer that falls behind drops text and says how much; it never blocks `append`.
+    #[tokio::test]
+    async fn a_full_queue_drops_and_counts_instead_of_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = TaskId::from_entropy(TaskKind::Agent, 3);
+        let out = OutputFile::create(&OutputConfig::new(dir.path(), "s"), &id)
+            .await
+            .unwrap();
+        // The writer cannot run while this (current-thread) test does not yield.
+        for _ in 0..OUTPUT_QUEUE + 10 {
+            out.append("ab");
+        }
+        out.flush().await;
+        let text = std::fs::read_to_string(out.path()).unwrap();
+        assert!(
+            text.starts_with(&"ab".repeat(OUTPUT_QUEUE)),
+            "{}",
+            &text[..40]
+        );
+        assert!(
+            text.ends_with("\n[20 bytes of output dropped: the writer fell behind]\n"),
+            "{}",
+            &text[text.len() - 80..]
+        );
+    }
+
+    /// Everything appended before a flush is in the file after it, in order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn appends_from_many_tasks_all_arrive_by_the_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = TaskId::from_entropy(TaskKind::Agent, 4);
+        let out = Arc::new(
+            OutputFile::create(&OutputConfig::new(dir.path(), "s"), &id)
+                .await
+                .unwrap(),
+        );
+        let tasks: Vec<_> = (0..4)
+            .map(|t| {
+                let out = Arc::clone(&out);
+                tokio::spawn(async move {
+                    for i in 0..500 {
+                        out.append(&format!("{t}:{i}\n"));
+                        if i % 50 == 0 {
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        out.flush().await;
+        let text = std::fs::read_to_string(out.path()).unwrap();
+        for t in 0..4 {
+            let mine: Vec<usize> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix(&format!("{t}:")))
+                .map(|n| n.parse().unwrap())
+                .collect();
+            assert_eq!(mine, (0..500).collect::<Vec<_>>(), "writer {t}: order kept");
+        }
     }
 }
