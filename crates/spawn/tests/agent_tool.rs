@@ -966,6 +966,8 @@ async fn children_of_one_definition_share_one_rendered_head() {
     let tool = Arc::new(
         AgentTool::new(AgentToolConfig {
             registry: worker_registry(),
+            // The host lets children run on m2 too.
+            allowed_models: vec!["m2".into()],
             ..AgentToolConfig::default()
         })
         .unwrap(),

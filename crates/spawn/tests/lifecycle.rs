@@ -11,13 +11,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use forkhive_core::notification::find_notifications;
-use forkhive_core::{ContentBlock, TaskNotification, TaskStatus, ToolDefinition};
+use forkhive_core::{TaskNotification, TaskStatus, ToolDefinition};
 use forkhive_spawn::agent_tool::{AgentTool, AgentToolConfig};
 use forkhive_spawn::definition::{AgentDefinition, AgentRegistry, DefinitionSource};
 use forkhive_spawn::runtime::{Agent, AgentContext, Limits, StopReason};
 use forkhive_spawn::task::{MemoryTaskRegistry, TaskConfig, TaskRegistry, TaskService, TaskState};
 use forkhive_spawn::tool::{Tool, ToolContext, ToolFilter, ToolOutput, ToolPool};
-use forkhive_transport::Request;
 use support::*;
 
 /// Every way a child can end.
@@ -114,14 +113,6 @@ impl Tool for Echo {
     async fn call(&self, _input: serde_json::Value, _cx: &ToolContext) -> ToolOutput {
         ToolOutput::text("echo")
     }
-}
-
-fn has_tool_result(r: &Request) -> bool {
-    r.all_messages().iter().any(|m| {
-        m.content
-            .iter()
-            .any(|b| matches!(b, ContentBlock::ToolResult { .. }))
-    })
 }
 
 /// The model of the whole tree: the parent spawns one child; the child does one successful

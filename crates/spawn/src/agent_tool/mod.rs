@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use forkhive_core::fork::is_in_fork_child;
 use forkhive_core::{TaskId, TaskKind, TaskStatus, ToolDefinition};
 
-use crate::definition::AgentRegistry;
+use crate::definition::{AgentRegistry, MODEL_INHERIT};
 use crate::runtime::Limits;
 use crate::strategy::{
     AgentInput, Fork, ForkLayout, HeadCache, SpawnContext, SpawnStrategy, Subagent,
@@ -109,6 +109,11 @@ pub struct AgentToolConfig {
     pub tasks: TaskConfig,
     /// How long a foreground child may run.
     pub foreground_timeout: Duration,
+    /// Models the model may name for a child in the call's `model`, besides the ones always
+    /// allowed: `inherit`, the caller's own model, and the definition's own model. Empty (the
+    /// default): no others. A model outside the list is an `is_error` result naming the
+    /// allowed ones, so a prompt cannot move children onto a model the host did not choose.
+    pub allowed_models: Vec<String>,
 }
 
 impl Default for AgentToolConfig {
@@ -133,6 +138,7 @@ impl Default for AgentToolConfig {
             child_limits: Limits::default(),
             tasks: TaskConfig::default(),
             foreground_timeout: Duration::from_secs(60 * 60),
+            allowed_models: Vec::new(),
         }
     }
 }
@@ -270,6 +276,44 @@ impl AgentTool {
         )
     }
 
+    /// Refuses a `model` the host did not allow (see [`AgentToolConfig::allowed_models`]); a
+    /// fork keeps its parent's model, since the prompt cache is keyed on it.
+    fn check_model(
+        &self,
+        input: &AgentInput,
+        parent_model: &str,
+        definition: Option<&crate::definition::AgentDefinition>,
+    ) -> Result<(), String> {
+        let Some(asked) = input.model.as_deref().filter(|m| *m != MODEL_INHERIT) else {
+            return Ok(());
+        };
+        if asked == parent_model {
+            return Ok(());
+        }
+        let Some(def) = definition else {
+            return Err(format!(
+                "a fork keeps its parent's model `{parent_model}` (the prompt cache is keyed on \
+                 it): omit `model`, or name a `subagent_type` to start a fresh agent on `{asked}`"
+            ));
+        };
+        let own = def.model.as_deref().filter(|m| *m != MODEL_INHERIT);
+        if own == Some(asked) || self.config.allowed_models.iter().any(|m| m == asked) {
+            return Ok(());
+        }
+        let mut allowed = vec![MODEL_INHERIT.to_owned(), parent_model.to_owned()];
+        allowed.extend(own.map(str::to_owned));
+        allowed.extend(self.config.allowed_models.iter().cloned());
+        allowed.dedup();
+        Err(format!(
+            "model `{asked}` is not allowed for agents on this host; use one of: {}",
+            allowed
+                .iter()
+                .map(|m| format!("`{m}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    }
+
     async fn spawn(&self, input: AgentInput, cx: &ToolContext) -> Result<String, String> {
         let caller = cx
             .caller()
@@ -299,11 +343,13 @@ impl AgentTool {
         }
         let fork = self.config.forks() && input.subagent_type.is_none();
         let strategy: &dyn SpawnStrategy = if fork { &Fork } else { &Subagent };
-        let definition_background = if fork {
-            true
+        let definition = if fork {
+            None
         } else {
-            Subagent::definition(&self.config.registry, &input)?.background
+            Some(Subagent::definition(&self.config.registry, &input)?)
         };
+        self.check_model(&input, turn.sent().model(), definition.map(|d| &**d))?;
+        let definition_background = definition.is_none_or(|d| d.background);
         let background = should_run_async(AsyncInputs {
             run_in_background: input.run_in_background.unwrap_or(false),
             definition_background,

@@ -241,7 +241,20 @@ impl SpawnStrategy for Subagent {
         cx: SpawnContext<'_>,
         background: bool,
     ) -> Result<PreparedChild, String> {
-        let def = Arc::clone(Self::definition(cx.registry, input)?);
+        let mut def = Arc::clone(Self::definition(cx.registry, input)?);
+        // The call's model (checked against the host's allow list by the Agent tool) wins over
+        // the definition's own, which wins over the caller's.
+        let asked = input
+            .model
+            .as_deref()
+            .filter(|m| *m != crate::definition::MODEL_INHERIT);
+        if let Some(m) = asked
+            && def.model.as_deref() != Some(m)
+        {
+            let mut own = (*def).clone();
+            own.model = Some(m.to_owned());
+            def = Arc::new(own);
+        }
         let source = if def.source == crate::definition::DefinitionSource::BuiltIn {
             QuerySource::builtin(&def.name)
         } else {
@@ -251,9 +264,10 @@ impl SpawnStrategy for Subagent {
             .caller
             .child_seed(cx.child_id, AgentKind::Subagent, source);
         seed.context = seed.context.with_agent_type(def.name.clone());
-        let model = input
+        let model = def
             .model
             .clone()
+            .filter(|m| m != crate::definition::MODEL_INHERIT)
             .unwrap_or_else(|| cx.turn.sent().model().to_owned());
         let definition_background = def.background;
         let source = cx

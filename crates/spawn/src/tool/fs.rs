@@ -105,8 +105,21 @@ async fn check_opened(
 /// it: the bytes read and the file's length.
 async fn read_capped(real: &Path, requested: &str) -> std::result::Result<(Vec<u8>, u64), String> {
     let cannot = |e: std::io::Error| format!("cannot read `{requested}`: {e}");
-    let file = tokio::fs::File::open(real).await.map_err(cannot)?;
+    let mut opts = tokio::fs::OpenOptions::new();
+    opts.read(true);
+    // A FIFO opened for reading blocks until a writer comes, and a device may never end: a
+    // blocking-pool thread would be lost for good (a timeout cannot reclaim it). Open without
+    // blocking, then refuse anything that is not a regular file.
+    #[cfg(unix)]
+    opts.custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
+    let file = opts.open(real).await.map_err(cannot)?;
     let meta = file.metadata().await.map_err(cannot)?;
+    if !meta.is_file() {
+        return Err(format!(
+            "cannot read `{requested}`: it is not a regular file ({})",
+            file_kind(&meta)
+        ));
+    }
     check_opened(real, &meta, requested).await?;
     let wanted = usize::try_from(meta.len()).map_or(READ_LIMIT, |l| l.min(READ_LIMIT));
     let mut bytes = Vec::with_capacity(wanted + 1);
@@ -117,6 +130,31 @@ async fn read_capped(real: &Path, requested: &str) -> std::result::Result<(Vec<u
     // The file may have grown since its metadata was taken.
     let len = meta.len().max(bytes.len() as u64);
     Ok((bytes, len))
+}
+
+/// What kind of file `meta` describes, in words.
+fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    let t = meta.file_type();
+    if t.is_dir() {
+        return "a directory";
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a FIFO";
+        }
+        if t.is_char_device() {
+            return "a character device";
+        }
+        if t.is_block_device() {
+            return "a block device";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+    }
+    "a special file"
 }
 
 fn definition(name: &str, description: &str, schema: &str) -> Result<ToolDefinition> {
@@ -398,6 +436,47 @@ mod tests {
             check_opened(&l, &same, "l").await,
             Err("`l` changed while it was being opened; read it again".to_owned())
         );
+    }
+
+    /// A FIFO would block the open until a writer came, a device may never end: both are
+    /// refused at once, with what they are, and no blocking-pool thread is lost.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_fifo_a_device_and_a_directory_are_refused_without_blocking() {
+        use rustix::fs::{CWD, FileType, Mode, mknodat};
+        let root = tempfile::tempdir().unwrap();
+        mknodat(
+            CWD,
+            root.path().join("pipe"),
+            FileType::Fifo,
+            Mode::RUSR | Mode::WUSR,
+            0,
+        )
+        .unwrap();
+        std::fs::create_dir(root.path().join("sub")).unwrap();
+        let tool = ReadFile::new(root.path()).await.unwrap();
+        let cx = cx();
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), read(&tool, &cx, "pipe"))
+            .await
+            .expect("reading a FIFO blocked");
+        assert_eq!(
+            got,
+            ToolOutput::error("cannot read `pipe`: it is not a regular file (a FIFO)")
+        );
+        assert_eq!(
+            read(&tool, &cx, "sub").await,
+            ToolOutput::error("cannot read `sub`: it is not a regular file (a directory)")
+        );
+        // A character device, where a root holds one.
+        if std::path::Path::new("/dev/null").exists() {
+            let dev = ReadFile::new("/dev").await.unwrap();
+            assert_eq!(
+                read(&dev, &cx, "null").await,
+                ToolOutput::error(
+                    "cannot read `null`: it is not a regular file (a character device)"
+                )
+            );
+        }
     }
 
     #[tokio::test]

@@ -273,3 +273,12 @@ pub(crate) fn last_user_text(r: &Request) -> String {
         })
         .unwrap_or_default()
 }
+
+/// Whether any message of `r` holds a tool result.
+pub(crate) fn has_tool_result(r: &Request) -> bool {
+    r.all_messages().iter().any(|m| {
+        m.content
+            .iter()
+            .any(|b| matches!(b, ContentBlock::ToolResult { .. }))
+    })
+}
