@@ -1,7 +1,7 @@
 //! Orchestration cost of a wide fan-out, with a scripted model (no model time at all).
 //!
 //! ```text
-//! cargo run --release --example fanout_bench -- --children N --turns T
+//! cargo run --release --example fanout_bench -- --children N --turns T [--threads K] [--transcripts DIR]
 //! ```
 //!
 //! A parent emits N `Agent` calls in one response (background subagents of one definition).
@@ -156,28 +156,46 @@ fn peak_rss_mb() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-fn parse_args() -> Result<(usize, usize), String> {
-    let usage = "usage: fanout_bench --children N --turns T";
-    let (mut n, mut t) = (100usize, 3usize);
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        let mut value = || {
-            it.next()
-                .ok_or_else(|| format!("{a} needs a value\n{usage}"))
-        };
-        match a.as_str() {
-            "--children" => n = value()?.parse().map_err(|e| format!("--children: {e}"))?,
-            "--turns" => t = value()?.parse().map_err(|e| format!("--turns: {e}"))?,
-            _ => return Err(format!("unknown argument {a}\n{usage}")),
-        }
-    }
-    if n == 0 || t == 0 {
-        return Err(format!("N and T must be at least 1\n{usage}"));
-    }
-    Ok((n, t))
+/// What a run is asked to do.
+struct Args {
+    n: usize,
+    t: usize,
+    /// Worker threads: 1 is a current-thread runtime (one core, as the peers were measured).
+    threads: usize,
+    /// Where every agent keeps its transcript (none by default).
+    transcripts: Option<std::path::PathBuf>,
 }
 
-async fn run(n: usize, t: usize) -> Result<String, String> {
+fn parse_args() -> Result<Args, String> {
+    let usage = "usage: fanout_bench --children N --turns T [--threads K] [--transcripts DIR]";
+    let mut a = Args {
+        n: 100,
+        t: 3,
+        threads: 1,
+        transcripts: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = || {
+            it.next()
+                .ok_or_else(|| format!("{arg} needs a value\n{usage}"))
+        };
+        match arg.as_str() {
+            "--children" => a.n = value()?.parse().map_err(|e| format!("--children: {e}"))?,
+            "--turns" => a.t = value()?.parse().map_err(|e| format!("--turns: {e}"))?,
+            "--threads" => a.threads = value()?.parse().map_err(|e| format!("--threads: {e}"))?,
+            "--transcripts" => a.transcripts = Some(value()?.into()),
+            _ => return Err(format!("unknown argument {arg}\n{usage}")),
+        }
+    }
+    if a.n == 0 || a.t == 0 || a.threads == 0 {
+        return Err(format!("N, T and K must be at least 1\n{usage}"));
+    }
+    Ok(a)
+}
+
+async fn run(args: &Args) -> Result<String, String> {
+    let (n, t) = (args.n, args.t);
     let model = Arc::new(Model {
         n,
         t,
@@ -203,7 +221,12 @@ async fn run(n: usize, t: usize) -> Result<String, String> {
         ..AgentToolConfig::default()
     };
     let agent_tool: Arc<dyn Tool> = Arc::new(AgentTool::new(config).map_err(|e| e.to_string())?);
-    let mut parent = Agent::builder(model.clone())
+    let mut parent = Agent::builder(model.clone());
+    if let Some(dir) = &args.transcripts {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        parent = parent.transcript_dir(dir);
+    }
+    let mut parent = parent
         .model("scripted")
         .system_prompt(PARENT)
         .tools(ToolPool::new([agent_tool]).map_err(|e| e.to_string())?)
@@ -245,10 +268,21 @@ async fn run(n: usize, t: usize) -> Result<String, String> {
         ));
     }
     let wall_s = wall.as_secs_f64();
+    let transcript_bytes = match &args.transcripts {
+        Some(dir) => std::fs::read_dir(dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?
+            .filter_map(|e| e.ok()?.metadata().ok())
+            .map(|m| m.len())
+            .sum::<u64>(),
+        None => 0,
+    };
     Ok(serde_json::json!({
         "framework": "forkhive",
         "n": n,
         "t": t,
+        "threads": args.threads,
+        "transcripts": args.transcripts.is_some(),
+        "transcript_bytes_per_child": transcript_bytes / n as u64,
         "wall_s": (wall_s * 1e4).round() / 1e4,
         "per_child_us": (wall_s * 1e6 / n as f64 * 100.0).round() / 100.0,
         "peak_rss_mb": (peak_rss_mb() * 10.0).round() / 10.0,
@@ -258,25 +292,31 @@ async fn run(n: usize, t: usize) -> Result<String, String> {
 }
 
 fn main() -> ExitCode {
-    let (n, t) = match parse_args() {
+    let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
             eprintln!("{e}");
             return ExitCode::from(2);
         }
     };
-    // One core, as the peers were measured.
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = if args.threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.threads)
+            .enable_all()
+            .build()
+    };
+    let rt = match rt {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("{e}");
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(n, t)) {
+    match rt.block_on(run(&args)) {
         Ok(line) => {
             println!("{line}");
             ExitCode::SUCCESS

@@ -55,6 +55,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent_tool;
+mod base;
 pub mod definition;
 pub mod error;
 pub mod runtime;

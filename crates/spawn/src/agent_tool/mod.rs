@@ -315,8 +315,7 @@ impl AgentTool {
     }
 
     async fn spawn(&self, input: AgentInput, cx: &ToolContext) -> Result<String, String> {
-        let caller = cx
-            .caller()
+        let caller = crate::runtime::AgentShared::of(cx)
             .ok_or("the Agent tool only works inside an agent loop")?;
         let turn = cx
             .turn()

@@ -4,6 +4,27 @@
 //! the next line `---`, and everything after that line is the body. A closing line of more
 //! than three dashes (`-----…`) is accepted with a warning.
 
+/// The frontmatter keys this crate reads, in the spelling files use.
+pub(super) const KNOWN_KEYS: [&str; 17] = [
+    "name",
+    "description",
+    "tools",
+    "disallowedTools",
+    "skills",
+    "mcpServers",
+    "hooks",
+    "color",
+    "model",
+    "effort",
+    "permissionMode",
+    "maxTurns",
+    "background",
+    "isolation",
+    "memory",
+    "initialPrompt",
+    "omitClaudeMd",
+];
+
 /// A problem at a 1-based line and column of the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Problem {

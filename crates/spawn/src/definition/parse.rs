@@ -4,7 +4,7 @@ use std::path::Path;
 
 use saphyr::{MarkedYamlOwned, ScalarOwned, YamlDataOwned};
 
-use super::frontmatter::{self, Problem};
+use super::frontmatter::{self, KNOWN_KEYS, Problem};
 use super::yaml::{self, is_null, kind, position, scalar_text, to_json};
 use super::{AgentDefinition, DefinitionSource, Diagnostic, PermissionMode};
 use crate::error::{Error, Result};
@@ -19,27 +19,6 @@ pub struct ParsedDefinition {
     /// What was repaired or ignored, each with where and how to fix it.
     pub warnings: Vec<Diagnostic>,
 }
-
-/// The frontmatter keys this crate reads, in the spelling files use.
-pub(super) const KNOWN_KEYS: [&str; 17] = [
-    "name",
-    "description",
-    "tools",
-    "disallowedTools",
-    "skills",
-    "mcpServers",
-    "hooks",
-    "color",
-    "model",
-    "effort",
-    "permissionMode",
-    "maxTurns",
-    "background",
-    "isolation",
-    "memory",
-    "initialPrompt",
-    "omitClaudeMd",
-];
 
 /// Parses the text of one agent file: YAML frontmatter between `---` lines, then the Markdown
 /// body, which becomes the system prompt.

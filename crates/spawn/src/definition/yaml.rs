@@ -14,8 +14,7 @@ use std::collections::BTreeSet;
 
 use saphyr::{LoadableYamlNode, MarkedYamlOwned, ScalarOwned, ScanError, YamlDataOwned};
 
-use super::frontmatter::{Problem, file_line};
-use super::parse::KNOWN_KEYS;
+use super::frontmatter::{KNOWN_KEYS, Problem, file_line};
 
 /// The YAML document of a frontmatter, with the text its spans point into.
 #[derive(Debug)]

@@ -14,13 +14,13 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::base::context::{AgentContext, AgentKind, QuerySource};
+use crate::base::events::{Emitter, EventKind, EventSink};
+use crate::base::outcome::{AgentRun, Limits, StopReason, TurnRecord, model_stop_str};
+use crate::base::pending::{PendingMessage, PendingQueue, Wake};
+use crate::base::state::{AgentState, TreeState, TurnSnapshot};
 use crate::definition::AgentDefinition;
 use crate::error::{Error, Result};
-use crate::runtime::context::{AgentContext, AgentKind, QuerySource};
-use crate::runtime::events::{Emitter, EventKind, EventSink};
-use crate::runtime::outcome::{AgentRun, Limits, StopReason, TurnRecord, model_stop_str};
-use crate::runtime::pending::{PendingMessage, PendingQueue, Wake};
-use crate::runtime::state::{AgentState, TreeState, TurnSnapshot};
 use crate::tool::orchestrate::{Round, RoundConfig, ToolCall};
 use crate::tool::permission::{AllowAll, PermissionPolicy, policy_for_mode};
 use crate::tool::{ToolAudience, ToolContext, ToolFilter, ToolOutput, ToolPool};
@@ -578,7 +578,31 @@ pub struct AgentShared {
     pub wait_for_promises: bool,
 }
 
+impl crate::tool::Caller for AgentShared {
+    fn context(&self) -> &Arc<AgentContext> {
+        &self.cx
+    }
+    fn pending(&self) -> &PendingQueue {
+        &self.pending
+    }
+    fn tree(&self) -> &Arc<TreeState> {
+        &self.tree
+    }
+    fn events(&self) -> Option<&Arc<dyn EventSink>> {
+        self.events.as_ref()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
 impl AgentShared {
+    /// The whole of the agent a tool call runs for, when that agent is this crate's loop (the
+    /// crate's spawning tools build a child from it).
+    pub(crate) fn of(cx: &ToolContext) -> Option<&AgentShared> {
+        cx.caller()?.as_any().downcast_ref()
+    }
+
     /// What a child of this agent starts from (see [`ChildSeed`]).
     pub fn child_seed(&self, id: TaskId, kind: AgentKind, source: QuerySource) -> ChildSeed {
         ChildSeed {
@@ -1145,7 +1169,7 @@ impl Agent {
             state: self.shared.state.clone(),
             cancel: self.shared.cancel.clone(),
             tool_use_id: Arc::from(""),
-            caller: Some(Arc::clone(&self.shared)),
+            caller: Some(Arc::clone(&self.shared) as Arc<dyn crate::tool::Caller>),
             turn,
         };
         let round = Round {

@@ -10,11 +10,7 @@
 //! | [`outcome`] | [`StopReason`], [`Limits`], [`AgentRun`] |
 
 pub mod agent;
-pub mod context;
-pub mod events;
-pub mod outcome;
-pub mod pending;
-pub mod state;
+pub use crate::base::{context, events, outcome, pending, state};
 
 pub use agent::{Agent, AgentBuilder, AgentShared, ChildSeed, ResumeReport};
 pub use context::{AgentContext, AgentKind, QuerySource};

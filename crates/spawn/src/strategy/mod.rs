@@ -139,7 +139,7 @@ pub enum ForkLayout {
 #[derive(Debug)]
 pub struct SpawnContext<'a> {
     /// The calling agent.
-    pub caller: &'a Arc<AgentShared>,
+    pub caller: &'a AgentShared,
     /// The calling turn.
     pub turn: &'a Arc<TurnSnapshot>,
     /// The definitions subagents come from.

@@ -8,7 +8,7 @@
 //! - the envelope is built by [`TaskNotification::to_xml`] only (worker text is escaped, so
 //!   a worker cannot forge or close one);
 //! - it is delivered through the parent's [`PendingQueue`] promise
-//!   ([`Expectation`](crate::runtime::Expectation)), so a parent that ends its turn waits for
+//!   ([`Expectation`]), so a parent that ends its turn waits for
 //!   it, and it arrives after the next tool results or starts a new turn;
 //! - the registry's terminal transition is the gate: only the supervisor whose transition
 //!   succeeded delivers, so a task is notified exactly once;
@@ -35,10 +35,10 @@ use forkhive_core::{TaskId, TaskNotification, TaskStatus, Usage};
 use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use crate::base::events::{AgentEvent, EventKind, EventSink};
+use crate::base::outcome::{AgentRun, StopReason};
+use crate::base::pending::{Expectation, PendingMessage, PendingQueue};
 use crate::error::{Error, Result};
-use crate::runtime::events::{AgentEvent, EventKind, EventSink};
-use crate::runtime::outcome::{AgentRun, StopReason};
-use crate::runtime::pending::{Expectation, PendingMessage, PendingQueue};
 use crate::tool::orchestrate::panic_message;
 use crate::transcript;
 
@@ -958,7 +958,7 @@ fn notification(
             Some(match why {
                 Why::Deadline(after) => format!(
                     "stopped by its {} deadline",
-                    crate::runtime::events::format_duration(*after)
+                    crate::base::events::format_duration(*after)
                 ),
                 Why::Abandoned => "stopped: the call awaiting it ended first (its tool call \
                                    timed out, or its parent stopped)"

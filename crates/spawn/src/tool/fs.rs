@@ -22,8 +22,8 @@ use forkhive_core::{Digest, ToolDefinition};
 use serde::Deserialize;
 use tokio::io::AsyncReadExt;
 
+use crate::base::state::FileStamp;
 use crate::error::{Error, Result};
-use crate::runtime::state::FileStamp;
 use crate::tool::{Tool, ToolContext, ToolOutput};
 
 /// The most bytes [`ReadFile`] returns of one file (and the most it reads into memory, plus
@@ -334,7 +334,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::runtime::AgentContext;
+    use crate::base::context::AgentContext;
 
     fn cx() -> ToolContext {
         ToolContext::detached(Arc::new(AgentContext::main()), "t")

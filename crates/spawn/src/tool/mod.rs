@@ -26,9 +26,10 @@ use async_trait::async_trait;
 use forkhive_core::{ContentBlock, ToolDefinition, ToolResultContent};
 use tokio_util::sync::CancellationToken;
 
-use crate::runtime::agent::AgentShared;
-use crate::runtime::context::AgentContext;
-use crate::runtime::state::{AgentState, TurnSnapshot};
+use crate::base::context::AgentContext;
+use crate::base::events::EventSink;
+use crate::base::pending::PendingQueue;
+use crate::base::state::{AgentState, TreeState, TurnSnapshot};
 
 pub use filter::{ToolAudience, ToolFilter};
 pub use fs::{ListDir, ReadFile};
@@ -90,6 +91,28 @@ impl ToolOutput {
     }
 }
 
+/// The agent a tool call runs for, as a tool may use it: who it is, its pending-message queue
+/// (a message for it arrives at its next tool round), its tree (whose
+/// [`extensions`](TreeState::extensions) hold the services children are started through,
+/// such as the task service) and its event sink.
+///
+/// This is the whole of what `tool` knows of the agent loop: the loop implements it, so tools
+/// never depend on the runtime.
+pub trait Caller: Send + Sync + fmt::Debug + 'static {
+    /// Who the agent is.
+    fn context(&self) -> &Arc<AgentContext>;
+    /// The agent's pending-message queue.
+    fn pending(&self) -> &PendingQueue;
+    /// The agent tree's shared state.
+    fn tree(&self) -> &Arc<TreeState>;
+    /// Where the agent's events go, if anywhere.
+    fn events(&self) -> Option<&Arc<dyn EventSink>>;
+    /// The implementation, for the crate's own spawning tools, which build a child from the
+    /// whole of its caller.
+    #[doc(hidden)]
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
 /// What a tool sees of the agent that calls it.
 ///
 /// The same [`AgentContext`] is also reachable from any code below a tool through the
@@ -100,7 +123,7 @@ pub struct ToolContext {
     pub(crate) state: AgentState,
     pub(crate) cancel: CancellationToken,
     pub(crate) tool_use_id: Arc<str>,
-    pub(crate) caller: Option<Arc<AgentShared>>,
+    pub(crate) caller: Option<Arc<dyn Caller>>,
     pub(crate) turn: Option<Arc<TurnSnapshot>>,
 }
 
@@ -117,9 +140,8 @@ impl ToolContext {
         }
     }
 
-    /// The calling agent's backend, tools, policy, queue and tree — what a tool needs to spawn
-    /// a child like it (`None` outside an agent loop).
-    pub fn caller(&self) -> Option<&Arc<AgentShared>> {
+    /// The calling agent (`None` outside an agent loop).
+    pub fn caller(&self) -> Option<&Arc<dyn Caller>> {
         self.caller.as_ref()
     }
 

@@ -14,7 +14,7 @@ use forkhive_core::{ContentBlock, RawJson};
 use futures::{FutureExt, StreamExt};
 use tokio::time::Instant;
 
-use crate::runtime::events::{Emitter, EventKind};
+use crate::base::events::{Emitter, EventKind};
 use crate::tool::permission::{PermissionDecision, PermissionPolicy, PermissionRequest};
 use crate::tool::{ToolContext, ToolOutput, ToolPool};
 
@@ -259,7 +259,7 @@ impl Round<'_> {
             Err(_) => ToolOutput::error(format!(
                 "tool `{}` did not finish within {}; it was stopped",
                 call.name,
-                crate::runtime::events::format_duration(limit)
+                crate::base::events::format_duration(limit)
             )),
         }
     }

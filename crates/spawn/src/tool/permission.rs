@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+use crate::base::context::AgentContext;
 use crate::definition::PermissionMode;
-use crate::runtime::context::AgentContext;
 use crate::tool::Tool;
 
 /// The decision on one tool call.

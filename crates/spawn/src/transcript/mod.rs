@@ -23,9 +23,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use tokio::io::AsyncWriteExt;
 
+use crate::base::context::AgentKind;
+use crate::base::outcome::{StopReason, TurnRecord};
 use crate::error::{Error, Result};
-use crate::runtime::context::AgentKind;
-use crate::runtime::outcome::{StopReason, TurnRecord};
 
 /// The transcript format this build writes and reads.
 pub const TRANSCRIPT_VERSION: u32 = 1;

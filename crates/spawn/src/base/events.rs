@@ -8,7 +8,7 @@ use std::time::Duration;
 use forkhive_core::{CacheBreak, CacheSafeParams, TaskId, TaskStatus, Usage};
 use forkhive_transport::StopReason as ModelStop;
 
-use crate::runtime::outcome::StopReason;
+use crate::base::outcome::StopReason;
 
 /// One thing that happened in one agent.
 #[derive(Debug, Clone, PartialEq)]
