@@ -21,7 +21,6 @@
 pub mod output;
 pub mod registry;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::path::PathBuf;
@@ -43,6 +42,7 @@ use crate::tool::orchestrate::panic_message;
 use crate::transcript;
 
 pub use output::{OutputConfig, OutputFile};
+use registry::IdMap;
 pub use registry::{MemoryTaskRegistry, Retention, TaskRecord, TaskRegistry, TaskState};
 
 /// How background children are supervised.
@@ -279,8 +279,8 @@ impl Drop for Slot {
 pub struct TaskService {
     registry: Arc<dyn TaskRegistry>,
     live: AtomicUsize,
-    per_agent: Mutex<HashMap<TaskId, usize>>,
-    tokens: Mutex<HashMap<TaskId, CancellationToken>>,
+    per_agent: Mutex<IdMap<usize>>,
+    tokens: Mutex<IdMap<CancellationToken>>,
     /// Children whose guard has not finished yet.
     active: AtomicUsize,
     /// Woken (all waiters) when `active` reaches zero.

@@ -150,6 +150,34 @@ pub trait TaskRegistry: Send + Sync + fmt::Debug + 'static {
     async fn descendants_usage(&self, id: &TaskId) -> Usage;
 }
 
+/// Hashes [`TaskId`]s, which are already 64 random bits drawn by this process: a multiply-xor
+/// fold of the bytes is enough, and several times cheaper than SipHash on the registry's and
+/// the task service's hot paths. (Keys are ids the crate generated, never attacker-chosen.)
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(word))
+                .wrapping_mul(0x517c_c1b7_2722_0a95);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A map keyed by task id, hashed with [`IdHasher`].
+pub(crate) type IdMap<V> = HashMap<TaskId, V, std::hash::BuildHasherDefault<IdHasher>>;
+
 /// How long a [`MemoryTaskRegistry`] keeps records of tasks that have ended.
 ///
 /// A long-running host starts children without end; their records must not pile up. An ended
@@ -193,29 +221,29 @@ struct Entry {
     seq: u64,
     /// Tasks below this one (at any depth) that have not ended.
     live_below: usize,
+    /// Its ancestors when it was registered, nearest first (see [`Inner::ancestors`]):
+    /// computed once, walked again when it ends and when its usage rolls up.
+    ancestors: Box<[TaskId]>,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
-    tasks: HashMap<TaskId, Entry>,
+    tasks: IdMap<Entry>,
     /// Each parent's children, in creation order.
-    order: HashMap<TaskId, BTreeMap<u64, TaskId>>,
+    order: IdMap<BTreeMap<u64, TaskId>>,
     /// Usage of everything below a task (registered or not) that has ended.
-    below: HashMap<TaskId, Usage>,
+    below: IdMap<Usage>,
     /// Ended tasks, oldest end first, with when they ended.
     ended: VecDeque<(TaskId, Instant)>,
     next_seq: u64,
 }
 
 impl Inner {
-    /// The registered ancestors of `id`, nearest first: stops at an unregistered one (which
-    /// is yielded too), at `id` itself (a root launched as its own parent) and after one pass
-    /// over the tasks (a malformed cycle).
-    fn ancestors(&self, id: &TaskId) -> Vec<TaskId> {
+    /// The ancestors of a task whose parent is `parent`, nearest first: registered ones, then
+    /// the first unregistered one (a root agent). Stops at `id` itself (a root launched as its
+    /// own parent) and after one pass over the tasks (a malformed cycle).
+    fn ancestors(&self, id: &TaskId, mut parent: TaskId) -> Box<[TaskId]> {
         let mut out = Vec::new();
-        let Some(mut parent) = self.tasks.get(id).map(|e| e.record.parent) else {
-            return out;
-        };
         for _ in 0..=self.tasks.len() {
             if parent == *id {
                 break;
@@ -226,7 +254,7 @@ impl Inner {
                 None => break,
             }
         }
-        out
+        out.into_boxed_slice()
     }
 
     /// Forgets ended records past the retention policy (see [`Retention`]).
@@ -341,27 +369,31 @@ impl TaskRegistry for MemoryTaskRegistry {
         let seq = inner.next_seq;
         inner.next_seq += 1;
         inner.order.entry(parent).or_default().insert(seq, id);
+        let ancestors = inner.ancestors(&id, parent);
+        if live {
+            for a in &ancestors {
+                if let Some(e) = inner.tasks.get_mut(a) {
+                    e.live_below += 1;
+                }
+            }
+        }
         inner.tasks.insert(
             id,
             Entry {
                 record,
                 seq,
                 live_below: 0,
+                ancestors,
             },
         );
-        if live {
-            for a in inner.ancestors(&id) {
-                if let Some(e) = inner.tasks.get_mut(&a) {
-                    e.live_below += 1;
-                }
-            }
-        }
         Ok(())
     }
 
     async fn transition(&self, id: &TaskId, to: TaskState) -> Result<TaskState> {
-        let mut inner = self.lock();
-        let task = &mut inner.tasks.get_mut(id).ok_or_else(|| unknown(id))?.record;
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let entry = inner.tasks.get_mut(id).ok_or_else(|| unknown(id))?;
+        let task = &mut entry.record;
         let from = task.state;
         let allowed = match (from, to) {
             (TaskState::Created, TaskState::Running) => true,
@@ -376,10 +408,14 @@ impl TaskRegistry for MemoryTaskRegistry {
         }
         task.state = to;
         if to.is_terminal() {
-            for a in inner.ancestors(id) {
-                if let Some(e) = inner.tasks.get_mut(&a) {
+            let ancestors = std::mem::take(&mut entry.ancestors);
+            for a in &ancestors {
+                if let Some(e) = inner.tasks.get_mut(a) {
                     e.live_below = e.live_below.saturating_sub(1);
                 }
+            }
+            if let Some(e) = inner.tasks.get_mut(id) {
+                e.ancestors = ancestors;
             }
             let now = Instant::now();
             inner.ended.push_back((*id, now));
@@ -389,17 +425,22 @@ impl TaskRegistry for MemoryTaskRegistry {
     }
 
     async fn roll_up(&self, id: &TaskId, usage: Usage) -> Result<()> {
-        let mut inner = self.lock();
-        let task = &mut inner.tasks.get_mut(id).ok_or_else(|| unknown(id))?.record;
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let entry = inner.tasks.get_mut(id).ok_or_else(|| unknown(id))?;
         // Descendants that ended earlier were added when they ended: add only this task's own.
-        task.usage = usage;
-        task.tree_usage += usage;
+        entry.record.usage = usage;
+        entry.record.tree_usage += usage;
         // Every ancestor (registered or not) learns of it.
-        for a in inner.ancestors(id) {
-            *inner.below.entry(a).or_default() += usage;
-            if let Some(e) = inner.tasks.get_mut(&a) {
+        let ancestors = std::mem::take(&mut entry.ancestors);
+        for a in &ancestors {
+            *inner.below.entry(*a).or_default() += usage;
+            if let Some(e) = inner.tasks.get_mut(a) {
                 e.record.tree_usage += usage;
             }
+        }
+        if let Some(e) = inner.tasks.get_mut(id) {
+            e.ancestors = ancestors;
         }
         Ok(())
     }
