@@ -97,6 +97,7 @@ pub struct AgentBuilder {
     unsent: Vec<Message>,
     detach: bool,
     keep_children: bool,
+    inherit_transcript: Option<usize>,
 }
 
 impl AgentBuilder {
@@ -128,6 +129,7 @@ impl AgentBuilder {
             unsent: Vec::new(),
             detach: false,
             keep_children: false,
+            inherit_transcript: None,
         }
     }
 
@@ -242,6 +244,16 @@ impl AgentBuilder {
     /// may share one token among many agents.
     pub fn cancellation(mut self, token: CancellationToken) -> Self {
         self.cancel = Some(token.child_token());
+        self
+    }
+
+    /// Writes only the messages after the first `messages` to the transcript: those are the
+    /// parent's, already in the parent's transcript beside this one (`<parent id>.jsonl` in the
+    /// same directory), and [`transcript::read`] reads them from there. A fork child's
+    /// transcript costs O(directive) this way instead of O(history). Ignored without a
+    /// parent or when the parameters hold fewer messages.
+    pub fn inherit_transcript(mut self, messages: usize) -> Self {
+        self.inherit_transcript = Some(messages);
         self
     }
 
@@ -418,6 +430,9 @@ impl AgentBuilder {
             }
         };
         let cx = Arc::new(context);
+        let inherit = self
+            .inherit_transcript
+            .filter(|n| *n > 0 && *n <= params.messages().len() && cx.parent().is_some());
         let transcript = match &self.transcript_dir {
             Some(dir) => {
                 let header = TranscriptHeader {
@@ -437,9 +452,12 @@ impl AgentBuilder {
                         .and_then(|d| d.permission_mode)
                         .map(|m| m.as_str().to_owned()),
                     max_turns: def.and_then(|d| d.max_turns),
+                    inherited_messages: inherit,
                 };
                 let mut w = TranscriptWriter::create(dir, &header).await?;
-                for m in params.messages().iter().chain(&self.unsent) {
+                // Messages inherited from the parent's transcript are referenced, not copied.
+                let skip = inherit.unwrap_or(0);
+                for m in params.messages().iter().skip(skip).chain(&self.unsent) {
                     w.message(m).await?;
                 }
                 Some(w)

@@ -431,7 +431,11 @@ impl SpawnStrategy for Fork {
             .first_request_suffix(vec![message])
             .events(sink(&cx));
         if let Some(dir) = &cx.caller.transcript_dir {
-            b = b.transcript_dir(dir.clone());
+            // The parent's history is in the parent's transcript beside this one: the child's
+            // refers to it instead of copying it (O(directive), not O(history)).
+            b = b
+                .transcript_dir(dir.clone())
+                .inherit_transcript(turn.base.messages().len());
         }
         let agent = b
             .build()

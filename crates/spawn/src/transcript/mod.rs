@@ -18,7 +18,7 @@
 
 use std::path::{Path, PathBuf};
 
-use forkhive_core::{CacheSafeParams, Message, ThinkingConfig, ToolDefinition, Usage};
+use forkhive_core::{CacheSafeParams, Message, TaskId, ThinkingConfig, ToolDefinition, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use tokio::io::AsyncWriteExt;
@@ -109,6 +109,13 @@ pub struct TranscriptHeader {
     /// The definition's `maxTurns`, re-applied on resume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_turns: Option<u32>,
+    /// How many of the agent's first messages are its parent's, read from the parent's
+    /// transcript (`<parent_id>.jsonl` beside this one) instead of copied: a fork child starts
+    /// from its parent's whole history, and writing it again would make every fork O(history).
+    /// This file's message records then start at that index. [`read`] resolves them and checks
+    /// them against `prefix_fingerprint`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inherited_messages: Option<usize>,
 }
 
 #[derive(Serialize)]
@@ -177,7 +184,8 @@ async fn open_no_follow(path: &Path, create: bool) -> std::io::Result<tokio::fs:
 
 impl TranscriptWriter {
     /// Creates `<dir>/<agent id>.jsonl` (never overwriting: an existing file or a planted
-    /// symlink is an error) and writes the header.
+    /// symlink is an error) and writes the header. When the header inherits messages from the
+    /// parent's transcript, the next message written gets the index after them.
     pub async fn create(dir: &Path, header: &TranscriptHeader) -> Result<Self> {
         let path = dir.join(format!("{}.jsonl", header.agent_id));
         let file = open_no_follow(&path, true)
@@ -190,7 +198,7 @@ impl TranscriptWriter {
         let mut w = Self {
             path,
             file,
-            next_index: 0,
+            next_index: header.inherited_messages.unwrap_or(0),
         };
         w.write_line(&Tagged {
             kind: "header",
@@ -368,8 +376,11 @@ pub struct Transcript {
     pub path: PathBuf,
     /// The header.
     pub header: TranscriptHeader,
-    /// Every message, in order.
+    /// Every message, in order (after [`read`], the inherited ones first).
     pub messages: Vec<Message>,
+    /// How many of `messages` were read from the parent's transcript (see
+    /// [`TranscriptHeader::inherited_messages`]); zero until [`read`] resolves them.
+    pub inherited: usize,
     /// Every usage record, in order.
     pub turns: Vec<UsageLine>,
     /// Every stop record, in order.
@@ -405,17 +416,78 @@ struct Probe<'a> {
     message: Option<&'a RawValue>,
 }
 
-/// Reads the transcript at `path`.
+/// How many transcripts deep an inheritance chain may go before it is called malformed.
+const MAX_INHERITANCE: usize = 16;
+
+/// Reads the transcript at `path`, with the messages it inherits from its parent's transcript
+/// (a fork child's) read from there and checked against its prefix fingerprint.
 pub async fn read(path: &Path) -> Result<Transcript> {
-    let bytes = tokio::fs::read(path).await.map_err(|source| Error::Io {
-        action: "reading transcript",
-        path: path.to_path_buf(),
-        source,
-    })?;
-    parse(path, &bytes)
+    read_at_depth(path, 0).await
 }
 
-/// Parses transcript `bytes` (read from `path`, which errors name).
+fn read_at_depth(
+    path: &Path,
+    depth: usize,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Transcript>> + Send + '_>> {
+    Box::pin(async move {
+        let bytes = tokio::fs::read(path).await.map_err(|source| Error::Io {
+            action: "reading transcript",
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut t = parse(path, &bytes)?;
+        let Some(n) = t.header.inherited_messages else {
+            return Ok(t);
+        };
+        let bad = |message: String| Error::Transcript {
+            path: path.to_path_buf(),
+            line: 1,
+            message,
+        };
+        if depth >= MAX_INHERITANCE {
+            return Err(bad(format!(
+                "inherits through more than {MAX_INHERITANCE} transcripts"
+            )));
+        }
+        // The parent's file is named by its task id, never by a path the file holds.
+        let parent: TaskId = t
+            .header
+            .parent_id
+            .as_deref()
+            .ok_or_else(|| bad("inherits messages but names no parent".to_owned()))?
+            .parse()
+            .map_err(|e| bad(format!("bad parent_id: {e}")))?;
+        let parent_path = path
+            .parent()
+            .unwrap_or_else(|| Path::new("."))
+            .join(format!("{parent}.jsonl"));
+        let from = read_at_depth(&parent_path, depth + 1).await?;
+        if from.messages.len() < n {
+            return Err(bad(format!(
+                "inherits {n} messages from {}, which holds {}",
+                parent_path.display(),
+                from.messages.len()
+            )));
+        }
+        let mut messages = from.messages;
+        messages.truncate(n);
+        let inherited = t.header.prefix.params(messages.clone());
+        if inherited.fingerprint().total().to_string() != t.header.prefix_fingerprint {
+            return Err(bad(format!(
+                "the {n} messages inherited from {} do not match this transcript's prefix \
+                 fingerprint: the parent's transcript was changed",
+                parent_path.display()
+            )));
+        }
+        messages.append(&mut t.messages);
+        t.messages = messages;
+        t.inherited = n;
+        Ok(t)
+    })
+}
+
+/// Parses transcript `bytes` (read from `path`, which errors name). A transcript that inherits
+/// its first messages from its parent's holds only its own here; [`read`] resolves the rest.
 pub fn parse(path: &Path, bytes: &[u8]) -> Result<Transcript> {
     let bad = |line: usize, message: String| Error::Transcript {
         path: path.to_path_buf(),
@@ -474,13 +546,17 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Transcript> {
                 let index = probe
                     .index
                     .ok_or_else(|| bad(line_no, "message record without `index`".to_owned()))?;
-                if index != messages.len() {
+                let expected = header
+                    .as_ref()
+                    .and_then(|h| h.inherited_messages)
+                    .unwrap_or(0)
+                    + messages.len();
+                if index != expected {
                     return Err(bad(
                         line_no,
                         format!(
-                            "message index {index} where {} was expected: records are missing \
-                             or repeated",
-                            messages.len()
+                            "message index {index} where {expected} was expected: records are \
+                             missing or repeated"
                         ),
                     ));
                 }
@@ -511,6 +587,7 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Transcript> {
         path: path.to_path_buf(),
         header,
         messages,
+        inherited: 0,
         turns,
         stops,
         dropped,
