@@ -1,0 +1,431 @@
+//! Building an agent: rendering its parameters and tools, opening its transcript.
+
+use super::*;
+
+/// Builds an [`Agent`]; see [`Agent::builder`].
+#[derive(Debug)]
+pub struct AgentBuilder {
+    pub(super) backend: Arc<dyn Backend>,
+    pub(super) params: Option<CacheSafeParams>,
+    pub(super) model: Option<String>,
+    pub(super) system: Vec<String>,
+    pub(super) system_context: Vec<(String, String)>,
+    pub(super) user_context: Vec<(String, String)>,
+    pub(super) definition: Option<Arc<AgentDefinition>>,
+    pub(super) tools: ToolPool,
+    pub(super) filter: Option<Arc<ToolFilter>>,
+    pub(super) audience: Option<ToolAudience>,
+    pub(super) trust_modes: bool,
+    pub(super) policy: Arc<dyn PermissionPolicy>,
+    pub(super) parent_policy: Option<Arc<dyn PermissionPolicy>>,
+    pub(super) limits: Limits,
+    pub(super) settings: RequestSettings,
+    pub(super) context: Option<AgentContext>,
+    pub(super) state: AgentState,
+    pub(super) tree: Option<Arc<TreeState>>,
+    pub(super) cancel: Option<CancellationToken>,
+    pub(super) events: Option<Arc<dyn EventSink>>,
+    pub(super) transcript_dir: Option<PathBuf>,
+    pub(super) pending: PendingQueue,
+    pub(super) expected_prefix: Option<PrefixFingerprint>,
+    pub(super) unsent: Vec<Message>,
+    pub(super) detach: bool,
+    pub(super) keep_children: bool,
+    pub(super) inherit_transcript: Option<usize>,
+}
+
+impl AgentBuilder {
+    pub(super) fn new(backend: Arc<dyn Backend>) -> Self {
+        Self {
+            backend,
+            params: None,
+            model: None,
+            system: Vec::new(),
+            system_context: Vec::new(),
+            user_context: Vec::new(),
+            definition: None,
+            tools: ToolPool::empty(),
+            filter: None,
+            audience: None,
+            trust_modes: false,
+            policy: Arc::new(AllowAll),
+            parent_policy: None,
+            limits: Limits::default(),
+            settings: RequestSettings::default(),
+            context: None,
+            state: AgentState::default(),
+            tree: None,
+            cancel: None,
+            events: None,
+            transcript_dir: None,
+            pending: PendingQueue::new(),
+            expected_prefix: None,
+            unsent: Vec::new(),
+            detach: false,
+            keep_children: false,
+            inherit_transcript: None,
+        }
+    }
+
+    /// Starts from already rendered cache-safe parameters (system, contexts, tools, model and
+    /// any messages). Their tool array is kept byte for byte; every tool in it must be in the
+    /// pool. Overrides [`model`](Self::model), [`system_prompt`](Self::system_prompt) and the
+    /// definition's rendering.
+    pub fn params(mut self, params: CacheSafeParams) -> Self {
+        self.params = Some(params);
+        self
+    }
+
+    /// The model (required unless [`params`](Self::params) or a definition names one).
+    pub fn model(mut self, model: impl Into<String>) -> Self {
+        self.model = Some(model.into());
+        self
+    }
+
+    /// Appends a system prompt block (used when no [`params`](Self::params) are given).
+    pub fn system_prompt(mut self, text: impl Into<String>) -> Self {
+        self.system.push(text.into());
+        self
+    }
+
+    /// Appends a system context entry (rendered after the system prompt; order is kept).
+    pub fn system_context(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.system_context.push((key.into(), value.into()));
+        self
+    }
+
+    /// Appends a user context entry (sent ahead of the conversation; order is kept).
+    /// Definitions with `omitClaudeMd` drop entries keyed `claudeMd`.
+    pub fn user_context(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.user_context.push((key.into(), value.into()));
+        self
+    }
+
+    /// Renders the agent from a definition: its system prompt (unless system blocks were
+    /// given), its model (`inherit` or none: the builder's), its tools through the three
+    /// filtering layers, its `maxTurns` and its `permissionMode`. Takes an `AgentDefinition`
+    /// or an `Arc` of one (shared by every child of a definition, not copied per child).
+    pub fn definition(mut self, definition: impl Into<Arc<AgentDefinition>>) -> Self {
+        self.definition = Some(definition.into());
+        self
+    }
+
+    /// The tools available before filtering.
+    pub fn tools(mut self, tools: ToolPool) -> Self {
+        self.tools = tools;
+        self
+    }
+
+    /// The lists of filtering layers 1 and 2 (default: Claude Code's). Takes a
+    /// [`ToolFilter`] or an `Arc` of one, which children built from one config share.
+    pub fn tool_filter(mut self, filter: impl Into<Arc<ToolFilter>>) -> Self {
+        self.filter = Some(filter.into());
+        self
+    }
+
+    /// Who the tools are for. Default: from the agent's kind — [`ToolAudience::Main`] for a
+    /// main agent, `Foreground` for a subagent or fork, `Teammate` for a teammate.
+    pub fn audience(mut self, audience: ToolAudience) -> Self {
+        self.audience = Some(audience);
+        self
+    }
+
+    /// Whether a definition's loosening `permissionMode` (`acceptEdits`, `bypassPermissions`)
+    /// is honoured (default: no — the host's policy decides; tightening modes always apply).
+    pub fn trust_permission_modes(mut self, trust: bool) -> Self {
+        self.trust_modes = trust;
+        self
+    }
+
+    /// The permission policy (default: [`AllowAll`]).
+    pub fn policy(mut self, policy: Arc<dyn PermissionPolicy>) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The limits.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Per-request settings (`max_tokens` is taken from the limits).
+    pub fn settings(mut self, settings: RequestSettings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// The agent's identity (default: a main agent with a fresh id).
+    pub fn context(mut self, context: AgentContext) -> Self {
+        self.context = Some(context);
+        self
+    }
+
+    /// Builds a child from a parent's [`ChildSeed`]: identity, copied state, tree state,
+    /// linked cancellation and the parent's policy (for `bubble`).
+    pub fn child_of(mut self, seed: ChildSeed) -> Self {
+        self.context = Some(seed.context);
+        self.state = seed.state;
+        self.tree = Some(seed.tree);
+        self.cancel = Some(seed.cancel);
+        self.parent_policy = Some(seed.parent_policy);
+        self
+    }
+
+    /// Links the agent to `token` (default: a new root token): cancelling `token` stops the
+    /// agent and everything it started. The agent runs on a child of `token`, so dropping the
+    /// agent (which stops its children, see [`Agent`]) never cancels `token` itself: a host
+    /// may share one token among many agents.
+    pub fn cancellation(mut self, token: CancellationToken) -> Self {
+        self.cancel = Some(token.child_token());
+        self
+    }
+
+    /// Writes only the messages after the first `messages` to the transcript: those are the
+    /// parent's, already in the parent's transcript beside this one (`<parent id>.jsonl` in the
+    /// same directory), and [`transcript::read`] reads them from there. A fork child's
+    /// transcript costs O(directive) this way instead of O(history). Ignored without a
+    /// parent or when the parameters hold fewer messages.
+    pub fn inherit_transcript(mut self, messages: usize) -> Self {
+        self.inherit_transcript = Some(messages);
+        self
+    }
+
+    /// Whether dropping the agent stops the children it started that are still running
+    /// (default: yes). Turn it off only when something else owns them — for instance a host
+    /// that keeps the tree's [`TaskService`](crate::task::TaskService) and cancels through it.
+    pub fn cancel_children_on_drop(mut self, cancel: bool) -> Self {
+        self.keep_children = !cancel;
+        self
+    }
+
+    /// Where events go.
+    pub fn events(mut self, sink: Arc<dyn EventSink>) -> Self {
+        self.events = Some(sink);
+        self
+    }
+
+    /// Writes the transcript to `<dir>/<agent id>.jsonl` (the directory must exist).
+    pub fn transcript_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.transcript_dir = Some(dir.into());
+        self
+    }
+
+    /// Uses `queue` as the agent's pending-message queue (to hand it out before building).
+    pub fn pending(mut self, queue: PendingQueue) -> Self {
+        self.pending = queue;
+        self
+    }
+
+    /// The fingerprint the first request is expected to extend (a fork child's parent's last
+    /// request): anything but an append is reported as a cache break before it is sent.
+    pub fn expect_prefix(mut self, fingerprint: PrefixFingerprint) -> Self {
+        self.expected_prefix = Some(fingerprint);
+        self
+    }
+
+    /// Messages that end the conversation but go in the first request's *suffix*, so the
+    /// codec can place a cache breakpoint inside them (a fork child's message: its boilerplate
+    /// block is shared by every sibling). They are part of the conversation from the start;
+    /// run the agent with [`Agent::run_pending`] or [`Agent::continue_run`].
+    pub fn first_request_suffix(mut self, messages: Vec<Message>) -> Self {
+        self.unsent = messages;
+        self
+    }
+
+    /// When the model ends its turn while background children are still running, stop
+    /// instead of waiting for their notifications (the host polls the queue itself).
+    pub fn detach_background(mut self, detach: bool) -> Self {
+        self.detach = detach;
+        self
+    }
+
+    /// Renders the parameters and tools, opens the transcript, and returns the agent.
+    pub async fn build(self) -> Result<Agent> {
+        let def = self.definition.as_deref();
+        let audience =
+            self.audience
+                .unwrap_or(match self.context.as_ref().map(AgentContext::kind) {
+                    None | Some(AgentKind::Main) => ToolAudience::Main,
+                    Some(AgentKind::Teammate) => ToolAudience::Teammate,
+                    Some(_) => ToolAudience::Foreground,
+                });
+        let pool = match def {
+            Some(d) if self.params.is_none() => {
+                static DEFAULT_FILTER: std::sync::LazyLock<ToolFilter> =
+                    std::sync::LazyLock::new(ToolFilter::default);
+                let filter = self.filter.as_deref().unwrap_or(&DEFAULT_FILTER);
+                let names: Vec<String> = filter
+                    .apply(
+                        &self.tools.names(),
+                        audience,
+                        d.tools.as_deref(),
+                        d.disallowed_tools.as_deref(),
+                    )
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect();
+                self.tools.retain(|n| names.iter().any(|k| k == n))
+            }
+            _ => self.tools.clone(),
+        };
+        let (params, pool) = match self.params {
+            Some(p) => {
+                for t in p.tools() {
+                    if pool.get(&t.name).is_none() {
+                        return Err(Error::Config(format!(
+                            "the parameters name tool `{}`, which is not in the tool pool",
+                            t.name
+                        )));
+                    }
+                }
+                // Only what the model was offered may run. A pool that already is exactly the
+                // offered array (a cached head's) is kept as it is.
+                let exact = pool.len() == p.tools().len()
+                    && pool
+                        .names()
+                        .iter()
+                        .zip(p.tools())
+                        .all(|(n, t)| *n == t.name);
+                let offered = if exact {
+                    pool
+                } else {
+                    pool.retain(|n| p.tools().iter().any(|t| t.name == n))
+                };
+                (p, offered)
+            }
+            None => {
+                let def_model = def
+                    .and_then(|d| d.model.as_deref())
+                    .filter(|m| *m != "inherit");
+                let model = def_model.map(str::to_owned).or(self.model).ok_or_else(|| {
+                    Error::Config(
+                        "no model: set one on the builder, or give parameters or a \
+                             definition that names one"
+                            .to_owned(),
+                    )
+                })?;
+                let mut b = CacheSafeParams::builder(model).tools(pool.definitions());
+                let system = if self.system.is_empty() {
+                    def.map(|d| vec![d.system_prompt.clone()])
+                        .unwrap_or_default()
+                } else {
+                    self.system
+                };
+                for s in system.into_iter().filter(|s| !s.is_empty()) {
+                    b = b.system_block(s);
+                }
+                for (k, v) in self.system_context {
+                    b = b.system_context(k, v);
+                }
+                let omit_claude_md = def.is_some_and(|d| d.omit_claude_md);
+                for (k, v) in self.user_context {
+                    if !(omit_claude_md && k == "claudeMd") {
+                        b = b.user_context(k, v);
+                    }
+                }
+                (b.build(), pool)
+            }
+        };
+        let mut limits = self.limits;
+        if let Some(n) = def.and_then(|d| d.max_turns) {
+            limits.max_turns = Some(n);
+        }
+        let policy = policy_for_mode(
+            def.and_then(|d| d.permission_mode.as_ref()),
+            self.policy,
+            self.parent_policy,
+            self.trust_modes,
+        );
+        let context = match self.context {
+            Some(c) => c,
+            None => {
+                let source = def.map_or_else(QuerySource::main, |d| {
+                    if d.source == crate::definition::DefinitionSource::BuiltIn {
+                        QuerySource::builtin(&d.name)
+                    } else {
+                        QuerySource::custom(&d.name)
+                    }
+                });
+                let kind = if def.is_some() {
+                    AgentKind::Subagent
+                } else {
+                    AgentKind::Main
+                };
+                let cx = AgentContext::new(
+                    TaskId::generate(forkhive_core::TaskKind::Agent),
+                    kind,
+                    source,
+                );
+                match def {
+                    Some(d) => cx.with_agent_type(d.name.clone()),
+                    None => cx,
+                }
+            }
+        };
+        let cx = Arc::new(context);
+        let inherit = self
+            .inherit_transcript
+            .filter(|n| *n > 0 && *n <= params.messages().len() && cx.parent().is_some());
+        let transcript = match &self.transcript_dir {
+            Some(dir) => {
+                let header = TranscriptHeader {
+                    version: TRANSCRIPT_VERSION,
+                    agent_id: cx.id().to_string(),
+                    parent_id: cx.parent().map(ToString::to_string),
+                    depth: cx.depth(),
+                    kind: cx.kind(),
+                    query_source: cx.query_source().to_string(),
+                    definition: def
+                        .map(|d| d.name.clone())
+                        .or_else(|| cx.agent_type().map(str::to_owned)),
+                    model: params.model().to_owned(),
+                    prefix_fingerprint: params.fingerprint().total().to_string(),
+                    prefix: PrefixRecord::of(&params),
+                    permission_mode: def
+                        .and_then(|d| d.permission_mode)
+                        .map(|m| m.as_str().to_owned()),
+                    max_turns: def.and_then(|d| d.max_turns),
+                    inherited_messages: inherit,
+                };
+                let mut w = TranscriptWriter::create(dir, &header).await?;
+                // Messages inherited from the parent's transcript are referenced, not copied.
+                let skip = inherit.unwrap_or(0);
+                for m in params.messages().iter().skip(skip).chain(&self.unsent) {
+                    w.message(m).await?;
+                }
+                Some(w)
+            }
+            None => None,
+        };
+        let emit = Emitter::new(*cx.id(), self.events.clone());
+        let mut settings = self.settings;
+        settings.max_tokens = limits.max_output_tokens;
+        Ok(Agent {
+            shared: Arc::new(AgentShared {
+                backend: self.backend,
+                pool,
+                policy,
+                limits,
+                settings,
+                cx,
+                state: self.state,
+                tree: self.tree.unwrap_or_default(),
+                cancel: self.cancel.unwrap_or_default(),
+                pending: self.pending,
+                events: self.events,
+                transcript_dir: self.transcript_dir,
+                wait_for_promises: !self.detach,
+            }),
+            params,
+            emit,
+            transcript,
+            last_prefix: self
+                .expected_prefix
+                .map(|fp| LastPrefix::Expected(Box::new(fp))),
+            turn: 0,
+            unsent: self.unsent,
+            keep_children: self.keep_children,
+        })
+    }
+}

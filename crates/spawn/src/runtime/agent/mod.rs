@@ -1,0 +1,264 @@
+//! [`Agent`]: one agent's loop, and [`AgentBuilder`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use forkhive_core::{
+    CacheBreak, CacheSafeParams, ContentBlock, Message, PrefixFingerprint, Role, TaskId, Usage,
+};
+use forkhive_transport::{
+    Backend, Request, RequestSettings, Response, ResponseBuilder, StopReason as ModelStop,
+    StreamEvent,
+};
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::base::context::{AgentContext, AgentKind, QuerySource};
+use crate::base::events::{Emitter, EventKind, EventSink};
+use crate::base::outcome::{AgentRun, Limits, StopReason, TurnRecord, model_stop_str};
+use crate::base::pending::{PendingMessage, PendingQueue, Wake};
+use crate::base::state::{AgentState, TreeState, TurnSnapshot};
+use crate::definition::AgentDefinition;
+use crate::error::{Error, Result};
+use crate::tool::orchestrate::{Round, RoundConfig, ToolCall};
+use crate::tool::permission::{AllowAll, PermissionPolicy, policy_for_mode};
+use crate::tool::{ToolAudience, ToolContext, ToolFilter, ToolOutput, ToolPool};
+use crate::transcript::{
+    self, PrefixRecord, TRANSCRIPT_VERSION, TranscriptHeader, TranscriptWriter,
+};
+
+mod builder;
+mod resume;
+mod shared;
+mod turn;
+
+pub use builder::AgentBuilder;
+pub use resume::ResumeReport;
+pub use shared::{AgentShared, ChildSeed};
+
+/// The user message sent after the model stopped at `max_tokens` in the middle of text.
+pub const CONTINUE_PROMPT: &str = "Your last answer was cut off by the output token limit. \
+Continue exactly where it stopped: do not repeat anything or apologise.";
+
+/// What the next request's prefix is checked against for a prompt-cache break.
+#[derive(Debug)]
+enum LastPrefix {
+    /// A fingerprint the host expects the first request to extend (a fork child's parent's).
+    Expected(Box<PrefixFingerprint>),
+    /// The prefix of the last request sent.
+    Sent(CacheSafeParams),
+}
+
+impl LastPrefix {
+    /// The first difference that stops `next` from reading this prefix's cache. A prefix made
+    /// from the last one by appending — every turn of a plain conversation — is told apart
+    /// by pointers, without hashing anything.
+    fn break_before(&self, next: &CacheSafeParams) -> Option<CacheBreak> {
+        match self {
+            Self::Sent(last) if next.extends(last) => None,
+            Self::Sent(last) => last.fingerprint().diff(next.fingerprint()),
+            Self::Expected(fp) => fp.diff(next.fingerprint()),
+        }
+    }
+}
+
+/// One agent: its conversation, tools, policy and limits, driven by [`run`](Self::run).
+///
+/// The agent owns its conversation; nothing else holds a lock on it. Others reach it through
+/// its [`PendingQueue`] (messages) and its [`CancellationToken`].
+///
+/// ```
+/// use std::sync::Arc;
+/// use forkhive_spawn::runtime::{Agent, StopReason};
+/// use forkhive_transport::ScriptedBackend;
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let backend = Arc::new(ScriptedBackend::from_texts(["Hello!"]));
+/// let mut agent = Agent::builder(backend).model("claude-sonnet-4-5").build().await?;
+/// let run = agent.run("Say hello.").await;
+/// assert_eq!(run.stop, StopReason::Completed);
+/// assert_eq!(run.final_text, "Hello!");
+/// # Ok::<(), forkhive_spawn::Error>(()) }).unwrap();
+/// ```
+#[derive(Debug)]
+pub struct Agent {
+    shared: Arc<AgentShared>,
+    params: CacheSafeParams,
+    emit: Emitter,
+    transcript: Option<TranscriptWriter>,
+    last_prefix: Option<LastPrefix>,
+    turn: u32,
+    /// Messages already in the conversation but sent as the next request's suffix (a fork
+    /// child's first message, so that its boilerplate block gets a cache breakpoint).
+    unsent: Vec<Message>,
+    /// Leave running children alone when dropped.
+    keep_children: bool,
+}
+
+/// Dropping an agent stops everything it started that still runs: a run that ended at a limit
+/// (`MaxTurns`, a budget) or failed may leave background children behind, and once the agent is
+/// gone nobody reads their notifications. Each stopped child still ends `killed`, recorded and
+/// accounted by its owner ([`TaskService`](crate::task::TaskService)). The agent's token is its
+/// own (a child of any token the host passed in), so no host token is cancelled. Opt out with
+/// [`AgentBuilder::cancel_children_on_drop`].
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if !self.keep_children {
+            self.shared.cancel.cancel();
+        }
+    }
+}
+
+impl Agent {
+    /// Starts a builder on `backend`.
+    pub fn builder(backend: Arc<dyn Backend>) -> AgentBuilder {
+        AgentBuilder::new(backend)
+    }
+
+    /// The agent's identity.
+    pub fn context(&self) -> &Arc<AgentContext> {
+        &self.shared.cx
+    }
+
+    /// The agent's id.
+    pub fn id(&self) -> &TaskId {
+        self.shared.cx.id()
+    }
+
+    /// The conversation so far, as the cache-safe parameters of the next request.
+    pub fn params(&self) -> &CacheSafeParams {
+        &self.params
+    }
+
+    /// The fingerprint of the last request sent.
+    pub fn last_request_fingerprint(&self) -> Option<&PrefixFingerprint> {
+        match self.last_prefix.as_ref()? {
+            LastPrefix::Expected(fp) => Some(fp),
+            LastPrefix::Sent(params) => Some(params.fingerprint()),
+        }
+    }
+
+    /// The tools this agent may call (after filtering).
+    pub fn tools(&self) -> &ToolPool {
+        &self.shared.pool
+    }
+
+    /// The permission policy in force.
+    pub fn policy(&self) -> &Arc<dyn PermissionPolicy> {
+        &self.shared.policy
+    }
+
+    /// A handle to the pending-message queue.
+    pub fn pending(&self) -> PendingQueue {
+        self.shared.pending.clone()
+    }
+
+    /// The agent's cancellation token (cancelling it stops the agent and its descendants).
+    pub fn cancellation(&self) -> &CancellationToken {
+        &self.shared.cancel
+    }
+
+    /// The agent's own state.
+    pub fn state(&self) -> &AgentState {
+        &self.shared.state
+    }
+
+    /// The tree's shared state.
+    pub fn tree(&self) -> &Arc<TreeState> {
+        &self.shared.tree
+    }
+
+    /// The transcript file, if one is written.
+    pub fn transcript_path(&self) -> Option<&Path> {
+        self.transcript.as_ref().map(TranscriptWriter::path)
+    }
+
+    /// Model turns over the agent's life.
+    pub fn turns(&self) -> u32 {
+        self.turn
+    }
+
+    /// What a child of this agent starts from (see [`ChildSeed`]).
+    pub fn child_seed(&self, id: TaskId, kind: AgentKind, source: QuerySource) -> ChildSeed {
+        self.shared.child_seed(id, kind, source)
+    }
+
+    /// The parts of this agent its tools can use.
+    pub fn shared(&self) -> &Arc<AgentShared> {
+        &self.shared
+    }
+
+    /// Adds `prompt` as a user message (with any pending messages after it) and runs the loop
+    /// until the model stops, a limit is reached, or the agent is cancelled.
+    pub async fn run(&mut self, prompt: impl Into<String>) -> AgentRun {
+        let mut blocks = vec![ContentBlock::text(prompt)];
+        blocks.extend(self.drain_pending());
+        self.run_with(Some(blocks)).await
+    }
+
+    /// Runs the loop on the conversation as it stands — it must end with a user message (or
+    /// [`AgentBuilder::first_request_suffix`] messages), as a fork child's or a resumed agent's
+    /// does — adding only what is pending.
+    pub async fn continue_run(&mut self) -> AgentRun {
+        let pending = self.drain_pending();
+        self.run_with((!pending.is_empty()).then_some(pending))
+            .await
+    }
+
+    /// Runs the loop on whatever is pending (waiting for a promised message if none is
+    /// queued yet). Returns at once, [`StopReason::Completed`], when nothing is pending or
+    /// expected.
+    pub async fn run_pending(&mut self) -> AgentRun {
+        match self.next_wake(true).await {
+            None => {
+                let run = self.run_state();
+                self.finish(run, StopReason::Cancelled).await
+            }
+            Some(Wake::Idle) => {
+                let run = self.run_state();
+                self.finish(run, StopReason::Completed).await
+            }
+            Some(Wake::Messages(ms)) => {
+                let blocks = self.woken(ms).await;
+                self.run_with(Some(blocks)).await
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use forkhive_core::ToolDefinition;
+
+    fn params(tool: &str) -> CacheSafeParams {
+        CacheSafeParams::builder("m")
+            .tool(ToolDefinition::new(tool, "a tool", r#"{"type":"object"}"#).unwrap())
+            .messages(vec![Message::user_text("hi")])
+            .build()
+    }
+
+    #[test]
+    fn a_break_is_named_whether_or_not_the_prefix_was_appended_to() {
+        let sent = params("Read");
+        let last = LastPrefix::Sent(sent.clone());
+        // Appended to: no break, and nothing is hashed to know it.
+        let next = sent.append(vec![Message::assistant_text("hello")]);
+        assert_eq!(last.break_before(&next), None);
+        // Equal but rebuilt: the fingerprints agree.
+        assert_eq!(last.break_before(&params("Read")), None);
+        // A changed tool or a rewritten history is a break, named.
+        let other = params("Write").append(vec![Message::assistant_text("hello")]);
+        assert_eq!(
+            last.break_before(&other).map(|b| b.to_string()).as_deref(),
+            Some("tools[0] changed")
+        );
+        let rewritten = sent.with_messages(vec![Message::user_text("bye")]);
+        assert!(last.break_before(&rewritten).is_some());
+        // Against an expected fingerprint (a fork child's parent's), the same answers.
+        let expected = LastPrefix::Expected(Box::new(sent.fingerprint().clone()));
+        assert_eq!(expected.break_before(&next), None);
+        assert!(expected.break_before(&other).is_some());
+    }
+}

@@ -1,0 +1,117 @@
+//! Rebuilding an agent from its transcript.
+
+use super::*;
+
+/// What [`Agent::resume`] found in the transcript.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResumeReport {
+    /// The transcript.
+    pub path: PathBuf,
+    /// How many messages were restored.
+    pub messages: usize,
+    /// How many model turns the transcript recorded.
+    pub turns: usize,
+    /// A last line cut by a crash, left out (and cut from the file before appending).
+    pub dropped: Option<transcript::DroppedTail>,
+    /// Tool calls the transcript left without results (a crash mid-round); each was answered
+    /// with an error result before the agent goes on.
+    pub interrupted_calls: usize,
+}
+
+impl Agent {
+    /// Rebuilds an agent from its transcript, byte for byte, and goes on appending to it.
+    ///
+    /// `builder` supplies the backend, tools, policy and limits; the identity, model, system
+    /// prompt, contexts, tool array and conversation come from the transcript, so the resumed
+    /// agent's next request extends the cache it left. A last line cut by a crash is left out
+    /// (and cut from the file) and reported; any other damage is [`Error::Transcript`].
+    pub async fn resume(builder: AgentBuilder, path: &Path) -> Result<(Agent, ResumeReport)> {
+        let t = transcript::read(path).await?;
+        let id: TaskId = t.header.agent_id.parse().map_err(|e| Error::Transcript {
+            path: path.to_path_buf(),
+            line: 1,
+            message: format!("bad agent_id: {e}"),
+        })?;
+        let parent: Option<TaskId> = match &t.header.parent_id {
+            Some(p) => Some(p.parse().map_err(|e| Error::Transcript {
+                path: path.to_path_buf(),
+                line: 1,
+                message: format!("bad parent_id: {e}"),
+            })?),
+            None => None,
+        };
+        let source = QuerySource::from_label(t.header.query_source.clone());
+        let mut cx =
+            AgentContext::new(id, t.header.kind, source).with_lineage(parent, t.header.depth);
+        if let Some(d) = &t.header.definition {
+            cx = cx.with_agent_type(d.clone());
+        }
+        // The definition's restrictions survive a resume: its tools are the header's tool array
+        // (the pool is narrowed to it), its permission mode and turn limit are re-applied.
+        let definition = match (&t.header.permission_mode, t.header.max_turns) {
+            (None, None) => None,
+            (mode, max_turns) => {
+                let name = t.header.definition.clone().unwrap_or_default();
+                let mut d =
+                    AgentDefinition::new(name, "", crate::definition::DefinitionSource::BuiltIn);
+                d.max_turns = max_turns;
+                d.permission_mode = match mode {
+                    Some(m) => Some(m.parse().map_err(|e| Error::Transcript {
+                        path: path.to_path_buf(),
+                        line: 1,
+                        message: format!("bad permission_mode: {e}"),
+                    })?),
+                    None => None,
+                };
+                Some(d)
+            }
+        };
+        let mut params = t.params();
+        let writer = TranscriptWriter::reopen(&t).await?;
+        let mut agent = AgentBuilder {
+            params: Some(params.clone()),
+            context: Some(cx),
+            transcript_dir: None,
+            definition: definition.map(Arc::new),
+            ..builder
+        }
+        .build()
+        .await?;
+        agent.transcript = Some(writer);
+        // A crash in the middle of a tool round leaves calls without results, which no provider
+        // accepts: answer each with an error and record it.
+        let interrupted: Vec<ContentBlock> = match params.messages().last() {
+            Some(m) if m.role == Role::Assistant => m
+                .tool_uses()
+                .map(|(id, name, _)| {
+                    ToolOutput::error(format!(
+                        "the call to `{name}` was interrupted: the agent stopped before it \
+                         finished, and was resumed from its transcript; check its effects and \
+                         call it again if needed"
+                    ))
+                    .into_result_block(id)
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        let interrupted_calls = interrupted.len();
+        if interrupted_calls > 0 {
+            let m = Message::user(interrupted);
+            if let Some(w) = &mut agent.transcript {
+                w.message(&m).await?;
+            }
+            params = params.append(vec![m]);
+            agent.params = params;
+        }
+        agent.turn = t.turns.iter().map(|u| u.turn).max().unwrap_or(0);
+        agent.last_prefix = Some(LastPrefix::Sent(agent.params.clone()));
+        let report = ResumeReport {
+            path: path.to_path_buf(),
+            messages: t.messages.len(),
+            turns: t.turns.len(),
+            dropped: t.dropped.clone(),
+            interrupted_calls,
+        };
+        Ok((agent, report))
+    }
+}

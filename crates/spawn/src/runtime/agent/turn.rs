@@ -1,0 +1,446 @@
+//! The loop: model turn, tool round, the next turn; waking on pending messages; the end of a
+//! run.
+
+use super::*;
+
+/// How one model turn ended, for the loop.
+pub(super) enum TurnEnd {
+    /// Go on with another model turn.
+    Continue,
+    /// The model ended its turn (no tool calls).
+    EndTurn,
+    /// Stop now.
+    Stop(StopReason),
+}
+
+/// Accumulates one run's results.
+#[derive(Default)]
+pub(super) struct RunState {
+    turns: Vec<TurnRecord>,
+    usage: Usage,
+    /// How many messages the conversation held when the run began: the run's own messages
+    /// are the ones after them.
+    start: usize,
+    final_text: String,
+    continuations: u32,
+    pauses: u32,
+    /// Text of assistant messages cut at `max_tokens` and continued, not yet complete.
+    continued: String,
+    error: Option<Arc<Error>>,
+}
+
+impl Agent {
+    /// After waking on a message while more are promised, waits up to
+    /// `Limits::notification_window` (or until nothing more is promised) and takes what else
+    /// arrived, so children finishing together reach the model in one turn, not one each.
+    pub(super) async fn coalesce(&self, ms: &mut Vec<PendingMessage>) {
+        let window = self.shared.limits.notification_window;
+        if window.is_zero() || self.shared.pending.outstanding() == 0 {
+            return;
+        }
+        tokio::select! {
+            biased;
+            () = self.shared.cancel.cancelled() => {}
+            () = self.shared.pending.settled() => {}
+            () = tokio::time::sleep(window) => {}
+        }
+        ms.extend(self.shared.pending.drain());
+    }
+
+    /// `<agent id>-<turn>`, in one allocation.
+    fn request_label(&self) -> String {
+        use std::fmt::Write as _;
+        let mut label = String::with_capacity(24);
+        let _ = write!(label, "{}-{}", self.shared.cx.id(), self.turn);
+        label
+    }
+
+    /// The state of a run that begins now.
+    pub(super) fn run_state(&self) -> RunState {
+        RunState {
+            start: self.params.messages().len(),
+            ..RunState::default()
+        }
+    }
+
+    /// The text blocks of the next user message for `ms` (the one place pending messages
+    /// enter the conversation), and the event that tells hosts.
+    fn inject(&self, ms: Vec<PendingMessage>) -> Vec<ContentBlock> {
+        if !ms.is_empty() {
+            self.emit
+                .emit(EventKind::MessagesInjected { count: ms.len() });
+        }
+        ms.into_iter().map(|m| ContentBlock::text(m.text)).collect()
+    }
+
+    /// Whatever is queued now, as blocks for the next user message.
+    pub(super) fn drain_pending(&self) -> Vec<ContentBlock> {
+        self.inject(self.shared.pending.drain())
+    }
+
+    /// What the agent wakes on at the end of a turn: the next queued message, or nothing more
+    /// promised, waiting for either when `wait` (`None`: cancelled first). Without `wait`, only
+    /// what is queued now.
+    pub(super) async fn next_wake(&self, wait: bool) -> Option<Wake> {
+        if !wait {
+            let ms = self.shared.pending.drain();
+            return Some(if ms.is_empty() {
+                Wake::Idle
+            } else {
+                Wake::Messages(ms)
+            });
+        }
+        tokio::select! {
+            biased;
+            () = self.shared.cancel.cancelled() => None,
+            w = self.shared.pending.wait() => Some(w),
+        }
+    }
+
+    /// The blocks for messages that woke the agent, with those that arrive within the
+    /// notification window.
+    pub(super) async fn woken(&self, mut ms: Vec<PendingMessage>) -> Vec<ContentBlock> {
+        self.coalesce(&mut ms).await;
+        self.inject(ms)
+    }
+
+    pub(super) async fn run_with(&mut self, first: Option<Vec<ContentBlock>>) -> AgentRun {
+        let span = tracing::info_span!(
+            "agent",
+            agent_id = %self.shared.cx.id(),
+            parent = ?self.shared.cx.parent().map(ToString::to_string),
+            kind = %self.shared.cx.kind(),
+            model = %self.params.model(),
+        );
+        let cx = Arc::clone(&self.shared.cx);
+        // Boxed: the loop's state is allocated when the run starts, so a task holding an
+        // agent that has not started yet (a background child behind its gate, or one of
+        // thousands just spawned) stays small.
+        Box::pin(cx.scope(self.run_loop(first).instrument(span))).await
+    }
+
+    async fn run_loop(&mut self, first: Option<Vec<ContentBlock>>) -> AgentRun {
+        let _live = self.shared.tree.enter();
+        let mut run = self.run_state();
+        if let Some(first) = first
+            && let Err(e) = self.push(vec![Message::user(first)]).await
+        {
+            run.error = Some(Arc::new(e));
+            return self.finish(run, StopReason::Failed).await;
+        }
+        loop {
+            if self.shared.cancel.is_cancelled() {
+                return self.finish(run, StopReason::Cancelled).await;
+            }
+            if let Some(limit) = self.shared.limits.max_turns
+                && run.turns.len() >= limit as usize
+            {
+                return self.finish(run, StopReason::MaxTurns { limit }).await;
+            }
+            if let Some(limit) = self.shared.limits.token_budget {
+                let used = run.usage.total_tokens();
+                if used >= limit {
+                    return self
+                        .finish(run, StopReason::TokenBudget { limit, used })
+                        .await;
+                }
+            }
+            self.turn += 1;
+            self.emit.set_turn(self.turn);
+            let span = tracing::info_span!("turn", turn = self.turn);
+            // Boxed: a turn's state (stream, tool round) lives only while the turn runs, so
+            // an agent waiting between turns — or thousands of background children not yet
+            // started — hold a small future.
+            let end = Box::pin(self.turn_once(&mut run).instrument(span)).await;
+            match end {
+                TurnEnd::Continue => {}
+                TurnEnd::Stop(reason) => return self.finish(run, reason).await,
+                TurnEnd::EndTurn => match self.next_wake(self.shared.wait_for_promises).await {
+                    None => return self.finish(run, StopReason::Cancelled).await,
+                    Some(Wake::Idle) => return self.finish(run, StopReason::Completed).await,
+                    Some(Wake::Messages(ms)) => {
+                        let blocks = self.woken(ms).await;
+                        if let Err(e) = self.push(vec![Message::user(blocks)]).await {
+                            run.error = Some(Arc::new(e));
+                            return self.finish(run, StopReason::Failed).await;
+                        }
+                    }
+                },
+            }
+        }
+    }
+
+    /// One model turn and, if the model called tools, one tool round.
+    async fn turn_once(&mut self, run: &mut RunState) -> TurnEnd {
+        self.emit.emit(EventKind::TurnStarted);
+        let suffix = std::mem::take(&mut self.unsent);
+        let request = Request::new(self.params.clone(), suffix.clone())
+            .with_settings(self.shared.settings.clone())
+            .with_label(self.request_label());
+        let prefix = self.params.clone();
+        // The suffix is already part of the conversation (and the transcript).
+        let suffix_len = suffix.len();
+        if suffix_len > 0 {
+            self.params = self.params.append(suffix);
+        }
+        let sent = self.params.clone();
+        if let Some(at) = self
+            .last_prefix
+            .as_ref()
+            .and_then(|last| last.break_before(&prefix))
+        {
+            tracing::warn!(agent = %self.shared.cx.id(), "prompt cache break: {at}");
+            self.emit.emit(EventKind::CacheBreak { at });
+        }
+        self.emit.emit(EventKind::RequestSent {
+            prefix: prefix.clone(),
+            messages: self.params.messages().len(),
+            invoking_request_id: self.shared.cx.take_invoking_request_id(),
+        });
+        self.last_prefix = Some(LastPrefix::Sent(prefix.clone()));
+
+        let answer = tokio::select! {
+            biased;
+            () = self.shared.cancel.cancelled() => return TurnEnd::Stop(StopReason::Cancelled),
+            a = self.stream(&request) => a,
+        };
+        let (response, cut_off) = match answer {
+            Ok(r) => r,
+            Err(source) => {
+                tracing::error!(agent = %self.shared.cx.id(), "backend failed: {source}");
+                run.error = Some(Arc::new(Error::Backend {
+                    turn: self.turn,
+                    source,
+                }));
+                return TurnEnd::Stop(StopReason::Failed);
+            }
+        };
+        let Response {
+            message,
+            stop_reason,
+            usage,
+            ..
+        } = response;
+        self.emit.emit(EventKind::ResponseReceived {
+            usage,
+            stop_reason: stop_reason.clone(),
+        });
+        run.usage += usage;
+        let calls = ToolCall::from_message(&message);
+        let record = TurnRecord {
+            turn: self.turn,
+            prefix: prefix.clone(),
+            usage,
+            stop_reason: model_stop_str(stop_reason.as_ref()),
+            tool_calls: calls.len(),
+        };
+        if let Some(w) = &mut self.transcript
+            && let Err(e) = w.usage(&record).await
+        {
+            run.error = Some(Arc::new(e));
+            run.turns.push(record);
+            return TurnEnd::Stop(StopReason::Failed);
+        }
+        run.turns.push(record);
+
+        let snapshot = (!calls.is_empty())
+            .then(|| Arc::new(TurnSnapshot::new(sent, message.clone(), self.turn)));
+        let has_content = !message.content.is_empty();
+        // The limits on continuations and resends count in a row: any other answer resets them.
+        let cut_in_text = stop_reason == Some(ModelStop::MaxTokens) && calls.is_empty();
+        if !cut_in_text {
+            run.continuations = 0;
+        }
+        if stop_reason != Some(ModelStop::PauseTurn) {
+            run.pauses = 0;
+        }
+        if has_content {
+            // An answer continued after `max_tokens` is the concatenation of its parts.
+            let text = message.text();
+            if cut_in_text || stop_reason == Some(ModelStop::PauseTurn) {
+                run.continued.push_str(&text);
+                run.final_text.clone_from(&run.continued);
+            } else {
+                run.final_text = std::mem::take(&mut run.continued) + &text;
+            }
+            if let Err(e) = self.push(vec![message]).await {
+                run.error = Some(Arc::new(e));
+                return TurnEnd::Stop(StopReason::Failed);
+            }
+        }
+
+        if !calls.is_empty() {
+            let results = self.tool_round(&calls, &cut_off, snapshot).await;
+            let mut blocks = results;
+            blocks.extend(self.drain_pending());
+            if let Err(e) = self.push(vec![Message::user(blocks)]).await {
+                run.error = Some(Arc::new(e));
+                return TurnEnd::Stop(StopReason::Failed);
+            }
+            if self.shared.cancel.is_cancelled() {
+                return TurnEnd::Stop(StopReason::Cancelled);
+            }
+            return TurnEnd::Continue;
+        }
+
+        match stop_reason {
+            Some(ModelStop::MaxTokens) => {
+                if run.continuations >= self.shared.limits.max_continuations {
+                    return TurnEnd::Stop(StopReason::OutputLimit {
+                        continuations: run.continuations,
+                    });
+                }
+                run.continuations += 1;
+                let mut blocks = vec![ContentBlock::text(CONTINUE_PROMPT)];
+                blocks.extend(self.drain_pending());
+                match self.push(vec![Message::user(blocks)]).await {
+                    Ok(()) => TurnEnd::Continue,
+                    Err(e) => {
+                        run.error = Some(Arc::new(e));
+                        TurnEnd::Stop(StopReason::Failed)
+                    }
+                }
+            }
+            Some(ModelStop::PauseTurn) if has_content => {
+                if run.pauses >= self.shared.limits.max_pause_resends {
+                    return TurnEnd::Stop(StopReason::PauseLimit {
+                        resends: run.pauses,
+                    });
+                }
+                run.pauses += 1;
+                // Resend as is: the provider continues the paused assistant turn.
+                TurnEnd::Continue
+            }
+            Some(ModelStop::Refusal) => TurnEnd::Stop(StopReason::Refusal),
+            _ => TurnEnd::EndTurn,
+        }
+    }
+
+    /// Streams one answer, surfacing text deltas as events.
+    async fn stream(
+        &self,
+        request: &Request,
+    ) -> std::result::Result<(Response, Vec<String>), forkhive_transport::Error> {
+        let mut events = self.shared.backend.stream(request).await?;
+        let mut builder = ResponseBuilder::new();
+        while let Some(event) = events.next().await {
+            let event = event?;
+            if let StreamEvent::TextDelta { text, .. } = &event {
+                self.emit.emit(EventKind::TextDelta { text: text.clone() });
+            }
+            builder.push(&event)?;
+        }
+        builder.finish_cut_off()
+    }
+
+    /// Runs the calls of one assistant message; calls cut off at `max_tokens` are answered
+    /// with an error instead of running.
+    async fn tool_round(
+        &self,
+        calls: &[ToolCall],
+        cut_off: &[String],
+        turn: Option<Arc<TurnSnapshot>>,
+    ) -> Vec<ContentBlock> {
+        let cx = ToolContext {
+            agent: Arc::clone(&self.shared.cx),
+            state: self.shared.state.clone(),
+            cancel: self.shared.cancel.clone(),
+            tool_use_id: Arc::from(""),
+            caller: Some(Arc::clone(&self.shared) as Arc<dyn crate::tool::Caller>),
+            turn,
+        };
+        let round = Round {
+            pool: &self.shared.pool,
+            policy: &self.shared.policy,
+            cx: &cx,
+            config: RoundConfig {
+                max_concurrency: self.shared.limits.max_concurrent_tools,
+                timeout: self.shared.limits.tool_timeout,
+            },
+            emit: &self.emit,
+        };
+        if cut_off.is_empty() {
+            return round.run(calls).await;
+        }
+        let runnable: Vec<ToolCall> = calls
+            .iter()
+            .filter(|c| !cut_off.iter().any(|id| **id == *c.id))
+            .cloned()
+            .collect();
+        let mut ran = round.run(&runnable).await.into_iter();
+        calls
+            .iter()
+            .map(|c| {
+                if cut_off.iter().any(|id| **id == *c.id) {
+                    ToolOutput::error(format!(
+                        "the call to `{}` was cut off by the output token limit before its \
+                         input was complete, so it did not run; make the call again with a \
+                         shorter input",
+                        c.name
+                    ))
+                    .into_result_block(&*c.id)
+                } else {
+                    ran.next().unwrap_or_else(|| {
+                        ToolOutput::error("internal: missing tool result").into_result_block(&*c.id)
+                    })
+                }
+            })
+            .collect()
+    }
+
+    /// Appends messages to the conversation (O(new)) and the transcript.
+    async fn push(&mut self, messages: Vec<Message>) -> Result<()> {
+        if let Some(w) = &mut self.transcript {
+            // Boxed, like every file write here: the agent's future stays small.
+            Box::pin(async {
+                for m in &messages {
+                    w.message(m).await?;
+                }
+                Ok::<_, Error>(())
+            })
+            .await?;
+        }
+        self.params = self.params.append(messages);
+        Ok(())
+    }
+
+    pub(super) async fn finish(&mut self, run: RunState, stop: StopReason) -> AgentRun {
+        let mut run = run;
+        if stop == StopReason::Cancelled {
+            // Cancelling an agent cancels its children; give their notifications a moment to
+            // arrive, so a cancelled run returns with its tree's results in its queue.
+            let grace = self.shared.limits.cancel_grace;
+            let _ = Box::pin(tokio::time::timeout(grace, self.shared.pending.settled())).await;
+        }
+        if let Some(w) = &mut self.transcript
+            && let Err(e) = Box::pin(w.stop(&stop, run.usage)).await
+        {
+            tracing::warn!(agent = %self.shared.cx.id(), "could not record the stop: {e}");
+            if run.error.is_none() {
+                run.error = Some(Arc::new(e));
+            }
+        }
+        self.emit.emit(EventKind::Stopped {
+            reason: stop.clone(),
+            usage: run.usage,
+        });
+        // The run's messages share the conversation's: nothing is copied.
+        let new_messages = self.params.messages().tail_from(run.start);
+        if run.final_text.is_empty()
+            && let Some(last) = new_messages
+                .iter()
+                .rev()
+                .find(|m| m.role == Role::Assistant)
+        {
+            run.final_text = last.text();
+        }
+        AgentRun {
+            stop,
+            final_text: run.final_text,
+            turns: run.turns,
+            usage: run.usage,
+            error: run.error,
+            new_messages,
+        }
+    }
+}
