@@ -310,6 +310,24 @@ async fn run_cell(cell: Cell) {
         .into_iter()
         .filter(|n| n.task_id == child.id)
         .collect();
+    // A foreground child's failure reaches the model with its reason, transcripts or not.
+    if !cell.background && matches!(cell.end, End::Fails | End::Panics) {
+        let texts: Vec<String> = parent_messages
+            .iter()
+            .flat_map(message_results)
+            .filter(|(id, _, is_error)| id == "toolu_child" && *is_error)
+            .map(|(_, text, _)| text)
+            .collect();
+        let want = if cell.end == End::Fails {
+            "the provider is down"
+        } else {
+            "child exploded"
+        };
+        assert!(
+            texts.len() == 1 && texts[0].contains(want),
+            "{cell:?}: {texts:?}"
+        );
+    }
     if cell.background {
         assert_eq!(notes.len(), 1, "{cell:?}: exactly one notification");
         assert_eq!(Some(notes[0].status), cell.end.state().status(), "{cell:?}");
@@ -729,5 +747,288 @@ async fn sequential_children_through_the_service_keep_the_registry_flat() {
     assert_eq!(
         registry.descendants_usage(&parent).await.output_tokens,
         5 * 5_000
+    );
+}
+
+/// A bare child launched straight through the service, reporting to `queue`.
+async fn launch_bare(
+    service: &Arc<TaskService>,
+    agent: Agent,
+    queue: &forkhive_spawn::runtime::PendingQueue,
+    gate: Option<forkhive_spawn::task::Gate>,
+) -> forkhive_core::TaskId {
+    use forkhive_spawn::task::{FirstInput, Launch, Progress};
+    let parent = forkhive_core::TaskId::generate(forkhive_core::TaskKind::Agent);
+    service
+        .launch(Launch {
+            agent,
+            first: FirstInput::Prompt("work".into()),
+            description: "bare".into(),
+            tool_use_id: None,
+            parent_queue: queue.clone(),
+            progress: Arc::new(Progress::default()),
+            output: None,
+            slot: service.acquire(parent).unwrap(),
+            gate,
+            events: None,
+        })
+        .await
+        .unwrap()
+}
+
+fn no_deadline() -> TaskConfig {
+    TaskConfig {
+        deadline: None,
+        stall_after: None,
+        kill_grace: Duration::from_secs(1),
+        ..TaskConfig::default()
+    }
+}
+
+/// `TaskService::cancel` on a child that ignores its token (no deadline to save it): the owner
+/// still drops it after its grace and reports it.
+#[tokio::test(start_paused = true)]
+async fn a_child_cancelled_from_outside_that_ignores_it_is_dropped_after_its_grace() {
+    let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), no_deadline());
+    let queue = forkhive_spawn::runtime::PendingQueue::new();
+    let child = Agent::builder(brain(|_| Plan::Hang))
+        .model("m")
+        .build()
+        .await
+        .unwrap();
+    let gate = forkhive_spawn::task::Gate::new(std::future::pending());
+    let id = launch_bare(&service, child, &queue, Some(gate)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(service.cancel(&id));
+    let started = tokio::time::Instant::now();
+    service.wait_idle().await;
+    // Its cancel_grace (5 s) and the kill grace (1 s).
+    assert_eq!(started.elapsed(), Duration::from_secs(6));
+    assert_eq!(
+        service.registry().get(&id).await.unwrap().state,
+        TaskState::Killed
+    );
+    let n = TaskNotification::parse(&queue.drain()[0].text).unwrap();
+    assert_eq!(n.status, TaskStatus::Killed);
+}
+
+/// The runtime shuts down under a running child: its owner still ends its record, writes its
+/// stop record and notifies, without a runtime to wait on.
+#[test]
+fn a_child_whose_runtime_shuts_down_is_still_finished() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = Arc::new(MemoryTaskRegistry::new());
+    let queue = forkhive_spawn::runtime::PendingQueue::new();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (id, path) = rt.block_on(async {
+        let service = TaskService::new(Arc::clone(&registry) as _, no_deadline());
+        let child = Agent::builder(brain(|_| Plan::Hang))
+            .model("m")
+            .transcript_dir(dir.path())
+            .build()
+            .await
+            .unwrap();
+        let path = child.transcript_path().unwrap().to_path_buf();
+        let id = launch_bare(&service, child, &queue, None).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        (id, path)
+    });
+    drop(rt);
+    let record = futures::executor::block_on(registry.get(&id)).unwrap();
+    assert_eq!(record.state, TaskState::Killed);
+    let t = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        t.lines().last().unwrap().contains(r#""type":"stop""#),
+        "{t}"
+    );
+    let n = TaskNotification::parse(&queue.drain()[0].text).unwrap();
+    assert_eq!(n.status, TaskStatus::Killed);
+    assert_eq!(
+        n.note
+            .as_deref()
+            .map(|s| s.starts_with("stopped: its supervisor was dropped")),
+        Some(true)
+    );
+}
+
+/// A registry that fails the first move to a terminal state (a networked store's transient
+/// error) without recording it.
+#[derive(Debug, Default)]
+struct Flaky {
+    inner: MemoryTaskRegistry,
+    failed: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl TaskRegistry for Flaky {
+    async fn create(&self, r: forkhive_spawn::task::TaskRecord) -> forkhive_spawn::Result<()> {
+        self.inner.create(r).await
+    }
+    async fn transition(
+        &self,
+        id: &forkhive_core::TaskId,
+        to: TaskState,
+    ) -> forkhive_spawn::Result<TaskState> {
+        if to.is_terminal() && !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Err(forkhive_spawn::Error::Task {
+                id: id.to_string(),
+                message: "connection reset".into(),
+            });
+        }
+        self.inner.transition(id, to).await
+    }
+    async fn roll_up(
+        &self,
+        id: &forkhive_core::TaskId,
+        u: forkhive_core::Usage,
+    ) -> forkhive_spawn::Result<()> {
+        self.inner.roll_up(id, u).await
+    }
+    async fn mark_stalled(&self, id: &forkhive_core::TaskId) -> forkhive_spawn::Result<()> {
+        self.inner.mark_stalled(id).await
+    }
+    async fn get(&self, id: &forkhive_core::TaskId) -> Option<forkhive_spawn::task::TaskRecord> {
+        self.inner.get(id).await
+    }
+    async fn children(&self, p: &forkhive_core::TaskId) -> Vec<forkhive_spawn::task::TaskRecord> {
+        self.inner.children(p).await
+    }
+    async fn descendants_usage(&self, id: &forkhive_core::TaskId) -> forkhive_core::Usage {
+        self.inner.descendants_usage(id).await
+    }
+}
+
+/// A registry error is not a refusal: the notification is delivered anyway, once.
+#[tokio::test]
+async fn a_registry_error_does_not_lose_the_notification() {
+    let service = TaskService::new(Arc::new(Flaky::default()), no_deadline());
+    let queue = forkhive_spawn::runtime::PendingQueue::new();
+    let child = Agent::builder(brain(|_| Plan::Reply(say("done"))))
+        .model("m")
+        .build()
+        .await
+        .unwrap();
+    launch_bare(&service, child, &queue, None).await;
+    service.wait_idle().await;
+    let notes = queue.drain();
+    assert_eq!(notes.len(), 1);
+    assert_eq!(
+        TaskNotification::parse(&notes[0].text).unwrap().status,
+        TaskStatus::Completed
+    );
+}
+
+/// An event sink whose destructor panics: dropped with the agent after its run.
+#[derive(Debug)]
+struct PanicOnDropSink;
+
+impl forkhive_spawn::runtime::EventSink for PanicOnDropSink {
+    fn emit(&self, _event: forkhive_spawn::runtime::AgentEvent) {}
+}
+
+impl Drop for PanicOnDropSink {
+    fn drop(&mut self) {
+        panic!("a sink's destructor panicked");
+    }
+}
+
+/// A destructor that panics when a finished child is dropped does not turn its good run
+/// into a failure.
+#[tokio::test]
+async fn a_destructor_panicking_after_a_good_run_keeps_it_completed() {
+    let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), no_deadline());
+    let queue = forkhive_spawn::runtime::PendingQueue::new();
+    let child = Agent::builder(brain(|_| Plan::Reply(say("all done"))))
+        .model("m")
+        .events(Arc::new(PanicOnDropSink))
+        .build()
+        .await
+        .unwrap();
+    launch_bare(&service, child, &queue, None).await;
+    service.wait_idle().await;
+    let n = TaskNotification::parse(&queue.drain()[0].text).unwrap();
+    assert_eq!(n.status, TaskStatus::Completed);
+    assert_eq!(n.result.as_deref(), Some("all done"));
+}
+
+/// Streams part of an answer, then fails.
+#[derive(Debug)]
+struct CutOff;
+
+#[async_trait]
+impl forkhive_transport::Backend for CutOff {
+    async fn send(
+        &self,
+        _r: &forkhive_transport::Request,
+    ) -> forkhive_transport::Result<forkhive_transport::Response> {
+        unreachable!("the loop streams")
+    }
+    async fn stream(
+        &self,
+        _r: &forkhive_transport::Request,
+    ) -> forkhive_transport::Result<forkhive_transport::EventStream> {
+        let mut events: Vec<forkhive_transport::Result<forkhive_transport::StreamEvent>> =
+            forkhive_transport::request::events_for(&say("half of the findings"), 64)
+                .into_iter()
+                .take(3)
+                .map(Ok)
+                .collect();
+        events.push(Err(forkhive_transport::Error::Unavailable {
+            status: 503,
+            message: "gone".into(),
+            retry_after: None,
+        }));
+        Ok(Box::pin(futures::stream::iter(events)))
+    }
+}
+
+/// Nothing is lost: a child whose backend fails mid-answer reports what it had streamed.
+#[tokio::test]
+async fn a_child_that_fails_mid_answer_reports_its_partial_text() {
+    let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), no_deadline());
+    let queue = forkhive_spawn::runtime::PendingQueue::new();
+    let progress = Arc::new(forkhive_spawn::task::Progress::default());
+    let id = forkhive_core::TaskId::generate(forkhive_core::TaskKind::Agent);
+    let root = AgentContext::main();
+    let child = Agent::builder(Arc::new(CutOff))
+        .model("m")
+        .context(root.child(
+            id,
+            forkhive_spawn::runtime::AgentKind::Subagent,
+            forkhive_spawn::runtime::QuerySource::default_agent(),
+        ))
+        .events(Arc::new(forkhive_spawn::task::ChildSink {
+            child: id,
+            progress: Arc::clone(&progress),
+            output: None,
+            forward: None,
+        }))
+        .build()
+        .await
+        .unwrap();
+    service
+        .launch(forkhive_spawn::task::Launch {
+            agent: child,
+            first: forkhive_spawn::task::FirstInput::Prompt("work".into()),
+            description: "cut".into(),
+            tool_use_id: None,
+            parent_queue: queue.clone(),
+            progress,
+            output: None,
+            slot: service.acquire(*root.id()).unwrap(),
+            gate: None,
+            events: None,
+        })
+        .await
+        .unwrap();
+    service.wait_idle().await;
+    let n = TaskNotification::parse(&queue.drain()[0].text).unwrap();
+    assert_eq!(n.status, TaskStatus::Failed);
+    assert!(
+        n.result.as_deref().is_some_and(|r| r.starts_with("half")),
+        "{n:?}"
     );
 }

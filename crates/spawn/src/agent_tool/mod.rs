@@ -470,14 +470,20 @@ fn foreground_result(end: &ChildEnd) -> Result<String, String> {
     if end.status == TaskStatus::Completed {
         return Ok(format!("{answer}\n\n{trailer}"));
     }
-    let why = match &end.run {
-        Some(run) if n.note.is_none() => run
+    // Why it did not finish, then what the owner noted (why it was stopped, its transcript).
+    let mut why = match &end.run {
+        Some(run) => run
             .error
             .as_ref()
             .map(|e| crate::task::error_chain(e.as_ref()))
             .unwrap_or_else(|| run.stop.to_string()),
-        _ => n.note.clone().unwrap_or_else(|| n.summary.clone()),
+        None => n.summary.clone(),
     };
+    if let Some(note) = &n.note {
+        why.push_str(" (");
+        why.push_str(note);
+        why.push(')');
+    }
     Err(format!(
         "the agent did not finish: {why}\n{answer}\n\n{trailer}"
     ))

@@ -373,12 +373,33 @@ enum Ended {
 /// Why an owner stopped a child.
 #[derive(Debug, Clone, Copy)]
 enum Why {
+    /// Its token was cancelled (its parent was, or `TaskService::cancel`).
+    Cancelled,
     /// Its deadline passed.
     Deadline(Duration),
     /// The caller awaiting it (a foreground tool call) stopped waiting.
     Abandoned,
     /// Its supervisor was dropped (the runtime shut down).
     Dropped,
+}
+
+impl Why {
+    /// What the notification notes about it (a plain cancel needs no note).
+    fn note(self) -> Option<String> {
+        match self {
+            Why::Cancelled => None,
+            Why::Deadline(after) => Some(format!(
+                "stopped by its {} deadline",
+                crate::runtime::events::format_duration(after)
+            )),
+            Why::Abandoned => Some(
+                "stopped: the call awaiting it ended first (its tool call timed out, or its \
+                 parent stopped)"
+                    .to_owned(),
+            ),
+            Why::Dropped => Some("stopped: its supervisor was dropped".to_owned()),
+        }
+    }
 }
 
 impl Ended {
@@ -406,7 +427,7 @@ impl Ended {
 pub struct ChildEnd {
     /// The child.
     pub id: TaskId,
-    /// Its end, as the registry recorded it.
+    /// How it ended (the state its record was moved to).
     pub status: TaskStatus,
     /// What a background child would have been notified with: summary, partial result,
     /// usage, transcript path (built by trusted code).
@@ -509,70 +530,131 @@ impl ChildGuard {
 impl Drop for ChildGuard {
     fn drop(&mut self) {
         let Some(owned) = self.0.take() else { return };
-        // Stop the child's tree at once; the rest is async (registry, transcript), so it runs
-        // in a task of its own when a runtime is there to run it.
-        owned.cancel.cancel();
+        // The supervisor is gone: the runtime is shutting down, or it panicked. A task spawned
+        // now might never run, so finish here.
         tracing::warn!(task = %owned.record.id, "a child's supervisor was dropped before it finished");
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(owned.finish(Ended::Stopped {
-                run: None,
-                why: Why::Dropped,
-            }));
-        }
+        owned.finish_now(Ended::Stopped {
+            run: None,
+            why: Why::Dropped,
+        });
     }
 }
 
+/// How long an owner waits for the disk (the stop record, the output file's flush) before it
+/// reports the child anyway: a hung volume must not keep a parent from its notification.
+const DISK_LIMIT: Duration = Duration::from_secs(10);
+
 impl Owned {
-    async fn finish(mut self, ended: Ended) {
+    /// The part of finishing that needs no waiting: the child's tree stops, its slot is freed,
+    /// its notification is built.
+    fn begin(&mut self, ended: &Ended) -> TaskNotification {
         let id = self.record.id;
-        let service = Arc::clone(&self.service);
         // 1. The token: the child and everything below it stop. A child whose run returned at
         //    a limit may have left background children of its own; nobody reads their queue.
         self.cancel.cancel();
-        service
+        self.service
             .tokens
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&id);
         // 2. The slot.
         drop(self.slot.take());
-        let n = notification(
+        notification(
             &self.record,
-            &ended,
+            ended,
             &self.progress,
             self.tool_use_id.take(),
             self.output.as_deref(),
-        );
-        // 3. The stop record, when the child could not write its own.
-        if let (Some(path), Some(stop)) = (&self.record.transcript, ended.unrecorded_stop())
-            && let Err(e) = transcript::append_stop(path, &stop, self.progress.usage()).await
-        {
-            tracing::warn!(task = %id, "could not record the child's stop: {e}");
-        }
-        // The output file is complete before anyone is told where it is.
-        if let Some(out) = &self.output {
-            out.flush().await;
-        }
-        // 4. The usage roll-up.
-        let usage = ended
+        )
+    }
+
+    fn usage(&self, ended: &Ended) -> Usage {
+        ended
             .run()
             .map(|r| r.usage)
-            .unwrap_or_else(|| self.progress.usage());
-        if let Err(e) = service.registry.roll_up(&id, usage).await {
+            .unwrap_or_else(|| self.progress.usage())
+    }
+
+    async fn finish(mut self, ended: Ended) {
+        let id = self.record.id;
+        let n = self.begin(&ended);
+        // 3. The stop record, when the child could not write its own.
+        if let (Some(path), Some(stop)) = (&self.record.transcript, ended.unrecorded_stop()) {
+            let usage = self.progress.usage();
+            match tokio::time::timeout(DISK_LIMIT, transcript::append_stop(path, &stop, usage))
+                .await
+            {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(task = %id, "could not record the child's stop: {e}"),
+                Err(_) => tracing::warn!(task = %id, "recording the child's stop timed out"),
+            }
+        }
+        // The output file is complete before anyone is told where it is.
+        if let Some(out) = &self.output
+            && tokio::time::timeout(DISK_LIMIT, out.flush()).await.is_err()
+        {
+            tracing::warn!(task = %id, "flushing the child's output file timed out");
+        }
+        // 4. The usage roll-up.
+        if let Err(e) = self.service.registry.roll_up(&id, self.usage(&ended)).await {
             tracing::warn!(task = %id, "could not roll the child's usage up: {e}");
         }
         // 5. The record's end: the gate of exactly-once delivery.
-        let status = n.status;
-        let moved = service
-            .registry
-            .transition(&id, TaskState::ended(status))
-            .await;
-        if let Err(e) = &moved {
-            tracing::warn!(task = %id, "not reporting twice: {e}");
+        let registry = Arc::clone(&self.service.registry);
+        let to = TaskState::ended(n.status);
+        let report = match registry.transition(&id, to).await {
+            Ok(_) => true,
+            Err(e) => {
+                let now = registry.get(&id).await.map(|r| r.state);
+                refused_or_failed(&id, &e, now)
+            }
+        };
+        self.report(ended, n, report);
+    }
+
+    /// Finishing without a runtime to wait on (the supervisor was dropped while the runtime
+    /// shuts down): the stop record is written inline, and the registry is asked once — an
+    /// in-memory registry answers at once; one that cannot is logged.
+    fn finish_now(mut self, ended: Ended) {
+        use futures::FutureExt;
+        let id = self.record.id;
+        let n = self.begin(&ended);
+        if let (Some(path), Some(stop)) = (&self.record.transcript, ended.unrecorded_stop())
+            && let Err(e) = transcript::append_stop_blocking(path, &stop, self.progress.usage())
+        {
+            tracing::warn!(task = %id, "could not record the child's stop: {e}");
         }
+        let registry = Arc::clone(&self.service.registry);
+        if registry
+            .roll_up(&id, self.usage(&ended))
+            .now_or_never()
+            .is_none_or(|r| r.is_err())
+        {
+            tracing::warn!(task = %id, "could not roll the child's usage up while shutting down");
+        }
+        let to = TaskState::ended(n.status);
+        let report = match registry.transition(&id, to).now_or_never() {
+            Some(Ok(_)) => true,
+            Some(Err(e)) => {
+                let now = registry.get(&id).now_or_never().flatten().map(|r| r.state);
+                refused_or_failed(&id, &e, now)
+            }
+            None => {
+                tracing::warn!(task = %id, "the registry could not record the child's end while shutting down");
+                true
+            }
+        };
+        self.report(ended, n, report);
+    }
+
+    /// Delivers the end: a background child's notification (when `report`), or a foreground
+    /// child's [`ChildEnd`].
+    fn report(mut self, ended: Ended, n: TaskNotification, report: bool) {
+        let id = self.record.id;
+        let status = n.status;
         match self.mode {
             Mode::Background => {
-                if moved.is_ok() {
+                if report {
                     let summary = n.summary.clone();
                     self.promise
                         .deliver(PendingMessage::new(n.to_xml(), "task-notification"));
@@ -606,6 +688,19 @@ impl Owned {
                 }
             }
         }
+    }
+}
+
+/// After a refused or failed move to the terminal state: whether to report. A record already
+/// ended was ended by someone else (the exactly-once gate: do not report twice); any other
+/// failure (a networked registry's error) must not lose the notification, so it is reported.
+fn refused_or_failed(id: &TaskId, e: &Error, now: Option<TaskState>) -> bool {
+    if now.is_some_and(TaskState::is_terminal) {
+        tracing::warn!(task = %id, "already ended, not reporting twice: {e}");
+        false
+    } else {
+        tracing::warn!(task = %id, "could not record the child's end ({e}); reporting it anyway");
+        true
     }
 }
 
@@ -686,9 +781,9 @@ impl TaskService {
         })
     }
 
-    /// Waits until every child started so far has ended and its owner has finished with it
-    /// (notified, recorded). Any number of callers may wait at once, while children are still
-    /// being started.
+    /// Waits for the first moment no child is active: every child started has ended and its
+    /// owner has finished with it (notified, recorded). Children started while it waits are
+    /// waited for too. Any number of callers may wait at once.
     pub async fn wait_idle(&self) {
         loop {
             let idle = self.idle.notified();
@@ -771,10 +866,11 @@ impl TaskService {
             if let Some(gate) = gate {
                 gate.0.await;
             }
-            match first {
+            let run = match first {
                 FirstInput::Prompt(p) => agent.run(p).await,
                 FirstInput::Continue => agent.continue_run().await,
-            }
+            };
+            (run, agent)
         };
         let service = Arc::clone(self);
         // Both halves are boxed so the task itself stays small: thousands of children that
@@ -795,7 +891,7 @@ impl TaskService {
 
     async fn supervise(
         &self,
-        child: impl Future<Output = AgentRun> + Send,
+        child: impl Future<Output = (AgentRun, crate::runtime::Agent)> + Send,
         watch: Watch<'_>,
         mut report: Option<&mut oneshot::Sender<ChildEnd>>,
     ) -> Ended {
@@ -829,6 +925,9 @@ impl TaskService {
                 r = &mut child => break Ok(r),
                 () = until(sleep.as_mut()) => break Err(Why::Deadline(deadline.unwrap_or_default())),
                 () = closed(report.as_deref_mut()) => break Err(Why::Abandoned),
+                // Cancelled from outside (its parent, `TaskService::cancel`): the same grace,
+                // so a child that ignores its token is still dropped and reported.
+                () = cancel.cancelled() => break Err(Why::Cancelled),
                 () = tick(ticker.as_mut()), if !stalled => {
                     let now = Instant::now();
                     let events = progress.events();
@@ -848,20 +947,34 @@ impl TaskService {
                 }
             }
         };
-        let from_join = |r: std::thread::Result<AgentRun>| match r {
-            Ok(run) => Ended::Ran(run),
-            Err(panic) => Ended::Panicked(panic_message(panic.as_ref())),
+        // The agent is dropped apart from its run: a destructor that panics after a good run
+        // must not turn it into a failure.
+        let from_join = |r: std::thread::Result<(AgentRun, crate::runtime::Agent)>| match r {
+            Ok((run, agent)) => {
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(agent)))
+                    .is_err()
+                {
+                    tracing::warn!(task = %id, "dropping the finished child panicked");
+                }
+                Ok(run)
+            }
+            Err(panic) => Err(panic_message(panic.as_ref())),
         };
         let ended = match joined {
-            Ok(r) => from_join(r),
+            Ok(r) => match from_join(r) {
+                Ok(run) => Ended::Ran(run),
+                Err(msg) => Ended::Panicked(msg),
+            },
             Err(why) => {
                 cancel.cancel();
                 match tokio::time::timeout(grace, &mut child).await {
-                    Ok(Ok(run)) => Ended::Stopped {
-                        run: Some(run),
-                        why,
+                    Ok(r) => match from_join(r) {
+                        Ok(run) => Ended::Stopped {
+                            run: Some(run),
+                            why,
+                        },
+                        Err(msg) => Ended::Panicked(msg),
                     },
-                    Ok(Err(panic)) => from_join(Err(panic)),
                     // The child is dropped below: nothing of it runs on.
                     Err(_) => Ended::Stopped { run: None, why },
                 }
@@ -923,7 +1036,7 @@ fn notification(
     use forkhive_core::TaskStatus::{Completed, Failed, Killed};
     let d = &record.description;
     let (status, summary, result, note) = match ended {
-        Ended::Ran(run) => {
+        Ended::Ran(run) | Ended::Stopped { run: Some(run), .. } => {
             // One mapping of stop reasons to ends, shared with the foreground and `verify`.
             let status = run.stop.task_status();
             let summary = match (&run.stop, status) {
@@ -940,7 +1053,18 @@ fn notification(
                     format!("Agent \"{d}\" failed: {why}")
                 }
             };
-            (status, summary, run.final_text.clone(), None)
+            // Nothing is lost: a run that ended early without a complete answer reports the
+            // text it had streamed.
+            let result = if run.final_text.is_empty() && status != Completed {
+                progress.last_text()
+            } else {
+                run.final_text.clone()
+            };
+            let note = match ended {
+                Ended::Stopped { why, .. } if status == Killed => why.note(),
+                _ => None,
+            };
+            (status, summary, result, note)
         }
         Ended::Panicked(msg) => (
             Failed,
@@ -948,23 +1072,11 @@ fn notification(
             progress.last_text(),
             None,
         ),
-        Ended::Stopped { run, why } => (
+        Ended::Stopped { run: None, why } => (
             Killed,
             format!("Agent \"{d}\" was stopped"),
-            run.as_ref()
-                .map(|r| r.final_text.clone())
-                .filter(|t| !t.is_empty())
-                .unwrap_or_else(|| progress.last_text()),
-            Some(match why {
-                Why::Deadline(after) => format!(
-                    "stopped by its {} deadline",
-                    crate::base::events::format_duration(*after)
-                ),
-                Why::Abandoned => "stopped: the call awaiting it ended first (its tool call \
-                                   timed out, or its parent stopped)"
-                    .to_owned(),
-                Why::Dropped => "stopped: its supervisor was dropped".to_owned(),
-            }),
+            progress.last_text(),
+            why.note(),
         ),
     };
     let mut usage = ended

@@ -302,6 +302,9 @@ impl Inner {
 /// The in-memory [`TaskRegistry`]: one short lock per call, never held across an `.await`;
 /// ended records are forgotten by a [`Retention`] policy, so its size stays flat however many
 /// tasks a long-running host starts.
+///
+/// A task's ancestors are looked up once, when it is created: register a task before the
+/// tasks below it (as the task service does), or usage that rolls up from them stops at it.
 #[derive(Debug, Default)]
 pub struct MemoryTaskRegistry {
     inner: Mutex<Inner>,

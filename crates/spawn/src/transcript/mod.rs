@@ -300,6 +300,20 @@ impl TranscriptWriter {
 /// record says how the agent ended. The file is opened without following a symlink and never
 /// created.
 pub async fn append_stop(path: &Path, stop: &StopReason, usage: Usage) -> Result<()> {
+    let owned = path.to_path_buf();
+    let stop = stop.clone();
+    tokio::task::spawn_blocking(move || append_stop_blocking(&owned, &stop, usage))
+        .await
+        .map_err(|e| Error::Io {
+            action: "appending a stop record to transcript",
+            path: path.to_path_buf(),
+            source: std::io::Error::other(e),
+        })?
+}
+
+/// [`append_stop`] on the calling thread (for code that cannot wait on a runtime: a
+/// supervisor dropped while the runtime shuts down).
+pub fn append_stop_blocking(path: &Path, stop: &StopReason, usage: Usage) -> Result<()> {
     let record = Tagged {
         kind: "stop",
         body: &StopLine {
@@ -313,16 +327,11 @@ pub async fn append_stop(path: &Path, stop: &StopReason, usage: Usage) -> Result
         message: format!("cannot encode a record: {e}"),
     })?;
     line.push(b'\n');
-    let owned = path.to_path_buf();
-    let io = |source| Error::Io {
+    append_after_last_line(path, &line).map_err(|source| Error::Io {
         action: "appending a stop record to transcript",
         path: path.to_path_buf(),
         source,
-    };
-    tokio::task::spawn_blocking(move || append_after_last_line(&owned, &line))
-        .await
-        .map_err(|e| io(std::io::Error::other(e)))?
-        .map_err(io)
+    })
 }
 
 /// Cuts whatever follows the last newline of the file at `path`, then appends `line`.

@@ -194,6 +194,8 @@ impl AgentBuilder {
     /// Whether dropping the agent stops the children it started that are still running
     /// (default: yes). Turn it off only when something else owns them — for instance a host
     /// that keeps the tree's [`TaskService`](crate::task::TaskService) and cancels through it.
+    /// (An agent run as a child by the task service is stopped with its descendants when it
+    /// ends, whatever this says: its owner cancels its token.)
     pub fn cancel_children_on_drop(mut self, cancel: bool) -> Self {
         self.keep_children = !cancel;
         self
