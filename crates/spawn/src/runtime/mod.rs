@@ -12,7 +12,8 @@
 pub mod agent;
 pub use crate::base::{context, events, outcome, pending, state};
 
-pub use agent::{Agent, AgentBuilder, AgentShared, ChildSeed, ResumeReport};
+pub(crate) use agent::AgentShared;
+pub use agent::{Agent, AgentBuilder, ChildSeed, ResumeReport};
 pub use context::{AgentContext, AgentKind, QuerySource};
 pub use events::{AgentEvent, EventKind, EventSink, FnSink};
 pub use outcome::{AgentRun, Limits, StopReason, TurnRecord};

@@ -138,8 +138,8 @@ pub enum ForkLayout {
 /// Everything a strategy may use to build a child.
 #[derive(Debug)]
 pub struct SpawnContext<'a> {
-    /// The calling agent.
-    pub caller: &'a AgentShared,
+    /// The calling agent (its backend, tools, policy and settings: see the accessors).
+    pub(crate) caller: &'a AgentShared,
     /// The calling turn.
     pub turn: &'a Arc<TurnSnapshot>,
     /// The definitions subagents come from.
@@ -165,6 +165,48 @@ pub struct SpawnContext<'a> {
     pub output: Option<Arc<crate::task::OutputFile>>,
     /// The child's task id (drawn by the caller, which names files after it).
     pub child_id: TaskId,
+}
+
+impl SpawnContext<'_> {
+    /// The calling agent's identity.
+    pub fn caller_context(&self) -> &Arc<crate::runtime::AgentContext> {
+        &self.caller.cx
+    }
+
+    /// The calling agent's backend (a child talks to the same model service).
+    pub fn backend(&self) -> &Arc<dyn forkhive_transport::Backend> {
+        &self.caller.backend
+    }
+
+    /// The calling agent's tools, after its filtering.
+    pub fn tools(&self) -> &ToolPool {
+        &self.caller.pool
+    }
+
+    /// The calling agent's permission policy (a child's `bubble` mode asks it).
+    pub fn policy(&self) -> &Arc<dyn crate::tool::PermissionPolicy> {
+        &self.caller.policy
+    }
+
+    /// The calling agent's per-request settings.
+    pub fn settings(&self) -> &forkhive_transport::RequestSettings {
+        &self.caller.settings
+    }
+
+    /// Where the calling agent writes its transcript (a child writes its own beside it).
+    pub fn transcript_dir(&self) -> Option<&std::path::Path> {
+        self.caller.transcript_dir.as_deref()
+    }
+
+    /// What the child starts from: its identity (with this context's `child_id`), a copy of
+    /// the caller's state, the tree, a linked cancellation token.
+    pub fn child_seed(
+        &self,
+        kind: crate::runtime::AgentKind,
+        source: crate::runtime::QuerySource,
+    ) -> crate::runtime::ChildSeed {
+        self.caller.child_seed(self.child_id, kind, source)
+    }
 }
 
 /// A built child, ready to run.

@@ -35,7 +35,8 @@ mod turn;
 
 pub use builder::AgentBuilder;
 pub use resume::ResumeReport;
-pub use shared::{AgentShared, ChildSeed};
+pub(crate) use shared::AgentShared;
+pub use shared::ChildSeed;
 
 /// The user message sent after the model stopped at `max_tokens` in the middle of text.
 pub const CONTINUE_PROMPT: &str = "Your last answer was cut off by the output token limit. \
@@ -184,7 +185,7 @@ impl Agent {
     }
 
     /// The parts of this agent its tools can use.
-    pub fn shared(&self) -> &Arc<AgentShared> {
+    pub(crate) fn shared(&self) -> &Arc<AgentShared> {
         &self.shared
     }
 

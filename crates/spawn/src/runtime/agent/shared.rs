@@ -26,33 +26,33 @@ pub struct ChildSeed {
 /// The parts of an agent its tools may use — to spawn a child with the same backend, tools
 /// and policy, deliver it messages, or reach the tree — shared behind one `Arc`.
 #[derive(Debug)]
-pub struct AgentShared {
+pub(crate) struct AgentShared {
     /// The model backend.
-    pub backend: Arc<dyn Backend>,
+    pub(crate) backend: Arc<dyn Backend>,
     /// The agent's tools (after filtering).
-    pub pool: ToolPool,
+    pub(crate) pool: ToolPool,
     /// The agent's permission policy.
-    pub policy: Arc<dyn PermissionPolicy>,
+    pub(crate) policy: Arc<dyn PermissionPolicy>,
     /// The agent's limits.
-    pub limits: Limits,
+    pub(crate) limits: Limits,
     /// The agent's per-request settings.
-    pub settings: RequestSettings,
+    pub(crate) settings: RequestSettings,
     /// The agent's identity.
-    pub cx: Arc<AgentContext>,
+    pub(crate) cx: Arc<AgentContext>,
     /// The agent's own state.
-    pub state: AgentState,
+    pub(crate) state: AgentState,
     /// The tree's shared state.
-    pub tree: Arc<TreeState>,
+    pub(crate) tree: Arc<TreeState>,
     /// The agent's cancellation token.
-    pub cancel: CancellationToken,
+    pub(crate) cancel: CancellationToken,
     /// The agent's pending-message queue.
-    pub pending: PendingQueue,
+    pub(crate) pending: PendingQueue,
     /// Where the agent's events go.
-    pub events: Option<Arc<dyn EventSink>>,
+    pub(crate) events: Option<Arc<dyn EventSink>>,
     /// Where the agent writes its transcript (children write theirs beside it).
-    pub transcript_dir: Option<PathBuf>,
+    pub(crate) transcript_dir: Option<PathBuf>,
     /// Whether a finished turn waits for promised messages (background children).
-    pub wait_for_promises: bool,
+    pub(crate) wait_for_promises: bool,
 }
 
 impl crate::tool::Caller for AgentShared {
@@ -81,7 +81,7 @@ impl AgentShared {
     }
 
     /// What a child of this agent starts from (see [`ChildSeed`]).
-    pub fn child_seed(&self, id: TaskId, kind: AgentKind, source: QuerySource) -> ChildSeed {
+    pub(crate) fn child_seed(&self, id: TaskId, kind: AgentKind, source: QuerySource) -> ChildSeed {
         ChildSeed {
             context: self.cx.child(id, kind, source),
             state: self.state.fork_for_child(),
