@@ -342,17 +342,7 @@ async fn run_cell(cell: Cell) {
 #[tokio::test(start_paused = true)]
 async fn every_end_of_every_child_is_finished_once_by_its_owner() {
     // The panicking rows are expected: keep them out of the output.
-    let default_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let p = info.payload();
-        let msg = p
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| p.downcast_ref::<&str>().copied());
-        if msg != Some("child exploded") {
-            default_hook(info);
-        }
-    }));
+    expect_panics("child exploded");
     let mut cells = 0;
     for end in End::ALL {
         for background in [false, true] {
@@ -501,7 +491,6 @@ async fn an_agent_built_to_keep_its_children_leaves_them_running() {
 #[tokio::test(start_paused = true)]
 async fn a_child_waiting_for_its_children_at_its_deadline_keeps_its_stop_record() {
     use forkhive_spawn::runtime::PendingQueue;
-    use forkhive_spawn::task::{FirstInput, Launch, Progress};
     let dir = tempfile::tempdir().unwrap();
     let service = TaskService::new(
         Arc::new(MemoryTaskRegistry::new()),
@@ -529,21 +518,16 @@ async fn a_child_waiting_for_its_children_at_its_deadline_keeps_its_stop_record(
     let parent_queue = PendingQueue::new();
     let parent = forkhive_core::TaskId::generate(forkhive_core::TaskKind::Agent);
     let started = tokio::time::Instant::now();
-    let id = service
-        .launch(Launch {
-            agent: child,
-            first: FirstInput::Prompt("work".into()),
+    let id = start_child(
+        &service,
+        child,
+        &parent_queue,
+        Start {
             description: "patient".into(),
-            tool_use_id: None,
-            parent_queue: parent_queue.clone(),
-            progress: Arc::new(Progress::default()),
-            output: None,
-            slot: service.acquire(parent).unwrap(),
-            gate: None,
-            events: None,
-        })
-        .await
-        .unwrap();
+            ..Start::under(parent)
+        },
+    )
+    .await;
     service.wait_idle().await;
     // Deadline (1 s) + its whole cancel_grace (5 s): it returned on its own, not dropped at 3 s.
     assert_eq!(started.elapsed(), Duration::from_secs(6));
@@ -568,7 +552,7 @@ async fn a_child_waiting_for_its_children_at_its_deadline_keeps_its_stop_record(
 #[tokio::test(start_paused = true)]
 async fn a_child_dropped_past_its_grace_gets_its_stop_record_from_its_owner() {
     use forkhive_spawn::runtime::PendingQueue;
-    use forkhive_spawn::task::{FirstInput, Gate, Launch, Progress};
+    use forkhive_spawn::task::Gate;
     let dir = tempfile::tempdir().unwrap();
     let service = TaskService::new(
         Arc::new(MemoryTaskRegistry::new()),
@@ -597,22 +581,17 @@ async fn a_child_dropped_past_its_grace_gets_its_stop_record_from_its_owner() {
     }
     let queue = PendingQueue::new();
     let parent = forkhive_core::TaskId::generate(forkhive_core::TaskKind::Agent);
-    let id = service
-        .launch(Launch {
-            agent: child,
-            first: FirstInput::Prompt("work".into()),
+    let id = start_child(
+        &service,
+        child,
+        &queue,
+        Start {
             description: "stubborn".into(),
-            tool_use_id: None,
-            parent_queue: queue.clone(),
-            progress: Arc::new(Progress::default()),
-            output: None,
-            slot: service.acquire(parent).unwrap(),
-            // Never opens, ignores cancellation.
             gate: Some(Gate::new(std::future::pending())),
-            events: None,
-        })
-        .await
-        .unwrap();
+            ..Start::under(parent)
+        },
+    )
+    .await;
     service.wait_idle().await;
     assert_eq!(
         service.registry().get(&id).await.unwrap().state,
@@ -630,7 +609,6 @@ async fn a_child_dropped_past_its_grace_gets_its_stop_record_from_its_owner() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_wait_idle_callers_all_return() {
     use forkhive_spawn::runtime::PendingQueue;
-    use forkhive_spawn::task::{FirstInput, Launch, Progress};
     for round in 0..20 {
         let service = TaskService::new(
             Arc::new(MemoryTaskRegistry::new()),
@@ -651,21 +629,16 @@ async fn concurrent_wait_idle_callers_all_return() {
             .build()
             .await
             .unwrap();
-            service
-                .launch(Launch {
-                    agent: child,
-                    first: FirstInput::Prompt("work".into()),
+            start_child(
+                &service,
+                child,
+                &queue,
+                Start {
                     description: format!("c{i}"),
-                    tool_use_id: None,
-                    parent_queue: queue.clone(),
-                    progress: Arc::new(Progress::default()),
-                    output: None,
-                    slot: service.acquire(parent).unwrap(),
-                    gate: None,
-                    events: None,
-                })
-                .await
-                .unwrap();
+                    ..Start::under(parent)
+                },
+            )
+            .await;
         }
         let waiters: Vec<_> = (0..4)
             .map(|_| {
@@ -692,7 +665,7 @@ async fn concurrent_wait_idle_callers_all_return() {
 #[tokio::test]
 async fn sequential_children_through_the_service_keep_the_registry_flat() {
     use forkhive_spawn::runtime::PendingQueue;
-    use forkhive_spawn::task::{FirstInput, Launch, Progress, Retention};
+    use forkhive_spawn::task::Retention;
     let registry = Arc::new(MemoryTaskRegistry::with_retention(Retention {
         max_ended: 100,
         max_age: None,
@@ -721,21 +694,16 @@ async fn sequential_children_through_the_service_keep_the_registry_flat() {
             .build()
             .await
             .unwrap();
-        service
-            .launch(Launch {
-                agent: child,
-                first: FirstInput::Prompt("work".into()),
+        start_child(
+            &service,
+            child,
+            &queue,
+            Start {
                 description: "c".into(),
-                tool_use_id: None,
-                parent_queue: queue.clone(),
-                progress: Arc::new(Progress::default()),
-                output: None,
-                slot: service.acquire(parent).unwrap(),
-                gate: None,
-                events: None,
-            })
-            .await
-            .unwrap();
+                ..Start::under(parent)
+            },
+        )
+        .await;
         service.wait_idle().await;
         assert_eq!(queue.drain().len(), 1);
         if i % 500 == 0 {
@@ -748,32 +716,6 @@ async fn sequential_children_through_the_service_keep_the_registry_flat() {
         registry.descendants_usage(&parent).await.output_tokens,
         5 * 5_000
     );
-}
-
-/// A bare child launched straight through the service, reporting to `queue`.
-async fn launch_bare(
-    service: &Arc<TaskService>,
-    agent: Agent,
-    queue: &forkhive_spawn::runtime::PendingQueue,
-    gate: Option<forkhive_spawn::task::Gate>,
-) -> forkhive_core::TaskId {
-    use forkhive_spawn::task::{FirstInput, Launch, Progress};
-    let parent = forkhive_core::TaskId::generate(forkhive_core::TaskKind::Agent);
-    service
-        .launch(Launch {
-            agent,
-            first: FirstInput::Prompt("work".into()),
-            description: "bare".into(),
-            tool_use_id: None,
-            parent_queue: queue.clone(),
-            progress: Arc::new(Progress::default()),
-            output: None,
-            slot: service.acquire(parent).unwrap(),
-            gate,
-            events: None,
-        })
-        .await
-        .unwrap()
 }
 
 fn no_deadline() -> TaskConfig {
@@ -797,7 +739,16 @@ async fn a_child_cancelled_from_outside_that_ignores_it_is_dropped_after_its_gra
         .await
         .unwrap();
     let gate = forkhive_spawn::task::Gate::new(std::future::pending());
-    let id = launch_bare(&service, child, &queue, Some(gate)).await;
+    let id = start_child(
+        &service,
+        child,
+        &queue,
+        Start {
+            gate: Some(gate),
+            ..Start::bare()
+        },
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(service.cancel(&id));
     let started = tokio::time::Instant::now();
@@ -832,7 +783,7 @@ fn a_child_whose_runtime_shuts_down_is_still_finished() {
             .await
             .unwrap();
         let path = child.transcript_path().unwrap().to_path_buf();
-        let id = launch_bare(&service, child, &queue, None).await;
+        let id = start_child(&service, child, &queue, Start::bare()).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
         (id, path)
     });
@@ -911,7 +862,7 @@ async fn a_registry_error_does_not_lose_the_notification() {
         .build()
         .await
         .unwrap();
-    launch_bare(&service, child, &queue, None).await;
+    start_child(&service, child, &queue, Start::bare()).await;
     service.wait_idle().await;
     let notes = queue.drain();
     assert_eq!(notes.len(), 1);
@@ -947,7 +898,7 @@ async fn a_destructor_panicking_after_a_good_run_keeps_it_completed() {
         .build()
         .await
         .unwrap();
-    launch_bare(&service, child, &queue, None).await;
+    start_child(&service, child, &queue, Start::bare()).await;
     service.wait_idle().await;
     let n = TaskNotification::parse(&queue.drain()[0].text).unwrap();
     assert_eq!(n.status, TaskStatus::Completed);
@@ -1009,21 +960,17 @@ async fn a_child_that_fails_mid_answer_reports_its_partial_text() {
         .build()
         .await
         .unwrap();
-    service
-        .launch(forkhive_spawn::task::Launch {
-            agent: child,
-            first: forkhive_spawn::task::FirstInput::Prompt("work".into()),
+    start_child(
+        &service,
+        child,
+        &queue,
+        Start {
             description: "cut".into(),
-            tool_use_id: None,
-            parent_queue: queue.clone(),
             progress,
-            output: None,
-            slot: service.acquire(*root.id()).unwrap(),
-            gate: None,
-            events: None,
-        })
-        .await
-        .unwrap();
+            ..Start::under(*root.id())
+        },
+    )
+    .await;
     service.wait_idle().await;
     let n = TaskNotification::parse(&queue.drain()[0].text).unwrap();
     assert_eq!(n.status, TaskStatus::Failed);

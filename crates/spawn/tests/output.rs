@@ -13,8 +13,7 @@ use async_trait::async_trait;
 use forkhive_core::{TaskId, TaskKind, TaskNotification};
 use forkhive_spawn::runtime::{Agent, AgentContext, AgentKind, PendingQueue, QuerySource};
 use forkhive_spawn::task::{
-    ChildSink, FirstInput, Launch, MemoryTaskRegistry, OutputConfig, OutputFile, Progress,
-    TaskConfig, TaskService,
+    ChildSink, MemoryTaskRegistry, OutputConfig, OutputFile, Progress, TaskConfig, TaskService,
 };
 use forkhive_transport::request::events_for;
 use forkhive_transport::{Backend, EventStream, Request, Response};
@@ -105,21 +104,18 @@ async fn stream_ten_megabytes() {
     .await
     .unwrap();
     let queue = PendingQueue::new();
-    service
-        .launch(Launch {
-            agent: child,
-            first: FirstInput::Prompt("stream".into()),
+    start_child(
+        &service,
+        child,
+        &queue,
+        Start {
             description: "firehose".into(),
-            tool_use_id: None,
-            parent_queue: queue.clone(),
             progress,
             output: Some(Arc::clone(&output)),
-            slot: service.acquire(*root.id()).unwrap(),
-            gate: None,
-            events: None,
-        })
-        .await
-        .unwrap();
+            ..Start::under(*root.id())
+        },
+    )
+    .await;
     // The parent's timer, on the same thread, while the child streams.
     let mut tick = tokio::time::interval(Duration::from_millis(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -88,17 +88,7 @@ fn notifications(messages: &[Message]) -> Vec<TaskNotification> {
 async fn ten_thousand_children_each_notify_exactly_once_whatever_happens() {
     const N: usize = 10_000;
     // The 500 panics are expected: keep them out of the test output.
-    let default_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let p = info.payload();
-        let msg = p
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| p.downcast_ref::<&str>().copied());
-        if msg != Some("worker exploded") {
-            default_hook(info);
-        }
-    }));
+    expect_panics("worker exploded");
     let service_slot: Arc<OnceLock<Arc<TaskService>>> = Arc::new(OnceLock::new());
     let prompts: Vec<String> = (0..N)
         .map(|i| match i % 20 {

@@ -282,3 +282,72 @@ pub(crate) fn has_tool_result(r: &Request) -> bool {
             .any(|b| matches!(b, ContentBlock::ToolResult { .. }))
     })
 }
+
+/// Keeps panics whose message is `expected` (a test's planned failures) out of the output;
+/// any other panic is printed as usual.
+pub(crate) fn expect_panics(expected: &'static str) {
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let p = info.payload();
+        let msg = p
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| p.downcast_ref::<&str>().copied());
+        if msg != Some(expected) {
+            default_hook(info);
+        }
+    }));
+}
+
+/// How a test starts a child straight through a task service (see [`start_child`]).
+pub(crate) struct Start {
+    pub(crate) parent: forkhive_core::TaskId,
+    pub(crate) description: String,
+    pub(crate) gate: Option<forkhive_spawn::task::Gate>,
+    pub(crate) progress: Arc<forkhive_spawn::task::Progress>,
+    pub(crate) output: Option<Arc<forkhive_spawn::task::OutputFile>>,
+}
+
+impl Start {
+    /// A child of `parent`, no gate, no output file.
+    pub(crate) fn under(parent: forkhive_core::TaskId) -> Self {
+        Self {
+            parent,
+            description: "child".to_owned(),
+            gate: None,
+            progress: Arc::default(),
+            output: None,
+        }
+    }
+
+    /// A child of a fresh, unregistered root.
+    pub(crate) fn bare() -> Self {
+        Self::under(forkhive_core::TaskId::generate(
+            forkhive_core::TaskKind::Agent,
+        ))
+    }
+}
+
+/// Starts `agent` in the background under `service`, reporting to `queue`.
+pub(crate) async fn start_child(
+    service: &Arc<forkhive_spawn::task::TaskService>,
+    agent: forkhive_spawn::runtime::Agent,
+    queue: &forkhive_spawn::runtime::PendingQueue,
+    start: Start,
+) -> forkhive_core::TaskId {
+    service
+        .launch(forkhive_spawn::task::Launch {
+            agent,
+            first: forkhive_spawn::task::FirstInput::Prompt("work".into()),
+            description: start.description,
+            tool_use_id: None,
+            parent_queue: queue.clone(),
+            progress: start.progress,
+            output: start.output,
+            slot: service.acquire(start.parent).unwrap(),
+            gate: start.gate,
+            events: None,
+        })
+        .await
+        .unwrap()
+}
