@@ -81,6 +81,11 @@ pub struct SubagentDocDoctests;
 #[doc = include_str!("../docs/verification.md")]
 pub struct VerificationDocDoctests;
 
+/// The code in `docs/background.md`, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/background.md")]
+pub struct BackgroundDocDoctests;
+
 /// The names most programs need, in one import.
 pub mod prelude {
     #[doc(inline)]

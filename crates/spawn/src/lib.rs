@@ -9,6 +9,9 @@
 //! | [`tool`] | the [`Tool`](tool::Tool) trait, [`ToolPool`](tool::ToolPool), tool rounds, permission policies, the three filtering layers, `Read`/`LS` |
 //! | [`transcript`] | per-agent JSONL transcripts, read back byte for byte |
 //! | [`definition`] | [`AgentDefinition`](definition::AgentDefinition), built-ins, the Markdown loader and the registry |
+//! | [`strategy`] | [`SpawnStrategy`](strategy::SpawnStrategy): how a child is built — a fresh [`Subagent`](strategy::Subagent) or a cache-sharing [`Fork`](strategy::Fork); `/btw` and the verification agent |
+//! | [`task`] | [`TaskService`](task::TaskService), the one owner of every child's life; the [`TaskRegistry`](task::TaskRegistry); output files |
+//! | [`agent_tool`] | the [`AgentTool`](agent_tool::AgentTool) a model spawns children with |
 //! | [`error`] | [`Error`], the crate's one error type |
 //!
 //! It builds on [`forkhive_core`] (data and algorithms) and [`forkhive_transport`] (backends).

@@ -71,7 +71,8 @@ async fn a_child_model_must_be_allowed_by_the_host() {
     reviewer.model = Some("small".into());
     let config = AgentToolConfig {
         registry: AgentRegistry::from_definitions([worker, reviewer]),
-        allowed_models: vec!["listed".into()],
+        // The caller's own model listed again is named once in a refusal.
+        allowed_models: vec!["listed".into(), "m".into()],
         ..AgentToolConfig::default()
     };
     let tool = AgentTool::new(config).unwrap();

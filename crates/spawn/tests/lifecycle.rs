@@ -283,6 +283,8 @@ async fn run_cell(cell: Cell) {
         "{cell:?}: {:?}",
         child.usage
     );
+    // Its first turn called one tool, and the registry says so however it ended.
+    assert_eq!(child.usage.tool_uses, 1, "{cell:?}: {:?}", child.usage);
     let below = registry.descendants_usage(&parent_id).await;
     assert!(
         below.output_tokens >= child.tree_usage.output_tokens,

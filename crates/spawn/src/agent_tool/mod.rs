@@ -300,10 +300,16 @@ impl AgentTool {
         if own == Some(asked) || self.config.allowed_models.iter().any(|m| m == asked) {
             return Ok(());
         }
-        let mut allowed = vec![MODEL_INHERIT.to_owned(), parent_model.to_owned()];
-        allowed.extend(own.map(str::to_owned));
-        allowed.extend(self.config.allowed_models.iter().cloned());
-        allowed.dedup();
+        let mut allowed: Vec<&str> = Vec::new();
+        let candidates = [MODEL_INHERIT, parent_model]
+            .into_iter()
+            .chain(own)
+            .chain(self.config.allowed_models.iter().map(String::as_str));
+        for m in candidates {
+            if !allowed.contains(&m) {
+                allowed.push(m);
+            }
+        }
         Err(format!(
             "model `{asked}` is not allowed for agents on this host; use one of: {}",
             allowed
@@ -457,14 +463,19 @@ fn foreground_result(end: &ChildEnd) -> Result<String, String> {
         answer.push_str("\n[truncated]");
     }
     let trailer = match &end.run {
-        Some(run) => format!(
-            "[agent {} {}: {} tokens, {} tool uses, {} turns]",
-            end.id,
-            run.stop,
-            run.usage.total_tokens(),
-            run.tool_calls(),
-            run.turns.len()
-        ),
+        Some(run) => {
+            let plural = |n: usize, one: &str, many: &str| {
+                format!("{n} {}", if n == 1 { one } else { many })
+            };
+            format!(
+                "[agent {} {}: {} tokens, {}, {}]",
+                end.id,
+                run.stop,
+                run.usage.total_tokens(),
+                plural(run.tool_calls(), "tool use", "tool uses"),
+                plural(run.turns.len(), "turn", "turns")
+            )
+        }
         None => format!("[agent {} {}]", end.id, end.status),
     };
     if end.status == TaskStatus::Completed {

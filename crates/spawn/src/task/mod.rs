@@ -569,10 +569,10 @@ impl Owned {
     }
 
     fn usage(&self, ended: &Ended) -> Usage {
-        ended
-            .run()
-            .map(|r| r.usage)
-            .unwrap_or_else(|| self.progress.usage())
+        ended.run().map(|r| r.usage).unwrap_or_else(|| Usage {
+            tool_uses: self.progress.tool_uses(),
+            ..self.progress.usage()
+        })
     }
 
     async fn finish(mut self, ended: Ended) {

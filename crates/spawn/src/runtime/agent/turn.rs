@@ -270,6 +270,9 @@ impl Agent {
         }
 
         if !calls.is_empty() {
+            // `Usage::tool_uses` counts the calls the run made (what hosts, the registry and
+            // the roll-up read), not only what the model was billed.
+            run.usage.tool_uses = run.usage.tool_uses.saturating_add(calls.len() as u64);
             let results = self.tool_round(&calls, &cut_off, snapshot).await;
             let mut blocks = results;
             blocks.extend(self.drain_pending());
