@@ -312,6 +312,20 @@ async fn run_cell(cell: Cell) {
         .into_iter()
         .filter(|n| n.task_id == child.id)
         .collect();
+    // A foreground child's answer comes with a trailer in plain words (its one turn that
+    // called one tool, then the answer: two turns).
+    if !cell.background && cell.end == End::Completes {
+        let text = parent_messages
+            .iter()
+            .flat_map(message_results)
+            .find(|(id, _, _)| id == "toolu_child")
+            .map(|(_, text, _)| text)
+            .unwrap_or_default();
+        assert!(
+            text.contains("1 tool use, ") && text.ends_with(" turns]"),
+            "{cell:?}: {text}"
+        );
+    }
     // A foreground child's failure reaches the model with its reason, transcripts or not.
     if !cell.background && matches!(cell.end, End::Fails | End::Panics) {
         let texts: Vec<String> = parent_messages
