@@ -44,7 +44,8 @@ pub struct AsyncInputs {
     pub definition_background: bool,
     /// Coordinator mode: every worker runs in the background.
     pub coordinator: bool,
-    /// Fork mode forces every spawn into the background.
+    /// Fork mode is on ([`AgentToolConfig::forks`]): it forces every spawn into the
+    /// background, forks and typed subagents alike.
     pub fork_force_async: bool,
     /// An assistant (long-running, KAIROS-like) mode that forces the background.
     pub assistant_force_async: bool,
@@ -105,8 +106,6 @@ pub struct AgentToolConfig {
     pub subagent_user_context: Vec<(String, String)>,
     /// Limits of children.
     pub child_limits: Limits,
-    /// Supervision of background children (used when the tree has no task service yet).
-    pub tasks: TaskConfig,
     /// How long a foreground child may run.
     pub foreground_timeout: Duration,
     /// Models the model may name for a child in the call's `model`, besides the ones always
@@ -136,7 +135,6 @@ impl Default for AgentToolConfig {
             subagent_tools: None,
             subagent_user_context: Vec::new(),
             child_limits: Limits::default(),
-            tasks: TaskConfig::default(),
             foreground_timeout: Duration::from_secs(60 * 60),
             allowed_models: Vec::new(),
         }
@@ -359,16 +357,19 @@ impl AgentTool {
             run_in_background: input.run_in_background.unwrap_or(false),
             definition_background,
             coordinator: self.config.coordinator_mode,
-            fork_force_async: fork,
+            // Fork mode forces every spawn into the background, typed subagents too: the
+            // fork experiment's `forceAsync` is a mode, not a property of one fork ("Coordinator
+            // Mode: A Working Multi-Agent System, From the Source — The Sync-vs-Async
+            // Decision").
+            fork_force_async: self.config.forks(),
             assistant_force_async: self.config.assistant_force_async,
             proactive_active: self.config.proactive_active,
             background_disabled: self.config.background_disabled,
         });
+        // The tree's one service: the host's (`AgentBuilder::tasks` or inserted), else one
+        // with the defaults. Its `TaskConfig` is the only one there is.
         let service = caller.tree.extensions().get_or_insert_with(|| {
-            TaskService::unshared(
-                Arc::new(MemoryTaskRegistry::new()),
-                self.config.tasks.clone(),
-            )
+            TaskService::unshared(Arc::new(MemoryTaskRegistry::new()), TaskConfig::default())
         });
         let slot = service.acquire(*me.id())?;
         let progress = Arc::new(Progress::default());
@@ -521,6 +522,10 @@ impl Tool for AgentTool {
 
     fn is_read_only(&self) -> bool {
         false
+    }
+
+    fn in_background(&self) -> crate::tool::InBackground {
+        crate::tool::InBackground::ByFilter
     }
 
     fn timeout(&self) -> Option<Duration> {

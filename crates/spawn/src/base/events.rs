@@ -91,6 +91,12 @@ pub enum EventKind {
         /// Its one-line summary.
         summary: String,
     },
+    /// Something the host should know but that stops nothing (also logged with `tracing`):
+    /// for example, a tool the agent's definition names that this agent will not have.
+    Warning {
+        /// What is wrong, and where.
+        message: String,
+    },
     /// The agent stopped.
     Stopped {
         /// Why.

@@ -128,13 +128,7 @@ pub async fn verify(
         .get(VERIFICATION_AGENT)
         .cloned()
         .ok_or_else(|| Error::Config("the built-in verification agent is missing".to_owned()))?;
-    let read_only: Vec<String> = tools
-        .names()
-        .into_iter()
-        .filter(|n| tools.get(n).is_some_and(|t| t.is_read_only()))
-        .map(str::to_owned)
-        .collect();
-    let pool = tools.retain(|n| read_only.iter().any(|r| r == n));
+    let pool = tools.filtered(|t| t.is_read_only());
     let policy: Arc<dyn PermissionPolicy> = Arc::new(Both::new(
         Arc::new(ReadOnly::new(
             "the verification agent may not modify anything",

@@ -27,6 +27,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::InBackground;
+use super::pool::ToolPool;
+
 /// Who the tools are for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -177,7 +180,9 @@ impl ToolFilter {
 
     /// Whether `name` survives the three layers for `audience`, given a definition's `tools`
     /// (`None`: no restriction) and `disallowed_tools`. List entries may be patterns (see the
-    /// module docs).
+    /// module docs). Layer 2 judges by name alone, as for the crate's built-in tools; use
+    /// [`pool`](Self::pool) to filter real tools, which declare their own
+    /// [`in_background`](super::Tool::in_background).
     pub fn allows(
         &self,
         name: &str,
@@ -185,32 +190,59 @@ impl ToolFilter {
         tools: Option<&[String]>,
         disallowed_tools: Option<&[String]>,
     ) -> bool {
+        self.verdict(
+            name,
+            InBackground::ByFilter,
+            audience,
+            tools,
+            disallowed_tools,
+        )
+        .is_none()
+    }
+
+    /// Why `name` (declaring `in_background`) does not survive the three layers, or `None`
+    /// when it does.
+    fn verdict(
+        &self,
+        name: &str,
+        in_background: InBackground,
+        audience: ToolAudience,
+        tools: Option<&[String]>,
+        disallowed_tools: Option<&[String]>,
+    ) -> Option<Unavailable> {
         let mcp = is_mcp_tool(name);
         // Layers 1 and 2, which MCP tools always pass.
         if !mcp {
             let sub = audience != ToolAudience::Main;
             if sub && listed(&self.global_disallow, name) {
-                return false;
+                return Some(Unavailable::SubagentsNever);
             }
             let unattended = matches!(audience, ToolAudience::Background | ToolAudience::Teammate);
-            if unattended
-                && !listed(&self.background_allow, name)
-                && !(audience == ToolAudience::Teammate && listed(&self.teammate_extra, name))
-            {
-                return false;
+            let team_tool =
+                audience == ToolAudience::Teammate && listed(&self.teammate_extra, name);
+            // Layer 2's allow list is about built-in tools; a host's own tool declares itself
+            // (like an MCP tool, it is the host's choice).
+            let passes = match in_background {
+                InBackground::Allowed => true,
+                InBackground::Denied => false,
+                InBackground::ByFilter => listed(&self.background_allow, name) || team_tool,
+            };
+            if unattended && !passes {
+                return Some(Unavailable::NotInBackground);
             }
         }
         // Layer 3: the definition's own lists; an explicit deny wins over everything.
         if disallowed_tools.is_some_and(|d| denied(d, name)) {
-            return false;
+            return Some(Unavailable::DisallowedByDefinition);
         }
         match tools {
-            None => true,
-            Some(allow) => mcp || listed(allow, name),
+            Some(allow) if !mcp && !listed(allow, name) => Some(Unavailable::NotListed),
+            _ => None,
         }
     }
 
-    /// The names of `available` that survive the three layers, in their order.
+    /// The names of `available` that survive the three layers, in their order (by name alone,
+    /// as [`allows`](Self::allows)).
     pub fn apply<'a>(
         &self,
         available: &[&'a str],
@@ -224,10 +256,103 @@ impl ToolFilter {
             .filter(|n| self.allows(n, audience, tools, disallowed_tools))
             .collect()
     }
+
+    /// The tools of `pool` that survive the three layers for `audience`, in pool order. Each
+    /// tool's [`in_background`](super::Tool::in_background) decides layer 2 for it.
+    #[must_use]
+    pub fn pool(
+        &self,
+        pool: &ToolPool,
+        audience: ToolAudience,
+        tools: Option<&[String]>,
+        disallowed_tools: Option<&[String]>,
+    ) -> ToolPool {
+        pool.filtered(|tool| {
+            self.verdict(
+                &tool.definition().name,
+                tool.in_background(),
+                audience,
+                tools,
+                disallowed_tools,
+            )
+            .is_none()
+        })
+    }
+
+    /// The tools a definition names by name in its `tools` list that `audience` will not get
+    /// from `pool`, each with why, in list order. Patterns (`*`, `prefix*`, `mcp__server`)
+    /// name no tool in particular and are skipped. Spawning reports these as warnings, since
+    /// a definition that names a tool expects it.
+    pub fn unavailable(
+        &self,
+        pool: &ToolPool,
+        audience: ToolAudience,
+        tools: &[String],
+        disallowed_tools: Option<&[String]>,
+    ) -> Vec<(String, Unavailable)> {
+        let mut out: Vec<(String, Unavailable)> = Vec::new();
+        for entry in tools {
+            let (name, _) = parse(entry);
+            if name.is_empty()
+                || name.ends_with('*')
+                || (name.starts_with("mcp__") && !name["mcp__".len()..].contains("__"))
+                || out.iter().any(|(n, _)| n == name)
+            {
+                continue;
+            }
+            let why = match pool.get(name) {
+                None => Some(Unavailable::NotProvided),
+                Some(tool) => self.verdict(
+                    &tool.definition().name,
+                    tool.in_background(),
+                    audience,
+                    Some(tools),
+                    disallowed_tools,
+                ),
+            };
+            if let Some(why) = why {
+                out.push((name.to_owned(), why));
+            }
+        }
+        out
+    }
+}
+
+/// Why a tool is not in an agent's pool (see [`ToolFilter::unavailable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Unavailable {
+    /// The host's tool pool has no tool of that name.
+    NotProvided,
+    /// Layer 1: no sub-agent may use it.
+    SubagentsNever,
+    /// Layer 2: it is not for agents that run unattended (the tool said so, or it is a
+    /// built-in tool missing from [`ToolFilter::background_allow`]).
+    NotInBackground,
+    /// The definition's own `disallowedTools` takes it away.
+    DisallowedByDefinition,
+    /// The definition's `tools` list does not name it.
+    NotListed,
+}
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Unavailable::NotProvided => "the host provides no tool of that name",
+            Unavailable::SubagentsNever => "no sub-agent may use it (filtering layer 1)",
+            Unavailable::NotInBackground => {
+                "agents running in the background may not use it (filtering layer 2)"
+            }
+            Unavailable::DisallowedByDefinition => "the definition's disallowedTools removes it",
+            Unavailable::NotListed => "the definition's tools list does not name it",
+        })
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use ToolAudience::*;
 
@@ -368,6 +493,94 @@ mod tests {
         assert_eq!(
             ToolFilter::none().apply(&avail, Background, None, None),
             avail
+        );
+    }
+
+    /// Real tools: a host's own (the default `Allowed`) passes layer 2 as MCP tools do, a
+    /// built-in one (`ByFilter`) goes by the list, a `Denied` one never runs unattended;
+    /// layers 1 and 3 apply to all of them.
+    #[test]
+    fn pool_lets_each_tool_decide_layer_two() {
+        use crate::tool::test_tools::Fixed;
+        #[derive(Debug)]
+        struct Declared(Arc<dyn crate::tool::Tool>, InBackground);
+        #[async_trait::async_trait]
+        impl crate::tool::Tool for Declared {
+            fn definition(&self) -> &forkhive_core::ToolDefinition {
+                self.0.definition()
+            }
+            fn is_concurrency_safe(&self, _: &serde_json::Value) -> bool {
+                true
+            }
+            fn is_read_only(&self) -> bool {
+                true
+            }
+            fn in_background(&self) -> InBackground {
+                self.1
+            }
+            async fn call(
+                &self,
+                _: serde_json::Value,
+                _: &crate::tool::ToolContext,
+            ) -> crate::tool::ToolOutput {
+                crate::tool::ToolOutput::text("")
+            }
+        }
+        let declared = |name: &str, how| -> Arc<dyn crate::tool::Tool> {
+            Arc::new(Declared(Fixed::arc(name, ""), how))
+        };
+        let pool = ToolPool::new([
+            Fixed::arc("Custom", ""),
+            declared("Pager", InBackground::Denied),
+            declared("Read", InBackground::ByFilter),
+            declared("KillShell", InBackground::ByFilter),
+            Fixed::arc("Agent", ""),
+        ])
+        .unwrap();
+        let f = ToolFilter::default();
+        let names = |p: ToolPool| {
+            p.names()
+                .iter()
+                .map(|n| (*n).to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            names(f.pool(&pool, Background, None, None)),
+            ["Custom", "Read"]
+        );
+        assert_eq!(
+            names(f.pool(&pool, Foreground, None, None)),
+            ["Custom", "Pager", "Read", "KillShell"]
+        );
+        assert_eq!(
+            names(f.pool(&pool, Background, None, Some(&v(&["Custom"])))),
+            ["Read"]
+        );
+        assert_eq!(names(f.pool(&pool, Main, None, None)).len(), 5);
+        // What a definition names and will not get, and why; patterns name nothing.
+        let named = v(&[
+            "Custom",
+            "Pager",
+            "KillShell",
+            "Agent",
+            "Nope",
+            "Web*",
+            "mcp__x",
+            "Nope",
+        ]);
+        assert_eq!(
+            f.unavailable(&pool, Background, &named, Some(&v(&["Custom"]))),
+            [
+                ("Custom".to_owned(), Unavailable::DisallowedByDefinition),
+                ("Pager".to_owned(), Unavailable::NotInBackground),
+                ("KillShell".to_owned(), Unavailable::NotInBackground),
+                ("Agent".to_owned(), Unavailable::SubagentsNever),
+                ("Nope".to_owned(), Unavailable::NotProvided),
+            ]
+        );
+        assert!(
+            f.unavailable(&pool, Main, &v(&["Custom", "Agent"]), None)
+                .is_empty()
         );
     }
 }

@@ -215,6 +215,9 @@ impl Tool for ReadFile {
     fn is_read_only(&self) -> bool {
         true
     }
+    fn in_background(&self) -> super::InBackground {
+        super::InBackground::ByFilter
+    }
     async fn call(&self, input: serde_json::Value, cx: &ToolContext) -> ToolOutput {
         let requested = match serde_json::from_value::<PathInput>(input) {
             Ok(PathInput { path: Some(p) }) => p,
@@ -292,6 +295,9 @@ impl Tool for ListDir {
     }
     fn is_read_only(&self) -> bool {
         true
+    }
+    fn in_background(&self) -> super::InBackground {
+        super::InBackground::ByFilter
     }
     async fn call(&self, input: serde_json::Value, _cx: &ToolContext) -> ToolOutput {
         let requested = match serde_json::from_value::<PathInput>(input) {

@@ -31,7 +31,7 @@ use crate::base::events::EventSink;
 use crate::base::pending::PendingQueue;
 use crate::base::state::{AgentState, TreeState, TurnSnapshot};
 
-pub use filter::{ToolAudience, ToolFilter};
+pub use filter::{ToolAudience, ToolFilter, Unavailable};
 pub use fs::{ListDir, ReadFile};
 pub use permission::{
     AllowAll, BubbleToParent, PermissionDecision, PermissionPolicy, PermissionRequest, ReadOnly,
@@ -89,6 +89,19 @@ impl ToolOutput {
             is_error: self.is_error,
         }
     }
+}
+
+/// Whether a tool may run in a background agent or teammate (see [`Tool::in_background`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum InBackground {
+    /// Background agents may use it (the default: a host's own tools, like MCP tools).
+    #[default]
+    Allowed,
+    /// Only agents someone waits for may use it.
+    Denied,
+    /// [`ToolFilter::background_allow`] decides by name (the crate's built-in tools).
+    ByFilter,
 }
 
 /// The agent a tool call runs for, as a tool may use it: who it is, its pending-message queue
@@ -230,6 +243,17 @@ pub trait Tool: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// Whether background agents and teammates, which run unattended, may use this tool.
+    ///
+    /// The default, [`InBackground::Allowed`], suits a host's own tools: like MCP tools they
+    /// are the host's choice, so filtering layer 2 (an allow list of *built-in* names) does
+    /// not drop them. A tool that needs someone watching returns [`InBackground::Denied`];
+    /// the crate's built-in tools return [`InBackground::ByFilter`], which leaves the
+    /// decision to [`ToolFilter::background_allow`]. Layers 1 and 3 apply either way.
+    fn in_background(&self) -> InBackground {
+        InBackground::Allowed
+    }
+
     /// Runs the call. `input` has already been validated against the tool's schema and
     /// approved by the permission policy. Failures are returned as [`ToolOutput::error`].
     async fn call(&self, input: serde_json::Value, cx: &ToolContext) -> ToolOutput;
@@ -251,6 +275,9 @@ impl<T: Tool + ?Sized> Tool for Arc<T> {
     }
     fn timeout(&self) -> Option<std::time::Duration> {
         (**self).timeout()
+    }
+    fn in_background(&self) -> InBackground {
+        (**self).in_background()
     }
     async fn call(&self, input: serde_json::Value, cx: &ToolContext) -> ToolOutput {
         (**self).call(input, cx).await

@@ -123,13 +123,15 @@ impl ToolPool {
         self.entries.is_empty()
     }
 
-    /// A pool of the tools whose names `keep` accepts, in the same relative order.
-    pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) -> Self {
+    /// A new pool of the tools `keep` accepts, in the same relative order (this pool is
+    /// unchanged).
+    #[must_use]
+    pub fn filtered(&self, mut keep: impl FnMut(&dyn Tool) -> bool) -> Self {
         // Reuses the compiled validators: filtering a pool per child costs no schema work.
         let kept: Vec<Arc<Entry>> = self
             .entries
             .iter()
-            .filter(|e| keep(&e.tool.definition().name))
+            .filter(|e| keep(e.tool.as_ref()))
             .cloned()
             .collect();
         let mut index = HashMap::with_capacity(kept.len());
@@ -233,6 +235,9 @@ mod tests {
             Fixed::arc("C", "c"),
         ])
         .unwrap();
-        assert_eq!(pool.retain(|n| n != "B").names(), ["A", "C"]);
+        assert_eq!(
+            pool.filtered(|t| t.definition().name != "B").names(),
+            ["A", "C"]
+        );
     }
 }

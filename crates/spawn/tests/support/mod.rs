@@ -130,6 +130,7 @@ pub(crate) struct TestTool {
     def: ToolDefinition,
     safe: bool,
     read_only: bool,
+    in_background: forkhive_spawn::tool::InBackground,
     behaviour: Box<Behaviour>,
     pub running: Arc<AtomicUsize>,
     pub peak: Arc<AtomicUsize>,
@@ -152,6 +153,7 @@ impl TestTool {
             def: ToolDefinition::new(name, format!("the {name} tool"), schema).unwrap(),
             safe,
             read_only: safe,
+            in_background: forkhive_spawn::tool::InBackground::default(),
             behaviour: Box::new(move |i, c| Box::pin(f(i, c))),
             running: Arc::default(),
             peak: Arc::default(),
@@ -168,6 +170,11 @@ impl TestTool {
 
     pub(crate) fn read_only(mut self, read_only: bool) -> Self {
         self.read_only = read_only;
+        self
+    }
+
+    pub(crate) fn in_background(mut self, v: forkhive_spawn::tool::InBackground) -> Self {
+        self.in_background = v;
         self
     }
 
@@ -198,6 +205,9 @@ impl Tool for TestTool {
     }
     fn is_read_only(&self) -> bool {
         self.read_only
+    }
+    fn in_background(&self) -> forkhive_spawn::tool::InBackground {
+        self.in_background
     }
     async fn call(&self, input: serde_json::Value, cx: &ToolContext) -> ToolOutput {
         self.calls.fetch_add(1, Ordering::SeqCst);

@@ -1,6 +1,9 @@
 //! Building an agent: rendering its parameters and tools, opening its transcript.
 
+use std::fmt;
+
 use super::*;
+use crate::base::state::Extensions;
 
 /// Builds an [`Agent`]; see [`Agent::builder`].
 #[derive(Debug)]
@@ -32,6 +35,20 @@ pub struct AgentBuilder {
     pub(super) detach: bool,
     pub(super) keep_children: bool,
     pub(super) inherit_transcript: Option<usize>,
+    pub(super) extensions: Vec<Extension>,
+}
+
+/// A value for the tree's [`Extensions`], put there at build.
+pub(super) struct Extension {
+    type_name: &'static str,
+    /// Inserts the value; `false` when the tree already holds one of its type.
+    put: Box<dyn FnOnce(&Extensions) -> bool + Send>,
+}
+
+impl fmt::Debug for Extension {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.type_name)
+    }
 }
 
 impl AgentBuilder {
@@ -64,6 +81,7 @@ impl AgentBuilder {
             detach: false,
             keep_children: false,
             inherit_transcript: None,
+            extensions: Vec::new(),
         }
     }
 
@@ -201,6 +219,29 @@ impl AgentBuilder {
         self
     }
 
+    /// Puts a service into the agent tree's [`Extensions`], where tools find it: most often
+    /// the tree's [`TaskService`](crate::task::TaskService), whose `TaskConfig` (deadlines,
+    /// capacity, output files) then governs every child of the tree —
+    /// `.extension(TaskService::new(registry, config))`. Without one, the first spawn creates
+    /// a service with the defaults.
+    ///
+    /// A tree holds one value of each type: building fails with [`Error::Config`] when the
+    /// tree (of a [`child_of`](Self::child_of) seed) already holds one, rather than leave one
+    /// of the two configurations silently unread.
+    pub fn extension<T: std::any::Any + Send + Sync>(mut self, value: Arc<T>) -> Self {
+        self.extensions.push(Extension {
+            type_name: std::any::type_name::<T>(),
+            put: Box::new(move |ext: &Extensions| {
+                if ext.get::<T>().is_some() {
+                    return false;
+                }
+                ext.insert(value);
+                true
+            }),
+        });
+        self
+    }
+
     /// Where events go.
     pub fn events(mut self, sink: Arc<dyn EventSink>) -> Self {
         self.events = Some(sink);
@@ -252,22 +293,28 @@ impl AgentBuilder {
                     Some(AgentKind::Teammate) => ToolAudience::Teammate,
                     Some(_) => ToolAudience::Foreground,
                 });
+        let mut warnings = Vec::new();
         let pool = match def {
             Some(d) if self.params.is_none() => {
                 static DEFAULT_FILTER: std::sync::LazyLock<ToolFilter> =
                     std::sync::LazyLock::new(ToolFilter::default);
                 let filter = self.filter.as_deref().unwrap_or(&DEFAULT_FILTER);
-                let names: Vec<String> = filter
-                    .apply(
-                        &self.tools.names(),
-                        audience,
-                        d.tools.as_deref(),
-                        d.disallowed_tools.as_deref(),
-                    )
-                    .into_iter()
-                    .map(str::to_owned)
-                    .collect();
-                self.tools.retain(|n| names.iter().any(|k| k == n))
+                let (tools, disallowed) = (d.tools.as_deref(), d.disallowed_tools.as_deref());
+                // A definition that names a tool expects it: say which it will not get, and
+                // why, rather than leave the model to meet "unknown tool".
+                for (name, why) in
+                    filter.unavailable(&self.tools, audience, tools.unwrap_or(&[]), disallowed)
+                {
+                    let text = format!(
+                        "agent `{}` names tool `{name}` in `tools`, but this {} agent will not \
+                         have it: {why}",
+                        d.name,
+                        audience_word(audience)
+                    );
+                    tracing::warn!(agent = %d.name, tool = %name, "{text}");
+                    warnings.push(text);
+                }
+                filter.pool(&self.tools, audience, tools, disallowed)
             }
             _ => self.tools.clone(),
         };
@@ -292,7 +339,10 @@ impl AgentBuilder {
                 let offered = if exact {
                     pool
                 } else {
-                    pool.retain(|n| p.tools().iter().any(|t| t.name == n))
+                    pool.filtered(|tool| {
+                        let name = &tool.definition().name;
+                        p.tools().iter().any(|t| t.name == *name)
+                    })
                 };
                 (p, offered)
             }
@@ -400,7 +450,19 @@ impl AgentBuilder {
             }
             None => None,
         };
+        let tree = self.tree.unwrap_or_default();
+        for Extension { type_name, put } in self.extensions {
+            if !put(tree.extensions()) {
+                return Err(Error::Config(format!(
+                    "the agent tree already holds a `{type_name}`; a tree has one of each \
+                     service, so configure that one instead of passing another to the builder"
+                )));
+            }
+        }
         let emit = Emitter::new(*cx.id(), self.events.clone());
+        for message in warnings {
+            emit.emit(EventKind::Warning { message });
+        }
         let mut settings = self.settings;
         settings.max_tokens = limits.max_output_tokens;
         Ok(Agent {
@@ -412,7 +474,7 @@ impl AgentBuilder {
                 settings,
                 cx,
                 state: self.state,
-                tree: self.tree.unwrap_or_default(),
+                tree,
                 cancel: self.cancel.unwrap_or_default(),
                 pending: self.pending,
                 events: self.events,
@@ -429,5 +491,15 @@ impl AgentBuilder {
             unsent: self.unsent,
             keep_children: self.keep_children,
         })
+    }
+}
+
+/// How a warning names an audience.
+fn audience_word(audience: ToolAudience) -> &'static str {
+    match audience {
+        ToolAudience::Main => "main",
+        ToolAudience::Foreground => "foreground",
+        ToolAudience::Background => "background",
+        ToolAudience::Teammate => "teammate",
     }
 }
