@@ -86,20 +86,42 @@ pub struct VerificationDocDoctests;
 #[doc = include_str!("../docs/background.md")]
 pub struct BackgroundDocDoctests;
 
-/// The names most programs need, in one import.
+/// The attribute for implementing [`Tool`](spawn::tool::Tool) and
+/// [`Backend`](transport::Backend), whose methods are async: `#[forkhive::async_trait]`.
+pub use async_trait::async_trait;
+/// JSON values, as tools take them: `forkhive::serde_json::json!`, `serde_json::Value`.
+pub use serde_json;
+
+/// The names a host program needs, in one import: building agents and tools, the `Agent`
+/// tool, the task service, events, scripted and simulated backends, usage and prices.
 pub mod prelude {
+    #[doc(inline)]
+    pub use async_trait::async_trait;
     #[doc(inline)]
     pub use forkhive_core::{
         CacheBreak, CacheSafeParams, ContentBlock, ForkChild, ForkPrefix, Message,
-        PrefixFingerprint, RawJson, Role, TaskId, TaskKind, TaskNotification, TaskStatus,
-        ToolDefinition, Usage,
+        PrefixFingerprint, PriceTable, Prices, RawJson, Role, TaskId, TaskKind, TaskNotification,
+        TaskStatus, ToolDefinition, Usage,
     };
     #[doc(inline)]
-    pub use forkhive_spawn::definition::{AgentDefinition, AgentLoader, AgentRegistry};
+    pub use forkhive_spawn::agent_tool::{AgentTool, AgentToolConfig};
+    #[doc(inline)]
+    pub use forkhive_spawn::definition::{
+        AgentDefinition, AgentLoader, AgentRegistry, DefinitionSource,
+    };
     #[doc(inline)]
     pub use forkhive_spawn::runtime::{
-        Agent, AgentContext, AgentEvent, AgentRun, Limits, PendingMessage, StopReason,
+        Agent, AgentContext, AgentEvent, AgentRun, ChildReport, EventKind, EventSink, FnSink,
+        Limits, PendingMessage, StopReason,
     };
     #[doc(inline)]
-    pub use forkhive_spawn::tool::{PermissionPolicy, Tool, ToolContext, ToolOutput, ToolPool};
+    pub use forkhive_spawn::task::{MemoryTaskRegistry, TaskConfig, TaskService};
+    #[doc(inline)]
+    pub use forkhive_spawn::tool::{
+        InBackground, PermissionPolicy, Tool, ToolContext, ToolOutput, ToolPool,
+    };
+    #[doc(inline)]
+    pub use forkhive_transport::simulator::PromptCacheSimulator;
+    #[doc(inline)]
+    pub use forkhive_transport::{Backend, Request, Response, ScriptedBackend};
 }

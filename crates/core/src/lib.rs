@@ -67,4 +67,4 @@ pub use message::{ContentBlock, ImageSource, Message, RawJson, Role, ToolResultC
 pub use notification::{NotificationUsage, TaskNotification, TaskStatus};
 pub use params::{CacheSafeParams, CacheSafeParamsBuilder, ThinkingConfig, ToolDefinition};
 pub use task_id::{TaskId, TaskKind};
-pub use usage::Usage;
+pub use usage::{PriceTable, Prices, Usage};

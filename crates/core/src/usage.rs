@@ -56,6 +56,27 @@ impl Usage {
         }
     }
 
+    /// What these tokens cost at `prices`, in the prices' currency: uncached input at the
+    /// input price, cache writes at the 5-minute or 1-hour write price, cache reads at the
+    /// read price, output at the output price.
+    ///
+    /// ```
+    /// use forkhive_core::{PriceTable, Usage};
+    /// let usage = Usage { input_tokens: 1_000, cache_read_tokens: 9_000, output_tokens: 500, ..Usage::default() };
+    /// let sonnet = PriceTable::published().get("claude-sonnet-4-5").unwrap();
+    /// // 1,000 × $3 + 9,000 × $0.30 + 500 × $15, per million tokens:
+    /// assert!((usage.cost(&sonnet) - 0.0132).abs() < 1e-12);
+    /// ```
+    pub fn cost(&self, prices: &Prices) -> f64 {
+        let m = |tokens: u64, per_million: f64| tokens as f64 * per_million / 1_000_000.0;
+        let write_1h = self.cache_write_1h_tokens.min(self.cache_write_tokens);
+        m(self.input_tokens, prices.input)
+            + m(self.cache_write_tokens - write_1h, prices.cache_write_5m)
+            + m(write_1h, prices.cache_write_1h)
+            + m(self.cache_read_tokens, prices.cache_read)
+            + m(self.output_tokens, prices.output)
+    }
+
     /// The usage block of a task notification.
     pub fn to_notification(&self) -> NotificationUsage {
         NotificationUsage {
@@ -63,6 +84,87 @@ impl Usage {
             tool_uses: self.tool_uses,
             duration_ms: self.duration_ms,
         }
+    }
+}
+
+/// One model's prices per million tokens (in US dollars for [`PriceTable::published`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Prices {
+    /// Uncached input.
+    pub input: f64,
+    /// Input written to the cache with the 5-minute TTL.
+    pub cache_write_5m: f64,
+    /// Input written to the cache with the 1-hour TTL.
+    pub cache_write_1h: f64,
+    /// Input read from the cache.
+    pub cache_read: f64,
+    /// Output.
+    pub output: f64,
+}
+
+impl Prices {
+    /// Prices from an input and an output price, with the cache priced as Anthropic publishes
+    /// it relative to input: a 5-minute write 1.25×, a 1-hour write 2×, a read 0.1× [PC].
+    pub fn from_input_output(input: f64, output: f64) -> Self {
+        Self {
+            input,
+            cache_write_5m: input * 1.25,
+            cache_write_1h: input * 2.0,
+            cache_read: input * 0.1,
+            output,
+        }
+    }
+}
+
+/// Prices by model, matched by the longest prefix of the model id (so
+/// `claude-sonnet-4-5-20250929` finds `claude-sonnet-4-5`). Hosts replace entries or start
+/// from [`PriceTable::new`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PriceTable {
+    entries: Vec<(String, Prices)>,
+}
+
+impl PriceTable {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Anthropic's published list prices in US dollars per million tokens, as read from its
+    /// pricing page in November 2026 (see `docs/references.md`, [PRICES]). Prices change:
+    /// a host that bills from them should keep its own table.
+    pub fn published() -> Self {
+        let mut t = Self::new();
+        for (model, input, output) in [
+            ("claude-opus-5", 5.0, 25.0),
+            ("claude-opus-4-5", 5.0, 25.0),
+            ("claude-opus-4-1", 15.0, 75.0),
+            ("claude-sonnet-5", 2.0, 10.0),
+            ("claude-sonnet-4-5", 3.0, 15.0),
+            ("claude-haiku-4-5", 1.0, 5.0),
+        ] {
+            t.insert(model, Prices::from_input_output(input, output));
+        }
+        t
+    }
+
+    /// Sets the prices of `model` (a model id or a prefix of ids), replacing any.
+    pub fn insert(&mut self, model: impl Into<String>, prices: Prices) -> &mut Self {
+        let model = model.into();
+        match self.entries.iter_mut().find(|(m, _)| *m == model) {
+            Some(entry) => entry.1 = prices,
+            None => self.entries.push((model, prices)),
+        }
+        self
+    }
+
+    /// The prices of `model`: the entry that is the longest prefix of it, if any.
+    pub fn get(&self, model: &str) -> Option<Prices> {
+        self.entries
+            .iter()
+            .filter(|(m, _)| model.starts_with(m.as_str()))
+            .max_by_key(|(m, _)| m.len())
+            .map(|(_, p)| *p)
     }
 }
 

@@ -315,7 +315,7 @@ async fn limits_and_unknown_types_are_refusals_the_model_can_act_on() {
         }
     });
     let mut p = parent(b.clone(), AgentToolConfig::default(), TaskConfig::default()).await;
-    p.run("go").await;
+    let _ = p.run("go").await;
     let msgs = p.params().messages().to_vec();
     let texts = result_texts(&msgs[2]);
     assert_eq!(
@@ -362,7 +362,7 @@ async fn limits_and_unknown_types_are_refusals_the_model_can_act_on() {
         .build()
         .await
         .unwrap();
-    agent.run("go").await;
+    let _ = agent.run("go").await;
     let msgs = agent.params().messages().to_vec();
     match &msgs[2].content[0] {
         ContentBlock::ToolResult {
@@ -401,7 +401,7 @@ async fn limits_and_unknown_types_are_refusals_the_model_can_act_on() {
         ..TaskConfig::default()
     };
     let mut p = parent(b3, config, tasks).await;
-    p.run("go").await;
+    let _ = p.run("go").await;
     let msgs = p.params().messages().to_vec();
     let refused: Vec<String> = msgs[2]
         .content
@@ -725,7 +725,7 @@ async fn a_side_question_reads_the_cache_writes_nothing_for_itself_and_leaves_th
         .build()
         .await
         .unwrap();
-    agent.run("what failed?").await;
+    let _ = agent.run("what failed?").await;
     let before = agent.params().fingerprint().clone();
     let first = side_question(&agent, "btw, which branch is this?")
         .await

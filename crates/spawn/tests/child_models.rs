@@ -137,7 +137,7 @@ async fn a_fork_asking_for_another_model_is_refused() {
         .build()
         .await
         .unwrap();
-    parent.run("go").await;
+    let _ = parent.run("go").await;
     let results = results.lock().unwrap().clone();
     assert_eq!(
         results,

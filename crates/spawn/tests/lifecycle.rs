@@ -485,7 +485,7 @@ async fn an_agent_built_to_keep_its_children_leaves_them_running() {
         |b| b.cancel_children_on_drop(false),
     )
     .await;
-    parent.run("go").await;
+    let _ = parent.run("go").await;
     let id = service.registry().children(parent.id()).await[0].id;
     drop(parent);
     tokio::time::sleep(Duration::from_secs(60)).await;

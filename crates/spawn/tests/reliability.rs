@@ -318,7 +318,7 @@ proptest! {
             });
             let config = AgentToolConfig { registry: worker_registry(), ..AgentToolConfig::default() };
             let (mut parent, _) = parent_with(b, config, TaskConfig::default()).await;
-            parent.run("go").await;
+            let _ = parent.run("go").await;
             notifications(&parent.params().messages().to_vec())
         });
         prop_assert_eq!(found.len(), n);
@@ -376,6 +376,8 @@ async fn a_child_dropped_past_its_grace_is_notified_even_if_dropping_it_panics()
             slot: service.acquire(parent).unwrap(),
             gate: Some(gate),
             events: None,
+            ledger: None,
+            parent_turn: 0,
         })
         .await
         .unwrap();

@@ -289,7 +289,7 @@ async fn the_policy_allows_denies_and_rewrites() {
         .build()
         .await
         .unwrap();
-    agent.run("go").await;
+    let _ = agent.run("go").await;
     let got = results(&backend.requests()[1]);
     assert_eq!(got[0], ("a".into(), "notes".into(), false));
     assert_eq!(got[1], ("b".into(), "`secret` is off limits".into(), true));
@@ -664,7 +664,7 @@ async fn pending_messages_arrive_after_the_next_tool_results() {
         .build()
         .await
         .unwrap();
-    agent.run("go").await;
+    let _ = agent.run("go").await;
     let msgs = backend.requests()[1].all_messages();
     let last = msgs.last().unwrap();
     assert!(
@@ -719,7 +719,7 @@ async fn events_tell_the_story_and_name_a_cache_break() {
         .build()
         .await
         .unwrap();
-    agent.run("go").await;
+    let _ = agent.run("go").await;
     let evs = events.take();
     assert!(evs.iter().all(|e| &e.agent == agent.id()));
     let kinds: Vec<String> = evs
@@ -802,7 +802,7 @@ async fn tools_and_code_below_them_see_their_own_agent() {
     }
     let (mut a, ba) = runs.remove(0);
     let (mut b, bb) = runs.remove(0);
-    tokio::join!(a.run("x"), b.run("y"));
+    let _ = tokio::join!(a.run("x"), b.run("y"));
     let ra = results(&ba.requests()[1])[0].1.clone();
     let rb = results(&bb.requests()[1])[0].1.clone();
     assert_eq!(ra, format!("{} {}", a.id(), a.id()));
@@ -945,7 +945,7 @@ async fn permission_modes_map_onto_policies() {
             .build()
             .await
             .unwrap();
-        agent.run("write").await;
+        let _ = agent.run("write").await;
         let got = results(&backend.requests()[1]);
         assert_eq!((got[0].2, got[0].1.as_str()), want, "{mode:?}");
     }
@@ -1031,7 +1031,7 @@ async fn only_tools_the_model_was_offered_can_run() {
         .await
         .unwrap();
     assert_eq!(agent.tools().names(), ["Look"]);
-    agent.run("x").await;
+    let _ = agent.run("x").await;
     assert_eq!(ran.load(Ordering::SeqCst), 0);
     assert_eq!(
         results(&backend.requests()[1])[0],
@@ -1072,7 +1072,7 @@ async fn permission_modes_never_loosen_the_host_unless_trusted() {
             .build()
             .await
             .unwrap();
-        agent.run("x").await;
+        let _ = agent.run("x").await;
         results(&backend.requests()[1])[0].1.clone()
     };
     // Plan on top of a host that denies: still denied (read-only is necessary, not sufficient).

@@ -108,7 +108,7 @@ async fn a_resumed_agent_reads_the_cache_it_left() {
         .build()
         .await
         .unwrap();
-    agent.run("take a look").await;
+    let _ = agent.run("take a look").await;
     let before = agent.params().fingerprint().clone();
     let path = agent.transcript_path().unwrap().to_path_buf();
     drop(agent);
@@ -331,7 +331,7 @@ async fn a_resumed_agent_keeps_its_definitions_restrictions() {
         .build()
         .await
         .unwrap();
-    agent.run("plan").await;
+    let _ = agent.run("plan").await;
     let path = agent.transcript_path().unwrap().to_path_buf();
     let t = transcript::read(&path).await.unwrap();
     assert_eq!(t.header.permission_mode.as_deref(), Some("plan"));
@@ -348,7 +348,7 @@ async fn a_resumed_agent_keeps_its_definitions_restrictions() {
         ["Look"],
         "the disallowed tool stays out"
     );
-    resumed.run("now break something").await;
+    let _ = resumed.run("now break something").await;
     assert_eq!(
         results(&backend.requests()[1])[0].1,
         "unknown tool `Danger`; available tools: Look"

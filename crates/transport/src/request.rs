@@ -256,6 +256,75 @@ impl Response {
             model: None,
         }
     }
+
+    /// An end-of-turn text answer whose usage counts its output tokens (estimated from its
+    /// length, as the cache simulator does): what a scripted model says.
+    pub fn say(text: impl Into<String>) -> Self {
+        let text = text.into();
+        let usage = Usage {
+            output_tokens: crate::simulator::estimate_tokens(text.len()),
+            ..Usage::default()
+        };
+        Self::text(text, usage)
+    }
+
+    /// A `tool_use` answer calling each `(tool, input)` in order, for a scripted model.
+    ///
+    /// Each call's id is `toolu_` and 16 hex digits of a SHA-256 over the tool, its input and
+    /// its position, so the same script gives the same bytes on every run. Output tokens are
+    /// estimated from the inputs' length.
+    ///
+    /// ```
+    /// use forkhive_transport::Response;
+    /// let r = Response::tool_calls([("Agent", serde_json::json!({"prompt": "audit"}))]);
+    /// let (id, name, input) = r.message.tool_uses().next().unwrap();
+    /// assert!(id.starts_with("toolu_") && name == "Agent");
+    /// assert_eq!(input.as_str(), r#"{"prompt":"audit"}"#);
+    /// ```
+    pub fn tool_calls<N: Into<String>>(
+        calls: impl IntoIterator<Item = (N, serde_json::Value)>,
+    ) -> Self {
+        use sha2::{Digest, Sha256};
+        let mut bytes = 0;
+        let content: Vec<ContentBlock> = calls
+            .into_iter()
+            .enumerate()
+            .map(|(i, (name, input))| {
+                let name = name.into();
+                let input = forkhive_core::RawJson::from_value(&input);
+                let digest = Sha256::new()
+                    .chain_update(name.as_bytes())
+                    .chain_update([0])
+                    .chain_update(input.as_str().as_bytes())
+                    .chain_update(i.to_le_bytes())
+                    .finalize();
+                let mut id = String::with_capacity(22);
+                id.push_str("toolu_");
+                for b in &digest[..8] {
+                    id.push_str(&format!("{b:02x}"));
+                }
+                bytes += name.len() + input.as_str().len();
+                ContentBlock::tool_use(id, name, input)
+            })
+            .collect();
+        Self {
+            message: Message::assistant(content),
+            stop_reason: Some(StopReason::ToolUse),
+            usage: Usage {
+                output_tokens: crate::simulator::estimate_tokens(bytes),
+                ..Usage::default()
+            },
+            id: None,
+            model: None,
+        }
+    }
+
+    /// The same answer with `usage` instead.
+    #[must_use]
+    pub fn with_usage(mut self, usage: Usage) -> Self {
+        self.usage = usage;
+        self
+    }
 }
 
 /// Usage fields as a stream event reports them: each may be absent.

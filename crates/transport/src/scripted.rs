@@ -2,16 +2,19 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::Mutex;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use forkhive_core::Usage;
+use futures::future::BoxFuture;
 
 use crate::backend::{Backend, EventStream};
 use crate::error::{Error, Result};
 use crate::request::{Request, Response, events_for};
 
 type ReplyFn = dyn Fn(&Request) -> Result<Response> + Send + Sync;
+type AsyncReplyFn = dyn Fn(Request) -> BoxFuture<'static, Result<Response>> + Send + Sync;
 
 enum Script {
     Queue {
@@ -19,6 +22,7 @@ enum Script {
         scripted: usize,
     },
     Fn(Box<ReplyFn>),
+    Async(Arc<AsyncReplyFn>),
 }
 
 /// A backend that answers from a script — a queue of replies, or a function of the request —
@@ -71,6 +75,37 @@ impl ScriptedBackend {
         Self::with_script(Script::Fn(Box::new(f)))
     }
 
+    /// Replies computed by a future per request: a model that takes its time
+    /// (`tokio::time::sleep`), never answers (`std::future::pending`), or fails with any
+    /// [`Error`] — a 429 is `Err(Error::RateLimited { .. })`.
+    ///
+    /// Requests made inside an agent run carry the asking agent: inside `f`,
+    /// `forkhive_spawn::runtime::AgentContext::current()` says which agent (its id, kind,
+    /// agent type), so one backend can answer a parent and each kind of child differently.
+    /// Call it in `f` itself, before the returned future's first `.await`, or inside the
+    /// future: both run while the agent's request is in flight.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use forkhive_transport::{Backend, Request, Response, ScriptedBackend};
+    /// use forkhive_core::{CacheSafeParams, Message};
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let backend = ScriptedBackend::from_async_fn(|request: Request| async move {
+    ///     tokio::time::sleep(Duration::from_millis(5)).await;
+    ///     Ok(Response::say(format!("{} messages", request.all_messages().len())))
+    /// });
+    /// let request = Request::new(CacheSafeParams::builder("m").build(), vec![Message::user_text("yo")]);
+    /// assert_eq!(backend.send(&request).await?.message.text(), "1 messages");
+    /// # Ok::<(), forkhive_transport::Error>(()) }).unwrap();
+    /// ```
+    pub fn from_async_fn<F, Fut>(f: F) -> Self
+    where
+        F: Fn(Request) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Response>> + Send + 'static,
+    {
+        Self::with_script(Script::Async(Arc::new(move |r| Box::pin(f(r)))))
+    }
+
     fn with_script(script: Script) -> Self {
         Self {
             script: Mutex::new(script),
@@ -86,22 +121,27 @@ impl ScriptedBackend {
             .clone()
     }
 
-    fn reply(&self, request: &Request) -> Result<Response> {
+    async fn reply(&self, request: &Request) -> Result<Response> {
         let n = {
             let mut reqs = self.requests.lock().unwrap_or_else(|e| e.into_inner());
             reqs.push(request.clone());
             reqs.len()
         };
-        let mut script = self.script.lock().unwrap_or_else(|e| e.into_inner());
-        match &mut *script {
-            Script::Queue { replies, scripted } => {
-                replies.pop_front().unwrap_or(Err(Error::ScriptExhausted {
-                    request: n,
-                    scripted: *scripted,
-                }))
+        // The lock is released before any await: an async reply runs outside it.
+        let pending = {
+            let mut script = self.script.lock().unwrap_or_else(|e| e.into_inner());
+            match &mut *script {
+                Script::Queue { replies, scripted } => {
+                    return replies.pop_front().unwrap_or(Err(Error::ScriptExhausted {
+                        request: n,
+                        scripted: *scripted,
+                    }));
+                }
+                Script::Fn(f) => return f(request),
+                Script::Async(f) => f(request.clone()),
             }
-            Script::Fn(f) => f(request),
-        }
+        };
+        pending.await
     }
 }
 
@@ -119,11 +159,11 @@ impl fmt::Debug for ScriptedBackend {
 #[async_trait]
 impl Backend for ScriptedBackend {
     async fn send(&self, request: &Request) -> Result<Response> {
-        self.reply(request)
+        self.reply(request).await
     }
 
     async fn stream(&self, request: &Request) -> Result<EventStream> {
-        let response = self.reply(request)?;
+        let response = self.reply(request).await?;
         let events = events_for(&response, 16);
         Ok(Box::pin(futures::stream::iter(events.into_iter().map(Ok))))
     }

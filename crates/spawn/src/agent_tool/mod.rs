@@ -424,6 +424,8 @@ impl AgentTool {
                     slot,
                     gate: prepared.gate,
                     events: caller.events.clone(),
+                    ledger: Some(caller.children.clone()),
+                    parent_turn: turn.turn(),
                 },
                 mode,
             )

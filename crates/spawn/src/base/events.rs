@@ -72,8 +72,22 @@ pub enum EventKind {
         name: Arc<str>,
         /// Whether its result is an error.
         is_error: bool,
+        /// When it failed: what its result says (up to 500 characters, then `…`), so a host
+        /// sees why without reading the conversation.
+        error: Option<String>,
         /// How long it took.
         duration: Duration,
+    },
+    /// The agent started a child (emitted by the parent, before the child's first event).
+    ChildStarted {
+        /// The child's task id (its events carry it as `agent`).
+        task: TaskId,
+        /// Its agent type (`fork` for a fork).
+        agent_type: String,
+        /// The `description` it was started with.
+        description: String,
+        /// Whether it runs in the background (its answer comes as a notification).
+        background: bool,
     },
     /// Pending messages were added to the conversation.
     MessagesInjected {

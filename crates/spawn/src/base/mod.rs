@@ -1,11 +1,13 @@
 //! What every layer of the crate shares, below `tool` and `transcript`: an agent's identity
 //! ([`context`]), its own and its tree's state ([`state`]), its events ([`events`]), how a
-//! run ends ([`outcome`]) and its pending messages ([`pending`]).
+//! run ends ([`outcome`]), its pending messages ([`pending`]) and the children it started
+//! ([`children`]).
 //!
 //! These are leaves: they import nothing else of the crate but its error type, so `tool`,
 //! `transcript`, `runtime` and everything above can build on them without a cycle. Their
 //! public path is [`crate::runtime`], which re-exports them.
 
+pub mod children;
 pub mod context;
 pub mod events;
 pub mod outcome;

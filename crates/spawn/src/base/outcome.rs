@@ -165,6 +165,7 @@ impl TurnRecord {
 
 /// The result of [`Agent::run`](crate::runtime::Agent::run).
 #[derive(Debug, Clone)]
+#[must_use = "an AgentRun says why the agent stopped; check `stop` or call `into_result`"]
 pub struct AgentRun {
     /// Why it stopped.
     pub stop: StopReason,
@@ -179,6 +180,8 @@ pub struct AgentRun {
     pub error: Option<Arc<Error>>,
     /// The messages this run added to the conversation, shared with it (not copies).
     pub new_messages: MessageList,
+    /// The children this run started, in start order (see [`AgentRun::children`]).
+    pub children: Vec<crate::base::children::ChildReport>,
 }
 
 impl AgentRun {
@@ -188,6 +191,13 @@ impl AgentRun {
             Some(e) => Err(e),
             None => Ok(self),
         }
+    }
+
+    /// The children this run started, in start order: id, agent type, status, usage and
+    /// cache figures. A run waits for its background children before it returns (unless
+    /// its agent was built with `detach_background(true)`), so each has ended by then.
+    pub fn children(&self) -> &[crate::base::children::ChildReport] {
+        &self.children
     }
 
     /// How many tool calls the run made.

@@ -196,6 +196,9 @@ impl AgentDefinition {
 pub enum DefinitionSource {
     /// Compiled into the library.
     BuiltIn,
+    /// Defined in code by the host application — its own agents, which a plugin's, the
+    /// user's or the project's files of the same name customise, as they do the built-ins.
+    Host,
     /// Shipped by a plugin.
     Plugin,
     /// The user's own agents (`~/.claude/agents`).
@@ -210,8 +213,9 @@ pub enum DefinitionSource {
 
 impl DefinitionSource {
     /// Every source, lowest priority first.
-    pub const ALL: [DefinitionSource; 6] = [
+    pub const ALL: [DefinitionSource; 7] = [
         DefinitionSource::BuiltIn,
+        DefinitionSource::Host,
         DefinitionSource::Plugin,
         DefinitionSource::User,
         DefinitionSource::Project,
@@ -219,10 +223,12 @@ impl DefinitionSource {
         DefinitionSource::Policy,
     ];
 
-    /// The spelling used in reports: `built-in`, `plugin`, `user`, `project`, `flag`, `policy`.
+    /// The spelling used in reports: `built-in`, `host`, `plugin`, `user`, `project`, `flag`,
+    /// `policy`.
     pub fn as_str(self) -> &'static str {
         match self {
             DefinitionSource::BuiltIn => "built-in",
+            DefinitionSource::Host => "host",
             DefinitionSource::Plugin => "plugin",
             DefinitionSource::User => "user",
             DefinitionSource::Project => "project",
@@ -317,6 +323,7 @@ mod tests {
             DefinitionSource::BuiltIn,
             DefinitionSource::Flag,
             DefinitionSource::Project,
+            DefinitionSource::Host,
             DefinitionSource::Plugin,
         ];
         shuffled.sort();

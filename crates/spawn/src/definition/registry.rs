@@ -129,6 +129,46 @@ impl AgentRegistry {
         }
     }
 
+    /// Adds one definition — most often an agent the host defines in code, with
+    /// [`DefinitionSource::Host`] — by the same priority rule as the rest: it replaces a
+    /// definition of that name it outranks (or ties, being later), and is itself listed in
+    /// [`shadowed`](Self::shadowed) when one already there outranks it. Returns the record of
+    /// whichever lost, if there was a contest.
+    ///
+    /// ```
+    /// use forkhive_spawn::definition::{AgentDefinition, AgentRegistry, DefinitionSource};
+    /// let mut registry = AgentRegistry::builtin();
+    /// let mut reviewer = AgentDefinition::new("reviewer", "Reviews a diff", DefinitionSource::Host);
+    /// reviewer.system_prompt = "You review diffs for bugs.".into();
+    /// assert!(registry.insert(reviewer).is_none());
+    /// assert_eq!(registry.get("reviewer").unwrap().source, DefinitionSource::Host);
+    /// ```
+    pub fn insert(&mut self, definition: AgentDefinition) -> Option<Shadowed> {
+        let name = definition.name.clone();
+        let contest = match self.agents.get(&name) {
+            None => None,
+            Some(old) if definition.priority_key() >= old.priority_key() => Some(Shadowed {
+                name: name.clone(),
+                winner: definition.origin(),
+                overridden: old.origin(),
+            }),
+            Some(old) => {
+                let lost = Shadowed {
+                    name,
+                    winner: old.origin(),
+                    overridden: definition.origin(),
+                };
+                self.shadowed.push(lost.clone());
+                return Some(lost);
+            }
+        };
+        if let Some(s) = &contest {
+            self.shadowed.push(s.clone());
+        }
+        self.agents.insert(name, Arc::new(definition));
+        contest
+    }
+
     /// The definition named `name` (exact, case-sensitive match).
     pub fn get(&self, name: &str) -> Option<&AgentDefinition> {
         self.agents.get(name).map(|d| &**d)
@@ -196,6 +236,34 @@ mod tests {
         let mut d = AgentDefinition::new(name, format!("{source}"), source);
         d.path = path.map(PathBuf::from);
         d
+    }
+
+    /// A host's agent in code outranks a built-in of its name and yields to a project file
+    /// of its name, whichever is inserted first; each contest is listed.
+    #[test]
+    fn insert_follows_the_priority_order() {
+        let mut r = AgentRegistry::builtin();
+        let host = def("general-purpose", DefinitionSource::Host, None);
+        let lost = r.insert(host).unwrap();
+        assert_eq!(lost.to_string(), "general-purpose: host overrides built-in");
+        assert_eq!(
+            r.get("general-purpose").unwrap().source,
+            DefinitionSource::Host
+        );
+
+        let mut r =
+            AgentRegistry::from_definitions([def("x", DefinitionSource::Project, Some("/r/x.md"))]);
+        let lost = r.insert(def("x", DefinitionSource::Host, None)).unwrap();
+        assert_eq!(lost.to_string(), "x: project /r/x.md overrides host");
+        assert_eq!(r.get("x").unwrap().source, DefinitionSource::Project);
+        assert!(r.insert(def("y", DefinitionSource::Host, None)).is_none());
+        assert_eq!(r.shadowed().len(), 1);
+        // Merged at once, the same order holds.
+        let merged = AgentRegistry::from_definitions([
+            def("x", DefinitionSource::Host, None),
+            def("x", DefinitionSource::BuiltIn, None),
+        ]);
+        assert_eq!(merged.get("x").unwrap().source, DefinitionSource::Host);
     }
 
     #[test]

@@ -10,10 +10,11 @@
 //! | [`outcome`] | [`StopReason`], [`Limits`], [`AgentRun`] |
 
 pub mod agent;
-pub use crate::base::{context, events, outcome, pending, state};
+pub use crate::base::{children, context, events, outcome, pending, state};
 
 pub(crate) use agent::AgentShared;
 pub use agent::{Agent, AgentBuilder, ChildSeed, ResumeReport};
+pub use children::{ChildLedger, ChildReport};
 pub use context::{AgentContext, AgentKind, QuerySource};
 pub use events::{AgentEvent, EventKind, EventSink, FnSink};
 pub use outcome::{AgentRun, Limits, StopReason, TurnRecord};

@@ -34,6 +34,7 @@ use forkhive_core::{TaskId, TaskNotification, TaskStatus, Usage};
 use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use crate::base::children::ChildLedger;
 use crate::base::events::{AgentEvent, EventKind, EventSink};
 use crate::base::outcome::{AgentRun, StopReason};
 use crate::base::pending::{Expectation, PendingMessage, PendingQueue};
@@ -339,9 +340,14 @@ pub struct Launch {
     pub slot: Slot,
     /// Work to await before the child starts (a cache-warm fan-out gate).
     pub gate: Option<Gate>,
-    /// Where to report [`EventKind::Notified`] once the notification is queued (normally
+    /// Where to report [`EventKind::ChildStarted`] and [`EventKind::Notified`] (normally
     /// the parent's sink, so a host sees the whole tree).
     pub events: Option<Arc<dyn EventSink>>,
+    /// The parent's ledger of children (see `AgentRun::children`), where the child's start
+    /// and end are recorded — the end before the parent hears of it.
+    pub ledger: Option<ChildLedger>,
+    /// The parent's turn, which its [`EventKind::ChildStarted`] carries.
+    pub parent_turn: u32,
 }
 
 /// Work a child awaits before its first request (the cache-warm fan-out wait).
@@ -506,6 +512,7 @@ struct Owned {
     output: Option<Arc<OutputFile>>,
     tool_use_id: Option<String>,
     events: Option<Arc<dyn EventSink>>,
+    ledger: Option<ChildLedger>,
     report: Option<oneshot::Sender<ChildEnd>>,
     _active: Active,
 }
@@ -652,6 +659,9 @@ impl Owned {
     fn report(mut self, ended: Ended, n: TaskNotification, report: bool) {
         let id = self.record.id;
         let status = n.status;
+        if let Some(ledger) = &self.ledger {
+            ledger.ended(&id, status, self.usage(&ended));
+        }
         match self.mode {
             Mode::Background => {
                 if report {
@@ -818,14 +828,44 @@ impl TaskService {
             slot,
             gate,
             events,
+            ledger,
+            parent_turn,
         } = launch;
         let id = *agent.id();
         let parent = agent.context().parent().copied().unwrap_or(id);
+        let agent_type = match agent.context().agent_type() {
+            Some(t) => t.to_owned(),
+            None if agent.context().query_source().is_fork() => "fork".to_owned(),
+            None => String::new(),
+        };
         let mut record = TaskRecord::new(id, parent, description);
+        record.agent_type = agent_type;
         record.transcript = agent.transcript_path().map(PathBuf::from);
         record.output = output.as_ref().map(|o| o.path().to_path_buf());
         self.registry.create(record.clone()).await?;
         self.registry.transition(&id, TaskState::Running).await?;
+        // Started: the parent's ledger and sink hear of it before the child's first event.
+        let background = mode == Mode::Background;
+        if let Some(ledger) = &ledger {
+            ledger.started(
+                id,
+                record.agent_type.clone(),
+                record.description.clone(),
+                background,
+            );
+        }
+        if let Some(sink) = &events {
+            sink.emit(AgentEvent {
+                agent: parent,
+                turn: parent_turn,
+                kind: EventKind::ChildStarted {
+                    task: id,
+                    agent_type: record.agent_type.clone(),
+                    description: record.description.clone(),
+                    background,
+                },
+            });
+        }
         let cancel = agent.cancellation().clone();
         self.tokens
             .lock()
@@ -856,6 +896,7 @@ impl TaskService {
             output,
             tool_use_id,
             events,
+            ledger,
             report,
             _active: Active::new(self),
         }));

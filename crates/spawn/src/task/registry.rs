@@ -90,6 +90,8 @@ pub struct TaskRecord {
     pub parent: TaskId,
     /// The `description` it was started with.
     pub description: String,
+    /// Its agent type (`fork` for a fork; empty when it was started without one).
+    pub agent_type: String,
     /// Where it is.
     pub state: TaskState,
     /// Its own usage (set when it ends).
@@ -111,6 +113,7 @@ impl TaskRecord {
             id,
             parent,
             description: description.into(),
+            agent_type: String::new(),
             state: TaskState::Created,
             usage: Usage::default(),
             tree_usage: Usage::default(),

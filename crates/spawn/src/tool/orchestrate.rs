@@ -198,6 +198,7 @@ impl Round<'_> {
             id: call.id.clone(),
             name: call.name.clone(),
             is_error: out.is_error,
+            error: out.is_error.then(|| error_preview(&out)),
             duration: started.elapsed(),
         });
         out
@@ -273,5 +274,18 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "a non-text panic payload".to_owned()
+    }
+}
+
+/// The most characters of a failed call's text an event carries.
+pub const ERROR_PREVIEW: usize = 500;
+
+/// A failed call's text for its event: whole up to [`ERROR_PREVIEW`] characters, else cut
+/// there with `…`.
+fn error_preview(out: &ToolOutput) -> String {
+    let text = out.text_content();
+    match text.char_indices().nth(ERROR_PREVIEW) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
     }
 }

@@ -357,6 +357,8 @@ pub(crate) async fn start_child(
             slot: service.acquire(start.parent).unwrap(),
             gate: start.gate,
             events: None,
+            ledger: None,
+            parent_turn: 0,
         })
         .await
         .unwrap()

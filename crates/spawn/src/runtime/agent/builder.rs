@@ -480,6 +480,7 @@ impl AgentBuilder {
                 events: self.events,
                 transcript_dir: self.transcript_dir,
                 wait_for_promises: !self.detach,
+                children: ChildLedger::default(),
             }),
             params,
             emit,

@@ -14,6 +14,7 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::base::children::ChildLedger;
 use crate::base::context::{AgentContext, AgentKind, QuerySource};
 use crate::base::events::{Emitter, EventKind, EventSink};
 use crate::base::outcome::{AgentRun, Limits, StopReason, TurnRecord, model_stop_str};

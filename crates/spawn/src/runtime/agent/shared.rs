@@ -53,6 +53,8 @@ pub(crate) struct AgentShared {
     pub(crate) transcript_dir: Option<PathBuf>,
     /// Whether a finished turn waits for promised messages (background children).
     pub(crate) wait_for_promises: bool,
+    /// The children it started.
+    pub(crate) children: ChildLedger,
 }
 
 impl crate::tool::Caller for AgentShared {

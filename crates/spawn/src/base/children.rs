@@ -1,0 +1,127 @@
+//! The children an agent started, as its runs report them ([`AgentRun::children`]).
+//!
+//! [`AgentRun::children`]: crate::runtime::AgentRun::children
+
+use std::sync::{Arc, Mutex};
+
+use forkhive_core::{TaskId, TaskStatus, Usage};
+
+/// One child an agent started: who it is, how it ran, what it cost.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct ChildReport {
+    /// Its task id.
+    pub id: TaskId,
+    /// Its agent type (`fork` for a fork).
+    pub agent_type: String,
+    /// The `description` it was started with.
+    pub description: String,
+    /// Whether it ran in the background.
+    pub background: bool,
+    /// How it ended; `None` while it runs (in a run that returned without waiting for its
+    /// background children).
+    pub status: Option<TaskStatus>,
+    /// Its own usage, cache figures included (zero while it runs); its descendants' is in
+    /// the task registry's `tree_usage`.
+    pub usage: Usage,
+}
+
+impl ChildReport {
+    /// The share of its input read from the prompt cache, in `0.0..=1.0`.
+    pub fn cache_hit_ratio(&self) -> f64 {
+        self.usage.cache_hit_ratio()
+    }
+}
+
+/// An agent's children in the order they started, shared by the agent and the owners of its
+/// children, who record each child's end before its parent hears of it.
+#[derive(Debug, Clone, Default)]
+pub struct ChildLedger(Arc<Mutex<Vec<ChildReport>>>);
+
+impl ChildLedger {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<ChildReport>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records a child that starts now, as running.
+    pub fn started(&self, id: TaskId, agent_type: String, description: String, background: bool) {
+        self.lock().push(ChildReport {
+            id,
+            agent_type,
+            description,
+            background,
+            status: None,
+            usage: Usage::default(),
+        });
+    }
+
+    /// Records how child `id` ended (no effect for a child it never started).
+    pub fn ended(&self, id: &TaskId, status: TaskStatus, usage: Usage) {
+        if let Some(c) = self.lock().iter_mut().rev().find(|c| c.id == *id) {
+            c.status = Some(status);
+            c.usage = usage;
+        }
+    }
+
+    /// How many children it has started.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether it has started none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The children from the `from`-th on, in start order.
+    pub fn since(&self, from: usize) -> Vec<ChildReport> {
+        self.lock()
+            .get(from..)
+            .map(<[_]>::to_vec)
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use forkhive_core::TaskKind;
+
+    /// Owners record ends from many threads at once while the agent reads: every end lands
+    /// on its own child, and none is lost.
+    #[test]
+    fn ends_recorded_under_contention_all_land() {
+        let ledger = ChildLedger::default();
+        let ids: Vec<TaskId> = (0..64).map(|_| TaskId::generate(TaskKind::Agent)).collect();
+        for id in &ids {
+            ledger.started(*id, "worker".into(), "job".into(), true);
+        }
+        std::thread::scope(|s| {
+            for chunk in ids.chunks(8) {
+                let ledger = ledger.clone();
+                s.spawn(move || {
+                    for (i, id) in chunk.iter().enumerate() {
+                        let usage = Usage {
+                            output_tokens: i as u64 + 1,
+                            ..Usage::default()
+                        };
+                        ledger.ended(id, TaskStatus::Completed, usage);
+                    }
+                });
+            }
+            s.spawn(|| {
+                for _ in 0..100 {
+                    assert_eq!(ledger.since(0).len(), 64);
+                }
+            });
+        });
+        let all = ledger.since(0);
+        assert!(
+            all.iter()
+                .all(|c| c.status == Some(TaskStatus::Completed) && c.usage.output_tokens > 0)
+        );
+        assert_eq!(all.iter().map(|c| c.id).collect::<Vec<_>>(), ids);
+        assert_eq!(ledger.since(60).len(), 4);
+        assert!(ledger.since(65).is_empty());
+    }
+}
