@@ -316,12 +316,12 @@ async fn run(args: Args) -> Result<(), String> {
         "savings: {:.1}% of the input cost",
         100.0 * (1.0 - fork_cost / fresh_tokens as f64)
     );
-    // Seed 004 counts tokens instead of price: the parent's request plus every child's new
+    // "Chapter 9: Sub-Agents and the Fork Pattern" counts tokens instead of price: the parent's request plus every child's new
     // tokens, against N complete requests.
     let parent_tokens = simulated_usage[0].total_input_tokens();
     let fork_tokens = parent_tokens + fork_uncached;
     println!(
-        "token count (seed 004's arithmetic): parent {parent_tokens} + new child tokens {fork_uncached} = {fork_tokens} vs {fresh_tokens} for fresh subagents: {:.1}% fewer",
+        "token count (savings in tokens rather than price): parent {parent_tokens} + new child tokens {fork_uncached} = {fork_tokens} vs {fresh_tokens} for fresh subagents: {:.1}% fewer",
         100.0 * (1.0 - fork_tokens as f64 / fresh_tokens as f64)
     );
     println!(

@@ -92,6 +92,11 @@ pub use async_trait::async_trait;
 /// JSON values, as tools take them: `forkhive::serde_json::json!`, `serde_json::Value`.
 pub use serde_json;
 
+/// The code in `docs/embedding.md`, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/embedding.md")]
+pub struct EmbeddingDocDoctests;
+
 /// The names a host program needs, in one import: building agents and tools, the `Agent`
 /// tool, the task service, events, scripted and simulated backends, usage and prices.
 pub mod prelude {
@@ -118,7 +123,7 @@ pub mod prelude {
     pub use forkhive_spawn::task::{MemoryTaskRegistry, TaskConfig, TaskService};
     #[doc(inline)]
     pub use forkhive_spawn::tool::{
-        InBackground, PermissionPolicy, Tool, ToolContext, ToolOutput, ToolPool,
+        FnTool, InBackground, PermissionPolicy, Tool, ToolContext, ToolOutput, ToolPool,
     };
     #[doc(inline)]
     pub use forkhive_transport::simulator::PromptCacheSimulator;

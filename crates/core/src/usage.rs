@@ -104,7 +104,7 @@ pub struct Prices {
 
 impl Prices {
     /// Prices from an input and an output price, with the cache priced as Anthropic publishes
-    /// it relative to input: a 5-minute write 1.25×, a 1-hour write 2×, a read 0.1× [PC].
+    /// it relative to input: a 5-minute write 1.25×, a 1-hour write 2×, a read 0.1× ("Prompt caching", the provider's documentation).
     pub fn from_input_output(input: f64, output: f64) -> Self {
         Self {
             input,
@@ -131,7 +131,7 @@ impl PriceTable {
     }
 
     /// Anthropic's published list prices in US dollars per million tokens, as read from its
-    /// pricing page in November 2026 (see `docs/references.md`, [PRICES]). Prices change:
+    /// pricing page in November 2026 (`docs/references.md`, key PRICES). Prices change:
     /// a host that bills from them should keep its own table.
     pub fn published() -> Self {
         let mut t = Self::new();

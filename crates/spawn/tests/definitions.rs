@@ -552,3 +552,43 @@ fn real_corpus() {
     let registry = AgentRegistry::from_report(report);
     assert_eq!(registry.len(), 304);
 }
+
+/// A `.md` link whose target is gone is a file the author meant to load: it is rejected with
+/// the OS's reason, not skipped.
+#[cfg(unix)]
+#[test]
+fn a_dangling_markdown_symlink_is_rejected_not_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("ok.md"),
+        "---\nname: ok\ndescription: fine\n---\nHi.\n",
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(dir.path().join("gone.md"), dir.path().join("link.md")).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("gone.txt"), dir.path().join("notes.txt")).unwrap();
+    let report = load_dir(dir.path(), DefinitionSource::Project).unwrap();
+    let statuses: Vec<(String, FileStatus)> = report
+        .files
+        .iter()
+        .map(|f| {
+            (
+                f.path.file_name().unwrap().to_string_lossy().into_owned(),
+                f.status,
+            )
+        })
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            ("link.md".to_owned(), FileStatus::Rejected),
+            ("ok.md".to_owned(), FileStatus::Loaded)
+        ]
+    );
+    assert_eq!(report.errors.len(), 1);
+    let d = &report.errors[0];
+    assert_eq!((d.line, d.column), (1, 1));
+    assert_eq!(
+        d.message,
+        "reading agent file failed: No such file or directory (os error 2)"
+    );
+}

@@ -254,6 +254,11 @@ impl AgentTool {
         })
     }
 
+    /// The tool behind an `Arc`, as a [`ToolPool`] takes it.
+    pub fn arc(self) -> Arc<dyn Tool> {
+        Arc::new(self)
+    }
+
     /// How many rendered subagent heads this tool holds (one per definition, model,
     /// foreground/background and tool pool it has spawned from).
     pub fn cached_heads(&self) -> usize {

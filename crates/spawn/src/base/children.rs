@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use forkhive_core::{TaskId, TaskStatus, Usage};
+use forkhive_core::{PriceTable, TaskId, TaskStatus, Usage};
 
 /// One child an agent started: who it is, how it ran, what it cost.
 #[derive(Debug, Clone, PartialEq)]
@@ -14,6 +14,8 @@ pub struct ChildReport {
     pub id: TaskId,
     /// Its agent type (`fork` for a fork).
     pub agent_type: String,
+    /// The model it runs on.
+    pub model: String,
     /// The `description` it was started with.
     pub description: String,
     /// Whether it ran in the background.
@@ -31,6 +33,27 @@ impl ChildReport {
     pub fn cache_hit_ratio(&self) -> f64 {
         self.usage.cache_hit_ratio()
     }
+
+    /// What its usage cost at its model's prices in `table` (`None`: the model is not
+    /// listed).
+    pub fn cost(&self, table: &PriceTable) -> Option<f64> {
+        table.get(&self.model).map(|p| self.usage.cost(&p))
+    }
+}
+
+impl std::fmt::Display for ChildReport {
+    /// `counter a1b2c3d4e completed: 175 tokens, 0% from cache` (`running` while it runs).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let status = self.status.map_or("running", TaskStatus::as_str);
+        write!(
+            f,
+            "{} {} {status}: {} tokens, {:.0}% from cache",
+            self.agent_type,
+            self.id,
+            self.usage.total_tokens(),
+            100.0 * self.cache_hit_ratio()
+        )
+    }
 }
 
 /// An agent's children in the order they started, shared by the agent and the owners of its
@@ -44,10 +67,18 @@ impl ChildLedger {
     }
 
     /// Records a child that starts now, as running.
-    pub fn started(&self, id: TaskId, agent_type: String, description: String, background: bool) {
+    pub fn started(
+        &self,
+        id: TaskId,
+        agent_type: String,
+        model: String,
+        description: String,
+        background: bool,
+    ) {
         self.lock().push(ChildReport {
             id,
             agent_type,
+            model,
             description,
             background,
             status: None,
@@ -94,7 +125,7 @@ mod tests {
         let ledger = ChildLedger::default();
         let ids: Vec<TaskId> = (0..64).map(|_| TaskId::generate(TaskKind::Agent)).collect();
         for id in &ids {
-            ledger.started(*id, "worker".into(), "job".into(), true);
+            ledger.started(*id, "worker".into(), "m".into(), "job".into(), true);
         }
         std::thread::scope(|s| {
             for chunk in ids.chunks(8) {

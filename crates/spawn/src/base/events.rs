@@ -120,6 +120,54 @@ pub enum EventKind {
     },
 }
 
+impl AgentEvent {
+    /// One line for the events a person watching a run wants to see — a child started, a
+    /// notification arrived, a tool call failed, a warning, a cache break, the agent stopped —
+    /// and `None` for the rest (deltas, requests, turns). Each line starts with the agent's id.
+    ///
+    /// ```
+    /// use forkhive_spawn::runtime::{AgentEvent, EventKind};
+    /// use forkhive_core::{TaskId, TaskKind};
+    /// let agent = TaskId::generate(TaskKind::Agent);
+    /// let warning = AgentEvent { agent, turn: 1, kind: EventKind::Warning { message: "hm".into() } };
+    /// assert_eq!(warning.headline(), Some(format!("{agent}: warning: hm")));
+    /// let turn = AgentEvent { agent, turn: 1, kind: EventKind::TurnStarted };
+    /// assert_eq!(turn.headline(), None);
+    /// ```
+    pub fn headline(&self) -> Option<String> {
+        let what = match &self.kind {
+            EventKind::ChildStarted {
+                task,
+                agent_type,
+                description,
+                background,
+            } => {
+                let mode = if *background {
+                    "background"
+                } else {
+                    "foreground"
+                };
+                format!("started {agent_type} {task} ({mode}): {description}")
+            }
+            EventKind::Notified {
+                status, summary, ..
+            } => format!("notified, {status}: {summary}"),
+            EventKind::ToolCallFinished {
+                name,
+                error: Some(error),
+                ..
+            } => format!("{name} failed: {error}"),
+            EventKind::Warning { message } => format!("warning: {message}"),
+            EventKind::CacheBreak { at } => format!("prompt cache break: {at}"),
+            EventKind::Stopped { reason, usage } => {
+                format!("stopped, {reason}, {} tokens", usage.total_tokens())
+            }
+            _ => return None,
+        };
+        Some(format!("{}: {what}", self.agent))
+    }
+}
+
 /// Receives events. Implementations must not block: they are called from the agent's task.
 pub trait EventSink: Send + Sync + fmt::Debug + 'static {
     /// Takes one event.

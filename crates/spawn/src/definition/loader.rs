@@ -133,6 +133,9 @@ fn walk(dir: &Path, entries: std::fs::ReadDir, files: &mut Vec<PathBuf>, report:
                      target directory itself",
                 )),
                 Ok(meta) if meta.is_file() && is_markdown(&path) => files.push(path),
+                // A dangling `.md` link is a definition file that cannot be read: it is listed
+                // as rejected (reading it fails and says why), never passed over in silence.
+                Err(_) if is_markdown(&path) => files.push(path),
                 _ => {}
             }
         } else if file_type.is_file() && is_markdown(&path) {

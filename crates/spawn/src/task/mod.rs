@@ -850,6 +850,7 @@ impl TaskService {
             ledger.started(
                 id,
                 record.agent_type.clone(),
+                agent.params().model().to_owned(),
                 record.description.clone(),
                 background,
             );

@@ -7,6 +7,7 @@
 //! | [`orchestrate`] | one tool round: consecutive concurrency-safe calls in parallel, the rest serially, results in call order |
 //! | [`permission`] | [`PermissionPolicy`] (can-use-tool), the built-in policies and `permissionMode` mapping |
 //! | [`filter`] | the three layers of tool filtering as one pure function |
+//! | [`func`] | [`FnTool`]: a tool from a definition and an async function |
 //! | [`fs`] | two real tools over a directory: [`ReadFile`] (`Read`) and [`ListDir`] (`LS`) |
 //!
 //! Nothing a tool or the model does crashes the loop: an unknown tool, an input that fails the
@@ -15,6 +16,7 @@
 
 pub mod filter;
 pub mod fs;
+pub mod func;
 pub mod orchestrate;
 pub mod permission;
 pub mod pool;
@@ -33,6 +35,7 @@ use crate::base::state::{AgentState, TreeState, TurnSnapshot};
 
 pub use filter::{ToolAudience, ToolFilter, Unavailable};
 pub use fs::{ListDir, ReadFile};
+pub use func::FnTool;
 pub use permission::{
     AllowAll, BubbleToParent, PermissionDecision, PermissionPolicy, PermissionRequest, ReadOnly,
 };

@@ -188,13 +188,25 @@ impl TranscriptWriter {
     /// parent's transcript, the next message written gets the index after them.
     pub async fn create(dir: &Path, header: &TranscriptHeader) -> Result<Self> {
         let path = dir.join(format!("{}.jsonl", header.agent_id));
-        let file = open_no_follow(&path, true)
-            .await
-            .map_err(|source| Error::Io {
-                action: "creating transcript",
-                path: path.clone(),
+        let io = |action, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| Error::Io {
+                action,
+                path,
                 source,
-            })?;
+            }
+        };
+        // The directory is made on first use (one failed open, then never again).
+        let file = match open_no_follow(&path, true).await {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                tokio::fs::create_dir_all(dir)
+                    .await
+                    .map_err(io("creating the transcript directory", dir))?;
+                open_no_follow(&path, true).await
+            }
+            other => other,
+        }
+        .map_err(io("creating transcript", &path))?;
         let mut w = Self {
             path,
             file,
