@@ -171,7 +171,7 @@ fn backend(a: &Args) -> Result<Chosen, String> {
             } else {
                 HttpBackend::anthropic(config)
             }
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| forkhive::core::error::chain(&e))?;
             Ok((
                 Arc::new(b),
                 a.model.clone().unwrap_or_else(|| model.into()),
@@ -244,10 +244,18 @@ async fn run() -> Result<(), String> {
     let a = parse_args()?;
     let (backend, model, sim) = backend(&a)?;
     let tools = ToolPool::new([
-        Arc::new(ReadFile::new(&a.dir).await.map_err(|e| e.to_string())?) as _,
-        Arc::new(ListDir::new(&a.dir).await.map_err(|e| e.to_string())?) as _,
+        Arc::new(
+            ReadFile::new(&a.dir)
+                .await
+                .map_err(|e| forkhive::core::error::chain(&e))?,
+        ) as _,
+        Arc::new(
+            ListDir::new(&a.dir)
+                .await
+                .map_err(|e| forkhive::core::error::chain(&e))?,
+        ) as _,
     ])
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| forkhive::core::error::chain(&e))?;
     let mut builder = Agent::builder(backend)
         .model(model)
         .system_prompt(
@@ -267,7 +275,10 @@ async fn run() -> Result<(), String> {
     if let Some(dir) = &a.transcript_dir {
         builder = builder.transcript_dir(dir);
     }
-    let mut agent = builder.build().await.map_err(|e| e.to_string())?;
+    let mut agent = builder
+        .build()
+        .await
+        .map_err(|e| forkhive::core::error::chain(&e))?;
     println!("agent {} over {}", agent.id(), a.dir.display());
     let run = agent.run(a.prompt.clone()).await;
     if let Some(e) = &run.error {

@@ -125,7 +125,7 @@ fn backend(a: &Args) -> Result<(Box<dyn Backend>, String), String> {
             } else {
                 HttpBackend::anthropic(config)
             };
-            let b = b.map_err(|e| e.to_string())?;
+            let b = b.map_err(|e| forkhive::core::error::chain(&e))?;
             Ok((
                 Box::new(b),
                 a.model.clone().unwrap_or_else(|| default_model.into()),
@@ -165,7 +165,7 @@ async fn run() -> Result<String, String> {
         "model": response.model,
         "usage": response.usage,
     });
-    serde_json::to_string(&out).map_err(|e| e.to_string())
+    serde_json::to_string(&out).map_err(|e| forkhive::core::error::chain(&e))
 }
 
 #[tokio::main(flavor = "current_thread")]

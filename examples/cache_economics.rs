@@ -175,7 +175,8 @@ fn row(label: &str, u: &Usage, real: Option<&Usage>) {
 
 async fn run(args: Args) -> Result<(), String> {
     let (params, turn) = parent(&args.model, args.prefix_tokens, args.children);
-    let prefix = ForkPrefix::new(params.clone(), turn).map_err(|e| e.to_string())?;
+    let prefix =
+        ForkPrefix::new(params.clone(), turn).map_err(|e| forkhive::core::error::chain(&e))?;
     let mut requests = vec![
         Request::new(params, vec![])
             .with_max_tokens(64)
@@ -219,7 +220,10 @@ async fn run(args: Args) -> Result<(), String> {
     let simulated: Arc<dyn Backend> = match &args.dump {
         Some(dir) => {
             std::fs::create_dir_all(dir).map_err(|e| format!("--dump-requests {dir}: {e}"))?;
-            Arc::new(RecordingBackend::new(simulator, dir, codec()).map_err(|e| e.to_string())?)
+            Arc::new(
+                RecordingBackend::new(simulator, dir, codec())
+                    .map_err(|e| forkhive::core::error::chain(&e))?,
+            )
         }
         None => simulator,
     };
@@ -239,7 +243,9 @@ async fn run(args: Args) -> Result<(), String> {
             } else {
                 HttpBackend::anthropic(config)
             };
-            Some(Arc::new(backend.map_err(|e| e.to_string())?))
+            Some(Arc::new(
+                backend.map_err(|e| forkhive::core::error::chain(&e))?,
+            ))
         }
         _ => None,
     };

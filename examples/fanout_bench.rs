@@ -200,7 +200,8 @@ async fn run(args: &Args) -> Result<String, String> {
         n,
         t,
         calls: AtomicUsize::new(0),
-        read_input: RawJson::parse(r#"{"path":"data.txt"}"#).map_err(|e| e.to_string())?,
+        read_input: RawJson::parse(r#"{"path":"data.txt"}"#)
+            .map_err(|e| forkhive::core::error::chain(&e))?,
     });
     let mut worker =
         AgentDefinition::new("worker", "summarises one part", DefinitionSource::Project);
@@ -211,16 +212,19 @@ async fn run(args: &Args) -> Result<String, String> {
             "Read a file",
             r#"{"type":"object","properties":{"path":{"type":"string"}},"required":["path"]}"#,
         )
-        .map_err(|e| e.to_string())?,
+        .map_err(|e| forkhive::core::error::chain(&e))?,
         "x".repeat(1024),
     ));
     let config = AgentToolConfig {
         registry: AgentRegistry::from_definitions([worker]),
-        subagent_tools: Some(ToolPool::new([Arc::clone(&read)]).map_err(|e| e.to_string())?),
+        subagent_tools: Some(
+            ToolPool::new([Arc::clone(&read)]).map_err(|e| forkhive::core::error::chain(&e))?,
+        ),
         filter: ToolFilter::none(),
         ..AgentToolConfig::default()
     };
-    let agent_tool: Arc<dyn Tool> = Arc::new(AgentTool::new(config).map_err(|e| e.to_string())?);
+    let agent_tool: Arc<dyn Tool> =
+        Arc::new(AgentTool::new(config).map_err(|e| forkhive::core::error::chain(&e))?);
     let mut parent = Agent::builder(model.clone());
     if let Some(dir) = &args.transcripts {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -229,7 +233,7 @@ async fn run(args: &Args) -> Result<String, String> {
     let mut parent = parent
         .model("scripted")
         .system_prompt(PARENT)
-        .tools(ToolPool::new([agent_tool]).map_err(|e| e.to_string())?)
+        .tools(ToolPool::new([agent_tool]).map_err(|e| forkhive::core::error::chain(&e))?)
         .limits(Limits {
             max_concurrent_tools: n,
             max_turns: None,
@@ -237,7 +241,7 @@ async fn run(args: &Args) -> Result<String, String> {
         })
         .build()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| forkhive::core::error::chain(&e))?;
     let tasks = TaskConfig {
         max_children_per_agent: n,
         max_children_per_tree: n,
@@ -261,7 +265,7 @@ async fn run(args: &Args) -> Result<String, String> {
         .iter()
         .map(|m| find_notifications(m).map(|v| v.len()))
         .sum::<Result<usize, _>>()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| forkhive::core::error::chain(&e))?;
     if reached != n {
         return Err(format!(
             "{reached} of {n} children's answers reached the parent"

@@ -633,7 +633,11 @@ async fn alone(requests: &[Request], openai: bool) -> Result<Usage, String> {
     };
     let mut total = Usage::default();
     for r in requests {
-        total += sim.send(r).await.map_err(|e| e.to_string())?.usage;
+        total += sim
+            .send(r)
+            .await
+            .map_err(|e| forkhive::core::error::chain(&e))?
+            .usage;
     }
     Ok(total)
 }
@@ -674,7 +678,7 @@ async fn run(a: Args) -> Result<(), String> {
             } else {
                 HttpBackend::anthropic(config)
             }
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| forkhive::core::error::chain(&e))?;
             let model = a
                 .model
                 .clone()
@@ -691,7 +695,10 @@ async fn run(a: Args) -> Result<(), String> {
             } else {
                 Box::new(AnthropicCodec::default())
             };
-            Arc::new(RecordingBackend::new(base, dir, codec).map_err(|e| e.to_string())?)
+            Arc::new(
+                RecordingBackend::new(base, dir, codec)
+                    .map_err(|e| forkhive::core::error::chain(&e))?,
+            )
         }
         None => base,
     };
@@ -735,21 +742,21 @@ async fn run(a: Args) -> Result<(), String> {
         },
         ..AgentToolConfig::default()
     })
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| forkhive::core::error::chain(&e))?;
     let tools = ToolPool::new([
         Arc::new(agent_tool) as Arc<dyn Tool>,
         Arc::new(
             ReadFile::new(project.path())
                 .await
-                .map_err(|e| e.to_string())?,
+                .map_err(|e| forkhive::core::error::chain(&e))?,
         ) as _,
         Arc::new(
             ListDir::new(project.path())
                 .await
-                .map_err(|e| e.to_string())?,
+                .map_err(|e| forkhive::core::error::chain(&e))?,
         ) as _,
     ])
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| forkhive::core::error::chain(&e))?;
     let mut builder = Agent::builder(tap.clone())
         .model(model.clone())
         .system_prompt(system_prompt(a.guidelines.unwrap_or(if real {
@@ -770,7 +777,10 @@ async fn run(a: Args) -> Result<(), String> {
             .map_err(|e| format!("--transcript-dir {}: {e}", dir.display()))?;
         builder = builder.transcript_dir(dir);
     }
-    let mut parent = builder.build().await.map_err(|e| e.to_string())?;
+    let mut parent = builder
+        .build()
+        .await
+        .map_err(|e| forkhive::core::error::chain(&e))?;
     let mut tasks = TaskConfig {
         deadline: Some(Duration::from_secs(600)),
         ..TaskConfig::default()

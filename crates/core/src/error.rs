@@ -49,3 +49,30 @@ pub enum Error {
 
 /// `Result` with [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An error and every cause below it, joined with `": "` — what a program prints when it
+/// reports an error (`Display` alone leaves the causes out: "opening tool root directory
+/// /nonexistent" without "No such file or directory").
+///
+/// ```
+/// let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory");
+/// #[derive(Debug)]
+/// struct Opening(std::io::Error);
+/// impl std::fmt::Display for Opening {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str("opening /x") }
+/// }
+/// impl std::error::Error for Opening {
+///     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> { Some(&self.0) }
+/// }
+/// assert_eq!(forkhive_core::error::chain(&Opening(io)), "opening /x: No such file or directory");
+/// ```
+pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = error.to_string();
+    let mut cur = error.source();
+    while let Some(cause) = cur {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        cur = cause.source();
+    }
+    s
+}

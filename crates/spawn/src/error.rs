@@ -75,9 +75,43 @@ pub enum Error {
     #[error("task {id}: {message}")]
     Task {
         /// The task's id.
-        id: String,
+        id: forkhive_core::TaskId,
         /// What was wrong.
         message: String,
+    },
+
+    /// A child was not started: a cap on live children is full. The message says which and
+    /// what to do, for the model as much as for the host.
+    #[error("{message}")]
+    Capacity {
+        /// The agent that asked.
+        parent: forkhive_core::TaskId,
+        /// Which cap, and what to do.
+        message: String,
+    },
+
+    /// A spawn named an agent type the registry does not hold.
+    #[error("unknown agent type `{name}`; available: {}", available.join(", "))]
+    UnknownAgent {
+        /// The type asked for.
+        name: String,
+        /// The types there are, sorted.
+        available: Vec<String>,
+    },
+
+    /// A spawn was refused for a reason the model can act on (a fork inside a fork, a
+    /// forking turn that is not an assistant message).
+    #[error("{0}")]
+    Refused(String),
+
+    /// Building a child failed; `source` says why.
+    #[error("could not start the {what}")]
+    Start {
+        /// `agent` or `fork`.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: Box<Error>,
     },
 
     /// A verification run gave no usable verdict.

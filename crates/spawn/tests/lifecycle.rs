@@ -841,7 +841,7 @@ impl TaskRegistry for Flaky {
     ) -> forkhive_spawn::Result<TaskState> {
         if to.is_terminal() && !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
             return Err(forkhive_spawn::Error::Task {
-                id: id.to_string(),
+                id: *id,
                 message: "connection reset".into(),
             });
         }

@@ -354,7 +354,7 @@ impl AgentTool {
         let definition = if fork {
             None
         } else {
-            Some(Subagent::definition(&self.config.registry, &input)?)
+            Some(Subagent::definition(&self.config.registry, &input).map_err(|e| chain(&e))?)
         };
         self.check_model(&input, turn.sent().model(), definition.map(|d| &**d))?;
         let definition_background = definition.is_none_or(|d| d.background);
@@ -376,7 +376,7 @@ impl AgentTool {
         let service = caller.tree.extensions().get_or_insert_with(|| {
             TaskService::unshared(Arc::new(MemoryTaskRegistry::new()), TaskConfig::default())
         });
-        let slot = service.acquire(*me.id())?;
+        let slot = service.acquire(*me.id()).map_err(|e| chain(&e))?;
         let progress = Arc::new(Progress::default());
         let child_id = TaskId::generate(TaskKind::Agent);
         let output = match &service.config().output {
@@ -407,7 +407,8 @@ impl AgentTool {
                 },
                 background,
             )
-            .await?;
+            .await
+            .map_err(|e| chain(&e))?;
         let mode = if background {
             Mode::Background
         } else {
@@ -506,6 +507,11 @@ fn foreground_result(end: &ChildEnd) -> Result<String, String> {
     Err(format!(
         "the agent did not finish: {why}\n{answer}\n\n{trailer}"
     ))
+}
+
+/// An error as the model reads it: its message and every cause.
+fn chain(e: &crate::Error) -> String {
+    crate::task::error_chain(e)
 }
 
 /// The refusal text (see [`crate::strategy::FORK_REFUSAL`]).

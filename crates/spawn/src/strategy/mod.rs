@@ -19,6 +19,7 @@ use forkhive_core::{CacheSafeParams, ContentBlock, ForkPrefix, Message, TaskId};
 use crate::definition::{
     AgentDefinition, AgentRegistry, FORK_MAX_TURNS, GENERAL_PURPOSE_AGENT, fork_definition,
 };
+use crate::error::{Error, Result};
 use crate::runtime::{Agent, AgentKind, AgentShared, Limits, QuerySource, TurnSnapshot};
 use crate::task::{ChildSink, FirstInput, Gate, Progress};
 use crate::tool::{ToolAudience, ToolFilter, ToolPool};
@@ -236,7 +237,7 @@ pub trait SpawnStrategy: Send + Sync + fmt::Debug + 'static {
         input: &AgentInput,
         cx: SpawnContext<'_>,
         background: bool,
-    ) -> Result<PreparedChild, String>;
+    ) -> Result<PreparedChild>;
 }
 
 fn sink(cx: &SpawnContext<'_>) -> Arc<ChildSink> {
@@ -257,16 +258,14 @@ impl Subagent {
     pub fn definition<'a>(
         registry: &'a AgentRegistry,
         input: &AgentInput,
-    ) -> Result<&'a Arc<AgentDefinition>, String> {
+    ) -> Result<&'a Arc<AgentDefinition>> {
         let ty = input
             .subagent_type
             .as_deref()
             .unwrap_or(GENERAL_PURPOSE_AGENT);
-        registry.get_shared(ty).ok_or_else(|| {
-            format!(
-                "unknown agent type `{ty}`; available: {}",
-                registry.names().collect::<Vec<_>>().join(", ")
-            )
+        registry.get_shared(ty).ok_or_else(|| Error::UnknownAgent {
+            name: ty.to_owned(),
+            available: registry.names().map(str::to_owned).collect(),
         })
     }
 }
@@ -282,7 +281,7 @@ impl SpawnStrategy for Subagent {
         input: &AgentInput,
         cx: SpawnContext<'_>,
         background: bool,
-    ) -> Result<PreparedChild, String> {
+    ) -> Result<PreparedChild> {
         let mut def = Arc::clone(Self::definition(cx.registry, input)?);
         // The call's model (checked against the host's allow list by the Agent tool) wins over
         // the definition's own, which wins over the caller's.
@@ -349,10 +348,10 @@ impl SpawnStrategy for Subagent {
         if let Some(dir) = &cx.caller.transcript_dir {
             b = b.transcript_dir(dir.clone());
         }
-        let agent = b
-            .build()
-            .await
-            .map_err(|e| format!("could not start the agent: {e}"))?;
+        let agent = b.build().await.map_err(|e| Error::Start {
+            what: "agent",
+            source: Box::new(e),
+        })?;
         if cached.is_none() {
             cx.heads.put(
                 key,
@@ -441,16 +440,15 @@ impl SpawnStrategy for Fork {
         input: &AgentInput,
         cx: SpawnContext<'_>,
         _background: bool,
-    ) -> Result<PreparedChild, String> {
+    ) -> Result<PreparedChild> {
         let turn = cx.turn.scratch().get_or_insert_with(|| ForkTurn {
             prefix: ForkPrefix::new(cx.turn.sent().clone(), cx.turn.assistant().clone()).ok(),
             base: cx.turn.sent().append(vec![cx.turn.assistant().clone()]),
             leader: OnceLock::new(),
         });
-        let prefix = turn
-            .prefix
-            .as_ref()
-            .ok_or_else(|| "internal: the forking turn is not an assistant message".to_owned())?;
+        let prefix = turn.prefix.as_ref().ok_or_else(|| {
+            Error::Refused("internal: the forking turn is not an assistant message".to_owned())
+        })?;
         let message =
             Self::child_message(prefix.placeholder_results(), &input.prompt, cx.fork_layout);
         let seed = cx
@@ -479,10 +477,10 @@ impl SpawnStrategy for Fork {
                 .transcript_dir(dir.clone())
                 .inherit_transcript(turn.base.messages().len());
         }
-        let agent = b
-            .build()
-            .await
-            .map_err(|e| format!("could not start the fork: {e}"))?;
+        let agent = b.build().await.map_err(|e| Error::Start {
+            what: "fork",
+            source: Box::new(e),
+        })?;
         let gate = match cx.warm_fanout {
             Some(wait) => {
                 let mine = Arc::clone(&cx.progress);

@@ -467,13 +467,13 @@ impl ChildHandle {
         let id = self.id;
         let Some(rx) = self.end else {
             return Err(Error::Task {
-                id: id.to_string(),
+                id,
                 message: "a background child reports through its notification, not its handle"
                     .to_owned(),
             });
         };
         rx.await.map_err(|_| Error::Task {
-            id: id.to_string(),
+            id,
             message: "its supervisor stopped before it could report (the runtime is shutting \
                       down)"
                 .to_owned(),
@@ -766,23 +766,30 @@ impl TaskService {
         self.active.load(Ordering::Acquire)
     }
 
-    /// Takes a capacity slot for a child of `parent`, or says which cap is full.
-    pub fn acquire(self: &Arc<Self>, parent: TaskId) -> std::result::Result<Slot, String> {
+    /// Takes a capacity slot for a child of `parent`, or says which cap is full
+    /// ([`Error::Capacity`]).
+    pub fn acquire(self: &Arc<Self>, parent: TaskId) -> Result<Slot> {
         let mut per = self.per_agent.lock().unwrap_or_else(|e| e.into_inner());
         let mine = per.get(&parent).copied().unwrap_or(0);
         if mine >= self.config.max_children_per_agent {
-            return Err(format!(
-                "this agent already has {mine} live children, the most it may have; wait for \
-                 one to finish, or do the work yourself"
-            ));
+            return Err(Error::Capacity {
+                parent,
+                message: format!(
+                    "this agent already has {mine} live children, the most it may have; wait \
+                     for one to finish, or do the work yourself"
+                ),
+            });
         }
         let live = self.live.fetch_add(1, Ordering::AcqRel);
         if live >= self.config.max_children_per_tree {
             self.live.fetch_sub(1, Ordering::AcqRel);
-            return Err(format!(
-                "the agent tree already has {live} live agents, the most it may have; wait for \
-                 one to finish, or do the work yourself"
-            ));
+            return Err(Error::Capacity {
+                parent,
+                message: format!(
+                    "the agent tree already has {live} live agents, the most it may have; wait \
+                     for one to finish, or do the work yourself"
+                ),
+            });
         }
         *per.entry(parent).or_default() += 1;
         Ok(Slot {
@@ -1150,14 +1157,7 @@ fn notification(
 
 /// An error and its causes, joined with `: `.
 pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
+    forkhive_core::error::chain(e)
 }
 
 #[cfg(test)]

@@ -364,7 +364,7 @@ impl MemoryTaskRegistry {
 
 fn unknown(id: &TaskId) -> Error {
     Error::Task {
-        id: id.to_string(),
+        id: *id,
         message: "no such task".to_owned(),
     }
 }
@@ -375,7 +375,7 @@ impl TaskRegistry for MemoryTaskRegistry {
         let mut inner = self.lock();
         if inner.tasks.contains_key(&record.id) {
             return Err(Error::Task {
-                id: record.id.to_string(),
+                id: record.id,
                 message: "a task with this id already exists".to_owned(),
             });
         }
@@ -416,7 +416,7 @@ impl TaskRegistry for MemoryTaskRegistry {
         };
         if !allowed {
             return Err(Error::Task {
-                id: id.to_string(),
+                id: *id,
                 message: format!("cannot move from {from} to {to}"),
             });
         }

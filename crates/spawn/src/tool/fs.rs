@@ -163,13 +163,24 @@ fn definition(name: &str, description: &str, schema: &str) -> Result<ToolDefinit
 
 async fn canonical_root(root: impl Into<PathBuf>) -> Result<PathBuf> {
     let root = root.into();
-    tokio::fs::canonicalize(&root)
-        .await
-        .map_err(|source| Error::Io {
+    let io = |path: &PathBuf| {
+        let path = path.clone();
+        move |source| Error::Io {
             action: "opening tool root directory",
-            path: root,
+            path,
             source,
-        })
+        }
+    };
+    let canonical = tokio::fs::canonicalize(&root).await.map_err(io(&root))?;
+    // A file is no root: every path under it would fail later, one call at a time.
+    let meta = tokio::fs::metadata(&canonical).await.map_err(io(&root))?;
+    if !meta.is_dir() {
+        return Err(io(&root)(std::io::Error::new(
+            std::io::ErrorKind::NotADirectory,
+            "not a directory",
+        )));
+    }
+    Ok(canonical)
 }
 
 /// Reads a UTF-8 text file under a root directory (`Read`).
@@ -344,6 +355,32 @@ mod tests {
 
     fn cx() -> ToolContext {
         ToolContext::detached(Arc::new(AgentContext::main()), "t")
+    }
+
+    /// A root that is missing or a file is refused at construction, with the OS's reason in
+    /// the error's chain.
+    #[tokio::test]
+    async fn a_root_that_is_missing_or_a_file_is_refused_with_its_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope");
+        let e = ReadFile::new(&missing).await.unwrap_err();
+        assert_eq!(
+            forkhive_core::error::chain(&e),
+            format!(
+                "opening tool root directory {}: No such file or directory (os error 2)",
+                missing.display()
+            )
+        );
+        let file = dir.path().join("f.txt");
+        std::fs::write(&file, "x").unwrap();
+        let e = ListDir::new(&file).await.unwrap_err();
+        assert_eq!(
+            forkhive_core::error::chain(&e),
+            format!(
+                "opening tool root directory {}: not a directory",
+                file.display()
+            )
+        );
     }
 
     async fn read(tool: &ReadFile, cx: &ToolContext, path: &str) -> ToolOutput {
