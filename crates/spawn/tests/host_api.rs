@@ -133,3 +133,80 @@ async fn a_run_reports_its_children_and_the_events_say_when_each_started() {
     let again = p.run("anything else?").await;
     assert!(again.children().is_empty());
 }
+
+/// Per-spawn deadlines: a definition's own `deadline`, a host's override for a type over it,
+/// the service's deadline for the rest — in the foreground as in the background.
+#[tokio::test(start_paused = true)]
+async fn each_type_runs_to_its_own_deadline() {
+    use forkhive_transport::ScriptedBackend;
+    use std::time::Duration;
+    let started = tokio::time::Instant::now();
+    let b = Arc::new(ScriptedBackend::from_async_fn(|r: Request| async move {
+        if !is_parent(&r) {
+            // Every child hangs: only its deadline ends it.
+            std::future::pending::<()>().await;
+        }
+        Ok(match r.all_messages().len() {
+            1 => Response::tool_calls([
+                (
+                    "Agent",
+                    serde_json::json!({"description": "slow", "prompt": "p", "subagent_type": "slow", "run_in_background": true}),
+                ),
+                (
+                    "Agent",
+                    serde_json::json!({"description": "capped", "prompt": "p", "subagent_type": "capped", "run_in_background": true}),
+                ),
+                (
+                    "Agent",
+                    serde_json::json!({"description": "fg", "prompt": "p", "subagent_type": "slow"}),
+                ),
+            ]),
+            _ => Response::say("done"),
+        })
+    }));
+    let def = |name: &str, secs: u64| {
+        let mut d = AgentDefinition::new(name, "hangs", DefinitionSource::Project);
+        d.deadline = Some(Duration::from_secs(secs));
+        d
+    };
+    let mut config = AgentToolConfig {
+        registry: AgentRegistry::from_definitions([def("slow", 30), def("capped", 600)]),
+        ..AgentToolConfig::default()
+    };
+    config
+        .deadlines
+        .insert("capped".into(), Duration::from_secs(10));
+    let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), TaskConfig::default());
+    let mut p = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(ToolPool::new([AgentTool::new(config).unwrap().arc()]).unwrap())
+        .extension(Arc::clone(&service))
+        .build()
+        .await
+        .unwrap();
+    let run = p.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let ended: Vec<(&str, Option<TaskStatus>, bool)> = run
+        .children()
+        .iter()
+        .map(|c| (c.description.as_str(), c.status, c.background))
+        .collect();
+    assert_eq!(
+        ended,
+        [
+            ("slow", Some(TaskStatus::Killed), true),
+            ("capped", Some(TaskStatus::Killed), true),
+            ("fg", Some(TaskStatus::Killed), false),
+        ]
+    );
+    // The foreground child held the round for its 30 s; the run ended with the last child.
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(30) && took < Duration::from_secs(40),
+        "{took:?}"
+    );
+    let capped = &run.children()[1];
+    let record = service.registry().get(&capped.id).await.unwrap();
+    assert_eq!(record.state, forkhive_spawn::task::TaskState::Killed);
+}

@@ -113,6 +113,10 @@ pub struct AgentToolConfig {
     /// default): no others. A model outside the list is an `is_error` result naming the
     /// allowed ones, so a prompt cannot move children onto a model the host did not choose.
     pub allowed_models: Vec<String>,
+    /// Deadlines by agent type (`fork` for forks), over a definition's own `deadline` and
+    /// the task service's [`TaskConfig::deadline`]. A child past its deadline is stopped and
+    /// reported `killed`, foreground or background.
+    pub deadlines: std::collections::BTreeMap<String, Duration>,
 }
 
 impl Default for AgentToolConfig {
@@ -137,6 +141,7 @@ impl Default for AgentToolConfig {
             child_limits: Limits::default(),
             foreground_timeout: Duration::from_secs(60 * 60),
             allowed_models: Vec::new(),
+            deadlines: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -432,6 +437,13 @@ impl AgentTool {
                     events: caller.events.clone(),
                     ledger: Some(caller.children.clone()),
                     parent_turn: turn.turn(),
+                    // The host's deadline for the type, else the definition's own.
+                    deadline: self
+                        .config
+                        .deadlines
+                        .get(definition.map_or("fork", |d| d.name.as_str()))
+                        .copied()
+                        .or(definition.and_then(|d| d.deadline)),
                 },
                 mode,
             )

@@ -5,7 +5,7 @@
 //! than three dashes (`-----…`) is accepted with a warning.
 
 /// The frontmatter keys this crate reads, in the spelling files use.
-pub(super) const KNOWN_KEYS: [&str; 17] = [
+pub(super) const KNOWN_KEYS: [&str; 18] = [
     "name",
     "description",
     "tools",
@@ -23,6 +23,7 @@ pub(super) const KNOWN_KEYS: [&str; 17] = [
     "memory",
     "initialPrompt",
     "omitClaudeMd",
+    "deadline",
 ];
 
 /// A problem at a 1-based line and column of the file.

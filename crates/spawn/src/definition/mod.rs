@@ -106,6 +106,11 @@ pub struct AgentDefinition {
     pub permission_mode: Option<PermissionMode>,
     /// Maximum number of turns.
     pub max_turns: Option<u32>,
+    /// How long a child of this type may run before it is stopped and reported `killed`
+    /// (frontmatter `deadline: 90s`, `30m`, `2h` or a number of seconds; a forkhive key).
+    /// `None`: the task service's deadline. A host's
+    /// `AgentToolConfig::deadlines` entry for the type overrides it.
+    pub deadline: Option<std::time::Duration>,
     /// Whether the agent always runs in the background.
     pub background: bool,
     /// Isolation mode (`worktree` or `remote`), as written.
@@ -148,6 +153,7 @@ impl AgentDefinition {
             effort: None,
             permission_mode: None,
             max_turns: None,
+            deadline: None,
             background: false,
             isolation: None,
             memory: None,

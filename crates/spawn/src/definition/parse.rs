@@ -150,6 +150,7 @@ impl Reader<'_> {
                 "effort" => def.effort = self.string(key, value),
                 "permissionMode" => def.permission_mode = self.permission_mode(value),
                 "maxTurns" => def.max_turns = self.max_turns(value),
+                "deadline" => def.deadline = self.deadline(value),
                 "background" => def.background = self.flag(key, value).unwrap_or(false),
                 "isolation" => {
                     def.isolation = self.one_of(key, value, &["worktree", "remote"]);
@@ -298,6 +299,41 @@ impl Reader<'_> {
         self.warn(
             node,
             format!("`maxTurns` must be a whole number of at least 1; {shown} was ignored"),
+        );
+        None
+    }
+
+    /// `deadline`: `90s`, `30m`, `2h`, or a whole number of seconds, at least 1 second.
+    fn deadline(&mut self, node: &MarkedYamlOwned) -> Option<std::time::Duration> {
+        let secs = match &node.data {
+            YamlDataOwned::Value(ScalarOwned::Integer(n)) => u64::try_from(*n).ok(),
+            YamlDataOwned::Value(ScalarOwned::String(s)) => {
+                let s = s.trim();
+                let (number, unit) = match s.char_indices().last() {
+                    Some((i, 's')) => (&s[..i], 1),
+                    Some((i, 'm')) => (&s[..i], 60),
+                    Some((i, 'h')) => (&s[..i], 3600),
+                    _ => (s, 1),
+                };
+                number
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+                    .and_then(|n| n.checked_mul(unit))
+            }
+            _ => None,
+        };
+        if let Some(secs @ 1..) = secs {
+            return Some(std::time::Duration::from_secs(secs));
+        }
+        let shown = scalar_text(node, self.text)
+            .map_or_else(|| describe(node), |t| format!("`{}`", yaml::clip(&t, 60)));
+        self.warn(
+            node,
+            format!(
+                "`deadline` must be a duration of at least one second such as `90s`, `30m` or \
+                 `2h`; {shown} was ignored"
+            ),
         );
         None
     }
@@ -546,8 +582,8 @@ mod tests {
         let p = parse(
             "---\nname: security-auditor\ndescription: Audits code\ntools:\n  - Bash\n  - Read\n\
              disallowedTools: Write\nmodel: haiku\neffort: high\npermissionMode: default\n\
-             maxTurns: 30\ncolor: orange\nbackground: true\nmemory: project\nisolation: worktree\n\
-             initialPrompt: Start here\nomitClaudeMd: true\nskills:\n  - /commit\n\
+             maxTurns: 30\ndeadline: 10m\ncolor: orange\nbackground: true\nmemory: project\n\
+             isolation: worktree\ninitialPrompt: Start here\nomitClaudeMd: true\nskills:\n  - /commit\n\
              mcpServers:\n  - slack\n  - local: {command: x}\nhooks:\n  PreToolUse:\n    - \
              matcher: Bash\n      command: \"audit-log.sh\"\nversion: 1.0.0\n---\nYou audit.\n",
         )
@@ -561,6 +597,7 @@ mod tests {
         assert_eq!(d.effort.as_deref(), Some("high"));
         assert_eq!(d.permission_mode, Some(PermissionMode::Default));
         assert_eq!(d.max_turns, Some(30));
+        assert_eq!(d.deadline, Some(std::time::Duration::from_secs(600)));
         assert_eq!(d.color.as_deref(), Some("orange"));
         assert!(d.background && d.omit_claude_md);
         assert_eq!(d.memory.as_deref(), Some("project"));
@@ -739,5 +776,39 @@ mod tests {
             Some("disallowedTools")
         );
         assert_eq!(similar_known_key("author"), None);
+    }
+
+    #[test]
+    fn deadlines_in_each_spelling_and_the_bad_ones_warned() {
+        let d = |v: &str| {
+            let p = parse(&format!(
+                "---\nname: a\ndescription: b\ndeadline: {v}\n---\n"
+            ))
+            .unwrap();
+            (
+                p.definition.deadline.map(|d| d.as_secs()),
+                p.warnings
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>(),
+            )
+        };
+        assert_eq!(d("90"), (Some(90), vec![]));
+        assert_eq!(d("90s"), (Some(90), vec![]));
+        assert_eq!(d("30m"), (Some(1800), vec![]));
+        assert_eq!(d("2h"), (Some(7200), vec![]));
+        assert_eq!(
+            d("0"),
+            (
+                None,
+                vec![
+                    "a.md:4:11: `deadline` must be a duration of at least one second such as \
+                     `90s`, `30m` or `2h`; `0` was ignored"
+                        .to_owned()
+                ]
+            )
+        );
+        assert_eq!(d("soon").0, None);
+        assert_eq!(d("-5m").0, None);
     }
 }

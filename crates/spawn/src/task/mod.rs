@@ -348,6 +348,9 @@ pub struct Launch {
     pub ledger: Option<ChildLedger>,
     /// The parent's turn, which its [`EventKind::ChildStarted`] carries.
     pub parent_turn: u32,
+    /// How long this child may run, in either mode (`None`: [`TaskConfig::deadline`] for a
+    /// background child; a foreground one is bounded by its tool call's timeout).
+    pub deadline: Option<Duration>,
 }
 
 /// Work a child awaits before its first request (the cache-warm fan-out wait).
@@ -837,6 +840,7 @@ impl TaskService {
             events,
             ledger,
             parent_turn,
+            deadline,
         } = launch;
         let id = *agent.id();
         let parent = agent.context().parent().copied().unwrap_or(id);
@@ -882,10 +886,10 @@ impl TaskService {
         // A cancelled child first waits up to its own `cancel_grace` for its children; it is
         // dropped only `kill_grace` after that, so its stop record is never cut off.
         let grace = agent.shared().limits.cancel_grace + self.config.kill_grace;
-        let deadline = match mode {
+        let deadline = deadline.or(match mode {
             Mode::Background => self.config.deadline,
             Mode::Foreground => None,
-        };
+        });
         let (report, end) = match mode {
             Mode::Foreground => {
                 let (tx, rx) = oneshot::channel();

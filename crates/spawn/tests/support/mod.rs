@@ -359,6 +359,7 @@ pub(crate) async fn start_child(
             events: None,
             ledger: None,
             parent_turn: 0,
+            deadline: None,
         })
         .await
         .unwrap()
