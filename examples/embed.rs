@@ -84,7 +84,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // 5. Each child: type, status, tokens, cache figures and cost at list prices.
     let prices = PriceTable::published();
     for c in run.children() {
-        println!("{c}, ${:.5}", c.cost(&prices).unwrap_or_default());
+        let cost = c
+            .cost(&prices)
+            .map_or("not priced".into(), |d| format!("${d:.5}"));
+        println!("{c}, {cost}");
     }
     // 6. Resume the parent from its transcript: its next request reads the cache it wrote.
     let path = parent.transcript_path().expect("on").to_owned();

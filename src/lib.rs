@@ -116,8 +116,8 @@ pub mod prelude {
     };
     #[doc(inline)]
     pub use forkhive_spawn::runtime::{
-        Agent, AgentContext, AgentEvent, AgentRun, ChildReport, EventKind, EventSink, FnSink,
-        Limits, PendingMessage, StopReason,
+        Agent, AgentBuilder, AgentContext, AgentEvent, AgentRun, ChildReport, EventKind, EventSink,
+        FnSink, Limits, PendingMessage, StopReason,
     };
     #[doc(inline)]
     pub use forkhive_spawn::task::{MemoryTaskRegistry, TaskConfig, TaskService};

@@ -101,8 +101,18 @@ async fn a_hosts_own_tool_reaches_a_background_subagent_and_missing_ones_are_rep
     let mut p = parent(b, config, Arc::clone(&events)).await;
     let run = p.run("go").await;
     assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
-    let warnings: Vec<String> = events
-        .take()
+    let seen = events.take();
+    // The parent says the child started before the child says anything, warnings included.
+    let started = seen
+        .iter()
+        .position(|e| matches!(e.kind, EventKind::ChildStarted { .. }))
+        .unwrap();
+    let first_warning = seen
+        .iter()
+        .position(|e| matches!(e.kind, EventKind::Warning { .. }))
+        .unwrap();
+    assert!(started < first_warning);
+    let warnings: Vec<String> = seen
         .into_iter()
         .filter_map(|e| match e.kind {
             EventKind::Warning { message } => Some(message),
@@ -183,6 +193,19 @@ async fn a_second_task_service_for_one_tree_is_refused() {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Config(_)), "{err:?}");
+    // An Arc of an Arc would be stored where nothing looks: refused, naming the fix.
+    let doubled = Agent::builder(brain(|_| Plan::Reply(say("hi"))))
+        .model("m")
+        .extension(Arc::new(service()))
+        .build()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        doubled.to_string(),
+        "invalid agent configuration: `.extension` was given an \
+         `Arc<Arc<forkhive_spawn::task::TaskService>>`, which nothing looks up: pass the \
+         `Arc<forkhive_spawn::task::TaskService>` itself"
+    );
     assert_eq!(
         err.to_string(),
         "invalid agent configuration: the agent tree already holds a \

@@ -249,6 +249,17 @@ impl AgentTool {
             description.push_str("\n\nAvailable agent types:\n");
             description.push_str(&config.agent_list());
         }
+        if config.fork_enabled && !config.forks() {
+            let why = if config.coordinator_mode {
+                "coordinator mode"
+            } else {
+                "a non-interactive session"
+            };
+            tracing::warn!(
+                "fork mode is set but off: {why} disables forks, so an omitted `subagent_type` \
+                 starts a general-purpose subagent"
+            );
+        }
         let schema = config.input_schema().to_string();
         let definition = ToolDefinition::new(AGENT_TOOL, description, &schema)?;
         Ok(Self {

@@ -9,7 +9,7 @@
 //! | item | what it is |
 //! | --- | --- |
 //! | [`AgentDefinition`] | one agent: frontmatter fields, the Markdown body as system prompt, where it came from |
-//! | [`DefinitionSource`] | built-in < plugin < user < project < flag < policy: who overrides whom |
+//! | [`DefinitionSource`] | built-in < host < plugin < user < project < flag < policy: who overrides whom |
 //! | [`builtin_definitions`], [`fork_definition`] | `general-purpose`, `Explore`, `Plan`, `verification`; the synthetic fork agent |
 //! | [`parse_agent_markdown`] | one file's text to a definition plus warnings, or an [`Error::Definition`] |
 //! | [`load_dir`], [`AgentLoader`] | every `*.md` under a directory, recursively, into a [`LoadReport`] |

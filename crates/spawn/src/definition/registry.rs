@@ -63,7 +63,7 @@ impl fmt::Display for Shadowed {
 /// # Which definition wins
 ///
 /// Definitions with the same name (compared exactly, case-sensitively) are ordered by
-/// 1. source: built-in < plugin < user < project < flag < policy;
+/// 1. source: built-in < host < plugin < user < project < flag < policy;
 /// 2. within one source, the depth of the file's path (its number of components): the deeper
 ///    directory wins, as a project's nested `.claude/agents` overrides an outer one;
 /// 3. at equal depth, the path itself: the lexicographically last path wins;
@@ -158,6 +158,7 @@ impl AgentRegistry {
                     winner: old.origin(),
                     overridden: definition.origin(),
                 };
+                tracing::warn!("the inserted agent definition is overridden: {lost}");
                 self.shadowed.push(lost.clone());
                 return Some(lost);
             }

@@ -227,7 +227,9 @@ impl AgentBuilder {
     ///
     /// A tree holds one value of each type: building fails with [`Error::Config`] when the
     /// tree (of a [`child_of`](Self::child_of) seed) already holds one, rather than leave one
-    /// of the two configurations silently unread.
+    /// of the two configurations silently unread — and when `value` is an `Arc` of an `Arc`,
+    /// stored under a type nothing looks up. A resumed agent is a new tree: give its builder
+    /// the same extensions.
     pub fn extension<T: std::any::Any + Send + Sync>(mut self, value: Arc<T>) -> Self {
         self.extensions.push(Extension {
             type_name: std::any::type_name::<T>(),
@@ -248,7 +250,8 @@ impl AgentBuilder {
         self
     }
 
-    /// Writes the transcript to `<dir>/<agent id>.jsonl` (the directory must exist).
+    /// Writes the transcript to `<dir>/<agent id>.jsonl` (the directory is created if
+    /// missing); the agent's children write theirs beside it.
     pub fn transcript_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.transcript_dir = Some(dir.into());
         self
@@ -452,6 +455,18 @@ impl AgentBuilder {
         };
         let tree = self.tree.unwrap_or_default();
         for Extension { type_name, put } in self.extensions {
+            // Stored by type: an `Arc` of an `Arc` (say `Arc::new(TaskService::new(..))`, whose
+            // `new` already returns one) would sit under a type nothing looks up.
+            if let Some(inner) = type_name
+                .strip_prefix("alloc::sync::Arc<")
+                .or_else(|| type_name.strip_prefix("std::sync::Arc<"))
+            {
+                let inner = inner.strip_suffix('>').unwrap_or(inner);
+                return Err(Error::Config(format!(
+                    "`.extension` was given an `Arc<Arc<{inner}>>`, which nothing looks up: \
+                     pass the `Arc<{inner}>` itself"
+                )));
+            }
             if !put(tree.extensions()) {
                 return Err(Error::Config(format!(
                     "the agent tree already holds a `{type_name}`; a tree has one of each \
@@ -460,9 +475,6 @@ impl AgentBuilder {
             }
         }
         let emit = Emitter::new(*cx.id(), self.events.clone());
-        for message in warnings {
-            emit.emit(EventKind::Warning { message });
-        }
         let mut settings = self.settings;
         settings.max_tokens = limits.max_output_tokens;
         Ok(Agent {
@@ -491,6 +503,7 @@ impl AgentBuilder {
             turn: 0,
             unsent: self.unsent,
             keep_children: self.keep_children,
+            warnings,
         })
     }
 }

@@ -95,6 +95,9 @@ pub struct Agent {
     unsent: Vec<Message>,
     /// Leave running children alone when dropped.
     keep_children: bool,
+    /// Warnings from building it, emitted when it first runs (after its parent's
+    /// `ChildStarted`).
+    warnings: Vec<String>,
 }
 
 /// Dropping an agent stops everything it started that still runs: a run that ended at a limit

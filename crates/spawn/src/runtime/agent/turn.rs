@@ -124,6 +124,9 @@ impl Agent {
 
     async fn run_loop(&mut self, first: Option<Vec<ContentBlock>>) -> AgentRun {
         let _live = self.shared.tree.enter();
+        for message in std::mem::take(&mut self.warnings) {
+            self.emit.emit(EventKind::Warning { message });
+        }
         let mut run = self.run_state();
         if let Some(first) = first
             && let Err(e) = self.push(vec![Message::user(first)]).await
