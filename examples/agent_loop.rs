@@ -302,6 +302,16 @@ async fn run() -> Result<(), String> {
     if sim.is_some() {
         println!("(scripted model behind the prompt-cache simulator; --backend for a real one)");
     }
+    if run.usage.cache_read_tokens == 0 {
+        // A provider caches nothing below a model's minimum prompt length, so a short
+        // conversation reads 0 tokens from the cache: not a broken cache.
+        let min =
+            forkhive::transport::simulator::anthropic_min_cacheable_tokens(agent.params().model());
+        println!(
+            "(nothing was read from the cache: each request was under the model's minimum \
+             cacheable prompt of {min} tokens, or the first of its prefix)"
+        );
+    }
     if let Some(p) = agent.transcript_path() {
         println!("transcript: {}", p.display());
     }

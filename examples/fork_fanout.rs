@@ -856,7 +856,18 @@ async fn run(a: Args) -> Result<(), String> {
         ""
     };
     println!("parent: {answer}{more}");
-    println!("({} in {:.2}s)", run.stop, wall.as_secs_f64());
+    if real {
+        println!("({} in {:.2}s)", run.stop, wall.as_secs_f64());
+    } else {
+        // The wall time is the scripted model's waiting, not the library's work.
+        println!(
+            "({} in {:.2}s, nearly all of it the scripted model's own {} ms wait per request, \
+             set with --delay-ms; the orchestration cost is measured by fanout_bench)",
+            run.stop,
+            wall.as_secs_f64(),
+            a.delay.as_millis()
+        );
+    }
 
     // Per-agent cache table.
     println!(
