@@ -24,45 +24,31 @@ use forkhive::transport::http::{HttpBackend, HttpConfig};
 use forkhive::transport::simulator::PromptCacheSimulator;
 use forkhive::transport::{Backend, Request, Response, ScriptedBackend, StopReason};
 
-const USAGE: &str = "usage: agent_loop [DIR] [--prompt TEXT] [--transcript-dir DIR] \
-[--backend scripted|anthropic|openai] [--base-url URL] [--model M]";
-
+/// One agent with `Read` and `LS` over a directory, its turns and tool calls printed live.
+#[derive(clap::Parser)]
+#[command(name = "agent_loop")]
 struct Args {
+    /// The directory the tools may read.
+    #[arg(default_value = ".")]
     dir: PathBuf,
+    /// The user's prompt.
+    #[arg(
+        long,
+        default_value = "Look at this directory, read one file in it and tell me what it is."
+    )]
     prompt: String,
+    /// The model: a scripted one behind the prompt-cache simulator, or a real server.
+    #[arg(long, default_value = "scripted", value_parser = ["scripted", "anthropic", "openai"])]
     backend: String,
+    /// The real server's base URL.
+    #[arg(long)]
     base_url: Option<String>,
+    /// The model name for a real server.
+    #[arg(long)]
     model: Option<String>,
+    /// Keep the agent's transcript in this directory.
+    #[arg(long)]
     transcript_dir: Option<PathBuf>,
-}
-
-fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        dir: PathBuf::from("."),
-        prompt: "Look at this directory, read one file in it and tell me what it is.".into(),
-        backend: "scripted".into(),
-        base_url: None,
-        model: None,
-        transcript_dir: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut value = || {
-            it.next()
-                .ok_or_else(|| format!("{arg} needs a value\n{USAGE}"))
-        };
-        match arg.as_str() {
-            "--prompt" => a.prompt = value()?,
-            "--backend" => a.backend = value()?,
-            "--base-url" => a.base_url = Some(value()?),
-            "--model" => a.model = Some(value()?),
-            "--transcript-dir" => a.transcript_dir = Some(value()?.into()),
-            "-h" | "--help" => return Err(USAGE.into()),
-            f if f.starts_with("--") => return Err(format!("unknown option {f}\n{USAGE}")),
-            dir => a.dir = dir.into(),
-        }
-    }
-    Ok(a)
 }
 
 /// The scripted model: list the directory, read the first file, then report.
@@ -241,7 +227,7 @@ fn print_event(kind: &EventKind, turn: u32) {
 }
 
 async fn run() -> Result<(), String> {
-    let a = parse_args()?;
+    let a = <Args as clap::Parser>::parse();
     let (backend, model, sim) = backend(&a)?;
     let tools = ToolPool::new([
         Arc::new(

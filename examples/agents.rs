@@ -16,76 +16,54 @@ use forkhive::spawn::definition::{
 };
 use serde_json::{Value, json};
 
-const USAGE: &str = "\
-usage: agents [--json] [--user DIR] [--project DIR] [--policy DIR] [--plugin DIR] [--flag DIR]
-
-Loads every *.md file under each DIR (recursively) as agent definitions of that source,
-merges them with the built-in agents (built-in < plugin < user < project < flag < policy),
-and prints the registry as a table, or as one JSON object with --json.";
-
+/// Loads every *.md file under each DIR (recursively) as agent definitions of that source,
+/// merges them with the built-in agents (built-in < host < plugin < user < project < flag <
+/// policy), and prints the registry as a table, or as one JSON object with --json.
+#[derive(clap::Parser)]
+#[command(name = "agents")]
 struct Args {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
     json: bool,
-    dirs: Vec<(DefinitionSource, PathBuf)>,
-}
-
-fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
-    let mut parsed = Args {
-        json: false,
-        dirs: Vec::new(),
-    };
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        let source = match arg.as_str() {
-            "--json" => {
-                parsed.json = true;
-                continue;
-            }
-            // An empty message: print the usage and exit 0.
-            "-h" | "--help" => return Err(String::new()),
-            "--user" => DefinitionSource::User,
-            "--project" => DefinitionSource::Project,
-            "--policy" => DefinitionSource::Policy,
-            "--plugin" => DefinitionSource::Plugin,
-            "--flag" => DefinitionSource::Flag,
-            other => return Err(format!("unknown argument {other:?}")),
-        };
-        let Some(dir) = args.next() else {
-            return Err(format!("{arg} needs a directory"));
-        };
-        let dir = PathBuf::from(dir);
-        if !dir.is_dir() {
-            return Err(format!("{arg} {}: not a directory", dir.display()));
-        }
-        parsed.dirs.push((source, dir));
-    }
-    Ok(parsed)
+    /// The user's agents directory (may repeat).
+    #[arg(long, value_name = "DIR")]
+    user: Vec<PathBuf>,
+    /// The project's agents directory (may repeat).
+    #[arg(long, value_name = "DIR")]
+    project: Vec<PathBuf>,
+    /// An enterprise policy's agents directory (may repeat).
+    #[arg(long, value_name = "DIR")]
+    policy: Vec<PathBuf>,
+    /// A plugin's agents directory (may repeat).
+    #[arg(long, value_name = "DIR")]
+    plugin: Vec<PathBuf>,
+    /// Agents given on the command line at start-up (may repeat).
+    #[arg(long, value_name = "DIR")]
+    flag: Vec<PathBuf>,
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(args) => args,
-        Err(message) if message.is_empty() => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
+    let args = <Args as clap::Parser>::parse();
+    let mut loader = AgentLoader::new();
+    for (source, dirs) in [
+        (DefinitionSource::User, &args.user),
+        (DefinitionSource::Project, &args.project),
+        (DefinitionSource::Policy, &args.policy),
+        (DefinitionSource::Plugin, &args.plugin),
+        (DefinitionSource::Flag, &args.flag),
+    ] {
+        for dir in dirs {
+            if !dir.is_dir() {
+                eprintln!("agents: --{source} {}: not a directory", dir.display());
+                return ExitCode::from(2);
+            }
+            loader = loader.dir(source, dir);
         }
-        Err(message) => {
-            eprintln!("agents: {message}\n\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    let loader = args
-        .dirs
-        .iter()
-        .fold(AgentLoader::new(), |loader, (source, dir)| {
-            loader.dir(*source, dir)
-        });
+    }
     let registry = match loader.load() {
         Ok(registry) => registry,
         Err(e) => {
-            let cause = std::error::Error::source(&e)
-                .map(|s| format!(": {s}"))
-                .unwrap_or_default();
-            eprintln!("agents: {e}{cause}");
+            eprintln!("agents: {}", forkhive::core::error::chain(&e));
             return ExitCode::from(2);
         }
     };

@@ -16,58 +16,27 @@ use forkhive::core::{CacheSafeParams, Message, Usage};
 use forkhive::transport::http::{HttpBackend, HttpConfig};
 use forkhive::transport::{Backend, BackendExt, Request, Response, ScriptedBackend};
 
+/// Sends one prompt to a model and prints the answer as one JSON line.
+#[derive(clap::Parser)]
+#[command(name = "ask")]
 struct Args {
+    /// Which backend.
+    #[arg(long, default_value = "anthropic", value_parser = ["anthropic", "openai", "scripted"])]
     backend: String,
+    /// The server's base URL (default: the provider's).
+    #[arg(long)]
     base_url: Option<String>,
+    /// The model name.
+    #[arg(long)]
     model: Option<String>,
+    /// The most output tokens.
+    #[arg(long, default_value_t = 256)]
     max_tokens: u32,
+    /// Stream the answer (it is still printed once, whole).
+    #[arg(long)]
     stream: bool,
+    /// The prompt (quote it).
     prompt: String,
-}
-
-const USAGE: &str = "usage: ask [--backend anthropic|openai|scripted] [--base-url URL] [--model NAME] [--max-tokens N] [--stream] PROMPT";
-
-fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        backend: "anthropic".into(),
-        base_url: None,
-        model: None,
-        max_tokens: 256,
-        stream: false,
-        prompt: String::new(),
-    };
-    let mut rest = Vec::new();
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut value = || {
-            it.next()
-                .ok_or_else(|| format!("{arg} needs a value\n{USAGE}"))
-        };
-        match arg.as_str() {
-            "--backend" => a.backend = value()?,
-            "--base-url" => a.base_url = Some(value()?),
-            "--model" => a.model = Some(value()?),
-            "--max-tokens" => {
-                a.max_tokens = value()?.parse().map_err(|e| format!("--max-tokens: {e}"))?
-            }
-            "--stream" => a.stream = true,
-            "-h" | "--help" => return Err(USAGE.into()),
-            flag if flag.starts_with("--") => {
-                return Err(format!("unknown option {flag}\n{USAGE}"));
-            }
-            _ => rest.push(arg),
-        }
-    }
-    a.prompt = rest
-        .pop()
-        .ok_or_else(|| format!("no prompt given\n{USAGE}"))?;
-    if !rest.is_empty() {
-        return Err(format!(
-            "one prompt expected, found {} arguments (quote the prompt)\n{USAGE}",
-            rest.len() + 1
-        ));
-    }
-    Ok(a)
 }
 
 fn backend(a: &Args) -> Result<(Box<dyn Backend>, String), String> {
@@ -138,7 +107,7 @@ fn backend(a: &Args) -> Result<(Box<dyn Backend>, String), String> {
 }
 
 async fn run() -> Result<String, String> {
-    let args = parse_args()?;
+    let args = <Args as clap::Parser>::parse();
     let (backend, model) = backend(&args)?;
     let request = Request::new(
         CacheSafeParams::builder(model).build(),
@@ -150,15 +119,7 @@ async fn run() -> Result<String, String> {
     } else {
         backend.send(&request).await
     };
-    let response = response.map_err(|e| {
-        let mut text = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            text.push_str(&format!(": {s}"));
-            source = s.source();
-        }
-        text
-    })?;
+    let response = response.map_err(|e| forkhive::core::error::chain(&e))?;
     let out = serde_json::json!({
         "message": response.message,
         "stop_reason": response.stop_reason.as_ref().map(|s| s.as_str()),

@@ -31,60 +31,40 @@ const WRITE_5M: f64 = 1.25;
 const WRITE_1H: f64 = 2.0;
 const READ: f64 = 0.1;
 
+/// A fork fan-out of a large parent through the prompt-cache simulator, request by request,
+/// against fresh subagents that share no cache.
+#[derive(clap::Parser)]
+#[command(name = "cache_economics")]
 struct Args {
+    /// The parent's prefix, in tokens.
+    #[arg(long, default_value_t = 62_000)]
     prefix_tokens: u64,
+    /// How many fork children.
+    #[arg(long, default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     children: usize,
+    /// The wire format the simulator prices.
+    #[arg(long, default_value = "anthropic", value_parser = ["anthropic", "openai"])]
     wire: String,
+    /// Write every request body to this directory.
+    #[arg(long = "dump-requests", value_name = "DIR")]
     dump: Option<String>,
+    /// A real server instead of the simulator (sets the wire; needs --base-url).
+    #[arg(long, value_parser = ["anthropic", "openai"], requires = "base_url")]
     backend: Option<String>,
+    /// The real server's base URL.
+    #[arg(long)]
     base_url: Option<String>,
+    /// The model name.
+    #[arg(long, default_value = "claude-sonnet-4-5")]
     model: String,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        prefix_tokens: 62_000,
-        children: 3,
-        wire: "anthropic".into(),
-        dump: None,
-        backend: None,
-        base_url: None,
-        model: "claude-sonnet-4-5".into(),
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--prefix-tokens" => a.prefix_tokens = value()?.parse().map_err(|e| format!("--prefix-tokens: {e}"))?,
-            "--children" => a.children = value()?.parse().map_err(|e| format!("--children: {e}"))?,
-            "--wire" => a.wire = value()?,
-            "--dump-requests" => a.dump = Some(value()?),
-            "--backend" => a.backend = Some(value()?),
-            "--base-url" => a.base_url = Some(value()?),
-            "--model" => a.model = value()?,
-            "-h" | "--help" => return Err("usage: cache_economics [--prefix-tokens N] [--children N] [--wire anthropic|openai] [--dump-requests DIR] [--backend anthropic|openai --base-url URL] [--model NAME]".into()),
-            other => return Err(format!("unknown argument {other:?} (try --help)")),
-        }
-    }
+fn parse_args() -> Args {
+    let mut a = <Args as clap::Parser>::parse();
     if let Some(b) = &a.backend {
-        if b != "anthropic" && b != "openai" {
-            return Err(format!("--backend must be anthropic or openai, not {b:?}"));
-        }
         a.wire = b.clone();
-        if a.base_url.is_none() {
-            return Err("--backend needs --base-url".into());
-        }
     }
-    if a.wire != "anthropic" && a.wire != "openai" {
-        return Err(format!(
-            "--wire must be anthropic or openai, not {:?}",
-            a.wire
-        ));
-    }
-    if a.children == 0 {
-        return Err("--children must be at least 1".into());
-    }
-    Ok(a)
+    a
 }
 
 /// Text of about `tokens` tokens (4 bytes each), deterministic.
@@ -341,11 +321,7 @@ async fn run(args: Args) -> Result<(), String> {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let result = match parse_args() {
-        Ok(args) => run(args).await,
-        Err(e) => Err(e),
-    };
-    match result {
+    match run(parse_args()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("cache_economics: {e}");

@@ -36,8 +36,13 @@ fn print(line: String) {
     println!("{line}");
 }
 
+/// The host program of docs/embedding.md (no options).
+#[derive(clap::Parser)]
+struct Args {}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    <Args as clap::Parser>::parse();
     let dir = tempfile::tempdir()?;
     // 1. A tool of the host's own (background subagents may use it).
     let schema = r#"{"type":"object","properties":{"text":{"type":"string"}}}"#;

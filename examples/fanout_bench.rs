@@ -156,42 +156,26 @@ fn peak_rss_mb() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-/// What a run is asked to do.
+/// Orchestration cost of a wide background fan-out on a scripted model, as one JSON line.
+#[derive(clap::Parser)]
+#[command(name = "fanout_bench")]
 struct Args {
+    /// Children (background subagents) the parent starts in one response.
+    #[arg(long = "children", default_value_t = 100, value_parser = at_least_one())]
     n: usize,
+    /// Turns each child makes (T−1 tool rounds, then its answer).
+    #[arg(long = "turns", default_value_t = 3, value_parser = at_least_one())]
     t: usize,
     /// Worker threads: 1 is a current-thread runtime (one core, as the peers were measured).
+    #[arg(long, default_value_t = 1, value_parser = at_least_one())]
     threads: usize,
     /// Where every agent keeps its transcript (none by default).
+    #[arg(long, value_name = "DIR")]
     transcripts: Option<std::path::PathBuf>,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let usage = "usage: fanout_bench --children N --turns T [--threads K] [--transcripts DIR]";
-    let mut a = Args {
-        n: 100,
-        t: 3,
-        threads: 1,
-        transcripts: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut value = || {
-            it.next()
-                .ok_or_else(|| format!("{arg} needs a value\n{usage}"))
-        };
-        match arg.as_str() {
-            "--children" => a.n = value()?.parse().map_err(|e| format!("--children: {e}"))?,
-            "--turns" => a.t = value()?.parse().map_err(|e| format!("--turns: {e}"))?,
-            "--threads" => a.threads = value()?.parse().map_err(|e| format!("--threads: {e}"))?,
-            "--transcripts" => a.transcripts = Some(value()?.into()),
-            _ => return Err(format!("unknown argument {arg}\n{usage}")),
-        }
-    }
-    if a.n == 0 || a.t == 0 || a.threads == 0 {
-        return Err(format!("N, T and K must be at least 1\n{usage}"));
-    }
-    Ok(a)
+fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
 }
 
 async fn run(args: &Args) -> Result<String, String> {
@@ -296,13 +280,7 @@ async fn run(args: &Args) -> Result<String, String> {
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
-    };
+    let args = <Args as clap::Parser>::parse();
     let rt = if args.threads == 1 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -50,9 +50,6 @@ use forkhive::transport::{
 };
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-const USAGE: &str = "usage: fork_fanout [--delay-ms N] [--guidelines N] [--transcript-dir DIR] \
-[--dump-requests DIR] [--backend anthropic|openai --base-url URL --model M]";
-
 /// The files the children audit, one each.
 const FILES: [&str; 3] = ["net.rs", "db.rs", "ui.rs"];
 
@@ -61,62 +58,36 @@ const WRITE_5M: f64 = 1.25;
 const WRITE_1H: f64 = 2.0;
 const READ: f64 = 0.1;
 
+/// A parent forks three children that each audit one file of a small project, in the
+/// background, on a scripted model behind the prompt-cache simulator (or a real server).
+#[derive(clap::Parser)]
+#[command(name = "fork_fanout")]
 struct Args {
+    /// A real server instead of the scripted model (needs --base-url).
+    #[arg(long, value_parser = ["anthropic", "openai"], requires = "base_url")]
     backend: Option<String>,
+    /// The real server's base URL.
+    #[arg(long)]
     base_url: Option<String>,
+    /// The model name for a real server.
+    #[arg(long)]
     model: Option<String>,
+    /// How long the scripted model waits per request, in milliseconds (its "thinking").
+    #[arg(long = "delay-ms", default_value = "250", value_parser = parse_ms)]
     delay: Duration,
+    /// How many guideline paragraphs the parent's system prompt holds.
+    #[arg(long)]
     guidelines: Option<usize>,
+    /// Keep every agent's transcript and each child's output file in this directory.
+    #[arg(long)]
     transcript_dir: Option<PathBuf>,
+    /// Write every request body to this directory.
+    #[arg(long = "dump-requests", value_name = "DIR")]
     dump: Option<PathBuf>,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        backend: None,
-        base_url: None,
-        model: None,
-        delay: Duration::from_millis(250),
-        guidelines: None,
-        transcript_dir: None,
-        dump: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut value = || {
-            it.next()
-                .ok_or_else(|| format!("{arg} needs a value\n{USAGE}"))
-        };
-        match arg.as_str() {
-            "--backend" => a.backend = Some(value()?),
-            "--base-url" => a.base_url = Some(value()?),
-            "--model" => a.model = Some(value()?),
-            "--delay-ms" => {
-                a.delay = Duration::from_millis(
-                    value()?
-                        .parse()
-                        .map_err(|e| format!("--delay-ms: {e}\n{USAGE}"))?,
-                )
-            }
-            "--guidelines" => {
-                a.guidelines = Some(
-                    value()?
-                        .parse()
-                        .map_err(|e| format!("--guidelines: {e}\n{USAGE}"))?,
-                )
-            }
-            "--transcript-dir" => a.transcript_dir = Some(value()?.into()),
-            "--dump-requests" => a.dump = Some(value()?.into()),
-            "-h" | "--help" => return Err(USAGE.into()),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-        }
-    }
-    match a.backend.as_deref() {
-        None | Some("anthropic" | "openai") => Ok(a),
-        Some(other) => Err(format!(
-            "--backend must be anthropic or openai, not {other:?}\n{USAGE}"
-        )),
-    }
+fn parse_ms(s: &str) -> Result<Duration, std::num::ParseIntError> {
+    s.parse().map(Duration::from_millis)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -661,7 +632,7 @@ async fn run(a: Args) -> Result<(), String> {
             let url = a
                 .base_url
                 .clone()
-                .ok_or_else(|| format!("--backend {b} needs --base-url\n{USAGE}"))?;
+                .ok_or_else(|| format!("--backend {b} needs --base-url"))?;
             let mut config = HttpConfig::new(url);
             let key = if openai {
                 "OPENAI_API_KEY"
@@ -682,7 +653,7 @@ async fn run(a: Args) -> Result<(), String> {
             let model = a
                 .model
                 .clone()
-                .ok_or_else(|| format!("--backend {b} needs --model\n{USAGE}"))?;
+                .ok_or_else(|| format!("--backend {b} needs --model"))?;
             (Arc::new(Real { http }), model, true)
         }
     };
@@ -979,10 +950,7 @@ fn system_prompt(rounds: usize) -> String {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let result = match parse_args() {
-        Ok(a) => run(a).await,
-        Err(e) => Err(e),
-    };
+    let result = run(<Args as clap::Parser>::parse()).await;
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

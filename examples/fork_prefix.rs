@@ -10,7 +10,13 @@ mod support;
 
 use forkhive::core::{CacheSafeParams, ForkPrefix, ToolDefinition};
 
+/// Forks three children from a realistic parent turn and diagnoses a cache break.
+#[derive(clap::Parser)]
+#[command(name = "fork_prefix")]
+struct Args {}
+
 fn main() -> Result<(), forkhive::core::Error> {
+    <Args as clap::Parser>::parse();
     // The parent: a system prompt, six tools and ~200 KiB of conversation.
     let params = support::params(200 << 10);
     let bytes: usize = params.messages().iter().map(|m| m.to_json().len()).sum();
