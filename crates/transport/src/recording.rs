@@ -7,21 +7,22 @@
 //! `request`). Each file is created exclusively: an existing file — or a symlink planted at
 //! that path — is never followed or overwritten; the write fails instead.
 //!
-//! ## The file (format 1)
+//! ## The files (format 2)
 //!
-//! A recording is the request body exactly as `codec` encodes it — the bytes the provider
-//! receives — with one more top-level key, `forkhive`, added before the closing brace:
+//! Each request is two files:
+//!
+//! - `<seq>-<label>.json`: the request body exactly as `codec` encodes it — the bytes the
+//!   provider receives, nothing added — so it can be sent again as it is (`curl --data @…`),
+//!   and `diff`ing two recordings stops at the first byte the provider saw differently;
+//! - `<seq>-<label>.meta.json`: one JSON object with everything else:
 //!
 //! ```text
-//! {"model":"claude-sonnet-4-5","system":[…],"tools":[…],"messages":[…],"max_tokens":1024,"forkhive":{"format":1,"seq":2,"label":"child-1","wire":"anthropic","stream":false,"fingerprint":{…},"request":{…},"response":{…}}}
+//! {"format":2,"seq":2,"label":"child-1","wire":"anthropic","stream":false,"fingerprint":{…},"request":{…},"response":{…}}
 //! ```
-//!
-//! Everything before `,"forkhive":` is the body byte for byte, so `diff`ing two recordings
-//! still stops at the first byte the provider saw differently. The `forkhive` object holds:
 //!
 //! | field | what it holds |
 //! | --- | --- |
-//! | `format` | `1` |
+//! | `format` | `2` (format 1 put this object in the body, under a `forkhive` key; [`ReplayBackend`](crate::replay::ReplayBackend) still reads it) |
 //! | `seq`, `label` | the sequence number, and the request's label as given (or `null`) |
 //! | `wire`, `stream` | the codec's wire format (`anthropic`, `openai`) and whether the answer was streamed |
 //! | `fingerprint` | hex SHA-256 digests of the whole request — prefix and suffix messages as one prefix, see [`Request::fingerprint`] — in `total`, one per dimension in `tools` (with model and thinking), `system_prompt`, `system_context`, `user_context` and `messages`, with `message_count`; and `prefix_total`, the cache-safe prefix alone |
@@ -29,9 +30,9 @@
 //! | `response` | the answer: `message`, `stop_reason` (Anthropic's spelling), `usage`, `id`, `model`, and `cut_tool_inputs` (tool call id → the partial input JSON of a call cut off at `max_tokens`, only when there is one) |
 //! | `error` | instead of `response` when the call failed: `kind` (`rate_limited`, `overloaded`, `invalid_request`, `timeout`, …) and that error's fields (`status`, `message`, `retry_after_ms`, …) |
 //!
-//! The file up to and including `request` is written and flushed before the request is
-//! forwarded, so a run that hangs or dies still leaves it; `response` or `error` is added when
-//! the answer is complete — for a stream, at its `message_stop`, its first error, or its early
+//! The body and the metadata up to and including `request` are written and flushed before the
+//! request is forwarded, so a run that hangs or dies still leaves them; the metadata is
+//! rewritten with `response` or `error` when the answer is complete — for a stream, at its `message_stop`, its first error, or its early
 //! end. A streamed answer is recorded as the [`Response`] its events fold into (with
 //! [`ResponseBuilder::finish_cut_off`]).
 
@@ -57,7 +58,7 @@ use crate::request::{
 };
 
 /// The recording format this build writes and reads.
-pub(crate) const FORMAT: u32 = 1;
+pub(crate) const FORMAT: u32 = 2;
 
 /// Records each request body (as `codec` encodes it) before forwarding the request, and the
 /// answer or error after; see the [module docs](self) for the file format.
@@ -117,20 +118,25 @@ impl<B: Backend> RecordingBackend<B> {
             })
             .take(64)
             .collect();
-        let path = self.dir.join(format!("{seq:04}-{label}.json"));
-        let fail = |source| Error::Record {
-            path: path.clone(),
-            source,
+        let body_path = self.dir.join(format!("{seq:04}-{label}.json"));
+        let path = self.dir.join(format!("{seq:04}-{label}.meta.json"));
+        let fail = |path: &PathBuf| {
+            let path = path.clone();
+            move |source| Error::Record { path, source }
         };
+        let create = |path: PathBuf| async move {
+            tokio::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .await
+                .map_err(fail(&path))
+        };
+        // The body file: exactly what the provider receives, nothing added.
         let body = self.codec.encode(request, stream).to_bytes();
-        // The body is a JSON object: drop its closing brace, add `forkhive`, close it again.
-        let trimmed = body.trim_ascii_end();
-        let Some(open) = trimmed.strip_suffix(b"}") else {
-            return Err(fail(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "the codec's request body is not a JSON object",
-            )));
-        };
+        let mut body_file = create(body_path.clone()).await?;
+        body_file.write_all(&body).await.map_err(fail(&body_path))?;
+        body_file.flush().await.map_err(fail(&body_path))?;
         let section = Section {
             format: FORMAT,
             seq,
@@ -142,72 +148,56 @@ impl<B: Backend> RecordingBackend<B> {
             response: None,
             error: None,
         };
-        let mut tail = Vec::new();
-        if !open.trim_ascii_end().ends_with(b"{") {
-            tail.push(b',');
-        }
-        tail.extend_from_slice(br#""forkhive":"#);
-        push_json(&mut tail, &section);
-        tail.push(b'}');
-
-        let mut file = tokio::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .await
-            .map_err(fail)?;
-        file.write_all(open).await.map_err(fail)?;
-        file.write_all(&tail).await.map_err(fail)?;
-        file.flush().await.map_err(fail)?;
-        Ok(Pending {
+        let file = create(path.clone()).await?;
+        let mut pending = Pending {
             file,
-            end: (open.len() + tail.len()) as u64,
             path,
-        })
+            section,
+        };
+        pending.write().await?;
+        Ok(pending)
     }
 }
 
-/// A recording whose answer is still to come: the file ends with `}}`, the close of the
-/// `forkhive` object and of the body.
+/// A recording whose answer is still to come: its metadata file holds everything else.
 struct Pending {
     file: tokio::fs::File,
     path: PathBuf,
-    end: u64,
+    section: Section,
 }
 
 impl Pending {
-    /// Adds `"key": value` to the `forkhive` object.
-    async fn finish(mut self, key: &str, value: &impl Serialize) -> Result<()> {
-        let mut tail = format!(r#","{key}":"#).into_bytes();
-        push_json(&mut tail, value);
-        tail.extend_from_slice(b"}}");
+    /// Writes the metadata as it stands, replacing what the file held.
+    async fn write(&mut self) -> Result<()> {
+        let mut bytes = Vec::new();
+        push_json(&mut bytes, &self.section);
+        bytes.push(b'\n');
         let path = &self.path;
         let fail = |source| Error::Record {
             path: path.clone(),
             source,
         };
-        self.file
-            .seek(SeekFrom::Start(self.end.saturating_sub(2)))
-            .await
-            .map_err(fail)?;
-        self.file.write_all(&tail).await.map_err(fail)?;
+        self.file.seek(SeekFrom::Start(0)).await.map_err(fail)?;
+        self.file.set_len(0).await.map_err(fail)?;
+        self.file.write_all(&bytes).await.map_err(fail)?;
         self.file.flush().await.map_err(fail)
     }
 
     async fn finish_response(
-        self,
+        mut self,
         response: &Response,
         cut: BTreeMap<String, String>,
     ) -> Result<()> {
-        self.finish("response", &ResponseRecord::of(response, cut))
-            .await
+        self.section.response = Some(ResponseRecord::of(response, cut));
+        self.write().await
     }
 
     /// Records `error`; a failure to do so is only logged, so the caller sees `error` itself.
-    async fn finish_error(self, error: &Error) {
-        let path = self.path.clone();
-        if let Err(e) = self.finish("error", &ErrorRecord::of(error)).await {
-            tracing::warn!(path = %path.display(), error = %e, "could not record an error answer");
+    async fn finish_error(mut self, error: &Error) {
+        self.section.error = Some(ErrorRecord::of(error));
+        if let Err(e) = self.write().await {
+            let path = self.path.display();
+            tracing::warn!(path = %path, error = %e, "could not record an error answer");
         }
     }
 }
@@ -350,7 +340,7 @@ fn tee(inner: EventStream, pending: Pending) -> EventStream {
     }))
 }
 
-/// The `forkhive` object of a recording.
+/// A recording's metadata (the `.meta.json` file; in format 1, the body's `forkhive` key).
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct Section {
     pub(crate) format: u32,

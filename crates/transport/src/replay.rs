@@ -108,26 +108,40 @@ impl ReplayBackend {
             let path = path.to_owned();
             move |source| Error::ReplayRead { path, source }
         };
-        let mut files = Vec::new();
+        let mut names = Vec::new();
         for entry in std::fs::read_dir(&dir).map_err(read_err(&dir))? {
             let entry = entry.map_err(read_err(&dir))?;
             if let Some(name) = entry.file_name().to_str()
                 && let Some(seq) = sequence_number(name)
             {
-                files.push((seq, name.to_owned()));
+                names.push((seq, name.to_owned()));
             }
         }
-        files.sort();
-        let mut recordings = Vec::with_capacity(files.len());
-        for (_, name) in files {
-            let path = dir.join(&name);
+        names.sort();
+        let metas: std::collections::HashSet<&str> = names
+            .iter()
+            .filter_map(|(_, n)| n.strip_suffix(META))
+            .collect();
+        let mut recordings = Vec::with_capacity(names.len());
+        for (_, name) in &names {
+            // A recording is its metadata (format 2) with the body beside it, or one file
+            // whose body carries a `forkhive` key (format 1).
+            let (body_name, meta) = match name.strip_suffix(META) {
+                Some(stem) => (format!("{stem}.json"), true),
+                None if metas.contains(name.trim_end_matches(".json")) => continue,
+                None => (name.clone(), false),
+            };
+            let path = dir.join(name);
             let bytes = std::fs::read(&path).map_err(read_err(&path))?;
-            recordings.push(
-                load(name, &bytes).map_err(|detail| Error::MalformedRecording {
-                    path: path.clone(),
-                    detail,
-                })?,
-            );
+            let loaded = if meta {
+                load_meta(body_name, &bytes)
+            } else {
+                load(body_name, &bytes)
+            };
+            recordings.push(loaded.map_err(|detail| Error::MalformedRecording {
+                path: path.clone(),
+                detail,
+            })?);
         }
         Ok(Self {
             dir,
@@ -258,7 +272,26 @@ fn sequence_number(name: &str) -> Option<u64> {
     seq.parse().ok()
 }
 
-/// Parses one recording; the error is the detail of [`Error::MalformedRecording`].
+/// The suffix of a recording's metadata file (format 2).
+const META: &str = ".meta.json";
+
+/// Parses a format-2 metadata file; the error is the detail of
+/// [`Error::MalformedRecording`].
+fn load_meta(name: String, bytes: &[u8]) -> std::result::Result<Recording, String> {
+    #[derive(Deserialize)]
+    struct Probe {
+        format: Option<u32>,
+    }
+    let probe: Probe =
+        serde_json::from_slice(bytes).map_err(|e| format!("not a JSON object: {e}"))?;
+    check_format(probe.format, FORMAT)?;
+    let section: Section =
+        serde_json::from_slice(bytes).map_err(|e| format!("bad recording metadata: {e}"))?;
+    from_section(name, section)
+}
+
+/// Parses a format-1 recording (the body with a `forkhive` key); the error is the detail
+/// of [`Error::MalformedRecording`].
 fn load(name: String, bytes: &[u8]) -> std::result::Result<Recording, String> {
     #[derive(Deserialize)]
     struct Probe {
@@ -276,22 +309,32 @@ fn load(name: String, bytes: &[u8]) -> std::result::Result<Recording, String> {
     let probe: Probe =
         serde_json::from_slice(bytes).map_err(|e| format!("not a JSON object: {e}"))?;
     let Some(section) = probe.forkhive else {
-        return Err("no `forkhive` section: the file holds only a request body \
-                    (written before recordings kept their answers), so there is nothing to replay"
-            .to_owned());
+        return Err(format!(
+            "no `forkhive` section and no `{}` beside it: the file holds only a request \
+             body, so there is nothing to replay",
+            name.trim_end_matches(".json").to_owned() + META
+        ));
     };
-    match section.format {
-        Some(FORMAT) => {}
-        Some(n) => {
-            return Err(format!(
-                "recording format {n} is not supported (this build reads format {FORMAT})"
-            ));
-        }
-        None => return Err("the `forkhive` section has no `format`".to_owned()),
-    }
+    check_format(section.format, 1)?;
     let section = serde_json::from_slice::<File>(bytes)
         .map_err(|e| format!("bad `forkhive` section: {e}"))?
         .forkhive;
+    from_section(name, section)
+}
+
+fn check_format(found: Option<u32>, want: u32) -> std::result::Result<(), String> {
+    match found {
+        Some(n) if n == want => Ok(()),
+        Some(n) => Err(format!(
+            "recording format {n} is not supported here (this build reads format {FORMAT} in \
+             `<seq>-<label>.meta.json` files, and format 1 in the body's `forkhive` key)"
+        )),
+        None => Err("the recording metadata has no `format`".to_owned()),
+    }
+}
+
+/// A recording from its metadata.
+fn from_section(name: String, section: Section) -> std::result::Result<Recording, String> {
     let outcome = match (section.response, section.error) {
         (Some(r), None) => Outcome::Response {
             response: r.to_response(),

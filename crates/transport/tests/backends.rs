@@ -104,21 +104,25 @@ async fn recording_conforms_and_writes_numbered_labelled_bodies() {
         names,
         [
             "0001-request.json",
+            "0001-request.meta.json",
             "0002-request.json",
-            "0003-child_1____x.json"
+            "0002-request.meta.json",
+            "0003-child_1____x.json",
+            "0003-child_1____x.meta.json"
         ]
     );
-    // The body the provider received is a byte prefix of the file; `forkhive` follows it.
+    // The body file is exactly what the provider received: sendable as it is.
     let first = std::fs::read(dir.path().join("0001-request.json")).unwrap();
     let body = AnthropicCodec::default()
         .encode(&sample_request(), false)
         .to_bytes();
-    let open = &body[..body.len() - 1];
-    assert!(first.starts_with(open));
-    assert!(first[open.len()..].starts_with(br#","forkhive":{"format":1,"seq":1,"#));
-    let first: serde_json::Value = serde_json::from_slice(&first).unwrap();
-    assert_eq!(first["max_tokens"], 16);
-    let section = &first["forkhive"];
+    assert_eq!(first, body);
+    let meta = |name: &str| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(dir.path().join(name)).unwrap()).unwrap()
+    };
+    let section = meta("0001-request.meta.json");
+    assert_eq!(section["format"], 2);
+    assert_eq!(section["seq"], 1);
     assert_eq!(section["wire"], "anthropic");
     assert_eq!(section["stream"], false);
     assert_eq!(
@@ -135,23 +139,15 @@ async fn recording_conforms_and_writes_numbered_labelled_bodies() {
     );
     assert_eq!(section["response"]["stop_reason"], "end_turn");
     assert_eq!(section["response"]["usage"]["input_tokens"], 20);
-    let second = std::fs::read_to_string(dir.path().join("0002-request.json")).unwrap();
-    assert!(second.contains(r#","stream":true,"forkhive":{"#));
-    let second: serde_json::Value = serde_json::from_str(&second).unwrap();
-    assert_eq!(second["forkhive"]["stream"], true);
-    assert_eq!(second["forkhive"]["response"], section["response"]);
-    let third: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("0003-child_1____x.json")).unwrap())
-            .unwrap();
-    assert_eq!(third["forkhive"]["label"], "child 1/../x");
-    assert_eq!(third["forkhive"]["request"]["prefix_messages"], 0);
-    assert_eq!(
-        third["forkhive"]["request"]["messages"]
-            .as_array()
-            .unwrap()
-            .len(),
-        2
-    );
+    let second_body = std::fs::read_to_string(dir.path().join("0002-request.json")).unwrap();
+    assert!(second_body.ends_with(r#","stream":true}"#), "{second_body}");
+    let second = meta("0002-request.meta.json");
+    assert_eq!(second["stream"], true);
+    assert_eq!(second["response"], section["response"]);
+    let third = meta("0003-child_1____x.meta.json");
+    assert_eq!(third["label"], "child 1/../x");
+    assert_eq!(third["request"]["prefix_messages"], 0);
+    assert_eq!(third["request"]["messages"].as_array().unwrap().len(), 2);
 
     let openai = RecordingBackend::new(
         hello(),

@@ -291,15 +291,17 @@ async fn malformed_and_foreign_files_are_typed_errors_naming_the_file() {
     assert_eq!(
         err,
         format!(
-            "malformed recording {path}: no `forkhive` section: the file holds only a request body \
-             (written before recordings kept their answers), so there is nothing to replay"
+            "malformed recording {path}: no `forkhive` section and no `0001-old.meta.json` \
+             beside it: the file holds only a request body, so there is nothing to replay"
         )
     );
-    let (err, path) = open_with("0007-new.json", r#"{"forkhive":{"format":2}}"#);
+    let (err, path) = open_with("0007-new.meta.json", r#"{"format":3}"#);
     assert_eq!(
         err,
         format!(
-            "malformed recording {path}: recording format 2 is not supported (this build reads format 1)"
+            "malformed recording {path}: recording format 3 is not supported here (this build \
+             reads format 2 in `<seq>-<label>.meta.json` files, and format 1 in the body's \
+             `forkhive` key)"
         )
     );
     let (err, path) = open_with(
@@ -319,13 +321,13 @@ async fn malformed_and_foreign_files_are_typed_errors_naming_the_file() {
         .send(&sample_request())
         .await
         .unwrap();
-    let recorded = std::fs::read_to_string(rec_dir.path().join("0001-request.json")).unwrap();
+    let recorded = std::fs::read_to_string(rec_dir.path().join("0001-request.meta.json")).unwrap();
     // Edited as text: a `serde_json::Value` would reorder the keys of the tool's schema.
     let unanswered = format!(
-        "{}}}}}",
+        "{}}}",
         &recorded[..recorded.find(r#","response":"#).unwrap()]
     );
-    let (err, path) = open_with("0001-request.json", &unanswered);
+    let (err, path) = open_with("0001-request.meta.json", &unanswered);
     assert_eq!(
         err,
         format!(
@@ -338,7 +340,7 @@ async fn malformed_and_foreign_files_are_typed_errors_naming_the_file() {
         r#""system":["Answer at length."]"#,
     );
     assert_ne!(edited, recorded);
-    let (err, path) = open_with("0001-request.json", &edited);
+    let (err, path) = open_with("0001-request.meta.json", &edited);
     let digest = |s: &str| s.get(..12).unwrap().to_owned();
     let rebuilt = CacheSafeParams::builder("conformance-model")
         .tool(sample_request().prefix.tools()[0].clone())
@@ -360,7 +362,7 @@ async fn malformed_and_foreign_files_are_typed_errors_naming_the_file() {
     let end = start + edited[start..].find('}').unwrap() + 1;
     let accepted = format!("{}{}", &edited[..start], &edited[end..]);
     let dir2 = tempfile::tempdir().unwrap();
-    std::fs::write(dir2.path().join("0001-edited.json"), accepted).unwrap();
+    std::fs::write(dir2.path().join("0001-edited.meta.json"), accepted).unwrap();
     let replay = ReplayBackend::open(dir2.path()).unwrap();
     replay
         .send(&Request::new(rebuilt, vec![]).with_max_tokens(16))
@@ -487,10 +489,11 @@ async fn recorded_errors_replay_with_their_kind_and_retry_hint() {
     for i in 0..errors().len() {
         rec.send(&ask(i)).await.unwrap_err();
     }
-    let file = std::fs::read_to_string(dir.path().join("0001-request.json")).unwrap();
+    let file = std::fs::read_to_string(dir.path().join("0001-request.meta.json")).unwrap();
     assert!(
         file.ends_with(
-            r#","error":{"kind":"rate_limited","message":"slow down","retry_after_ms":2500}}}"#
+            r#","error":{"kind":"rate_limited","message":"slow down","retry_after_ms":2500}}
+"#
         ),
         "{file}"
     );
@@ -614,13 +617,16 @@ async fn a_stream_that_ends_early_replays_as_the_same_error() {
 #[tokio::test]
 async fn the_request_is_on_disk_before_it_is_forwarded() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("0001-request.json");
-    let seen = path.clone();
+    let path = dir.path().join("0001-request.meta.json");
+    let (seen, body) = (path.clone(), dir.path().join("0001-request.json"));
     let inner = ScriptedBackend::from_fn(move |_| {
         let text = std::fs::read_to_string(&seen).unwrap();
         let value: serde_json::Value = serde_json::from_str(&text).unwrap();
-        assert_eq!(value["forkhive"]["request"]["model"], "conformance-model");
-        assert!(value["forkhive"].get("response").is_none());
+        assert_eq!(value["request"]["model"], "conformance-model");
+        assert!(value.get("response").is_none());
+        let body: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&body).unwrap()).unwrap();
+        assert_eq!(body["model"], "conformance-model");
         Ok(Response::text("ok", Usage::default()))
     });
     recorder(inner, dir.path())
@@ -629,10 +635,7 @@ async fn the_request_is_on_disk_before_it_is_forwarded() {
         .unwrap();
     let value: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    assert_eq!(
-        value["forkhive"]["response"]["message"]["content"][0]["text"],
-        "ok"
-    );
+    assert_eq!(value["response"]["message"]["content"][0]["text"], "ok");
 }
 
 /// The switch `docs/replay.md` shows: record against the real API when `FORKHIVE_RECORD` is
@@ -670,4 +673,25 @@ async fn the_documented_switch_replays_by_default() {
             .text(),
         ".olleh yaS"
     );
+}
+
+/// Recordings of the earlier layout — one file, the body with a `forkhive` key — still replay.
+#[tokio::test]
+async fn format_one_recordings_still_replay() {
+    let rec_dir = tempfile::tempdir().unwrap();
+    recorder(replier(), rec_dir.path())
+        .send(&sample_request())
+        .await
+        .unwrap();
+    let body = std::fs::read_to_string(rec_dir.path().join("0001-request.json")).unwrap();
+    let meta = std::fs::read_to_string(rec_dir.path().join("0001-request.meta.json")).unwrap();
+    let meta = meta
+        .trim_end()
+        .replacen(r#"{"format":2,"#, r#"{"format":1,"#, 1);
+    let old = format!("{},\"forkhive\":{meta}}}", &body[..body.len() - 1]);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("0001-request.json"), old).unwrap();
+    let replay = ReplayBackend::open(dir.path()).unwrap();
+    assert_eq!(replay.remaining(), ["0001-request.json"]);
+    replay.send(&sample_request()).await.unwrap();
 }
