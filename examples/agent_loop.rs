@@ -250,11 +250,11 @@ async fn run() -> Result<(), String> {
         )
         .user_context("directoryStructure", tree(&a.dir, 400))
         .tools(tools)
-        .limits(Limits {
-            max_turns: Some(8),
-            max_output_tokens: 512,
-            ..Limits::default()
-        })
+        .limits(
+            Limits::default()
+                .with_max_turns(Some(8))
+                .with_max_output_tokens(512),
+        )
         .events(Arc::new(FnSink(
             |e: forkhive::spawn::runtime::AgentEvent| print_event(&e.kind, e.turn),
         )));

@@ -199,14 +199,12 @@ async fn run(args: &Args) -> Result<String, String> {
         .map_err(|e| forkhive::core::error::chain(&e))?,
         "x".repeat(1024),
     ));
-    let config = AgentToolConfig {
-        registry: AgentRegistry::from_definitions([worker]),
-        subagent_tools: Some(
+    let config = AgentToolConfig::default()
+        .with_registry(AgentRegistry::from_definitions([worker]))
+        .with_subagent_tools(Some(
             ToolPool::new([Arc::clone(&read)]).map_err(|e| forkhive::core::error::chain(&e))?,
-        ),
-        filter: ToolFilter::none(),
-        ..AgentToolConfig::default()
-    };
+        ))
+        .with_filter(ToolFilter::none());
     let agent_tool: Arc<dyn Tool> =
         Arc::new(AgentTool::new(config).map_err(|e| forkhive::core::error::chain(&e))?);
     let mut parent = Agent::builder(model.clone());
@@ -218,20 +216,18 @@ async fn run(args: &Args) -> Result<String, String> {
         .model("scripted")
         .system_prompt(PARENT)
         .tools(ToolPool::new([agent_tool]).map_err(|e| forkhive::core::error::chain(&e))?)
-        .limits(Limits {
-            max_concurrent_tools: n,
-            max_turns: None,
-            ..Limits::default()
-        })
+        .limits(
+            Limits::default()
+                .with_max_concurrent_tools(n)
+                .with_max_turns(None),
+        )
         .build()
         .await
         .map_err(|e| forkhive::core::error::chain(&e))?;
-    let tasks = TaskConfig {
-        max_children_per_agent: n,
-        max_children_per_tree: n,
-        stall_after: None,
-        ..TaskConfig::default()
-    };
+    let tasks = TaskConfig::default()
+        .with_max_children_per_agent(n)
+        .with_max_children_per_tree(n)
+        .with_stall_after(None);
     parent
         .tree()
         .extensions()

@@ -704,15 +704,15 @@ async fn run(a: Args) -> Result<(), String> {
         }
     };
 
-    let agent_tool = AgentTool::new(AgentToolConfig {
-        fork_enabled: true,
-        child_limits: Limits {
-            max_turns: Some(6),
-            max_output_tokens: output_cap,
-            ..Limits::default()
-        },
-        ..AgentToolConfig::default()
-    })
+    let agent_tool = AgentTool::new(
+        AgentToolConfig::default()
+            .with_fork_enabled(true)
+            .with_child_limits(
+                Limits::default()
+                    .with_max_turns(Some(6))
+                    .with_max_output_tokens(output_cap),
+            ),
+    )
     .map_err(|e| forkhive::core::error::chain(&e))?;
     let tools = ToolPool::new([
         Arc::new(agent_tool) as Arc<dyn Tool>,
@@ -737,11 +737,11 @@ async fn run(a: Args) -> Result<(), String> {
         })))
         .user_context("directoryStructure", FILES.join("\n") + "\nREADME.md")
         .tools(tools)
-        .limits(Limits {
-            max_turns: Some(10),
-            max_output_tokens: output_cap,
-            ..Limits::default()
-        })
+        .limits(
+            Limits::default()
+                .with_max_turns(Some(10))
+                .with_max_output_tokens(output_cap),
+        )
         .events(Arc::new(FnSink(sink)));
     if let Some(dir) = &a.transcript_dir {
         std::fs::create_dir_all(dir)
@@ -752,10 +752,7 @@ async fn run(a: Args) -> Result<(), String> {
         .build()
         .await
         .map_err(|e| forkhive::core::error::chain(&e))?;
-    let mut tasks = TaskConfig {
-        deadline: Some(Duration::from_secs(600)),
-        ..TaskConfig::default()
-    };
+    let mut tasks = TaskConfig::default().with_deadline(Some(Duration::from_secs(600)));
     if let Some(dir) = &a.transcript_dir {
         tasks.output = Some(OutputConfig::new(dir, parent.id().to_string()));
     }

@@ -57,6 +57,25 @@
 
 #![forbid(unsafe_code)]
 
+/// Consuming setters for a configuration struct, one per public field:
+/// `with_<field>(value)` sets the field and returns the struct, so a host writes
+/// `Limits::default().with_max_turns(Some(5))` (the structs are `#[non_exhaustive]`: fields
+/// added later break no host).
+macro_rules! setters {
+    ($ty:ty { $($setter:ident => $field:ident : $fty:ty),* $(,)? }) => {
+        impl $ty {
+            $(
+                #[doc = concat!("Sets [`", stringify!($field), "`](Self::", stringify!($field), ").")]
+                #[must_use]
+                pub fn $setter(mut self, value: $fty) -> Self {
+                    self.$field = value;
+                    self
+                }
+            )*
+        }
+    };
+}
+
 pub mod agent_tool;
 mod base;
 pub mod definition;

@@ -88,10 +88,7 @@ async fn a_foreground_subagent_answers_as_the_tool_result() {
             Plan::Reply(say("3 files"))
         }
     });
-    let config = AgentToolConfig {
-        registry: worker_registry(),
-        ..AgentToolConfig::default()
-    };
+    let config = AgentToolConfig::default().with_registry(worker_registry());
     let mut p = parent(b.clone(), config, TaskConfig::default()).await;
     let run = p.run("how many files?").await;
     assert_eq!(run.stop, StopReason::Completed);
@@ -136,10 +133,7 @@ async fn a_background_subagent_notifies_exactly_once_and_the_parent_waits_for_it
             ))
         }
     });
-    let config = AgentToolConfig {
-        registry: worker_registry(),
-        ..AgentToolConfig::default()
-    };
+    let config = AgentToolConfig::default().with_registry(worker_registry());
     let mut p = parent(b, config, TaskConfig::default()).await;
     let run = p.run("scan").await;
     assert_eq!(run.stop, StopReason::Completed);
@@ -169,10 +163,7 @@ async fn a_background_subagent_notifies_exactly_once_and_the_parent_waits_for_it
 }
 
 fn fork_config() -> AgentToolConfig {
-    AgentToolConfig {
-        fork_enabled: true,
-        ..AgentToolConfig::default()
-    }
+    AgentToolConfig::default().with_fork_enabled(true)
 }
 
 #[tokio::test]
@@ -391,15 +382,10 @@ async fn limits_and_unknown_types_are_refusals_the_model_can_act_on() {
             Plan::Hang
         }
     });
-    let config = AgentToolConfig {
-        registry: worker_registry(),
-        ..AgentToolConfig::default()
-    };
-    let tasks = TaskConfig {
-        max_children_per_agent: 2,
-        deadline: Some(Duration::from_millis(200)),
-        ..TaskConfig::default()
-    };
+    let config = AgentToolConfig::default().with_registry(worker_registry());
+    let tasks = TaskConfig::default()
+        .with_max_children_per_agent(2)
+        .with_deadline(Some(Duration::from_millis(200)));
     let mut p = parent(b3, config, tasks).await;
     let _ = p.run("go").await;
     let msgs = p.params().messages().to_vec();
@@ -466,15 +452,10 @@ async fn deadlines_panics_and_cancellation_each_yield_one_notification_with_what
             })
         }
     });
-    let config = AgentToolConfig {
-        registry: worker_registry(),
-        ..AgentToolConfig::default()
-    };
-    let tasks = TaskConfig {
-        deadline: Some(Duration::from_secs(60)),
-        stall_after: Some(Duration::from_secs(10)),
-        ..TaskConfig::default()
-    };
+    let config = AgentToolConfig::default().with_registry(worker_registry());
+    let tasks = TaskConfig::default()
+        .with_deadline(Some(Duration::from_secs(60)))
+        .with_stall_after(Some(Duration::from_secs(10)));
     let tool = AgentTool::new(config).unwrap();
     let mut p = Agent::builder(b)
         .model("m")
@@ -554,26 +535,18 @@ async fn the_schema_shows_only_what_the_model_can_use() {
         ]
     );
     assert!(!keys(&fork_config()).contains(&"run_in_background".to_owned()));
-    let no_bg = AgentToolConfig {
-        background_disabled: true,
-        ..AgentToolConfig::default()
-    };
+    let no_bg = AgentToolConfig::default().with_background_disabled(true);
     assert!(!keys(&no_bg).contains(&"run_in_background".to_owned()));
-    let teams = AgentToolConfig {
-        teams_enabled: true,
-        isolation_enabled: true,
-        ..AgentToolConfig::default()
-    };
+    let teams = AgentToolConfig::default()
+        .with_teams_enabled(true)
+        .with_isolation_enabled(true);
     for k in ["name", "team_name", "mode", "isolation"] {
         assert!(keys(&teams).contains(&k.to_owned()), "{k}");
     }
     let listed = AgentTool::new(AgentToolConfig::default()).unwrap();
     assert!(listed.definition().description.contains("- Explore: "));
-    let in_messages = AgentTool::new(AgentToolConfig {
-        agent_list_in_messages: true,
-        ..AgentToolConfig::default()
-    })
-    .unwrap();
+    let in_messages =
+        AgentTool::new(AgentToolConfig::default().with_agent_list_in_messages(true)).unwrap();
     assert!(!in_messages.definition().description.contains("Explore"));
     assert!(in_messages.agent_list_message().contains("- Explore: "));
     // Adding an agent changes only the message, not the tool definition (the cache key).
@@ -582,11 +555,11 @@ async fn the_schema_shows_only_what_the_model_can_use() {
         let mut d = AgentDefinition::new("extra", "more", DefinitionSource::User);
         d.system_prompt = "x".into();
         r = AgentRegistry::from_definitions(r.list().into_iter().cloned().chain([d]));
-        AgentTool::new(AgentToolConfig {
-            registry: r,
-            agent_list_in_messages: true,
-            ..AgentToolConfig::default()
-        })
+        AgentTool::new(
+            AgentToolConfig::default()
+                .with_registry(r)
+                .with_agent_list_in_messages(true),
+        )
         .unwrap()
     };
     assert_eq!(more.definition(), in_messages.definition());
@@ -649,12 +622,10 @@ async fn fan_out(
         b,
         Duration::from_millis(40),
     )));
-    let config = AgentToolConfig {
-        fork_enabled: true,
-        fork_layout: layout,
-        warm_fanout: warm,
-        ..AgentToolConfig::default()
-    };
+    let config = AgentToolConfig::default()
+        .with_fork_enabled(true)
+        .with_fork_layout(layout)
+        .with_warm_fanout(warm);
     let tool = AgentTool::new(config).unwrap();
     let mut p = Agent::builder(sim.clone())
         .model("claude-sonnet-4-5")
@@ -822,11 +793,7 @@ async fn a_detached_parent_stops_and_a_background_child_writes_its_output_file()
         }
         Plan::Reply(say("the scan found three files"))
     });
-    let tool = AgentTool::new(AgentToolConfig {
-        registry: worker_registry(),
-        ..AgentToolConfig::default()
-    })
-    .unwrap();
+    let tool = AgentTool::new(AgentToolConfig::default().with_registry(worker_registry())).unwrap();
     let mut p = Agent::builder(b)
         .model("m")
         .system_prompt("You are the parent.")
@@ -835,10 +802,7 @@ async fn a_detached_parent_stops_and_a_background_child_writes_its_output_file()
         .build()
         .await
         .unwrap();
-    let tasks = TaskConfig {
-        output: Some(OutputConfig::new(dir.path(), "session-1")),
-        ..TaskConfig::default()
-    };
+    let tasks = TaskConfig::default().with_output(Some(OutputConfig::new(dir.path(), "session-1")));
     let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), tasks);
     p.tree().extensions().insert(Arc::clone(&service));
     let run = p.run("scan").await;
@@ -879,11 +843,7 @@ async fn a_host_sees_each_notification_once_as_it_is_queued() {
         }
     });
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let tool = AgentTool::new(AgentToolConfig {
-        registry: worker_registry(),
-        ..AgentToolConfig::default()
-    })
-    .unwrap();
+    let tool = AgentTool::new(AgentToolConfig::default().with_registry(worker_registry())).unwrap();
     let mut p = Agent::builder(b)
         .model("m")
         .system_prompt("You are the parent.")
@@ -964,12 +924,12 @@ async fn children_of_one_definition_share_one_rendered_head() {
         }
     });
     let tool = Arc::new(
-        AgentTool::new(AgentToolConfig {
-            registry: worker_registry(),
-            // The host lets children run on m2 too.
-            allowed_models: vec!["m2".into()],
-            ..AgentToolConfig::default()
-        })
+        AgentTool::new(
+            AgentToolConfig::default()
+                .with_registry(worker_registry())
+                // The host lets children run on m2 too.
+                .with_allowed_models(vec!["m2".into()]),
+        )
         .unwrap(),
     );
     let mut p = Agent::builder(b.clone())

@@ -69,12 +69,10 @@ async fn a_child_model_must_be_allowed_by_the_host() {
     let mut reviewer = AgentDefinition::new("reviewer", "reviews", DefinitionSource::Project);
     reviewer.system_prompt = "You review.".into();
     reviewer.model = Some("small".into());
-    let config = AgentToolConfig {
-        registry: AgentRegistry::from_definitions([worker, reviewer]),
+    let config = AgentToolConfig::default()
+        .with_registry(AgentRegistry::from_definitions([worker, reviewer]))
         // The caller's own model listed again is named once in a refusal.
-        allowed_models: vec!["listed".into(), "m".into()],
-        ..AgentToolConfig::default()
-    };
+        .with_allowed_models(vec!["listed".into(), "m".into()]);
     let tool = AgentTool::new(config).unwrap();
     let mut parent = Agent::builder(model)
         .model("m")
@@ -126,11 +124,7 @@ async fn a_fork_asking_for_another_model_is_refused() {
             Plan::Reply(calls(&[("f1", "Agent", &input.to_string())]))
         })
     };
-    let tool = AgentTool::new(AgentToolConfig {
-        fork_enabled: true,
-        ..AgentToolConfig::default()
-    })
-    .unwrap();
+    let tool = AgentTool::new(AgentToolConfig::default().with_fork_enabled(true)).unwrap();
     let mut parent = Agent::builder(model)
         .model("m")
         .tools(ToolPool::new([Arc::new(tool) as Arc<dyn Tool>]).unwrap())

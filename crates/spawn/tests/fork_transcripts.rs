@@ -30,11 +30,11 @@ async fn forked(dir: &std::path::Path) -> (Agent, Arc<TaskService>) {
         let input = serde_json::json!({"description": "audit", "prompt": "audit the parser"});
         Plan::Reply(calls(&[("toolu_f", "Agent", &input.to_string())]))
     });
-    let tool = AgentTool::new(AgentToolConfig {
-        fork_enabled: true,
-        warm_fanout: None,
-        ..AgentToolConfig::default()
-    })
+    let tool = AgentTool::new(
+        AgentToolConfig::default()
+            .with_fork_enabled(true)
+            .with_warm_fanout(None),
+    )
     .unwrap();
     let history: Vec<forkhive_core::Message> = (0..20)
         .flat_map(|i| {
@@ -109,11 +109,7 @@ async fn a_fork_resumes_from_its_transcript_with_its_whole_conversation() {
     let again = Arc::new(forkhive_transport::ScriptedBackend::from_replies([Ok(
         say("resumed"),
     )]));
-    let tool = AgentTool::new(AgentToolConfig {
-        fork_enabled: true,
-        ..AgentToolConfig::default()
-    })
-    .unwrap();
+    let tool = AgentTool::new(AgentToolConfig::default().with_fork_enabled(true)).unwrap();
     let builder = Agent::builder(again.clone())
         .tools(ToolPool::new([Arc::new(tool) as Arc<dyn Tool>]).unwrap());
     let (mut child, report) = Agent::resume(builder, &path).await.unwrap();

@@ -50,11 +50,9 @@ async fn a_run_reports_its_children_and_the_events_say_when_each_started() {
     });
     let mut w = AgentDefinition::new("worker", "does one job", DefinitionSource::Project);
     w.system_prompt = "You are a worker.".into();
-    let config = AgentToolConfig {
-        registry: AgentRegistry::from_definitions([w]),
-        fork_enabled: true,
-        ..AgentToolConfig::default()
-    };
+    let config = AgentToolConfig::default()
+        .with_registry(AgentRegistry::from_definitions([w]))
+        .with_fork_enabled(true);
     let broken = TestTool::new("Broken", OBJECT, true, |_, _| async {
         ToolOutput::error("the disk is full")
     });
@@ -169,10 +167,10 @@ async fn each_type_runs_to_its_own_deadline() {
         d.deadline = Some(Duration::from_secs(secs));
         d
     };
-    let mut config = AgentToolConfig {
-        registry: AgentRegistry::from_definitions([def("slow", 30), def("capped", 600)]),
-        ..AgentToolConfig::default()
-    };
+    let mut config = AgentToolConfig::default().with_registry(AgentRegistry::from_definitions([
+        def("slow", 30),
+        def("capped", 600),
+    ]));
     config
         .deadlines
         .insert("capped".into(), Duration::from_secs(10));

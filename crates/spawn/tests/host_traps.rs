@@ -94,10 +94,7 @@ async fn a_hosts_own_tool_reaches_a_background_subagent_and_missing_ones_are_rep
         }
     });
     let events = Arc::new(Events::default());
-    let config = AgentToolConfig {
-        registry: registry(),
-        ..AgentToolConfig::default()
-    };
+    let config = AgentToolConfig::default().with_registry(registry());
     let mut p = parent(b, config, Arc::clone(&events)).await;
     let run = p.run("go").await;
     assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
@@ -147,11 +144,9 @@ async fn fork_mode_sends_typed_subagents_to_the_background_too() {
         }
         Plan::Reply(say("found"))
     });
-    let config = AgentToolConfig {
-        registry: registry(),
-        fork_enabled: true,
-        ..AgentToolConfig::default()
-    };
+    let config = AgentToolConfig::default()
+        .with_registry(registry())
+        .with_fork_enabled(true);
     let schema = config.input_schema();
     assert!(schema["properties"].get("run_in_background").is_none());
     let mut p = parent(b.clone(), config, Arc::new(Events::default())).await;

@@ -163,26 +163,24 @@ fn model(cell: Cell) -> Arc<Brain> {
 fn config(cell: Cell) -> AgentToolConfig {
     let mut worker = AgentDefinition::new("worker", "does one job", DefinitionSource::Project);
     worker.system_prompt = "You are a worker.".into();
-    AgentToolConfig {
-        registry: AgentRegistry::from_definitions([worker]),
-        fork_enabled: cell.fork,
+    AgentToolConfig::default()
+        .with_registry(AgentRegistry::from_definitions([worker]))
+        .with_fork_enabled(cell.fork)
         // A fork in the foreground needs the veto: fork mode forces every spawn async.
-        background_disabled: cell.fork && !cell.background,
+        .with_background_disabled(cell.fork && !cell.background)
         // Children may spawn their own (layer 1 normally forbids it), in the background too.
-        filter: ToolFilter {
+        .with_filter(ToolFilter {
             global_disallow: Vec::new(),
             background_allow: vec!["*".into()],
             ..ToolFilter::default()
-        },
-        child_limits: Limits {
-            max_turns: (cell.end == End::Limit && !cell.fork).then_some(1),
-            token_budget: (cell.end == End::Limit && cell.fork).then_some(1),
-            ..Limits::default()
-        },
-        warm_fanout: None,
-        foreground_timeout: Duration::from_secs(10),
-        ..AgentToolConfig::default()
-    }
+        })
+        .with_child_limits(
+            Limits::default()
+                .with_max_turns((cell.end == End::Limit && !cell.fork).then_some(1))
+                .with_token_budget((cell.end == End::Limit && cell.fork).then_some(1)),
+        )
+        .with_warm_fanout(None)
+        .with_foreground_timeout(Duration::from_secs(10))
 }
 
 /// The notifications in the parent's conversation and its queue.
@@ -214,11 +212,9 @@ async fn run_cell(cell: Cell) {
         .unwrap();
     let service = TaskService::new(
         Arc::new(MemoryTaskRegistry::new()),
-        TaskConfig {
-            deadline: Some(Duration::from_secs(60)),
-            stall_after: None,
-            ..TaskConfig::default()
-        },
+        TaskConfig::default()
+            .with_deadline(Some(Duration::from_secs(60)))
+            .with_stall_after(None),
     );
     parent.tree().extensions().insert(Arc::clone(&service));
     let parent_id = *parent.id();
@@ -429,15 +425,10 @@ async fn dropping_an_agent_after_a_limit_stops_its_background_children() {
     let host = tokio_util::sync::CancellationToken::new();
     let (mut parent, service) = parent_of_workers(
         spawner(),
-        Limits {
-            max_turns: Some(1),
-            ..Limits::default()
-        },
-        TaskConfig {
-            deadline: None,
-            stall_after: None,
-            ..TaskConfig::default()
-        },
+        Limits::default().with_max_turns(Some(1)),
+        TaskConfig::default()
+            .with_deadline(None)
+            .with_stall_after(None),
         |b| b.cancellation(host.clone()),
     )
     .await;
@@ -473,15 +464,10 @@ async fn dropping_an_agent_after_a_limit_stops_its_background_children() {
 async fn an_agent_built_to_keep_its_children_leaves_them_running() {
     let (mut parent, service) = parent_of_workers(
         spawner(),
-        Limits {
-            max_turns: Some(1),
-            ..Limits::default()
-        },
-        TaskConfig {
-            deadline: None,
-            stall_after: None,
-            ..TaskConfig::default()
-        },
+        Limits::default().with_max_turns(Some(1)),
+        TaskConfig::default()
+            .with_deadline(None)
+            .with_stall_after(None),
         |b| b.cancel_children_on_drop(false),
     )
     .await;
@@ -510,22 +496,17 @@ async fn a_child_waiting_for_its_children_at_its_deadline_keeps_its_stop_record(
     let dir = tempfile::tempdir().unwrap();
     let service = TaskService::new(
         Arc::new(MemoryTaskRegistry::new()),
-        TaskConfig {
-            deadline: Some(Duration::from_secs(1)),
-            stall_after: None,
-            kill_grace: Duration::from_secs(2),
-            ..TaskConfig::default()
-        },
+        TaskConfig::default()
+            .with_deadline(Some(Duration::from_secs(1)))
+            .with_stall_after(None)
+            .with_kill_grace(Duration::from_secs(2)),
     );
     let own_queue = PendingQueue::new();
     let child = Agent::builder(brain(|_| Plan::Hang))
         .model("m")
         .transcript_dir(dir.path())
         .pending(own_queue.clone())
-        .limits(Limits {
-            cancel_grace: Duration::from_secs(5),
-            ..Limits::default()
-        })
+        .limits(Limits::default().with_cancel_grace(Duration::from_secs(5)))
         .build()
         .await
         .unwrap();
@@ -572,12 +553,10 @@ async fn a_child_dropped_past_its_grace_gets_its_stop_record_from_its_owner() {
     let dir = tempfile::tempdir().unwrap();
     let service = TaskService::new(
         Arc::new(MemoryTaskRegistry::new()),
-        TaskConfig {
-            deadline: Some(Duration::from_secs(1)),
-            stall_after: None,
-            kill_grace: Duration::from_secs(1),
-            ..TaskConfig::default()
-        },
+        TaskConfig::default()
+            .with_deadline(Some(Duration::from_secs(1)))
+            .with_stall_after(None)
+            .with_kill_grace(Duration::from_secs(1)),
     );
     let child = Agent::builder(brain(|_| Plan::Hang))
         .model("m")
@@ -628,11 +607,9 @@ async fn concurrent_wait_idle_callers_all_return() {
     for round in 0..20 {
         let service = TaskService::new(
             Arc::new(MemoryTaskRegistry::new()),
-            TaskConfig {
-                deadline: None,
-                stall_after: None,
-                ..TaskConfig::default()
-            },
+            TaskConfig::default()
+                .with_deadline(None)
+                .with_stall_after(None),
         );
         let parent = forkhive_core::TaskId::generate(forkhive_core::TaskKind::Agent);
         let queue = PendingQueue::new();
@@ -688,11 +665,9 @@ async fn sequential_children_through_the_service_keep_the_registry_flat() {
     }));
     let service = TaskService::new(
         Arc::clone(&registry) as _,
-        TaskConfig {
-            deadline: None,
-            stall_after: None,
-            ..TaskConfig::default()
-        },
+        TaskConfig::default()
+            .with_deadline(None)
+            .with_stall_after(None),
     );
     let root = AgentContext::main();
     let parent = *root.id();
@@ -735,12 +710,10 @@ async fn sequential_children_through_the_service_keep_the_registry_flat() {
 }
 
 fn no_deadline() -> TaskConfig {
-    TaskConfig {
-        deadline: None,
-        stall_after: None,
-        kill_grace: Duration::from_secs(1),
-        ..TaskConfig::default()
-    }
+    TaskConfig::default()
+        .with_deadline(None)
+        .with_stall_after(None)
+        .with_kill_grace(Duration::from_secs(1))
 }
 
 /// `TaskService::cancel` on a child that ignores its token (no deadline to save it): the owner

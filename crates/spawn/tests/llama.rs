@@ -117,11 +117,11 @@ async fn a_three_turn_loop_reads_each_previous_turn_from_the_servers_cache() {
             .model("smollm2")
             .system_prompt(format!("Session {nonce} {wire}. {}.", guide.join(" ")))
             .tools(tools)
-            .limits(Limits {
-                max_turns: Some(3),
-                max_output_tokens: 8,
-                ..Limits::default()
-            })
+            .limits(
+                Limits::default()
+                    .with_max_turns(Some(3))
+                    .with_max_output_tokens(8),
+            )
             .build()
             .await
             .unwrap();
@@ -245,25 +245,25 @@ async fn a_fork_fan_out_reads_the_shared_prefix_from_the_servers_cache() {
         usage: Mutex::new(Vec::new()),
         children_done: tokio::sync::Semaphore::new(0),
     });
-    let tool = AgentTool::new(AgentToolConfig {
-        fork_enabled: true,
-        child_limits: Limits {
-            max_turns: Some(1),
-            max_output_tokens: 8,
-            ..Limits::default()
-        },
-        ..AgentToolConfig::default()
-    })
+    let tool = AgentTool::new(
+        AgentToolConfig::default()
+            .with_fork_enabled(true)
+            .with_child_limits(
+                Limits::default()
+                    .with_max_turns(Some(1))
+                    .with_max_output_tokens(8),
+            ),
+    )
     .unwrap();
     let mut parent = Agent::builder(router.clone())
         .model("smollm2")
         .system_prompt(format!("Session {nonce}. {}.", guide.join(" ")))
         .tools(ToolPool::new([Arc::new(tool) as Arc<dyn Tool>]).unwrap())
-        .limits(Limits {
-            max_turns: Some(6),
-            max_output_tokens: 8,
-            ..Limits::default()
-        })
+        .limits(
+            Limits::default()
+                .with_max_turns(Some(6))
+                .with_max_output_tokens(8),
+        )
         .build()
         .await
         .unwrap();

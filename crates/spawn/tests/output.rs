@@ -72,11 +72,9 @@ async fn stream_ten_megabytes() {
     let dir = tempfile::tempdir().unwrap();
     let service = TaskService::new(
         Arc::new(MemoryTaskRegistry::new()),
-        TaskConfig {
-            deadline: None,
-            stall_after: None,
-            ..TaskConfig::default()
-        },
+        TaskConfig::default()
+            .with_deadline(None)
+            .with_stall_after(None),
     );
     let root = AgentContext::main();
     let id = TaskId::generate(TaskKind::Agent);

@@ -61,12 +61,12 @@ async fn parent_with(
         .model("m")
         .system_prompt("You are the parent.")
         .tools(ToolPool::new([Arc::new(tool) as Arc<dyn Tool>]).unwrap())
-        .limits(Limits {
-            max_concurrent_tools: 64,
-            // Notifications arrive in batches, each starting a turn.
-            max_turns: None,
-            ..Limits::default()
-        })
+        .limits(
+            Limits::default()
+                .with_max_concurrent_tools(64)
+                // Notifications arrive in batches, each starting a turn.
+                .with_max_turns(None),
+        )
         .build()
         .await
         .unwrap();
@@ -120,17 +120,12 @@ async fn ten_thousand_children_each_notify_exactly_once_whatever_happens() {
             Plan::Reply(say(&format!("done with {text}")))
         }
     });
-    let tasks = TaskConfig {
-        deadline: Some(Duration::from_secs(600)),
-        stall_after: None,
-        max_children_per_agent: N,
-        max_children_per_tree: N,
-        ..TaskConfig::default()
-    };
-    let config = AgentToolConfig {
-        registry: worker_registry(),
-        ..AgentToolConfig::default()
-    };
+    let tasks = TaskConfig::default()
+        .with_deadline(Some(Duration::from_secs(600)))
+        .with_stall_after(None)
+        .with_max_children_per_agent(N)
+        .with_max_children_per_tree(N);
+    let config = AgentToolConfig::default().with_registry(worker_registry());
     let (mut parent, service) = parent_with(b, config, tasks).await;
     service_slot.set(Arc::clone(&service)).unwrap();
     let run = parent.run("fan out").await;
@@ -206,33 +201,21 @@ async fn cancelling_a_parent_stops_a_hundred_descendants_each_with_a_notificatio
             Plan::Hang
         }
     });
-    let tasks = TaskConfig {
-        deadline: None,
-        stall_after: None,
-        max_children_per_agent: 10,
-        max_children_per_tree: 200,
-        ..TaskConfig::default()
-    };
-    let config = AgentToolConfig {
-        registry: worker_registry(),
-        // Let sub-agents spawn their own children (layer 1 normally forbids it).
-        filter: ToolFilter {
+    let tasks = TaskConfig::default()
+        .with_deadline(None)
+        .with_stall_after(None)
+        .with_max_children_per_agent(10)
+        .with_max_children_per_tree(200);
+    let config = AgentToolConfig::default()
+        .with_registry(worker_registry())
+        // Let sub-agents spawn their own children (layer 1 normally forbids it), in the
+        // background too.
+        .with_filter(ToolFilter {
             global_disallow: Vec::new(),
-            ..ToolFilter::default()
-        },
-        child_limits: Limits {
-            max_concurrent_tools: 64,
-            ..Limits::default()
-        },
-        ..AgentToolConfig::default()
-    };
-    let config = AgentToolConfig {
-        filter: ToolFilter {
             background_allow: vec!["*".into()],
-            ..config.filter.clone()
-        },
-        ..config
-    };
+            ..ToolFilter::default()
+        })
+        .with_child_limits(Limits::default().with_max_concurrent_tools(64));
     let (mut parent, service) = parent_with(b, config, tasks).await;
     let token = parent.cancellation().clone();
     let runner = tokio::spawn(async move {
@@ -316,7 +299,7 @@ proptest! {
                 let i: usize = last_user_text(r).trim_start_matches("child ").parse().unwrap();
                 Plan::Reply(say(&outs[i]))
             });
-            let config = AgentToolConfig { registry: worker_registry(), ..AgentToolConfig::default() };
+            let config = AgentToolConfig::default().with_registry(worker_registry());
             let (mut parent, _) = parent_with(b, config, TaskConfig::default()).await;
             let _ = parent.run("go").await;
             notifications(&parent.params().messages().to_vec())
@@ -344,12 +327,10 @@ async fn a_child_dropped_past_its_grace_is_notified_even_if_dropping_it_panics()
     use forkhive_spawn::task::{FirstInput, Gate, Launch, Progress};
     let service = TaskService::new(
         Arc::new(MemoryTaskRegistry::new()),
-        TaskConfig {
-            deadline: Some(Duration::from_secs(1)),
-            kill_grace: Duration::from_secs(1),
-            stall_after: None,
-            ..TaskConfig::default()
-        },
+        TaskConfig::default()
+            .with_deadline(Some(Duration::from_secs(1)))
+            .with_kill_grace(Duration::from_secs(1))
+            .with_stall_after(None),
     );
     let parent = forkhive_core::TaskId::generate(forkhive_core::TaskKind::Agent);
     let child = Agent::builder(brain(|_| Plan::Reply(say("never asked"))))

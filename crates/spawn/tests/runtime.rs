@@ -106,10 +106,7 @@ async fn concurrency_is_bounded() {
         Ok(calls(&refs)),
         Ok(say("ok")),
     ]));
-    let limits = Limits {
-        max_concurrent_tools: 4,
-        ..Limits::default()
-    };
+    let limits = Limits::default().with_max_concurrent_tools(4);
     let mut agent = agent_with(backend, vec![tool.arc()], limits).await;
     assert_eq!(agent.run("go").await.stop, StopReason::Completed);
     assert_eq!(peak.load(Ordering::SeqCst), 4);
@@ -146,10 +143,7 @@ async fn nothing_a_tool_or_the_model_does_crashes_the_loop() {
         ])),
         Ok(say("recovered")),
     ]));
-    let limits = Limits {
-        tool_timeout: Duration::from_secs(1),
-        ..Limits::default()
-    };
+    let limits = Limits::default().with_tool_timeout(Duration::from_secs(1));
     let tools = vec![strict.arc(), fails.arc(), boom.arc(), slow.arc()];
     let mut agent = agent_with(backend.clone(), tools, limits).await;
     let run = agent.run("go").await;
@@ -193,10 +187,7 @@ async fn a_tool_timeout_too_long_to_represent_is_no_panic() {
         Ok(calls(&[("t1", "Quick", "{}")])),
         Ok(say("done")),
     ]));
-    let limits = Limits {
-        tool_timeout: Duration::MAX,
-        ..Limits::default()
-    };
+    let limits = Limits::default().with_tool_timeout(Duration::MAX);
     let quick = TestTool::sleeper("Quick", true, 1);
     let mut agent = agent_with(backend.clone(), vec![quick.arc()], limits).await;
     let run = agent.run("go").await;
@@ -229,10 +220,7 @@ async fn a_tool_is_timed_from_when_it_runs_not_from_a_slow_permission_decision()
         .model("claude-sonnet-4-5")
         .tools(ToolPool::new([TestTool::sleeper("Quick", true, 1_000).arc()]).unwrap())
         .policy(Arc::new(SlowApprover))
-        .limits(Limits {
-            tool_timeout: Duration::from_secs(120),
-            ..Limits::default()
-        })
+        .limits(Limits::default().with_tool_timeout(Duration::from_secs(120)))
         .build()
         .await
         .unwrap();
@@ -317,10 +305,7 @@ fn looping_backend() -> Arc<ScriptedBackend> {
 #[tokio::test(start_paused = true)]
 async fn max_turns_is_a_stop_reason_not_an_error() {
     let backend = looping_backend();
-    let limits = Limits {
-        max_turns: Some(3),
-        ..Limits::default()
-    };
+    let limits = Limits::default().with_max_turns(Some(3));
     let mut agent = agent_with(
         backend.clone(),
         vec![TestTool::sleeper("Look", true, 1).arc()],
@@ -341,10 +326,7 @@ async fn max_turns_is_a_stop_reason_not_an_error() {
 #[tokio::test(start_paused = true)]
 async fn a_token_budget_stops_the_run() {
     let backend = looping_backend();
-    let limits = Limits {
-        token_budget: Some(40),
-        ..Limits::default()
-    };
+    let limits = Limits::default().with_token_budget(Some(40));
     let mut agent = agent_with(
         backend,
         vec![TestTool::sleeper("Look", true, 1).arc()],
@@ -542,10 +524,7 @@ async fn cancellation_stops_a_model_request_and_a_tool_round() {
     let mut agent = agent_with(
         backend,
         vec![quick.arc(), wait.arc()],
-        Limits {
-            tool_timeout: Duration::from_secs(7200),
-            ..Limits::default()
-        },
+        Limits::default().with_tool_timeout(Duration::from_secs(7200)),
     )
     .await;
     let token = agent.cancellation().clone();
@@ -578,10 +557,7 @@ async fn cancellation_answers_a_lone_call_that_had_not_finished() {
         let backend = Arc::new(ScriptedBackend::from_replies([Ok(calls(&script))]));
         let quick = TestTool::sleeper("Quick", true, 1);
         let wait = TestTool::sleeper("Wait", false, 3_600_000);
-        let limits = Limits {
-            tool_timeout: Duration::from_secs(7200),
-            ..Limits::default()
-        };
+        let limits = Limits::default().with_tool_timeout(Duration::from_secs(7200));
         let mut agent = agent_with(backend, vec![quick.arc(), wait.arc()], limits).await;
         let token = agent.cancellation().clone();
         tokio::spawn(async move {
@@ -998,10 +974,7 @@ async fn limits_on_continuations_and_resends_count_in_a_row() {
     let backend = Arc::new(ScriptedBackend::from_replies(
         (0..3).map(|_| Ok(answer("p", ModelStop::PauseTurn))),
     ));
-    let limits = Limits {
-        max_pause_resends: 2,
-        ..Limits::default()
-    };
+    let limits = Limits::default().with_max_pause_resends(2);
     let mut agent = agent_with(backend, vec![], limits).await;
     let run = agent.run("x").await;
     assert_eq!(run.stop, StopReason::PauseLimit { resends: 2 });

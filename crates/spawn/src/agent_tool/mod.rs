@@ -66,8 +66,11 @@ pub fn should_run_async(i: AsyncInputs) -> bool {
         && !i.background_disabled
 }
 
-/// How the Agent tool behaves. Hosts set what their product enables.
+/// How the Agent tool behaves. Hosts set what their product enables, from
+/// [`AgentToolConfig::default`] with the `with_*` setters:
+/// `AgentToolConfig::default().with_registry(registry).with_fork_enabled(true)`.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct AgentToolConfig {
     /// The agent definitions subagents come from.
     pub registry: AgentRegistry,
@@ -118,6 +121,29 @@ pub struct AgentToolConfig {
     /// reported `killed`, foreground or background.
     pub deadlines: std::collections::BTreeMap<String, Duration>,
 }
+
+setters!(AgentToolConfig {
+    with_registry => registry: AgentRegistry,
+    with_fork_enabled => fork_enabled: bool,
+    with_coordinator_mode => coordinator_mode: bool,
+    with_non_interactive => non_interactive: bool,
+    with_background_disabled => background_disabled: bool,
+    with_teams_enabled => teams_enabled: bool,
+    with_isolation_enabled => isolation_enabled: bool,
+    with_assistant_force_async => assistant_force_async: bool,
+    with_proactive_active => proactive_active: bool,
+    with_agent_list_in_messages => agent_list_in_messages: bool,
+    with_max_depth => max_depth: u32,
+    with_fork_layout => fork_layout: ForkLayout,
+    with_warm_fanout => warm_fanout: Option<Duration>,
+    with_filter => filter: ToolFilter,
+    with_subagent_tools => subagent_tools: Option<ToolPool>,
+    with_subagent_user_context => subagent_user_context: Vec<(String, String)>,
+    with_child_limits => child_limits: Limits,
+    with_foreground_timeout => foreground_timeout: Duration,
+    with_allowed_models => allowed_models: Vec<String>,
+    with_deadlines => deadlines: std::collections::BTreeMap<String, Duration>,
+});
 
 impl Default for AgentToolConfig {
     fn default() -> Self {

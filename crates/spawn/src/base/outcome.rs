@@ -97,8 +97,10 @@ impl StopReason {
     }
 }
 
-/// When a run must stop, and how its tool rounds behave.
+/// When a run must stop, and how its tool rounds behave. Build it from
+/// [`Limits::default`] with the `with_*` setters.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Limits {
     /// Most model turns per [`run`](crate::runtime::Agent::run) (`None`: no limit).
     pub max_turns: Option<u32>,
@@ -123,6 +125,18 @@ pub struct Limits {
     /// others before starting the turn (zero: start at once).
     pub notification_window: Duration,
 }
+
+setters!(Limits {
+    with_max_turns => max_turns: Option<u32>,
+    with_token_budget => token_budget: Option<u64>,
+    with_max_output_tokens => max_output_tokens: u32,
+    with_max_continuations => max_continuations: u32,
+    with_max_pause_resends => max_pause_resends: u32,
+    with_max_concurrent_tools => max_concurrent_tools: usize,
+    with_tool_timeout => tool_timeout: Duration,
+    with_cancel_grace => cancel_grace: Duration,
+    with_notification_window => notification_window: Duration,
+});
 
 impl Default for Limits {
     fn default() -> Self {

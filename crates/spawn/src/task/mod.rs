@@ -46,8 +46,10 @@ pub use output::{OutputConfig, OutputFile};
 use registry::IdMap;
 pub use registry::{MemoryTaskRegistry, Retention, TaskRecord, TaskRegistry, TaskState};
 
-/// How background children are supervised.
+/// How background children are supervised. Build it from [`TaskConfig::default`] with the
+/// `with_*` setters.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct TaskConfig {
     /// How long a background child may run before it is cancelled and reported `killed`
     /// (`None`: no deadline). A foreground child is bounded by its tool call's timeout
@@ -66,6 +68,15 @@ pub struct TaskConfig {
     /// Most live children in the whole tree.
     pub max_children_per_tree: usize,
 }
+
+setters!(TaskConfig {
+    with_deadline => deadline: Option<Duration>,
+    with_stall_after => stall_after: Option<Duration>,
+    with_kill_grace => kill_grace: Duration,
+    with_output => output: Option<OutputConfig>,
+    with_max_children_per_agent => max_children_per_agent: usize,
+    with_max_children_per_tree => max_children_per_tree: usize,
+});
 
 impl Default for TaskConfig {
     fn default() -> Self {
