@@ -22,7 +22,7 @@ use forkhive::spawn::runtime::{Agent, EventKind, FnSink, Limits};
 use forkhive::spawn::tool::{ListDir, ReadFile, ToolPool};
 use forkhive::transport::http::{HttpBackend, HttpConfig};
 use forkhive::transport::simulator::PromptCacheSimulator;
-use forkhive::transport::{Backend, Request, Response, ScriptedBackend, StopReason};
+use forkhive::transport::{Backend, ModelStop, Request, Response, ScriptedBackend};
 
 /// One agent with `Read` and `LS` over a directory, its turns and tool calls printed live.
 #[derive(clap::Parser)]
@@ -71,7 +71,7 @@ fn scripted_model(request: &Request) -> forkhive::transport::Result<Response> {
             ContentBlock::text(format!("Calling {name}.")),
             ContentBlock::tool_use(id, name, RawJson::from_value(&input)),
         ]),
-        stop_reason: Some(StopReason::ToolUse),
+        stop_reason: Some(ModelStop::ToolUse),
         usage: Usage {
             output_tokens: 20,
             ..Usage::default()

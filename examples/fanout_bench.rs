@@ -26,7 +26,7 @@ use forkhive::spawn::runtime::{Agent, Limits, StopReason};
 use forkhive::spawn::task::{MemoryTaskRegistry, TaskConfig, TaskService};
 use forkhive::spawn::tool::{Tool, ToolContext, ToolFilter, ToolOutput, ToolPool};
 use forkhive::transport::request::events_for;
-use forkhive::transport::{Backend, EventStream, Request, Response, StopReason as ModelStop};
+use forkhive::transport::{Backend, EventStream, ModelStop, Request, Response};
 
 const PARENT: &str = "You are the parent. Split the work.";
 

@@ -45,8 +45,8 @@ use forkhive::transport::recording::RecordingBackend;
 use forkhive::transport::request::events_for;
 use forkhive::transport::simulator::{PromptCacheSimulator, estimate_tokens};
 use forkhive::transport::{
-    AnthropicCodec, Backend, Codec, EventStream, OpenAiCodec, Request, Response, ScriptedBackend,
-    StopReason as ModelStop,
+    AnthropicCodec, Backend, Codec, EventStream, ModelStop, OpenAiCodec, Request, Response,
+    ScriptedBackend,
 };
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 

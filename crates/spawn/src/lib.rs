@@ -23,7 +23,7 @@
 //! use forkhive_core::{ContentBlock, Message, RawJson, Usage};
 //! use forkhive_spawn::runtime::{Agent, StopReason};
 //! use forkhive_spawn::tool::{ListDir, ToolPool};
-//! use forkhive_transport::{Response, ScriptedBackend, StopReason as ModelStop};
+//! use forkhive_transport::{Response, ScriptedBackend, ModelStop};
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 //! let dir = tempfile::tempdir()?;
 //! std::fs::write(dir.path().join("README.md"), "hello")?;

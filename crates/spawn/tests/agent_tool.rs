@@ -445,7 +445,7 @@ async fn deadlines_panics_and_cancellation_each_yield_one_notification_with_what
                         forkhive_core::RawJson::parse("{}").unwrap(),
                     ),
                 ]),
-                stop_reason: Some(forkhive_transport::StopReason::ToolUse),
+                stop_reason: Some(forkhive_transport::ModelStop::ToolUse),
                 usage: usage(1, 1),
                 id: None,
                 model: None,

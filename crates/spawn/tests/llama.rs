@@ -18,10 +18,10 @@ use forkhive_core::{ContentBlock, Message, RawJson, Usage};
 use forkhive_spawn::runtime::{Agent, Limits, StopReason};
 use forkhive_spawn::tool::{ListDir, ReadFile, ToolPool};
 #[allow(unused_imports)]
-use forkhive_transport::StopReason as _;
+use forkhive_transport::ModelStop as _;
 use forkhive_transport::http::{HttpBackend, HttpConfig};
 use forkhive_transport::request::events_for;
-use forkhive_transport::{Backend, EventStream, Request, Response, StopReason as ModelStop};
+use forkhive_transport::{Backend, EventStream, ModelStop, Request, Response};
 
 fn server(test: &str) -> Option<String> {
     match std::env::var("FORKHIVE_LLAMA_URL") {

@@ -18,8 +18,8 @@ use forkhive_spawn::tool::{
     PermissionDecision, PermissionPolicy, PermissionRequest, Tool, ToolOutput, ToolPool,
 };
 use forkhive_transport::{
-    Backend, BlockStart, Error as TransportError, EventStream, PartialUsage, Request, Response,
-    ScriptedBackend, StopReason as ModelStop, StreamEvent,
+    Backend, BlockStart, Error as TransportError, EventStream, ModelStop, PartialUsage, Request,
+    Response, ScriptedBackend, StreamEvent,
 };
 use support::*;
 

@@ -53,7 +53,7 @@ use crate::backend::{Backend, EventStream};
 use crate::codec::{Codec, push_json};
 use crate::error::{Error, Result};
 use crate::request::{
-    BlockStart, Request, RequestSettings, Response, ResponseBuilder, StopReason, StreamEvent,
+    BlockStart, ModelStop, Request, RequestSettings, Response, ResponseBuilder, StreamEvent,
     ToolChoice,
 };
 
@@ -517,7 +517,7 @@ impl ResponseRecord {
     pub(crate) fn to_response(&self) -> Response {
         Response {
             message: self.message.clone(),
-            stop_reason: self.stop_reason.as_deref().map(StopReason::from_anthropic),
+            stop_reason: self.stop_reason.as_deref().map(ModelStop::from_anthropic),
             usage: self.usage,
             id: self.id.clone(),
             model: self.model.clone(),

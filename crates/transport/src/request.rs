@@ -168,7 +168,7 @@ impl Request {
 /// Why the model stopped.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum StopReason {
+pub enum ModelStop {
     /// It finished its turn.
     EndTurn,
     /// It hit `max_tokens`.
@@ -185,46 +185,46 @@ pub enum StopReason {
     Other(String),
 }
 
-impl StopReason {
+impl ModelStop {
     /// From Anthropic's spelling.
     pub fn from_anthropic(s: &str) -> Self {
         match s {
-            "end_turn" => StopReason::EndTurn,
-            "max_tokens" => StopReason::MaxTokens,
-            "stop_sequence" => StopReason::StopSequence,
-            "tool_use" => StopReason::ToolUse,
-            "pause_turn" => StopReason::PauseTurn,
-            "refusal" => StopReason::Refusal,
-            other => StopReason::Other(other.to_owned()),
+            "end_turn" => ModelStop::EndTurn,
+            "max_tokens" => ModelStop::MaxTokens,
+            "stop_sequence" => ModelStop::StopSequence,
+            "tool_use" => ModelStop::ToolUse,
+            "pause_turn" => ModelStop::PauseTurn,
+            "refusal" => ModelStop::Refusal,
+            other => ModelStop::Other(other.to_owned()),
         }
     }
 
     /// From OpenAI's `finish_reason`.
     pub fn from_openai(s: &str) -> Self {
         match s {
-            "stop" => StopReason::EndTurn,
-            "length" => StopReason::MaxTokens,
-            "tool_calls" | "function_call" => StopReason::ToolUse,
-            "content_filter" => StopReason::Refusal,
-            other => StopReason::Other(other.to_owned()),
+            "stop" => ModelStop::EndTurn,
+            "length" => ModelStop::MaxTokens,
+            "tool_calls" | "function_call" => ModelStop::ToolUse,
+            "content_filter" => ModelStop::Refusal,
+            other => ModelStop::Other(other.to_owned()),
         }
     }
 
     /// Anthropic's spelling.
     pub fn as_str(&self) -> &str {
         match self {
-            StopReason::EndTurn => "end_turn",
-            StopReason::MaxTokens => "max_tokens",
-            StopReason::StopSequence => "stop_sequence",
-            StopReason::ToolUse => "tool_use",
-            StopReason::PauseTurn => "pause_turn",
-            StopReason::Refusal => "refusal",
-            StopReason::Other(s) => s,
+            ModelStop::EndTurn => "end_turn",
+            ModelStop::MaxTokens => "max_tokens",
+            ModelStop::StopSequence => "stop_sequence",
+            ModelStop::ToolUse => "tool_use",
+            ModelStop::PauseTurn => "pause_turn",
+            ModelStop::Refusal => "refusal",
+            ModelStop::Other(s) => s,
         }
     }
 }
 
-impl fmt::Display for StopReason {
+impl fmt::Display for ModelStop {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
@@ -236,7 +236,7 @@ pub struct Response {
     /// The assistant message.
     pub message: Message,
     /// Why the model stopped, if the provider said.
-    pub stop_reason: Option<StopReason>,
+    pub stop_reason: Option<ModelStop>,
     /// Token counts exactly as the provider reported them.
     pub usage: Usage,
     /// The provider's id for the answer, if any.
@@ -250,7 +250,7 @@ impl Response {
     pub fn text(text: impl Into<String>, usage: Usage) -> Self {
         Self {
             message: Message::assistant_text(text),
-            stop_reason: Some(StopReason::EndTurn),
+            stop_reason: Some(ModelStop::EndTurn),
             usage,
             id: None,
             model: None,
@@ -309,7 +309,7 @@ impl Response {
             .collect();
         Self {
             message: Message::assistant(content),
-            stop_reason: Some(StopReason::ToolUse),
+            stop_reason: Some(ModelStop::ToolUse),
             usage: Usage {
                 output_tokens: crate::simulator::estimate_tokens(bytes),
                 ..Usage::default()
@@ -449,7 +449,7 @@ pub enum StreamEvent {
     /// The answer's end state and cumulative usage.
     MessageDelta {
         /// Why the model stopped.
-        stop_reason: Option<StopReason>,
+        stop_reason: Option<ModelStop>,
         /// Usage fields reported here (cumulative).
         usage: PartialUsage,
     },
@@ -487,7 +487,7 @@ pub struct ResponseBuilder {
     /// Indexes of the blocks whose `BlockStop` arrived.
     closed: std::collections::BTreeSet<usize>,
     usage: Usage,
-    stop_reason: Option<StopReason>,
+    stop_reason: Option<ModelStop>,
     id: Option<String>,
     model: Option<String>,
     started: bool,
@@ -641,7 +641,7 @@ impl ResponseBuilder {
             });
         }
         let mut cut = Vec::new();
-        if self.stop_reason == Some(StopReason::MaxTokens) {
+        if self.stop_reason == Some(ModelStop::MaxTokens) {
             for (index, b) in &mut self.blocks {
                 if let Building::ToolUse { id, json, .. } = b {
                     let unfinished = !self.closed.contains(index);
@@ -813,7 +813,7 @@ mod tests {
         ]);
         let r = Response {
             message,
-            stop_reason: Some(StopReason::ToolUse),
+            stop_reason: Some(ModelStop::ToolUse),
             usage: Usage {
                 input_tokens: 10,
                 output_tokens: 7,
@@ -877,7 +877,7 @@ mod tests {
     fn text_is_streamed_in_pieces_of_whole_characters() {
         let r = Response {
             message: Message::assistant(vec![ContentBlock::text("héllo wörld, ☃☃")]),
-            stop_reason: Some(StopReason::EndTurn),
+            stop_reason: Some(ModelStop::EndTurn),
             usage: Usage::default(),
             id: None,
             model: None,
@@ -983,7 +983,7 @@ mod tests {
                 partial_json: "{\"path\":\"src/ma".into(),
             },
             StreamEvent::MessageDelta {
-                stop_reason: Some(StopReason::MaxTokens),
+                stop_reason: Some(ModelStop::MaxTokens),
                 usage: PartialUsage::default(),
             },
             StreamEvent::MessageStop,
@@ -1009,7 +1009,7 @@ mod tests {
             index,
             partial_json: j.into(),
         };
-        let fold = |stop: StopReason, events: Vec<StreamEvent>| {
+        let fold = |stop: ModelStop, events: Vec<StreamEvent>| {
             let mut b = ResponseBuilder::new();
             for e in events.iter().chain([
                 &StreamEvent::MessageDelta {
@@ -1036,12 +1036,12 @@ mod tests {
             // A stop for a block that never started does not close anything.
             StreamEvent::BlockStop { index: 9 },
         ];
-        let (r, cut) = fold(StopReason::MaxTokens, events.clone());
+        let (r, cut) = fold(ModelStop::MaxTokens, events.clone());
         assert_eq!(cut, ["no_input", "parses"]);
         let inputs: Vec<&str> = r.message.tool_uses().map(|(_, _, i)| i.as_str()).collect();
         assert_eq!(inputs, ["{\"a\":1}", "{}", "{}", "{}"]);
         // Without max_tokens, a missing stop is not a cut.
-        let (_, cut) = fold(StopReason::ToolUse, events);
+        let (_, cut) = fold(ModelStop::ToolUse, events);
         assert!(cut.is_empty());
     }
 
@@ -1056,9 +1056,9 @@ mod tests {
             "refusal",
             "x",
         ] {
-            assert_eq!(StopReason::from_anthropic(s).as_str(), s);
+            assert_eq!(ModelStop::from_anthropic(s).as_str(), s);
         }
-        assert_eq!(StopReason::from_openai("length"), StopReason::MaxTokens);
-        assert_eq!(StopReason::from_openai("tool_calls"), StopReason::ToolUse);
+        assert_eq!(ModelStop::from_openai("length"), ModelStop::MaxTokens);
+        assert_eq!(ModelStop::from_openai("tool_calls"), ModelStop::ToolUse);
     }
 }

@@ -11,7 +11,7 @@ use forkhive_core::Usage;
 use forkhive_transport::conformance::{check_error, check_round_trip, sample_request};
 use forkhive_transport::http::{HttpBackend, HttpConfig, RetryPolicy};
 use forkhive_transport::{
-    AnthropicCodec, Backend, BackendExt, Codec, Error, OpenAiCodec, StopReason,
+    AnthropicCodec, Backend, BackendExt, Codec, Error, ModelStop, OpenAiCodec,
 };
 use support::{Reply, serve};
 
@@ -103,7 +103,7 @@ async fn anthropic_sends_the_codec_bytes_with_its_headers() {
     let request = sample_request();
     let r = backend.send(&request).await.unwrap();
     assert_eq!(r.message.text(), "Hello!");
-    assert_eq!(r.stop_reason, Some(StopReason::EndTurn));
+    assert_eq!(r.stop_reason, Some(ModelStop::EndTurn));
     assert_eq!(
         r.usage,
         Usage {

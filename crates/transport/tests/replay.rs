@@ -11,8 +11,8 @@ use forkhive_transport::recording::RecordingBackend;
 use forkhive_transport::replay::ReplayBackend;
 use forkhive_transport::request::events_for;
 use forkhive_transport::{
-    AnthropicCodec, Backend, BackendExt, BlockStart, EventStream, OpenAiCodec, PartialUsage,
-    Request, Response, ResponseBuilder, ScriptedBackend, StopReason, StreamEvent,
+    AnthropicCodec, Backend, BackendExt, BlockStart, EventStream, ModelStop, OpenAiCodec,
+    PartialUsage, Request, Response, ResponseBuilder, ScriptedBackend, StreamEvent,
 };
 use forkhive_transport::{Error, Result};
 use futures::StreamExt;
@@ -561,7 +561,7 @@ fn cut_off_events() -> Vec<StreamEvent> {
             partial_json: r#"{"path":"src/ma"#.into(),
         },
         StreamEvent::MessageDelta {
-            stop_reason: Some(StopReason::MaxTokens),
+            stop_reason: Some(ModelStop::MaxTokens),
             usage: PartialUsage {
                 output_tokens: Some(16),
                 ..PartialUsage::default()

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use forkhive_core::{CacheBreak, CacheSafeParams, TaskId, TaskStatus, Usage};
-use forkhive_transport::StopReason as ModelStop;
+use forkhive_transport::ModelStop;
 
 use crate::base::outcome::StopReason;
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use forkhive_core::{CacheSafeParams, Digest, MessageList, TaskStatus, Usage};
-use forkhive_transport::StopReason as ModelStop;
+use forkhive_transport::ModelStop;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;

@@ -11,7 +11,7 @@ use forkhive_core::{ContentBlock, Message, RawJson, ToolDefinition, ToolResultCo
 use forkhive_spawn::runtime::{AgentEvent, EventSink};
 use forkhive_spawn::tool::{Tool, ToolContext, ToolOutput};
 use forkhive_transport::request::events_for;
-use forkhive_transport::{Backend, EventStream, Request, Response, StopReason};
+use forkhive_transport::{Backend, EventStream, ModelStop, Request, Response};
 
 pub(crate) const OBJECT: &str = r#"{"type":"object"}"#;
 
@@ -33,7 +33,7 @@ pub(crate) fn calls(list: &[(&str, &str, &str)]) -> Response {
                 })
                 .collect(),
         ),
-        stop_reason: Some(StopReason::ToolUse),
+        stop_reason: Some(ModelStop::ToolUse),
         usage: usage(10, 5),
         id: None,
         model: None,

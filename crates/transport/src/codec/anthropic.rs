@@ -25,7 +25,7 @@ use super::{
     last_cacheable, parse_json, push_json, suffix_breakpoint,
 };
 use crate::error::{Error, Result};
-use crate::request::{BlockStart, PartialUsage, Request, Response, StopReason, StreamEvent};
+use crate::request::{BlockStart, ModelStop, PartialUsage, Request, Response, StreamEvent};
 use crate::sse::SseEvent;
 
 /// Encodes and decodes Anthropic Messages requests, remembering encoded messages and prefixes
@@ -379,7 +379,7 @@ impl Codec for AnthropicCodec {
         }
         Ok(Response {
             message: Message::assistant(content),
-            stop_reason: r.stop_reason.as_deref().map(StopReason::from_anthropic),
+            stop_reason: r.stop_reason.as_deref().map(ModelStop::from_anthropic),
             usage: {
                 let mut u = forkhive_core::Usage::default();
                 r.usage.partial().apply_to(&mut u);
@@ -596,7 +596,7 @@ impl StreamDecoder for AnthropicStream {
                 }
             }
             WireEvent::MessageDelta { delta, usage } => out.push(StreamEvent::MessageDelta {
-                stop_reason: delta.stop_reason.as_deref().map(StopReason::from_anthropic),
+                stop_reason: delta.stop_reason.as_deref().map(ModelStop::from_anthropic),
                 usage: usage.partial(),
             }),
             WireEvent::MessageStop => {
@@ -810,7 +810,7 @@ mod tests {
     fn decodes_a_response_with_exact_tool_input_and_usage() {
         let json = br#"{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[{"type":"text","text":"ok"},{"type":"tool_use","id":"t","name":"Read","input":{ "p" : 1.0 }}],"stop_reason":"tool_use","stop_sequence":null,"usage":{"input_tokens":3,"output_tokens":9,"cache_creation_input_tokens":100,"cache_read_input_tokens":2000,"cache_creation":{"ephemeral_5m_input_tokens":60,"ephemeral_1h_input_tokens":40}}}"#;
         let r = AnthropicCodec::default().decode_response(json).unwrap();
-        assert_eq!(r.stop_reason, Some(StopReason::ToolUse));
+        assert_eq!(r.stop_reason, Some(ModelStop::ToolUse));
         assert_eq!(
             r.usage,
             Usage {
@@ -871,7 +871,7 @@ mod tests {
         assert_eq!(r.message.text(), "Hi");
         assert_eq!(r.usage.output_tokens, 12);
         assert_eq!(r.usage.cache_read_tokens, 7);
-        assert_eq!(r.stop_reason, Some(StopReason::ToolUse));
+        assert_eq!(r.stop_reason, Some(ModelStop::ToolUse));
     }
 
     #[test]

@@ -21,7 +21,7 @@ use super::memo::{Chunks, EncodedMessage, Memo, MemoConfig, MessageCache};
 use super::{Codec, EncodedBody, StreamDecoder, WireFormat, parse_json, push_json};
 use crate::error::{Error, Result};
 use crate::request::{
-    BlockStart, PartialUsage, Request, Response, StopReason, StreamEvent, Suffix, ToolChoice,
+    BlockStart, ModelStop, PartialUsage, Request, Response, StreamEvent, Suffix, ToolChoice,
 };
 use crate::sse::SseEvent;
 
@@ -384,7 +384,7 @@ impl Codec for OpenAiCodec {
         }
         Ok(Response {
             message: Message::assistant(content),
-            stop_reason: choice.finish_reason.as_deref().map(StopReason::from_openai),
+            stop_reason: choice.finish_reason.as_deref().map(ModelStop::from_openai),
             usage: r.usage.map(|u| u.to_usage()).unwrap_or_default(),
             id: r.id,
             model: r.model,
@@ -696,7 +696,7 @@ impl StreamDecoder for OpenAiStream {
             if let Some(reason) = choice.finish_reason {
                 self.close_all(out);
                 out.push(StreamEvent::MessageDelta {
-                    stop_reason: Some(StopReason::from_openai(&reason)),
+                    stop_reason: Some(ModelStop::from_openai(&reason)),
                     usage: PartialUsage::default(),
                 });
             }
@@ -797,7 +797,7 @@ mod tests {
                 ..Usage::default()
             }
         );
-        assert_eq!(r.stop_reason, Some(StopReason::ToolUse));
+        assert_eq!(r.stop_reason, Some(ModelStop::ToolUse));
         assert_eq!(
             r.message.tool_uses().next().unwrap().2.as_str(),
             r#"{"p": 2}"#
@@ -901,6 +901,6 @@ mod tests {
                 ..Usage::default()
             }
         );
-        assert_eq!(r.stop_reason, Some(StopReason::ToolUse));
+        assert_eq!(r.stop_reason, Some(ModelStop::ToolUse));
     }
 }

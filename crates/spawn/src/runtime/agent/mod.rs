@@ -7,8 +7,7 @@ use forkhive_core::{
     CacheBreak, CacheSafeParams, ContentBlock, Message, PrefixFingerprint, Role, TaskId, Usage,
 };
 use forkhive_transport::{
-    Backend, Request, RequestSettings, Response, ResponseBuilder, StopReason as ModelStop,
-    StreamEvent,
+    Backend, ModelStop, Request, RequestSettings, Response, ResponseBuilder, StreamEvent,
 };
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
