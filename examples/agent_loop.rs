@@ -25,6 +25,9 @@ use forkhive::transport::simulator::PromptCacheSimulator;
 use forkhive::transport::{Backend, ModelStop, Request, Response, ScriptedBackend};
 
 /// One agent with `Read` and `LS` over a directory, its turns and tool calls printed live.
+///
+/// With --backend anthropic or openai, the key comes from ANTHROPIC_API_KEY or OPENAI_API_KEY
+/// (not needed for a local server).
 #[derive(clap::Parser)]
 #[command(name = "agent_loop")]
 struct Args {

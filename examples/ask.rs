@@ -17,6 +17,9 @@ use forkhive::transport::http::{HttpBackend, HttpConfig};
 use forkhive::transport::{Backend, BackendExt, Request, Response, ScriptedBackend};
 
 /// Sends one prompt to a model and prints the answer as one JSON line.
+///
+/// The key comes from ANTHROPIC_API_KEY or OPENAI_API_KEY (not needed for a local server at
+/// --base-url); ANTHROPIC_BASE_URL and OPENAI_BASE_URL set the default URLs.
 #[derive(clap::Parser)]
 #[command(name = "ask")]
 struct Args {
@@ -85,9 +88,17 @@ fn backend(a: &Args) -> Result<(Box<dyn Backend>, String), String> {
                 .clone()
                 .or_else(|| env(url_var))
                 .unwrap_or_else(|| default_url.into());
-            let mut config = HttpConfig::new(url);
-            if let Some(k) = env(key_var) {
-                config = config.with_api_key(k);
+            let mut config = HttpConfig::new(url.clone());
+            match env(key_var) {
+                Some(k) => config = config.with_api_key(k),
+                // The provider's own endpoint needs a key; a local server may not.
+                None if url == default_url => {
+                    return Err(format!(
+                        "{key_var} is not set: the {} API needs a key",
+                        a.backend
+                    ));
+                }
+                None => {}
             }
             let b = if openai {
                 HttpBackend::openai(config)

@@ -32,10 +32,6 @@ fn model(request: &Request) -> Response {
     }
 }
 
-fn print(line: String) {
-    println!("{line}");
-}
-
 /// The host program of docs/embedding.md (no options).
 #[derive(clap::Parser)]
 struct Args {}
@@ -67,12 +63,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // 3. A scripted model behind the cache simulator, and the Agent tool (fork mode on).
     let scripted = ScriptedBackend::from_fn(|r| Ok(model(r)));
     let backend: Arc<dyn Backend> = Arc::new(PromptCacheSimulator::anthropic(scripted));
-    let mut config = AgentToolConfig::default();
-    (config.registry, config.fork_enabled) = (registry, true);
+    let config = AgentToolConfig::default().with_registry(registry);
+    let config = config.with_fork_enabled(true);
     let tools = ToolPool::new([AgentTool::new(config)?.arc(), word_count.arc()])?;
     // 4. Events, live: children started, notifications, failed calls, warnings, stops.
     let events = Arc::new(FnSink(|e: AgentEvent| {
-        e.headline().into_iter().for_each(print)
+        e.headline().into_iter().for_each(|line| println!("{line}"))
     }));
     let builder = || {
         Agent::builder(Arc::clone(&backend))

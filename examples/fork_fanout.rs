@@ -60,6 +60,9 @@ const READ: f64 = 0.1;
 
 /// A parent forks three children that each audit one file of a small project, in the
 /// background, on a scripted model behind the prompt-cache simulator (or a real server).
+///
+/// With --backend, the key comes from ANTHROPIC_API_KEY or OPENAI_API_KEY (not needed for a
+/// local server).
 #[derive(clap::Parser)]
 #[command(name = "fork_fanout")]
 struct Args {
@@ -75,7 +78,8 @@ struct Args {
     /// How long the scripted model waits per request, in milliseconds (its "thinking").
     #[arg(long = "delay-ms", default_value = "250", value_parser = parse_ms)]
     delay: Duration,
-    /// How many guideline paragraphs the parent's system prompt holds.
+    /// How many guideline paragraphs the parent's system prompt holds (default: enough for
+    /// the model's minimum cacheable prompt).
     #[arg(long)]
     guidelines: Option<usize>,
     /// Keep every agent's transcript and each child's output file in this directory.

@@ -19,13 +19,6 @@ use forkhive_spawn::tool::{Tool, ToolPool};
 use forkhive_transport::{Backend, Request, Response};
 use support::*;
 
-fn is_parent(r: &Request) -> bool {
-    r.prefix
-        .system_prompt()
-        .first()
-        .is_some_and(|s| s == "You are the parent.")
-}
-
 fn agent_call(id: &str, input: serde_json::Value) -> (String, &'static str, String) {
     (id.to_owned(), "Agent", input.to_string())
 }

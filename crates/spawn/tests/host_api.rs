@@ -15,13 +15,6 @@ use forkhive_spawn::tool::{Tool, ToolOutput, ToolPool};
 use forkhive_transport::{Request, Response};
 use support::*;
 
-fn is_parent(r: &Request) -> bool {
-    r.prefix
-        .system_prompt()
-        .first()
-        .is_some_and(|s| s == "You are the parent.")
-}
-
 #[tokio::test]
 async fn a_run_reports_its_children_and_the_events_say_when_each_started() {
     let b = brain(|r| {

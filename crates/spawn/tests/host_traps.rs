@@ -16,13 +16,6 @@ use forkhive_spawn::tool::{InBackground, Tool, ToolPool};
 use forkhive_transport::{Backend, Request};
 use support::*;
 
-fn is_parent(r: &Request) -> bool {
-    r.prefix
-        .system_prompt()
-        .first()
-        .is_some_and(|s| s == "You are the parent.")
-}
-
 fn tool_names(r: &Request) -> Vec<String> {
     r.prefix.tools().iter().map(|t| t.name.clone()).collect()
 }

@@ -15,7 +15,7 @@ use forkhive_spawn::definition::{AgentDefinition, AgentRegistry, DefinitionSourc
 use forkhive_spawn::runtime::{Agent, AgentContext, Limits, StopReason};
 use forkhive_spawn::task::{MemoryTaskRegistry, TaskConfig, TaskService, TaskState};
 use forkhive_spawn::tool::{Tool, ToolFilter, ToolPool};
-use forkhive_transport::{Backend, Request};
+use forkhive_transport::Backend;
 use proptest::prelude::*;
 use support::*;
 
@@ -23,13 +23,6 @@ fn worker_registry() -> AgentRegistry {
     let mut w = AgentDefinition::new("worker", "does one job", DefinitionSource::Project);
     w.system_prompt = "You are a worker.".into();
     AgentRegistry::from_definitions([w])
-}
-
-fn is_parent(r: &Request) -> bool {
-    r.prefix
-        .system_prompt()
-        .first()
-        .is_some_and(|s| s == "You are the parent.")
 }
 
 fn spawn_calls(prompts: &[String]) -> forkhive_transport::Response {

@@ -70,7 +70,9 @@ pub struct RecordingBackend<B> {
 }
 
 impl<B: Backend> RecordingBackend<B> {
-    /// Records into `dir`, which must exist and be a directory.
+    /// Records into `dir`, which must exist, be a directory, and hold no recordings yet
+    /// (numbering starts at 1: a second run into one directory would interleave two runs,
+    /// which replay could not tell apart).
     pub fn new(inner: B, dir: impl Into<PathBuf>, codec: Box<dyn Codec>) -> Result<Self> {
         let dir = dir.into();
         let meta = std::fs::metadata(&dir).map_err(|source| Error::Record {
@@ -81,6 +83,27 @@ impl<B: Backend> RecordingBackend<B> {
             return Err(Error::Record {
                 path: dir,
                 source: std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a directory"),
+            });
+        }
+        let read = std::fs::read_dir(&dir).map_err(|source| Error::Record {
+            path: dir.clone(),
+            source,
+        })?;
+        let recorded = read.filter_map(|e| e.ok()).find(|e| {
+            e.file_name().to_str().is_some_and(|n| {
+                n.ends_with(".json")
+                    && n.split_once('-').is_some_and(|(seq, _)| {
+                        !seq.is_empty() && seq.bytes().all(|b| b.is_ascii_digit())
+                    })
+            })
+        });
+        if let Some(entry) = recorded {
+            return Err(Error::Record {
+                path: entry.path(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    "the directory holds recordings already; record into an empty one",
+                ),
             });
         }
         Ok(Self {

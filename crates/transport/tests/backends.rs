@@ -168,9 +168,10 @@ async fn recording_never_follows_a_planted_symlink() {
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("victim.txt");
     std::fs::write(&target, "precious").unwrap();
-    std::os::unix::fs::symlink(&target, dir.path().join("0001-request.json")).unwrap();
     let rec =
         RecordingBackend::new(hello(), dir.path(), Box::new(AnthropicCodec::default())).unwrap();
+    // Planted after the recorder checked the directory, before its first write.
+    std::os::unix::fs::symlink(&target, dir.path().join("0001-request.json")).unwrap();
     let err = rec.send(&sample_request()).await.unwrap_err();
     assert_eq!(
         err.to_string(),

@@ -695,3 +695,35 @@ async fn format_one_recordings_still_replay() {
     assert_eq!(replay.remaining(), ["0001-request.json"]);
     replay.send(&sample_request()).await.unwrap();
 }
+
+/// A second run into a directory that holds recordings would interleave two runs: refused.
+#[test]
+fn recording_into_a_directory_with_recordings_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("0001-parent.json"), "{}").unwrap();
+    std::fs::write(dir.path().join("notes.md"), "x").unwrap();
+    let err = RecordingBackend::new(
+        replier(),
+        dir.path(),
+        Box::new(forkhive_transport::AnthropicCodec::default()),
+    )
+    .unwrap_err();
+    assert_eq!(
+        forkhive_core::error::chain(&err),
+        format!(
+            "could not record request to {}: the directory holds recordings already; record \
+             into an empty one",
+            dir.path().join("0001-parent.json").display()
+        )
+    );
+    let empty = tempfile::tempdir().unwrap();
+    std::fs::write(empty.path().join("notes.md"), "x").unwrap();
+    assert!(
+        RecordingBackend::new(
+            replier(),
+            empty.path(),
+            Box::new(forkhive_transport::AnthropicCodec::default())
+        )
+        .is_ok()
+    );
+}

@@ -173,6 +173,14 @@ impl Default for AgentToolConfig {
 }
 
 impl AgentToolConfig {
+    /// Sets the deadline of children of `agent_type` (`fork` for forks), over the
+    /// definition's own (see [`deadlines`](Self::deadlines)).
+    #[must_use]
+    pub fn with_deadline(mut self, agent_type: impl Into<String>, deadline: Duration) -> Self {
+        self.deadlines.insert(agent_type.into(), deadline);
+        self
+    }
+
     /// Whether an omitted `subagent_type` forks: fork mode on, not coordinator mode, not a
     /// non-interactive session ("Fork Mechanism — Feature Gate"). The last two conditions —
     /// no `subagent_type`, not already in a fork — are the call's.
@@ -274,6 +282,23 @@ impl AgentTool {
         if !config.agent_list_in_messages {
             description.push_str("\n\nAvailable agent types:\n");
             description.push_str(&config.agent_list());
+        }
+        // A deadline for a type nobody can start, or a zero one, is a mistake: say so now, not
+        // after a child ran to the wrong deadline.
+        for (agent_type, deadline) in &config.deadlines {
+            if agent_type != "fork" && config.registry.get(agent_type).is_none() {
+                return Err(crate::Error::Config(format!(
+                    "`deadlines` names agent type `{agent_type}`, which the registry does not \
+                     hold; types: fork, {}",
+                    config.registry.names().collect::<Vec<_>>().join(", ")
+                )));
+            }
+            if deadline.is_zero() {
+                return Err(crate::Error::Config(format!(
+                    "`deadlines` gives agent type `{agent_type}` a zero deadline, which would \
+                     stop every child of it at once"
+                )));
+            }
         }
         if config.fork_enabled && !config.forks() {
             let why = if config.coordinator_mode {
@@ -659,5 +684,30 @@ mod tests {
             }
             .forks()
         );
+    }
+
+    /// A deadline for a type the registry does not hold (a typo), or a zero one, is refused
+    /// when the tool is built.
+    #[test]
+    fn deadlines_name_real_types_and_are_not_zero() {
+        let typo = AgentToolConfig::default().with_deadline("Explroe", Duration::from_secs(5));
+        let err = AgentTool::new(typo).unwrap_err().to_string();
+        assert!(
+            err.starts_with(
+                "invalid agent configuration: `deadlines` names agent type `Explroe`, which the \
+                 registry does not hold; types: fork, Explore, "
+            ),
+            "{err}"
+        );
+        let zero = AgentToolConfig::default().with_deadline("fork", Duration::ZERO);
+        assert_eq!(
+            AgentTool::new(zero).unwrap_err().to_string(),
+            "invalid agent configuration: `deadlines` gives agent type `fork` a zero deadline, \
+             which would stop every child of it at once"
+        );
+        let fine = AgentToolConfig::default()
+            .with_deadline("fork", Duration::from_millis(300))
+            .with_deadline("Explore", Duration::from_secs(60));
+        assert!(AgentTool::new(fine).is_ok());
     }
 }

@@ -364,3 +364,11 @@ pub(crate) async fn start_child(
         .await
         .unwrap()
 }
+
+/// Whether `r` is the parent's request: the tests' parents all say "You are the parent.".
+pub(crate) fn is_parent(r: &Request) -> bool {
+    r.prefix
+        .system_prompt()
+        .first()
+        .is_some_and(|s| s == "You are the parent.")
+}
