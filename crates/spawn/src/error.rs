@@ -114,6 +114,15 @@ pub enum Error {
         source: Box<Error>,
     },
 
+    /// A git worktree could not be made (a bad slug, not a git repository, git refused).
+    #[error("worktree in {}: {message}", path.display())]
+    Worktree {
+        /// The repository directory it was asked of.
+        path: PathBuf,
+        /// What was wrong, with git's own words where git refused.
+        message: String,
+    },
+
     /// A verification run gave no usable verdict.
     #[error("verification failed: {0}")]
     Verification(String),

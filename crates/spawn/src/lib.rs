@@ -85,5 +85,6 @@ pub mod strategy;
 pub mod task;
 pub mod tool;
 pub mod transcript;
+pub mod worktree;
 
 pub use error::{Error, Result};

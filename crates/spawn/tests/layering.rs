@@ -8,7 +8,7 @@ use std::path::Path;
 /// Bottom to top; a module may use the modules of lower layers only.
 const LAYERS: &[&[&str]] = &[
     &["error"],
-    &["base", "definition"],
+    &["base", "definition", "worktree"],
     &["tool", "transcript"],
     &["runtime"],
     &["task"],

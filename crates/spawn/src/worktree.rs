@@ -1,0 +1,292 @@
+//! Git worktrees for workers that write: each gets its own checkout on its own branch, so two
+//! writers never lose each other's edits in one directory ("Coordinator Mode: A Working
+//! Multi-Agent System, From the Source — worktree isolation" and its gotcha table: writers in
+//! one directory lose edits silently).
+//!
+//! A [`Worktree`] lives at `<repo>/.forkhive/worktrees/<slug>` (the root is configurable) on
+//! branch `forkhive/<slug>`, made with the git CLI. When the worker is done,
+//! [`Worktree::finish`] removes it — with its branch — only when git says nothing changed:
+//! no modified, staged or untracked file and no new commit. Anything else, including a status
+//! git could not give, keeps the tree and says why ([`Finished::Kept`]): work is never thrown
+//! away on a guess.
+//!
+//! Many workers may start at once. Concurrent `git worktree add`s in one repository fail —
+//! on git's lock files (`index.lock`, `config.lock`) and on each other's half-written admin
+//! files — so this process runs them one at a time (each takes a few milliseconds), and
+//! retries with backoff when another process holds one of git's locks.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// The longest slug.
+pub const MAX_SLUG: usize = 64;
+
+/// Where worktrees go, below the repository's top level, by default.
+pub const DEFAULT_ROOT: &str = ".forkhive/worktrees";
+
+/// How often creation is tried when git's lock files are contended.
+const LOCK_ATTEMPTS: u32 = 12;
+
+/// Checks a worktree slug: at most [`MAX_SLUG`] characters, `/`-separated segments of
+/// `[A-Za-z0-9._-]`, none of them empty, `.`, `..` or `.git`. Returns what is wrong.
+pub fn check_slug(slug: &str) -> std::result::Result<(), String> {
+    if slug.is_empty() {
+        return Err("a worktree slug may not be empty".to_owned());
+    }
+    if slug.chars().count() > MAX_SLUG {
+        return Err(format!(
+            "worktree slug `{slug}` is longer than {MAX_SLUG} characters"
+        ));
+    }
+    for segment in slug.split('/') {
+        if segment.is_empty() || segment == "." || segment == ".." {
+            return Err(format!(
+                "worktree slug `{slug}` has an empty, `.` or `..` segment"
+            ));
+        }
+        if segment.eq_ignore_ascii_case(".git") {
+            return Err(format!("worktree slug `{slug}` has a `.git` segment"));
+        }
+        if let Some(c) = segment
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+        {
+            return Err(format!(
+                "worktree slug `{slug}` has {c:?}; use letters, digits, `.`, `_`, `-` and `/`"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A worker's worktree: its directory, branch, and the commit it started from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Worktree {
+    repo: PathBuf,
+    path: PathBuf,
+    branch: String,
+    base: String,
+}
+
+/// What [`Worktree::finish`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Finished {
+    /// Nothing changed: the tree and its branch are gone.
+    Removed,
+    /// The tree is kept, for the reason given.
+    Kept(Keep),
+}
+
+/// Why a worktree was kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Keep {
+    /// Files differ from the start: modified, staged or untracked (their count).
+    Changes(usize),
+    /// Commits were made on its branch (their count).
+    Commits(u64),
+    /// Git could not say what changed (a lock, a damaged tree): never removed on a guess.
+    Unknown(String),
+}
+
+impl fmt::Display for Keep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Keep::Changes(n) => write!(f, "{n} changed or untracked file(s)"),
+            Keep::Commits(n) => write!(f, "{n} new commit(s) on its branch"),
+            Keep::Unknown(why) => write!(f, "its status could not be read ({why})"),
+        }
+    }
+}
+
+impl Worktree {
+    /// Creates the worktree for `slug` in the repository at `repo` (any directory inside
+    /// it), under `root` relative to the repository's top level (default [`DEFAULT_ROOT`]),
+    /// on a new branch `forkhive/<slug>` from the current `HEAD`.
+    ///
+    /// Errors ([`Error::Worktree`]): a bad slug, a directory that is not in a git repository,
+    /// or git refusing (a branch or directory of that name exists), with git's own words.
+    pub async fn create(repo: &Path, slug: &str, root: Option<&Path>) -> Result<Self> {
+        let fail = |message: String| Error::Worktree {
+            path: repo.to_path_buf(),
+            message,
+        };
+        check_slug(slug).map_err(&fail)?;
+        let top = git(repo, &["rev-parse", "--show-toplevel"])
+            .await
+            .map_err(|e| fail(format!("not a git repository: {e}")))?;
+        let top = PathBuf::from(top.trim());
+        let base = git(&top, &["rev-parse", "HEAD"])
+            .await
+            .map_err(|e| fail(format!("the repository has no commit to start from: {e}")))?
+            .trim()
+            .to_owned();
+        let path = top.join(root.unwrap_or(Path::new(DEFAULT_ROOT))).join(slug);
+        let branch = format!("forkhive/{slug}");
+        let path_arg = path.to_string_lossy().into_owned();
+        let args = [
+            "worktree",
+            "add",
+            "--no-track",
+            "-b",
+            &branch,
+            &path_arg,
+            &base,
+        ];
+        // One `worktree add` at a time in this process: concurrent ones do not only contend
+        // for git's lock files, git also reads the other trees' half-written admin files
+        // ("failed to read .git/worktrees/<name>/commondir") and fails. Other processes are
+        // met with retries on the lock files.
+        static CREATING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+        let _one_at_a_time = CREATING.lock().await;
+        let mut delay = Duration::from_millis(10);
+        let mut attempt = 1;
+        loop {
+            match git(&top, &args).await {
+                Ok(_) => break,
+                // Another worker holds one of git's lock files: wait and try again.
+                Err(e) if e.contains(".lock") && attempt < LOCK_ATTEMPTS => {
+                    tokio::time::sleep(delay + jitter(attempt)).await;
+                    delay = (delay * 2).min(Duration::from_millis(500));
+                    attempt += 1;
+                }
+                Err(e) => return Err(fail(format!("git worktree add failed: {e}"))),
+            }
+        }
+        Ok(Self {
+            repo: top,
+            path,
+            branch,
+            base,
+        })
+    }
+
+    /// The worktree's directory: the worker's tools take it as their root.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Its branch (`forkhive/<slug>`).
+    pub fn branch(&self) -> &str {
+        &self.branch
+    }
+
+    /// The commit it started from.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// Removes the worktree and its branch when nothing changed; otherwise keeps both and says
+    /// why. A status git cannot give keeps the tree.
+    pub async fn finish(&self) -> Finished {
+        let status = match git(
+            &self.path,
+            &["status", "--porcelain=v1", "--untracked-files=all"],
+        )
+        .await
+        {
+            Ok(s) => s,
+            Err(e) => return Finished::Kept(Keep::Unknown(e)),
+        };
+        let changed = status.lines().filter(|l| !l.trim().is_empty()).count();
+        if changed > 0 {
+            return Finished::Kept(Keep::Changes(changed));
+        }
+        let range = format!("{}..HEAD", self.base);
+        let commits = match git(&self.path, &["rev-list", "--count", &range]).await {
+            Ok(n) => match n.trim().parse::<u64>() {
+                Ok(n) => n,
+                Err(_) => return Finished::Kept(Keep::Unknown(format!("rev-list said {n:?}"))),
+            },
+            Err(e) => return Finished::Kept(Keep::Unknown(e)),
+        };
+        if commits > 0 {
+            return Finished::Kept(Keep::Commits(commits));
+        }
+        let path = self.path.to_string_lossy().into_owned();
+        // Without --force: should anything have appeared since the status, git refuses and
+        // the tree is kept.
+        if let Err(e) = git(&self.repo, &["worktree", "remove", &path]).await {
+            return Finished::Kept(Keep::Unknown(e));
+        }
+        if let Err(e) = git(&self.repo, &["branch", "-D", &self.branch]).await {
+            tracing::warn!(branch = %self.branch, "worktree removed, its branch not: {e}");
+        }
+        Finished::Removed
+    }
+}
+
+/// A little spread, so workers that collided do not retry in step.
+fn jitter(attempt: u32) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    Duration::from_millis(u64::from(
+        (nanos ^ attempt.wrapping_mul(2_654_435_761)) % 10,
+    ))
+}
+
+/// Runs `git -C dir args…`; its stdout, or what it said on stderr (or why it could not run).
+async fn git(dir: &Path, args: &[&str]) -> std::result::Result<String, String> {
+    let out = tokio::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| format!("could not run git: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slugs_are_checked() {
+        assert_eq!(check_slug("fix-auth_2.1"), Ok(()));
+        assert_eq!(check_slug("team/fix-auth"), Ok(()));
+        for (slug, want) in [
+            ("", "a worktree slug may not be empty"),
+            ("..", "worktree slug `..` has an empty, `.` or `..` segment"),
+            (
+                "a/../b",
+                "worktree slug `a/../b` has an empty, `.` or `..` segment",
+            ),
+            (
+                "a//b",
+                "worktree slug `a//b` has an empty, `.` or `..` segment",
+            ),
+            (
+                "/abs",
+                "worktree slug `/abs` has an empty, `.` or `..` segment",
+            ),
+            ("a/.git", "worktree slug `a/.git` has a `.git` segment"),
+            (".GIT", "worktree slug `.GIT` has a `.git` segment"),
+            (
+                "a b",
+                "worktree slug `a b` has ' '; use letters, digits, `.`, `_`, `-` and `/`",
+            ),
+        ] {
+            assert_eq!(check_slug(slug), Err(want.to_owned()), "{slug:?}");
+        }
+        let long = "a".repeat(MAX_SLUG + 1);
+        assert_eq!(
+            check_slug(&long),
+            Err(format!(
+                "worktree slug `{long}` is longer than 64 characters"
+            ))
+        );
+        assert_eq!(check_slug(&"a".repeat(MAX_SLUG)), Ok(()));
+    }
+}
