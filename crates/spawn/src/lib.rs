@@ -78,6 +78,7 @@ macro_rules! setters {
 
 pub mod agent_tool;
 mod base;
+pub mod control;
 pub mod definition;
 pub mod error;
 pub mod runtime;

@@ -13,7 +13,7 @@ const LAYERS: &[&[&str]] = &[
     &["runtime"],
     &["task"],
     &["strategy"],
-    &["agent_tool"],
+    &["agent_tool", "control"],
 ];
 
 fn layer(module: &str) -> Option<usize> {

@@ -292,12 +292,33 @@ pub struct TaskService {
     registry: Arc<dyn TaskRegistry>,
     live: AtomicUsize,
     per_agent: Mutex<IdMap<usize>>,
-    tokens: Mutex<IdMap<CancellationToken>>,
+    /// The children still running: how to stop each and reach it.
+    tokens: Mutex<IdMap<LiveChild>>,
     /// Children whose guard has not finished yet.
     active: AtomicUsize,
     /// Woken (all waiters) when `active` reaches zero.
     idle: Notify,
     config: TaskConfig,
+}
+
+/// A running child as its service reaches it: to stop it, or to give it or its parent a
+/// message.
+#[derive(Debug, Clone)]
+struct LiveChild {
+    cancel: CancellationToken,
+    parent: TaskId,
+    inbox: PendingQueue,
+    parent_inbox: PendingQueue,
+}
+
+/// Where a message for a running child went (see [`TaskService::send`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Sent {
+    /// Into a running child's queue: it reads it at its next tool-round boundary.
+    Child(TaskId),
+    /// Into the queue of a running child's parent.
+    Parent(TaskId),
 }
 
 impl fmt::Debug for TaskService {
@@ -756,8 +777,47 @@ impl TaskService {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(id)
-            .cloned();
+            .map(|c| c.cancel.clone());
         token.map(|t| t.cancel()).is_some()
+    }
+
+    /// The parent of a running child (`None` once it has ended, or for an unknown id).
+    pub fn parent_of(&self, id: &TaskId) -> Option<TaskId> {
+        self.tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .map(|c| c.parent)
+    }
+
+    /// The running children of `parent`, in no particular order.
+    pub fn running_children(&self, parent: &TaskId) -> Vec<TaskId> {
+        self.tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, c)| c.parent == *parent)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Gives `message` to running child `to` — or, with `to_parent`, to its parent — through
+    /// its pending queue: an agent reads it at its next tool-round boundary, or when it next
+    /// waits. `None` when `to` is not running (it ended, or never was).
+    pub fn send(&self, to: &TaskId, to_parent: bool, message: PendingMessage) -> Option<Sent> {
+        let live = self
+            .tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(to)
+            .cloned()?;
+        if to_parent {
+            live.parent_inbox.push(message);
+            Some(Sent::Parent(live.parent))
+        } else {
+            live.inbox.push(message);
+            Some(Sent::Child(*to))
+        }
     }
 
     /// The registry.
@@ -893,7 +953,15 @@ impl TaskService {
         self.tokens
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(id, cancel.clone());
+            .insert(
+                id,
+                LiveChild {
+                    cancel: cancel.clone(),
+                    parent,
+                    inbox: agent.shared().pending.clone(),
+                    parent_inbox: parent_queue.clone(),
+                },
+            );
         // A cancelled child first waits up to its own `cancel_grace` for its children; it is
         // dropped only `kill_grace` after that, so its stop record is never cut off.
         let grace = agent.shared().limits.cancel_grace + self.config.kill_grace;

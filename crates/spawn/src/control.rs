@@ -1,0 +1,231 @@
+//! Tools an agent uses on the children it started: [`TaskStopTool`] (`TaskStop`) stops one,
+//! [`SendMessageTool`] (`SendMessage`) gives a running one — or, from a child, its parent
+//! (`main`) — a message ("Coordinator Mode: A Working Multi-Agent System, From the Source —
+//! SendMessage addressing"). Both answer every mistake with an `is_error` result that says
+//! what the valid choices are: a message is never dropped in silence.
+//!
+//! Not yet here: resuming an ended worker to hand it a message, names as addresses, and
+//! transports for `uds:` and `bridge:` addresses (refused as "not supported by this host").
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use forkhive_core::{TaskId, ToolDefinition};
+use serde::Deserialize;
+
+use crate::base::pending::PendingMessage;
+use crate::task::{Sent, TaskService};
+use crate::tool::{InBackground, Tool, ToolContext, ToolOutput};
+
+/// The `TaskStop` tool's name.
+pub const TASK_STOP: &str = "TaskStop";
+/// The `SendMessage` tool's name.
+pub const SEND_MESSAGE: &str = "SendMessage";
+
+fn service(cx: &ToolContext) -> Option<Arc<TaskService>> {
+    cx.caller()?.tree().extensions().get::<TaskService>()
+}
+
+/// `id, id, …` of the caller's running children, sorted, or `none`.
+fn listed(ids: &mut [TaskId]) -> String {
+    ids.sort();
+    if ids.is_empty() {
+        return "none".to_owned();
+    }
+    ids.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// How a task that is not running ended, for a refusal's text.
+async fn ended(service: &TaskService, id: &TaskId) -> Option<String> {
+    let record = service.registry().get(id).await?;
+    Some(record.state.to_string())
+}
+
+/// Stops a running child of the caller: it ends `killed`, and its one notification carries
+/// the work it had done.
+#[derive(Debug, Clone)]
+pub struct TaskStopTool {
+    definition: ToolDefinition,
+}
+
+impl TaskStopTool {
+    /// The tool.
+    pub fn new() -> crate::Result<Self> {
+        Ok(Self {
+            definition: ToolDefinition::new(
+                TASK_STOP,
+                "Stop a background task you started. Its notification will say it was killed \
+                 and carry what it had done.",
+                r#"{"type":"object","properties":{"task_id":{"type":"string","description":"The task to stop"}},"required":["task_id"],"additionalProperties":false}"#,
+            )?,
+        })
+    }
+}
+
+#[derive(Deserialize)]
+struct StopInput {
+    task_id: String,
+}
+
+#[async_trait]
+impl Tool for TaskStopTool {
+    fn definition(&self) -> &ToolDefinition {
+        &self.definition
+    }
+    fn is_concurrency_safe(&self, _input: &serde_json::Value) -> bool {
+        true
+    }
+    fn is_read_only(&self) -> bool {
+        false
+    }
+    fn in_background(&self) -> InBackground {
+        InBackground::ByFilter
+    }
+    async fn call(&self, input: serde_json::Value, cx: &ToolContext) -> ToolOutput {
+        let input: StopInput = match serde_json::from_value(input) {
+            Ok(i) => i,
+            Err(e) => return ToolOutput::error(format!("invalid TaskStop input: {e}")),
+        };
+        let me = *cx.agent().id();
+        let Some(service) = service(cx) else {
+            return ToolOutput::error("there are no tasks to stop: none was started");
+        };
+        let mut mine = service.running_children(&me);
+        let Ok(id) = input.task_id.trim().parse::<TaskId>() else {
+            return ToolOutput::error(format!(
+                "`{}` is not a task id; your running tasks: {}",
+                input.task_id,
+                listed(&mut mine)
+            ));
+        };
+        if service.parent_of(&id) == Some(me) && service.cancel(&id) {
+            return ToolOutput::text(format!(
+                "Stopping task {id}. Its notification will say it was killed, with what it had \
+                 done."
+            ));
+        }
+        match ended(&service, &id).await {
+            Some(state) if service.parent_of(&id).is_none() => ToolOutput::error(format!(
+                "task {id} is not running (it is {state}); your running tasks: {}",
+                listed(&mut mine)
+            )),
+            _ => ToolOutput::error(format!(
+                "task {id} is not one of your running tasks: {}",
+                listed(&mut mine)
+            )),
+        }
+    }
+}
+
+/// Gives a message to a running task (its id), or to the agent that started the caller
+/// (`main`). The recipient reads it at its next tool-round boundary, or when it next waits.
+#[derive(Debug, Clone)]
+pub struct SendMessageTool {
+    definition: ToolDefinition,
+}
+
+impl SendMessageTool {
+    /// The tool.
+    pub fn new() -> crate::Result<Self> {
+        Ok(Self {
+            definition: ToolDefinition::new(
+                SEND_MESSAGE,
+                "Send a message to a running task (its task id), or to the agent that started \
+                 you (`main`). It reads it at its next tool round.",
+                r#"{"type":"object","properties":{"to":{"type":"string","description":"A task id, or main"},"message":{"type":"string"}},"required":["to","message"],"additionalProperties":false}"#,
+            )?,
+        })
+    }
+}
+
+#[derive(Deserialize)]
+struct SendInput {
+    to: String,
+    message: String,
+}
+
+/// `<message from="…">text</message>`, the text escaped so it cannot close the element.
+fn envelope(from: &TaskId, text: &str) -> String {
+    let mut out = format!("<message from=\"{from}\">");
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            c => out.push(c),
+        }
+    }
+    out.push_str("</message>");
+    out
+}
+
+#[async_trait]
+impl Tool for SendMessageTool {
+    fn definition(&self) -> &ToolDefinition {
+        &self.definition
+    }
+    fn is_concurrency_safe(&self, _input: &serde_json::Value) -> bool {
+        true
+    }
+    fn is_read_only(&self) -> bool {
+        false
+    }
+    fn in_background(&self) -> InBackground {
+        InBackground::ByFilter
+    }
+    async fn call(&self, input: serde_json::Value, cx: &ToolContext) -> ToolOutput {
+        let input: SendInput = match serde_json::from_value(input) {
+            Ok(i) => i,
+            Err(e) => return ToolOutput::error(format!("invalid SendMessage input: {e}")),
+        };
+        let me = *cx.agent().id();
+        let to = input.to.trim();
+        if let Some((scheme, _)) = to.split_once(':')
+            && matches!(scheme, "uds" | "bridge")
+        {
+            return ToolOutput::error(format!(
+                "`{scheme}:` addresses are not supported by this host"
+            ));
+        }
+        let Some(service) = service(cx) else {
+            return ToolOutput::error(format!(
+                "no recipient `{to}`: no task is running; `main` reaches the agent that started you"
+            ));
+        };
+        let message = PendingMessage::new(envelope(&me, &input.message), "send-message");
+        if to == "main" {
+            return match service.send(&me, true, message) {
+                Some(Sent::Parent(parent)) => ToolOutput::text(format!(
+                    "Sent to main ({parent}); it reads it at its next tool round."
+                )),
+                _ => ToolOutput::error(
+                    "you are the main agent: `main` names the agent that started you",
+                ),
+            };
+        }
+        let valid = format!("main, {}", listed(&mut service.running_children(&me)));
+        let Ok(id) = to.parse::<TaskId>() else {
+            return ToolOutput::error(format!("no recipient `{to}`; send to one of: {valid}"));
+        };
+        if id == me {
+            return ToolOutput::error("you cannot send a message to yourself");
+        }
+        if let Some(Sent::Child(id)) = service.send(&id, false, message) {
+            return ToolOutput::text(format!(
+                "Sent to task {id}; it reads it at its next tool round."
+            ));
+        }
+        let text = match ended(&service, &id).await {
+            Some(state) => format!(
+                "task {id} is not running (it is {state}), so the message was not delivered; \
+                 resuming an ended task to give it a message is not available on this host. \
+                 Running: {valid}"
+            ),
+            None => format!("no recipient `{to}`; send to one of: {valid}"),
+        };
+        ToolOutput::error(text)
+    }
+}

@@ -1,0 +1,214 @@
+//! `TaskStop` and `SendMessage`: stopping a running child (one `killed` notification), giving
+//! a running child a message mid tool round, a child's message to `main`, and every mistake an
+//! `is_error` result that lists the valid choices.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::sync::Arc;
+
+use forkhive_core::TaskStatus;
+use forkhive_core::notification::find_notifications;
+use forkhive_spawn::agent_tool::{AgentTool, AgentToolConfig};
+use forkhive_spawn::control::{SendMessageTool, TaskStopTool};
+use forkhive_spawn::definition::{AgentDefinition, AgentRegistry, DefinitionSource};
+use forkhive_spawn::runtime::{Agent, StopReason};
+use forkhive_spawn::task::{MemoryTaskRegistry, TaskConfig, TaskService};
+use forkhive_spawn::tool::{Tool, ToolFilter, ToolPool};
+use forkhive_transport::{Backend, Request};
+use support::*;
+
+/// The task id in the `Agent` tool's "started in the background as task <id>" result.
+fn started_id(r: &Request) -> String {
+    r.all_messages()
+        .iter()
+        .flat_map(message_results)
+        .collect::<Vec<_>>()
+        .iter()
+        .find_map(|(_, text, _)| {
+            let rest = text.split("as task ").nth(1)?;
+            Some(rest.split_whitespace().next()?.to_owned())
+        })
+        .unwrap()
+}
+
+fn registry() -> AgentRegistry {
+    let mut w = AgentDefinition::new("worker", "does one job", DefinitionSource::Project);
+    w.system_prompt = "You are a worker.".into();
+    AgentRegistry::from_definitions([w])
+}
+
+async fn parent(backend: Arc<dyn Backend>) -> (Agent, Arc<TaskService>) {
+    let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), TaskConfig::default());
+    // Workers keep SendMessage (layer 2 lists it); layer 1 keeps TaskStop from them.
+    let config = AgentToolConfig::default()
+        .with_registry(registry())
+        .with_warm_fanout(None)
+        .with_filter(ToolFilter::default());
+    let tools = ToolPool::new([
+        AgentTool::new(config).unwrap().arc(),
+        Arc::new(TaskStopTool::new().unwrap()) as Arc<dyn Tool>,
+        Arc::new(SendMessageTool::new().unwrap()),
+        TestTool::sleeper("Slow", true, 200).arc(),
+        TestTool::sleeper("Wait", true, 50).arc(),
+    ])
+    .unwrap();
+    let agent = Agent::builder(backend)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(tools)
+        .extension(Arc::clone(&service))
+        .build()
+        .await
+        .unwrap();
+    (agent, service)
+}
+
+fn notifications(agent: &Agent) -> Vec<forkhive_core::TaskNotification> {
+    agent
+        .params()
+        .messages()
+        .iter()
+        .flat_map(|m| find_notifications(m).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn task_stop_kills_a_running_child_once_and_refuses_the_rest() {
+    let b = brain(|r| {
+        if !is_parent(r) {
+            return Plan::Hang;
+        }
+        let n = r.all_messages().len();
+        match n {
+            1 => Plan::Reply(calls(&[(
+                "a1",
+                "Agent",
+                r#"{"description":"forever","prompt":"p","subagent_type":"worker","run_in_background":true}"#,
+            )])),
+            3 => {
+                let id = started_id(r);
+                Plan::Reply(calls(&[
+                    ("s1", "TaskStop", &format!(r#"{{"task_id":"{id}"}}"#)),
+                    ("s2", "TaskStop", r#"{"task_id":"nonsense"}"#),
+                ]))
+            }
+            _ => Plan::Reply(say("done")),
+        }
+    });
+    let (mut p, _service) = parent(b).await;
+    let run = p.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let msgs = p.params().messages().to_vec();
+    let stop_results = message_results(&msgs[4]);
+    assert!(!stop_results[0].2, "{}", stop_results[0].1);
+    assert!(stop_results[0].1.starts_with("Stopping task "));
+    // Run beside the stop, the worker may or may not be listed yet: the text up to the list.
+    assert!(stop_results[1].2);
+    assert!(
+        stop_results[1]
+            .1
+            .starts_with("`nonsense` is not a task id; your running tasks: "),
+        "{}",
+        stop_results[1].1
+    );
+    let ns = notifications(&p);
+    assert_eq!(ns.len(), 1, "exactly one notification");
+    assert_eq!(ns[0].status, TaskStatus::Killed);
+    assert_eq!(run.children()[0].status, Some(TaskStatus::Killed));
+}
+
+#[tokio::test]
+async fn messages_reach_a_running_child_at_its_next_round_and_main_from_a_child() {
+    let b = brain(|r| {
+        let all = r.all_messages();
+        if !is_parent(r) {
+            return match all.len() {
+                // Mid tool round when the parent's message comes.
+                1 => {
+                    assert!(!last_texts(r).join("").contains("<message"));
+                    Plan::Reply(calls(&[("w1", "Slow", "{}")]))
+                }
+                3 => {
+                    let last = all.last().unwrap();
+                    let texts = last_texts(r).join("\n");
+                    assert!(has_tool_result(r));
+                    assert!(
+                        texts.contains("\">hello &lt;worker&gt;</message>"),
+                        "the message arrives with the tool result: {texts:?} in {last:?}"
+                    );
+                    Plan::Reply(calls(&[(
+                        "w2",
+                        "SendMessage",
+                        r#"{"to":"main","message":"got it"}"#,
+                    )]))
+                }
+                _ => Plan::Reply(say("worker done")),
+            };
+        }
+        match all.len() {
+            1 => Plan::Reply(calls(&[(
+                "a1",
+                "Agent",
+                r#"{"description":"listen","prompt":"p","subagent_type":"worker","run_in_background":true}"#,
+            )])),
+            // Let the worker get into its 200 ms tool round first.
+            3 => Plan::Reply(calls(&[("p1", "Wait", "{}")])),
+            5 => {
+                let id = started_id(r);
+                Plan::Reply(calls(&[
+                    (
+                        "m1",
+                        "SendMessage",
+                        &format!(r#"{{"to":"{id}","message":"hello <worker>"}}"#),
+                    ),
+                    (
+                        "m2",
+                        "SendMessage",
+                        r#"{"to":"uds:/tmp/sock","message":"x"}"#,
+                    ),
+                    ("m3", "SendMessage", r#"{"to":"ghost","message":"x"}"#),
+                    ("m4", "SendMessage", r#"{"to":"main","message":"x"}"#),
+                ]))
+            }
+            _ => Plan::Reply(say("done")),
+        }
+    });
+    let (mut p, service) = parent(b).await;
+    let run = p.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let worker = run.children()[0].id;
+    let msgs = p.params().messages().to_vec();
+    let sent = message_results(&msgs[6]);
+    assert_eq!(
+        sent.iter()
+            .map(|(_, t, e)| (t.as_str(), *e))
+            .collect::<Vec<_>>(),
+        [
+            (
+                format!("Sent to task {worker}; it reads it at its next tool round.").as_str(),
+                false
+            ),
+            ("`uds:` addresses are not supported by this host", true),
+            (
+                format!("no recipient `ghost`; send to one of: main, {worker}").as_str(),
+                true
+            ),
+            (
+                "you are the main agent: `main` names the agent that started you",
+                true
+            ),
+        ]
+    );
+    // The worker's message reached its parent.
+    let seen: String = msgs.iter().map(|m| m.text()).collect::<Vec<_>>().join("\n");
+    let all_text = format!("{seen}\n{:?}", msgs);
+    assert!(
+        all_text.contains(&format!("<message from=\\\"{worker}\\\">got it</message>"))
+            || all_text.contains(&format!("<message from=\"{worker}\">got it</message>")),
+        "{all_text}"
+    );
+    // Once it ended, a message to it is refused, not dropped.
+    assert_eq!(service.parent_of(&worker), None);
+    assert_eq!(notifications(&p)[0].status, TaskStatus::Completed);
+}
