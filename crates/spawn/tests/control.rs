@@ -212,3 +212,70 @@ async fn messages_reach_a_running_child_at_its_next_round_and_main_from_a_child(
     assert_eq!(service.parent_of(&worker), None);
     assert_eq!(notifications(&p)[0].status, TaskStatus::Completed);
 }
+
+/// Messages sent from several threads while children start and end: each send lands in a
+/// running child's queue or says the child is gone, nothing blocks, and once the service is
+/// idle no child is reachable any more (its owner cleared it on the way out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sends_under_contention_land_or_say_the_child_is_gone() {
+    use forkhive_spawn::runtime::{PendingMessage, PendingQueue};
+    use std::time::Duration;
+    let service = TaskService::new(
+        Arc::new(MemoryTaskRegistry::new()),
+        TaskConfig::default()
+            .with_deadline(None)
+            .with_stall_after(None),
+    );
+    let queue = PendingQueue::new();
+    let mut ids = Vec::new();
+    for i in 0..24u64 {
+        let child = Agent::builder(brain(move |_| {
+            std::thread::sleep(Duration::from_micros(100 * (i % 5)));
+            Plan::Reply(say("done"))
+        }))
+        .model("m")
+        .build()
+        .await
+        .unwrap();
+        ids.push(start_child(&service, child, &queue, Start::bare()).await);
+    }
+    let ids = Arc::new(ids);
+    let senders: Vec<_> = (0..4)
+        .map(|_| {
+            let (service, ids) = (Arc::clone(&service), Arc::clone(&ids));
+            tokio::spawn(async move {
+                let mut landed = 0;
+                for _ in 0..50 {
+                    for id in ids.iter() {
+                        if service
+                            .send(id, false, PendingMessage::new("ping", "send-message"))
+                            .is_some()
+                        {
+                            landed += 1;
+                        }
+                    }
+                    tokio::task::yield_now().await;
+                }
+                landed
+            })
+        })
+        .collect();
+    for s in senders {
+        tokio::time::timeout(Duration::from_secs(20), s)
+            .await
+            .expect("a sender blocked")
+            .unwrap();
+    }
+    tokio::time::timeout(Duration::from_secs(20), service.wait_idle())
+        .await
+        .expect("the children never ended");
+    for id in ids.iter() {
+        assert_eq!(service.parent_of(id), None);
+        assert!(
+            service
+                .send(id, false, PendingMessage::new("late", "send-message"))
+                .is_none()
+        );
+    }
+    assert_eq!(queue.drain().len(), 24, "one notification per child");
+}
