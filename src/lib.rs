@@ -97,6 +97,11 @@ pub use serde_json;
 #[doc = include_str!("../docs/embedding.md")]
 pub struct EmbeddingDocDoctests;
 
+/// The code in `docs/coordinator.md`, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/coordinator.md")]
+pub struct CoordinatorDocDoctests;
+
 /// The names a host program needs, in one import: building agents and tools, the `Agent`
 /// tool, the task service, events, scripted and simulated backends, usage and prices.
 pub mod prelude {

@@ -79,6 +79,7 @@ macro_rules! setters {
 pub mod agent_tool;
 mod base;
 pub mod control;
+pub mod coordinator;
 pub mod definition;
 pub mod error;
 pub mod runtime;

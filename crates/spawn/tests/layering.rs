@@ -14,6 +14,7 @@ const LAYERS: &[&[&str]] = &[
     &["task"],
     &["strategy"],
     &["agent_tool", "control"],
+    &["coordinator"],
 ];
 
 fn layer(module: &str) -> Option<usize> {

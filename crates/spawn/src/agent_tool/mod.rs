@@ -212,7 +212,9 @@ impl AgentToolConfig {
             "model".into(),
             serde_json::json!({"type": "string", "description": "A model for the agent (default: the agent type's, or yours)"}),
         );
-        if !self.background_disabled && !self.forks() {
+        // Fork mode and coordinator mode force every spawn into the background: no choice to
+        // offer then.
+        if !self.background_disabled && !self.forks() && !self.coordinator_mode {
             props.insert(
                 "run_in_background".into(),
                 serde_json::json!({"type": "boolean", "description": "Run in the background; you will be notified when it finishes"}),

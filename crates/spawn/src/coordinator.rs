@@ -1,0 +1,138 @@
+//! Coordinator mode: an agent that only orchestrates background workers. A configuration of
+//! the pieces that exist, not a new runtime ("Coordinator Mode: A Working Multi-Agent System,
+//! From the Source — one feature flag"): a system prompt of its own, three tools (`Agent`,
+//! `SendMessage`, `TaskStop`), every spawn in the background, forks off, and workers with the
+//! background tool set minus `SendMessage` that cannot spawn.
+//!
+//! [`coordinator`] turns an [`AgentBuilder`] into a coordinator's in one call:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use forkhive_spawn::coordinator::{CoordinatorConfig, coordinator};
+//! use forkhive_spawn::runtime::Agent;
+//! use forkhive_spawn::tool::{ListDir, ToolPool};
+//! use forkhive_transport::ScriptedBackend;
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let workers = ToolPool::new([Arc::new(ListDir::new(".").await?) as _])?;
+//! let builder = Agent::builder(Arc::new(ScriptedBackend::from_texts(["On it."]))).model("m");
+//! let agent = coordinator(builder, CoordinatorConfig::new(workers))?.build().await?;
+//! assert_eq!(agent.tools().names(), ["Agent", "SendMessage", "TaskStop"]);
+//! # Ok::<(), forkhive_spawn::Error>(()) }).unwrap();
+//! ```
+//!
+//! Not yet here: write-heavy workers defaulting to worktree isolation (see
+//! [`worktree`](crate::worktree), made but not yet routed), the scratchpad directory, and
+//! resuming an ended worker to give it a message.
+
+use std::sync::Arc;
+
+use crate::agent_tool::{AgentTool, AgentToolConfig};
+use crate::control::{SendMessageTool, TaskStopTool};
+use crate::error::Result;
+use crate::runtime::AgentBuilder;
+use crate::tool::{Tool, ToolAudience, ToolFilter, ToolPool};
+
+/// The coordinator's system prompt, in our own words after the four phases, the "never
+/// delegate understanding" rule and the prompt-level concurrency rules of "Chapter 20: Agent
+/// Spawning and Orchestration — Coordinator Mode" and "Coordinator Mode: A Working Multi-Agent
+/// System, From the Source — Prompt-Level Concurrency Rules".
+pub const COORDINATOR_PROMPT: &str = "\
+You are a coordinator. You do not do the work yourself: you plan it, hand it to workers, and \
+put their results together. Workers start with nothing but the prompt you give them, run in \
+the background, and report through a <task-notification> when they finish; do not wait or \
+poll for them.
+
+Work in four phases:
+1. Research: send workers to find out what is there. Read-only work runs in parallel freely.
+2. Synthesis: read their reports yourself, understand the problem, and write the \
+implementation plan as concrete instructions: files, functions, what to change and why.
+3. Implementation: hand each part of the plan to a worker. Write-heavy work runs one worker \
+at a time per set of files, or in separate worktrees.
+4. Verification: have a worker check the changes — tests, builds, the behaviour asked for — \
+beside any implementation still running on other files.
+
+Never delegate understanding. A worker's prompt must say what to do, not ask it to work out \
+what you meant: never write \"based on your findings\" or \"based on the research\"; put the \
+findings in the prompt.
+
+Use SendMessage to give a running worker more instructions (by its task id), and TaskStop to \
+stop one that is no longer needed. When the work is done and verified, answer the user.";
+
+/// What a coordinator is made of.
+#[derive(Debug, Clone)]
+pub struct CoordinatorConfig {
+    /// The `Agent` tool's configuration (its registry, limits, deadlines); coordinator mode is
+    /// set on it, which forces every spawn into the background and turns forks off.
+    pub agent_tool: AgentToolConfig,
+    /// The tools workers may have. They get the background set of these (filtering layers 1
+    /// and 2) minus `SendMessage`, and never `Agent`.
+    pub worker_tools: ToolPool,
+}
+
+impl CoordinatorConfig {
+    /// Workers with `worker_tools` and the built-in agent types.
+    pub fn new(worker_tools: ToolPool) -> Self {
+        Self {
+            agent_tool: AgentToolConfig::default(),
+            worker_tools,
+        }
+    }
+
+    /// The same, with this `Agent` tool configuration.
+    #[must_use]
+    pub fn with_agent_tool(mut self, agent_tool: AgentToolConfig) -> Self {
+        self.agent_tool = agent_tool;
+        self
+    }
+}
+
+/// The worker tools' names a coordinator is told about: those a background worker keeps, in
+/// pool order (the same bytes every turn: the list is part of the prompt's cache key).
+pub fn worker_tool_names(config: &CoordinatorConfig) -> Vec<String> {
+    worker_filter(&config.agent_tool.filter)
+        .pool(&config.worker_tools, ToolAudience::Background, None, None)
+        .names()
+        .into_iter()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Layers 1 and 2 for workers: the host's, with `SendMessage` taken away.
+fn worker_filter(filter: &ToolFilter) -> ToolFilter {
+    let mut f = filter.clone();
+    f.global_disallow
+        .push(crate::control::SEND_MESSAGE.to_owned());
+    f
+}
+
+/// Makes `builder` a coordinator's: its system prompt, its three tools, and a user-context
+/// entry `workerTools` listing what its workers can use.
+pub fn coordinator(builder: AgentBuilder, config: CoordinatorConfig) -> Result<AgentBuilder> {
+    let names = worker_tool_names(&config);
+    let CoordinatorConfig {
+        agent_tool,
+        worker_tools,
+    } = config;
+    let filter = worker_filter(&agent_tool.filter);
+    let agent_tool = agent_tool
+        .with_coordinator_mode(true)
+        .with_filter(filter)
+        .with_subagent_tools(Some(worker_tools));
+    let tools = ToolPool::new([
+        AgentTool::new(agent_tool)?.arc(),
+        Arc::new(SendMessageTool::new()?) as Arc<dyn Tool>,
+        Arc::new(TaskStopTool::new()?),
+    ])?;
+    let listed = if names.is_empty() {
+        "(none)".to_owned()
+    } else {
+        names.join(", ")
+    };
+    Ok(builder
+        .system_prompt(COORDINATOR_PROMPT)
+        .tools(tools)
+        .user_context(
+            "workerTools",
+            format!("Workers you start can use these tools: {listed}."),
+        ))
+}

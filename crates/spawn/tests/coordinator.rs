@@ -1,0 +1,120 @@
+//! Coordinator mode: the coordinator's tools and prompt, its workers' tools (the background
+//! set minus SendMessage, no Agent), every spawn in the background, and the same prefix bytes
+//! on every build.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::sync::Arc;
+
+use forkhive_spawn::agent_tool::AgentToolConfig;
+use forkhive_spawn::coordinator::{COORDINATOR_PROMPT, CoordinatorConfig, coordinator};
+use forkhive_spawn::definition::{AgentDefinition, AgentRegistry, DefinitionSource};
+use forkhive_spawn::runtime::{Agent, StopReason};
+use forkhive_spawn::tool::{InBackground, ToolPool};
+use forkhive_transport::{Backend, Request};
+use support::*;
+
+fn is_coordinator(r: &Request) -> bool {
+    r.prefix
+        .system_prompt()
+        .first()
+        .is_some_and(|s| s == COORDINATOR_PROMPT)
+}
+
+fn config() -> CoordinatorConfig {
+    let mut w = AgentDefinition::new("worker", "does one job", DefinitionSource::Host);
+    w.system_prompt = "You are a worker.".into();
+    let workers = ToolPool::new([
+        TestTool::sleeper("Lookup", true, 0).arc(),
+        TestTool::sleeper("Read", true, 0)
+            .in_background(InBackground::ByFilter)
+            .arc(),
+        TestTool::sleeper("SendMessage", true, 0)
+            .in_background(InBackground::ByFilter)
+            .arc(),
+        TestTool::sleeper("Pager", true, 0)
+            .in_background(InBackground::Denied)
+            .arc(),
+    ])
+    .unwrap();
+    let mut registry = AgentRegistry::builtin();
+    let _ = registry.insert(w);
+    CoordinatorConfig::new(workers).with_agent_tool(
+        AgentToolConfig::default()
+            .with_registry(registry)
+            .with_fork_enabled(true)
+            .with_warm_fanout(None),
+    )
+}
+
+async fn build(backend: Arc<dyn Backend>) -> Agent {
+    coordinator(Agent::builder(backend).model("m"), config())
+        .unwrap()
+        .build()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_coordinator_orchestrates_background_workers_that_cannot_spawn_or_message() {
+    let b = brain(|r| {
+        if !is_coordinator(r) {
+            let tools: Vec<&str> = r.prefix.tools().iter().map(|t| t.name.as_str()).collect();
+            assert_eq!(tools, ["Lookup", "Read"], "a worker's tools");
+            return Plan::Reply(say("found it"));
+        }
+        match r.all_messages().len() {
+            1 => {
+                let tools: Vec<&str> = r.prefix.tools().iter().map(|t| t.name.as_str()).collect();
+                assert_eq!(tools, ["Agent", "SendMessage", "TaskStop"]);
+                let agent_schema = r.prefix.tools()[0].input_schema.as_str();
+                assert!(
+                    !agent_schema.contains("run_in_background"),
+                    "{agent_schema}"
+                );
+                // No subagent_type and fork mode asked for: still a worker (forks are off).
+                Plan::Reply(calls(&[
+                    (
+                        "a1",
+                        "Agent",
+                        r#"{"description":"look","prompt":"look","subagent_type":"worker"}"#,
+                    ),
+                    (
+                        "a2",
+                        "Agent",
+                        r#"{"description":"look more","prompt":"look"}"#,
+                    ),
+                ]))
+            }
+            _ => Plan::Reply(say("all done")),
+        }
+    });
+    let mut c = build(b.clone()).await;
+    let run = c.run("investigate").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let kinds: Vec<(&str, bool)> = run
+        .children()
+        .iter()
+        .map(|ch| (ch.agent_type.as_str(), ch.background))
+        .collect();
+    assert_eq!(kinds, [("worker", true), ("general-purpose", true)]);
+    // The user context names what workers can use, in pool order.
+    let context = format!("{:?}", c.params().user_context());
+    assert!(
+        context.contains("Workers you start can use these tools: Lookup, Read."),
+        "{context}"
+    );
+}
+
+/// The coordinator's prefix — prompt, tools, worker list — is the same bytes on every build:
+/// it is the cache key of every turn.
+#[tokio::test]
+async fn the_coordinators_prefix_is_the_same_bytes_every_time() {
+    let a = build(brain(|_| Plan::Reply(say("x")))).await;
+    let b = build(brain(|_| Plan::Reply(say("x")))).await;
+    assert_eq!(
+        a.params().fingerprint().total(),
+        b.params().fingerprint().total()
+    );
+}
