@@ -21,8 +21,8 @@
 //! ```
 //!
 //! Not yet here: write-heavy workers defaulting to worktree isolation (see
-//! [`worktree`](crate::worktree), made but not yet routed), the scratchpad directory, and
-//! resuming an ended worker to give it a message.
+//! [`worktree`](crate::worktree), made but not yet routed), and resuming an ended worker to
+//! give it a message.
 
 use std::sync::Arc;
 
@@ -67,6 +67,9 @@ pub struct CoordinatorConfig {
     /// The tools workers may have. They get the background set of these (filtering layers 1
     /// and 2) minus `SendMessage`, and never `Agent`.
     pub worker_tools: ToolPool,
+    /// A scratchpad directory announced to the coordinator and its workers (see
+    /// [`task::scratchpad`](crate::task::scratchpad), which makes one safely).
+    pub scratchpad: Option<std::path::PathBuf>,
 }
 
 impl CoordinatorConfig {
@@ -75,7 +78,15 @@ impl CoordinatorConfig {
         Self {
             agent_tool: AgentToolConfig::default(),
             worker_tools,
+            scratchpad: None,
         }
+    }
+
+    /// The same, announcing `dir` as the scratchpad.
+    #[must_use]
+    pub fn with_scratchpad(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.scratchpad = Some(dir.into());
+        self
     }
 
     /// The same, with this `Agent` tool configuration.
@@ -112,12 +123,26 @@ pub fn coordinator(builder: AgentBuilder, config: CoordinatorConfig) -> Result<A
     let CoordinatorConfig {
         agent_tool,
         worker_tools,
+        scratchpad,
     } = config;
     let filter = worker_filter(&agent_tool.filter);
+    let mut worker_context = agent_tool.subagent_user_context.clone();
+    let note = scratchpad.as_ref().map(|dir| {
+        format!(
+            "A scratchpad directory shared with the other workers and the coordinator: {}. \
+             Write what others should know there as files under a directory named after your \
+             task id; read theirs. There is no lock: the last write of a file wins.",
+            dir.display()
+        )
+    });
+    if let Some(note) = &note {
+        worker_context.push(("scratchpad".to_owned(), note.clone()));
+    }
     let agent_tool = agent_tool
         .with_coordinator_mode(true)
         .with_filter(filter)
-        .with_subagent_tools(Some(worker_tools));
+        .with_subagent_tools(Some(worker_tools))
+        .with_subagent_user_context(worker_context);
     let tools = ToolPool::new([
         AgentTool::new(agent_tool)?.arc(),
         Arc::new(SendMessageTool::new()?) as Arc<dyn Tool>,
@@ -128,11 +153,23 @@ pub fn coordinator(builder: AgentBuilder, config: CoordinatorConfig) -> Result<A
     } else {
         names.join(", ")
     };
-    Ok(builder
+    let mut builder = builder
         .system_prompt(COORDINATOR_PROMPT)
         .tools(tools)
         .user_context(
             "workerTools",
             format!("Workers you start can use these tools: {listed}."),
-        ))
+        );
+    if let Some(dir) = &scratchpad {
+        builder = builder.user_context(
+            "scratchpad",
+            format!(
+                "A scratchpad directory you and your workers share: {}. Tell workers what to \
+                 read or write there; each writes under its own task id, and the last write of \
+                 a file wins.",
+                dir.display()
+            ),
+        );
+    }
+    Ok(builder)
 }

@@ -118,3 +118,57 @@ async fn the_coordinators_prefix_is_the_same_bytes_every_time() {
         b.params().fingerprint().total()
     );
 }
+
+/// The scratchpad is made below the output root without following links, and announced to
+/// the coordinator and to every worker it starts.
+#[tokio::test]
+async fn the_scratchpad_is_made_safely_and_announced_to_all() {
+    use forkhive_spawn::task::{OutputConfig, scratchpad};
+    let root = tempfile::tempdir().unwrap();
+    let config = OutputConfig::new(root.path(), "s1");
+    let dir = scratchpad(&config).await.unwrap();
+    assert_eq!(dir, root.path().join("s1").join("scratchpad"));
+    assert!(dir.is_dir());
+    assert_eq!(scratchpad(&config).await.unwrap(), dir, "found again");
+
+    // A planted symlink in place of the session directory is refused.
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(elsewhere.path(), root.path().join("s2")).unwrap();
+    let err = scratchpad(&OutputConfig::new(root.path(), "s2"))
+        .await
+        .unwrap_err();
+    assert!(
+        forkhive_core::error::chain(&err).starts_with(&format!(
+            "checking task output directory {}",
+            root.path().join("s2").display()
+        )),
+        "{err}"
+    );
+    assert!(!elsewhere.path().join("scratchpad").exists());
+
+    let announced = dir.display().to_string();
+    let b = brain(move |r| {
+        let context = format!("{:?}", r.prefix.user_context());
+        assert!(context.contains(&announced), "{context}");
+        if is_coordinator(r) && r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[(
+                "a1",
+                "Agent",
+                r#"{"description":"note","prompt":"note it","subagent_type":"worker"}"#,
+            )]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let mut c = coordinator(Agent::builder(b).model("m"), config_with_scratchpad(&dir))
+        .unwrap()
+        .build()
+        .await
+        .unwrap();
+    let run = c.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    assert_eq!(run.children().len(), 1);
+}
+
+fn config_with_scratchpad(dir: &std::path::Path) -> CoordinatorConfig {
+    config().with_scratchpad(dir)
+}

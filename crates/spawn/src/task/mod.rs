@@ -42,7 +42,7 @@ use crate::error::{Error, Result};
 use crate::tool::orchestrate::panic_message;
 use crate::transcript;
 
-pub use output::{OutputConfig, OutputFile};
+pub use output::{OutputConfig, OutputFile, scratchpad};
 use registry::IdMap;
 pub use registry::{MemoryTaskRegistry, Retention, TaskRecord, TaskRegistry, TaskState};
 

@@ -273,6 +273,44 @@ impl Writer {
 
 /// Opens `<root>/<session>/tasks/<id>.output` as [`OutputFile::create`] describes.
 #[cfg(unix)]
+/// Creates (or finds) the session's scratchpad, `<root>/<session>/scratchpad`, walking every
+/// directory below the root without following a symbolic link, as output files are made:
+/// a session or scratchpad directory that is a symlink is refused. Returns its path.
+///
+/// The scratchpad is a directory shared by a coordinator and its workers ("Coordinator Mode:
+/// A Working Multi-Agent System, From the Source — the scratchpad"): no schema, no lock, the
+/// last write of a file wins; by convention each worker writes under its own task id.
+pub async fn scratchpad(config: &OutputConfig) -> Result<PathBuf> {
+    check_session(&config.session)?;
+    let config = config.clone();
+    let root = config.root.clone();
+    tokio::task::spawn_blocking(move || {
+        use rustix::fs::{CWD, Mode, OFlags, openat};
+        let opened = openat(
+            CWD,
+            &config.root,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| Error::Io {
+            action: "opening task output root",
+            path: config.root.clone(),
+            source: e.into(),
+        })?;
+        let session_path = config.root.join(&config.session);
+        let session = open_dir_below(&opened, &config.session, &session_path)?;
+        let path = session_path.join("scratchpad");
+        open_dir_below(&session, "scratchpad", &path)?;
+        Ok(path)
+    })
+    .await
+    .map_err(|e| Error::Io {
+        action: "creating the scratchpad",
+        path: root,
+        source: std::io::Error::other(e),
+    })?
+}
+
 fn open_file(config: &OutputConfig, id: &TaskId) -> Result<(std::fs::File, PathBuf)> {
     use rustix::fs::{CWD, Mode, OFlags, openat};
     let io = |action: &'static str, path: &Path| {
