@@ -20,9 +20,9 @@
 //! # Ok::<(), forkhive_spawn::Error>(()) }).unwrap();
 //! ```
 //!
-//! Not yet here: write-heavy workers defaulting to worktree isolation (see
-//! [`worktree`](crate::worktree), made but not yet routed), and resuming an ended worker to
-//! give it a message.
+//! Not yet here: write-heavy workers defaulting to worktree isolation (a call's
+//! `isolation: "worktree"` works; see [`worktree`](crate::worktree)), and resuming an ended
+//! worker to give it a message.
 
 use std::sync::Arc;
 

@@ -170,3 +170,119 @@ async fn sixteen_worktrees_created_at_once_all_succeed() {
     }
     assert_eq!(branches(repo.path()), "");
 }
+
+mod support;
+
+/// A worker started with `isolation: "worktree"` works in its own checkout: its `LS` sees the
+/// worktree, not the main one; untouched, the tree is gone at the end; with a new file, it is
+/// kept and the notification names it.
+#[tokio::test]
+async fn a_worker_in_a_worktree_sees_it_and_its_owner_keeps_or_removes_it() {
+    use forkhive_core::notification::find_notifications;
+    use forkhive_spawn::agent_tool::{AgentTool, AgentToolConfig};
+    use forkhive_spawn::definition::{AgentDefinition, AgentRegistry, DefinitionSource};
+    use forkhive_spawn::runtime::{Agent, AgentContext, StopReason};
+    use forkhive_spawn::tool::{ListDir, Tool, ToolPool};
+    use std::sync::Arc;
+    use support::*;
+
+    let repo = repo();
+    // Something only the main checkout has: the worktrees' own directory appears there.
+    let root = repo.path().to_path_buf();
+    let b = brain(move |r| {
+        if !is_parent(r) {
+            let me = AgentContext::current().unwrap();
+            if r.all_messages().len() == 1 {
+                return Plan::Reply(calls(&[("l1", "LS", "{}")]));
+            }
+            let (_, listing, is_error) = results(r).pop().unwrap();
+            assert!(!is_error, "{listing}");
+            assert!(listing.contains("lib.rs"), "{listing}");
+            assert!(
+                !listing.contains(".forkhive"),
+                "the worker saw the main checkout: {listing}"
+            );
+            {
+                // The "keep" worker leaves a file behind.
+                let prompt = r.all_messages()[0].text();
+                if prompt.contains("leave a note") {
+                    let wt = root
+                        .join(".forkhive/worktrees")
+                        .join(format!("agent-{}", me.id()));
+                    std::fs::write(wt.join("NOTE.md"), "found it").unwrap();
+                }
+            }
+            return Plan::Reply(say("done"));
+        }
+        match r.all_messages().len() {
+            1 => Plan::Reply(calls(&[
+                (
+                    "a1",
+                    "Agent",
+                    r#"{"description":"look","prompt":"look around","subagent_type":"worker","isolation":"worktree","run_in_background":true}"#,
+                ),
+                (
+                    "a2",
+                    "Agent",
+                    r#"{"description":"note","prompt":"leave a note","subagent_type":"worker","isolation":"worktree","run_in_background":true}"#,
+                ),
+                (
+                    "a3",
+                    "Agent",
+                    r#"{"description":"bad","prompt":"p","subagent_type":"worker","isolation":"docker"}"#,
+                ),
+            ])),
+            _ => Plan::Reply(say("all done")),
+        }
+    });
+    let mut w = AgentDefinition::new("worker", "does one job", DefinitionSource::Project);
+    w.system_prompt = "You are a worker.".into();
+    let config = AgentToolConfig::default()
+        .with_registry(AgentRegistry::from_definitions([w]))
+        .with_isolation_enabled(true)
+        .with_worktree_repo(Some(repo.path().to_path_buf()));
+    let tools = ToolPool::new([
+        AgentTool::new(config).unwrap().arc(),
+        Arc::new(ListDir::new(repo.path()).await.unwrap()) as Arc<dyn Tool>,
+    ])
+    .unwrap();
+    // The main checkout has the worktrees directory once a worktree exists.
+    let mut parent = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(tools)
+        .build()
+        .await
+        .unwrap();
+    let run = parent.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let msgs = parent.params().messages().to_vec();
+    let refused = message_results(&msgs[2]);
+    assert_eq!(
+        (refused[2].1.as_str(), refused[2].2),
+        (
+            "invalid input for tool `Agent`:\nat /isolation: \"docker\" is not one of \"worktree\"",
+            true
+        )
+    );
+    let ns: Vec<_> = msgs
+        .iter()
+        .flat_map(|m| find_notifications(m).unwrap())
+        .collect();
+    assert_eq!(ns.len(), 2);
+    let look = ns.iter().find(|n| n.summary.contains("look")).unwrap();
+    let note = ns.iter().find(|n| n.summary.contains("note")).unwrap();
+    assert_eq!(look.worktree, None, "an untouched worktree is removed");
+    let kept = note.worktree.as_ref().expect("a changed worktree is kept");
+    assert!(kept.path.ends_with(&format!("agent-{}", note.task_id)));
+    assert_eq!(kept.branch, format!("forkhive/agent-{}", note.task_id));
+    assert_eq!(
+        note.note.as_deref(),
+        Some("worktree kept: 1 changed or untracked file(s)")
+    );
+    assert!(std::path::Path::new(&kept.path).join("NOTE.md").exists());
+    assert_eq!(
+        branches(repo.path()).trim(),
+        format!("+ forkhive/agent-{}", note.task_id)
+    );
+}

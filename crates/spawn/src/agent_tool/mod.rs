@@ -120,6 +120,9 @@ pub struct AgentToolConfig {
     /// the task service's [`TaskConfig::deadline`]. A child past its deadline is stopped and
     /// reported `killed`, foreground or background.
     pub deadlines: std::collections::BTreeMap<String, Duration>,
+    /// The git repository workers started with `isolation: "worktree"` get their worktrees
+    /// in (needs [`isolation_enabled`](Self::isolation_enabled)).
+    pub worktree_repo: Option<std::path::PathBuf>,
 }
 
 setters!(AgentToolConfig {
@@ -143,6 +146,7 @@ setters!(AgentToolConfig {
     with_foreground_timeout => foreground_timeout: Duration,
     with_allowed_models => allowed_models: Vec<String>,
     with_deadlines => deadlines: std::collections::BTreeMap<String, Duration>,
+    with_worktree_repo => worktree_repo: Option<std::path::PathBuf>,
 });
 
 impl Default for AgentToolConfig {
@@ -168,6 +172,7 @@ impl Default for AgentToolConfig {
             foreground_timeout: Duration::from_secs(60 * 60),
             allowed_models: Vec::new(),
             deadlines: std::collections::BTreeMap::new(),
+            worktree_repo: None,
         }
     }
 }
@@ -407,9 +412,27 @@ impl AgentTool {
         if input.name.is_some() && input.team_name.is_some() {
             return Err("teammates are not available: this host has not enabled teams".to_owned());
         }
-        if input.isolation.is_some() {
-            return Err("worktree isolation is not available on this host".to_owned());
-        }
+        let isolate = match input.isolation.as_deref() {
+            None => false,
+            Some("worktree") if self.config.isolation_enabled => match &self.config.worktree_repo {
+                Some(_) => true,
+                None => {
+                    return Err(
+                        "worktree isolation is on but this host named no repository \
+                                (`AgentToolConfig::worktree_repo`)"
+                            .to_owned(),
+                    );
+                }
+            },
+            Some(other) if self.config.isolation_enabled => {
+                return Err(format!(
+                    "isolation `{other}` is not available on this host; use `worktree`"
+                ));
+            }
+            Some(_) => {
+                return Err("worktree isolation is not available on this host".to_owned());
+            }
+        };
         if me.depth() + 1 > self.config.max_depth {
             return Err(format!(
                 "cannot start an agent: this agent is at depth {}, and agents may nest at most \
@@ -419,6 +442,13 @@ impl AgentTool {
             ));
         }
         let fork = self.config.forks() && input.subagent_type.is_none();
+        if fork && isolate {
+            return Err(
+                "a fork shares its parent's tools and directory (and prompt cache); name \
+                        a `subagent_type` to start a worker in its own worktree"
+                    .to_owned(),
+            );
+        }
         let strategy: &dyn SpawnStrategy = if fork { &Fork } else { &Subagent };
         let definition = if fork {
             None
@@ -456,6 +486,20 @@ impl AgentTool {
             )),
             _ => None,
         };
+        // Its own checkout on its own branch: its tools work there, and its owner removes it
+        // at the end only if nothing changed.
+        let (worktree, rooted) = match (isolate, &self.config.worktree_repo) {
+            (true, Some(repo)) => {
+                let slug = format!("agent-{child_id}");
+                let wt = crate::worktree::Worktree::create(repo, &slug, None)
+                    .await
+                    .map_err(|e| chain(&e))?;
+                let base = self.config.subagent_tools.as_ref().unwrap_or(&caller.pool);
+                let pool = base.rooted(wt.path()).await.map_err(|e| chain(&e))?;
+                (Some(wt), Some(pool))
+            }
+            _ => (None, None),
+        };
         let prepared = strategy
             .prepare(
                 &input,
@@ -463,7 +507,7 @@ impl AgentTool {
                     caller,
                     turn,
                     registry: &self.config.registry,
-                    subagent_tools: self.config.subagent_tools.as_ref(),
+                    subagent_tools: rooted.as_ref().or(self.config.subagent_tools.as_ref()),
                     filter: &self.filter,
                     heads: &self.heads,
                     child_limits: &self.config.child_limits,
@@ -501,6 +545,7 @@ impl AgentTool {
                     events: caller.events.clone(),
                     ledger: Some(caller.children.clone()),
                     parent_turn: turn.turn(),
+                    worktree,
                     // The host's deadline for the type, else the definition's own.
                     deadline: self
                         .config

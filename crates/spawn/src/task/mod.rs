@@ -380,6 +380,9 @@ pub struct Launch {
     pub ledger: Option<ChildLedger>,
     /// The parent's turn, which its [`EventKind::ChildStarted`] carries.
     pub parent_turn: u32,
+    /// The child's git worktree, which its owner finishes when the child ends: removed when
+    /// nothing changed, otherwise kept and named in the notification's `worktree` tag.
+    pub worktree: Option<crate::worktree::Worktree>,
     /// How long this child may run, in either mode (`None`: [`TaskConfig::deadline`] for a
     /// background child; a foreground one is bounded by its tool call's timeout).
     pub deadline: Option<Duration>,
@@ -548,6 +551,7 @@ struct Owned {
     tool_use_id: Option<String>,
     events: Option<Arc<dyn EventSink>>,
     ledger: Option<ChildLedger>,
+    worktree: Option<crate::worktree::Worktree>,
     report: Option<oneshot::Sender<ChildEnd>>,
     _active: Active,
 }
@@ -619,7 +623,15 @@ impl Owned {
 
     async fn finish(mut self, ended: Ended) {
         let id = self.record.id;
-        let n = self.begin(&ended);
+        let mut n = self.begin(&ended);
+        // The worktree: gone when nothing changed; otherwise kept, and the parent told where.
+        if let Some(wt) = self.worktree.take() {
+            match tokio::time::timeout(DISK_LIMIT, wt.finish()).await {
+                Ok(crate::worktree::Finished::Removed) => {}
+                Ok(crate::worktree::Finished::Kept(why)) => keep(&mut n, &wt, &why.to_string()),
+                Err(_) => keep(&mut n, &wt, "git did not answer in time"),
+            }
+        }
         // 3. The stop record, when the child could not write its own.
         if let (Some(path), Some(stop)) = (&self.record.transcript, ended.unrecorded_stop()) {
             let usage = self.progress.usage();
@@ -660,7 +672,15 @@ impl Owned {
     fn finish_now(mut self, ended: Ended) {
         use futures::FutureExt;
         let id = self.record.id;
-        let n = self.begin(&ended);
+        let mut n = self.begin(&ended);
+        // No runtime to ask git with: the worktree is kept, never removed on a guess.
+        if let Some(wt) = self.worktree.take() {
+            keep(
+                &mut n,
+                &wt,
+                "the runtime shut down before its status could be read",
+            );
+        }
         if let (Some(path), Some(stop)) = (&self.record.transcript, ended.unrecorded_stop())
             && let Err(e) = transcript::append_stop_blocking(path, &stop, self.progress.usage())
         {
@@ -734,6 +754,19 @@ impl Owned {
             }
         }
     }
+}
+
+/// Names a kept worktree in the notification, and why it was kept.
+fn keep(n: &mut TaskNotification, wt: &crate::worktree::Worktree, why: &str) {
+    n.worktree = Some(forkhive_core::notification::WorktreeReport {
+        path: wt.path().display().to_string(),
+        branch: wt.branch().to_owned(),
+    });
+    let line = format!("worktree kept: {why}");
+    n.note = Some(match n.note.take() {
+        Some(note) => format!("{note}; {line}"),
+        None => line,
+    });
 }
 
 /// After a refused or failed move to the terminal state: whether to report. A record already
@@ -912,6 +945,7 @@ impl TaskService {
             ledger,
             parent_turn,
             deadline,
+            worktree,
         } = launch;
         let id = *agent.id();
         let parent = agent.context().parent().copied().unwrap_or(id);
@@ -988,6 +1022,7 @@ impl TaskService {
             tool_use_id,
             events,
             ledger,
+            worktree,
             report,
             _active: Active::new(self),
         }));

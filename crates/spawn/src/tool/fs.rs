@@ -229,6 +229,9 @@ impl Tool for ReadFile {
     fn in_background(&self) -> super::InBackground {
         super::InBackground::ByFilter
     }
+    async fn rooted(&self, root: &Path) -> Option<std::sync::Arc<dyn Tool>> {
+        Some(std::sync::Arc::new(Self::new(root).await.ok()?))
+    }
     async fn call(&self, input: serde_json::Value, cx: &ToolContext) -> ToolOutput {
         let requested = match serde_json::from_value::<PathInput>(input) {
             Ok(PathInput { path: Some(p) }) => p,
@@ -309,6 +312,9 @@ impl Tool for ListDir {
     }
     fn in_background(&self) -> super::InBackground {
         super::InBackground::ByFilter
+    }
+    async fn rooted(&self, root: &Path) -> Option<std::sync::Arc<dyn Tool>> {
+        Some(std::sync::Arc::new(Self::new(root).await.ok()?))
     }
     async fn call(&self, input: serde_json::Value, _cx: &ToolContext) -> ToolOutput {
         let requested = match serde_json::from_value::<PathInput>(input) {

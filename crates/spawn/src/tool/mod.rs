@@ -257,6 +257,13 @@ pub trait Tool: Send + Sync + fmt::Debug + 'static {
         InBackground::Allowed
     }
 
+    /// The same tool working in `root` instead (a worker's git worktree), or `None` when the
+    /// tool has no directory of its own (the default). `ReadFile` and `ListDir` re-root.
+    async fn rooted(&self, root: &std::path::Path) -> Option<Arc<dyn Tool>> {
+        let _ = root;
+        None
+    }
+
     /// Runs the call. `input` has already been validated against the tool's schema and
     /// approved by the permission policy. Failures are returned as [`ToolOutput::error`].
     async fn call(&self, input: serde_json::Value, cx: &ToolContext) -> ToolOutput;
@@ -281,6 +288,9 @@ impl<T: Tool + ?Sized> Tool for Arc<T> {
     }
     fn in_background(&self) -> InBackground {
         (**self).in_background()
+    }
+    async fn rooted(&self, root: &std::path::Path) -> Option<Arc<dyn Tool>> {
+        (**self).rooted(root).await
     }
     async fn call(&self, input: serde_json::Value, cx: &ToolContext) -> ToolOutput {
         (**self).call(input, cx).await

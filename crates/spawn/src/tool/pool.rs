@@ -147,6 +147,19 @@ impl ToolPool {
         }
     }
 
+    /// The same tools, each working in `root` where it can ([`Tool::rooted`]); the others as
+    /// they are. For a worker in its own git worktree.
+    pub async fn rooted(&self, root: &std::path::Path) -> Result<Self> {
+        let mut tools = Vec::with_capacity(self.entries.len());
+        for e in self.entries.iter() {
+            tools.push(match e.tool.rooted(root).await {
+                Some(t) => t,
+                None => Arc::clone(&e.tool),
+            });
+        }
+        Self::new(tools)
+    }
+
     /// Checks `input` against the schema of the tool at `name`.
     ///
     /// `Ok(())` when it conforms (or there is no such tool); otherwise every violation, one
