@@ -20,9 +20,9 @@
 //! # Ok::<(), forkhive_spawn::Error>(()) }).unwrap();
 //! ```
 //!
-//! Not yet here: write-heavy workers defaulting to worktree isolation (a call's
-//! `isolation: "worktree"` works; see [`worktree`](crate::worktree)), and resuming an ended
-//! worker to give it a message.
+//! With isolation enabled and a repository set on the `Agent` tool's configuration, workers
+//! that can write get a git worktree each unless a call says `isolation: "none"` (see
+//! [`worktree`](crate::worktree)). Not yet here: resuming an ended worker to give it a message.
 
 use std::sync::Arc;
 

@@ -261,7 +261,7 @@ async fn a_worker_in_a_worktree_sees_it_and_its_owner_keeps_or_removes_it() {
     assert_eq!(
         (refused[2].1.as_str(), refused[2].2),
         (
-            "invalid input for tool `Agent`:\nat /isolation: \"docker\" is not one of \"worktree\"",
+            "invalid input for tool `Agent`:\nat /isolation: \"docker\" is not one of \"worktree\" or \"none\"",
             true
         )
     );
@@ -285,4 +285,104 @@ async fn a_worker_in_a_worktree_sees_it_and_its_owner_keeps_or_removes_it() {
         branches(repo.path()).trim(),
         format!("+ forkhive/agent-{}", note.task_id)
     );
+}
+
+/// In coordinator mode a worker that can write gets a worktree without asking, unless the
+/// call says `isolation: "none"`; a worker that only reads works in the shared checkout.
+#[tokio::test]
+async fn coordinator_workers_that_write_get_a_worktree_by_default() {
+    use forkhive_core::notification::find_notifications;
+    use forkhive_spawn::agent_tool::AgentToolConfig;
+    use forkhive_spawn::coordinator::{COORDINATOR_PROMPT, CoordinatorConfig, coordinator};
+    use forkhive_spawn::definition::{AgentDefinition, AgentRegistry, DefinitionSource};
+    use forkhive_spawn::runtime::{Agent, AgentContext, StopReason};
+    use forkhive_spawn::tool::{ListDir, Tool, ToolPool};
+    use std::sync::Arc;
+    use support::*;
+
+    let repo = repo();
+    let root = repo.path().to_path_buf();
+    let b = brain(move |r| {
+        let coordinating = r
+            .prefix
+            .system_prompt()
+            .first()
+            .is_some_and(|s| s == COORDINATOR_PROMPT);
+        if !coordinating {
+            // Every worker leaves a file in its worktree, if it has one.
+            let me = AgentContext::current().unwrap();
+            let wt = root
+                .join(".forkhive/worktrees")
+                .join(format!("agent-{}", me.id()));
+            if wt.is_dir() {
+                std::fs::write(wt.join("NOTE.md"), "x").unwrap();
+            }
+            return Plan::Reply(say("done"));
+        }
+        match r.all_messages().len() {
+            1 => Plan::Reply(calls(&[
+                (
+                    "a1",
+                    "Agent",
+                    r#"{"description":"write","prompt":"p","subagent_type":"writer"}"#,
+                ),
+                (
+                    "a2",
+                    "Agent",
+                    r#"{"description":"read","prompt":"p","subagent_type":"reader"}"#,
+                ),
+                (
+                    "a3",
+                    "Agent",
+                    r#"{"description":"shared","prompt":"p","subagent_type":"writer","isolation":"none"}"#,
+                ),
+            ])),
+            _ => Plan::Reply(say("all done")),
+        }
+    });
+    let def = |name: &str, tools: &[&str]| {
+        let mut d = AgentDefinition::new(name, "works", DefinitionSource::Host);
+        d.tools = Some(tools.iter().map(|t| (*t).to_owned()).collect());
+        d
+    };
+    let workers = ToolPool::new([
+        Arc::new(ListDir::new(repo.path()).await.unwrap()) as Arc<dyn Tool>,
+        TestTool::sleeper("Edit", false, 0).arc(),
+    ])
+    .unwrap();
+    let config = CoordinatorConfig::new(workers).with_agent_tool(
+        AgentToolConfig::default()
+            .with_registry(AgentRegistry::from_definitions([
+                def("writer", &["LS", "Edit"]),
+                def("reader", &["LS"]),
+            ]))
+            .with_isolation_enabled(true)
+            .with_worktree_repo(Some(repo.path().to_path_buf())),
+    );
+    let mut c = coordinator(Agent::builder(b).model("m"), config)
+        .unwrap()
+        .build()
+        .await
+        .unwrap();
+    let run = c.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let ns: Vec<_> = c
+        .params()
+        .messages()
+        .iter()
+        .flat_map(|m| find_notifications(m).unwrap())
+        .collect();
+    let kept = |what: &str| {
+        ns.iter()
+            .find(|n| n.summary.contains(&format!("\"{what}\"")))
+            .unwrap()
+            .worktree
+            .is_some()
+    };
+    assert!(
+        kept("write"),
+        "the writer worked in a worktree (kept: it left a file)"
+    );
+    assert!(!kept("read"), "the reader worked in the shared checkout");
+    assert!(!kept("shared"), "isolation: none is honoured");
 }

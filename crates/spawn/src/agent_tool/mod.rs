@@ -242,7 +242,7 @@ impl AgentToolConfig {
         if self.isolation_enabled {
             props.insert(
                 "isolation".into(),
-                serde_json::json!({"type": "string", "enum": ["worktree"], "description": "Run in an isolated git worktree"}),
+                serde_json::json!({"type": "string", "enum": ["worktree", "none"], "description": "worktree: run in an isolated git worktree; none: in the shared directory (the default for agents that only read)"}),
             );
         }
         serde_json::json!({
@@ -412,10 +412,12 @@ impl AgentTool {
         if input.name.is_some() && input.team_name.is_some() {
             return Err("teammates are not available: this host has not enabled teams".to_owned());
         }
-        let isolate = match input.isolation.as_deref() {
-            None => false,
+        // `None` here: the call did not say, and the agent type decides below.
+        let asked = match input.isolation.as_deref() {
+            None => None,
+            Some("none") if self.config.isolation_enabled => Some(false),
             Some("worktree") if self.config.isolation_enabled => match &self.config.worktree_repo {
-                Some(_) => true,
+                Some(_) => Some(true),
                 None => {
                     return Err(
                         "worktree isolation is on but this host named no repository \
@@ -426,7 +428,7 @@ impl AgentTool {
             },
             Some(other) if self.config.isolation_enabled => {
                 return Err(format!(
-                    "isolation `{other}` is not available on this host; use `worktree`"
+                    "isolation `{other}` is not available on this host; use `worktree` or `none`"
                 ));
             }
             Some(_) => {
@@ -442,7 +444,7 @@ impl AgentTool {
             ));
         }
         let fork = self.config.forks() && input.subagent_type.is_none();
-        if fork && isolate {
+        if fork && asked == Some(true) {
             return Err(
                 "a fork shares its parent's tools and directory (and prompt cache); name \
                         a `subagent_type` to start a worker in its own worktree"
@@ -456,6 +458,32 @@ impl AgentTool {
             Some(Subagent::definition(&self.config.registry, &input).map_err(|e| chain(&e))?)
         };
         self.check_model(&input, turn.sent().model(), definition.map(|d| &**d))?;
+        // Unless the call said: a definition's own `isolation: worktree`, and in coordinator
+        // mode any worker that can write, gets a worktree — two writers in one directory lose
+        // edits silently ("Coordinator Mode: A Working Multi-Agent System, From the Source —
+        // gotchas").
+        let isolate = asked.unwrap_or_else(|| {
+            let Some(def) = definition else { return false };
+            if !self.config.isolation_enabled || self.config.worktree_repo.is_none() {
+                return false;
+            }
+            if def.isolation.as_deref() == Some("worktree") {
+                return true;
+            }
+            let base = self.config.subagent_tools.as_ref().unwrap_or(&caller.pool);
+            self.config.coordinator_mode
+                && self
+                    .filter
+                    .pool(
+                        base,
+                        crate::tool::ToolAudience::Background,
+                        def.tools.as_deref(),
+                        def.disallowed_tools.as_deref(),
+                    )
+                    .names()
+                    .iter()
+                    .any(|n| base.get(n).is_some_and(|t| !t.is_read_only()))
+        });
         let definition_background = definition.is_none_or(|d| d.background);
         let background = should_run_async(AsyncInputs {
             run_in_background: input.run_in_background.unwrap_or(false),
