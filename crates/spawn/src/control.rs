@@ -195,7 +195,10 @@ impl Tool for SendMessageTool {
                 "no recipient `{to}`: no task is running; `main` reaches the agent that started you"
             ));
         };
-        let message = PendingMessage::new(envelope(&me, &input.message), "send-message");
+        let message = PendingMessage::new(
+            envelope(&me, &input.message),
+            crate::base::pending::SEND_MESSAGE_ORIGIN,
+        );
         if to == "main" {
             return match service.send(&me, true, message) {
                 Some(Sent::Parent(parent)) => ToolOutput::text(format!(
@@ -213,12 +216,17 @@ impl Tool for SendMessageTool {
         if id == me {
             return ToolOutput::error("you cannot send a message to yourself");
         }
-        if let Some(Sent::Child(id)) = service.send(&id, false, message) {
+        // Only to the tasks the caller started (as `TaskStop`): workers answer `main`.
+        let own = service.parent_of(&id) == Some(me);
+        if own && let Some(Sent::Child(id)) = service.send(&id, false, message) {
             return ToolOutput::text(format!(
                 "Sent to task {id}; it reads it at its next tool round."
             ));
         }
         let text = match ended(&service, &id).await {
+            Some(_) if service.parent_of(&id).is_some() => {
+                format!("task {id} is not one of your tasks; send to one of: {valid}")
+            }
             Some(state) => format!(
                 "task {id} is not running (it is {state}), so the message was not delivered; \
                  resuming an ended task to give it a message is not available on this host. \

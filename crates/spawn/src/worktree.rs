@@ -143,6 +143,11 @@ impl Worktree {
         // met with retries on the lock files.
         static CREATING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
         let _one_at_a_time = CREATING.lock().await;
+        // The trees live inside the checkout: keep them out of the main checkout's status
+        // (and out of a `git add -A`) through the repository's own exclude file.
+        exclude(&top, root.unwrap_or(Path::new(DEFAULT_ROOT)))
+            .await
+            .map_err(|e| fail(format!("could not exclude the worktrees directory: {e}")))?;
         let mut delay = Duration::from_millis(10);
         let mut attempt = 1;
         loop {
@@ -183,9 +188,15 @@ impl Worktree {
     /// Removes the worktree and its branch when nothing changed; otherwise keeps both and says
     /// why. A status git cannot give keeps the tree.
     pub async fn finish(&self) -> Finished {
+        // Ignored files count too: `worktree remove` would delete them (a `.env`, a log).
         let status = match git(
             &self.path,
-            &["status", "--porcelain=v1", "--untracked-files=all"],
+            &[
+                "status",
+                "--porcelain=v1",
+                "--untracked-files=all",
+                "--ignored=matching",
+            ],
         )
         .await
         {
@@ -196,14 +207,20 @@ impl Worktree {
         if changed > 0 {
             return Finished::Kept(Keep::Changes(changed));
         }
-        let range = format!("{}..HEAD", self.base);
-        let commits = match git(&self.path, &["rev-list", "--count", &range]).await {
-            Ok(n) => match n.trim().parse::<u64>() {
-                Ok(n) => n,
-                Err(_) => return Finished::Kept(Keep::Unknown(format!("rev-list said {n:?}"))),
-            },
-            Err(e) => return Finished::Kept(Keep::Unknown(e)),
-        };
+        // New commits on HEAD or on the branch (a worker may have moved HEAD away from it).
+        let mut commits = 0;
+        for tip in ["HEAD".to_owned(), format!("refs/heads/{}", self.branch)] {
+            let range = format!("{}..{tip}", self.base);
+            match git(&self.path, &["rev-list", "--count", &range]).await {
+                Ok(n) => match n.trim().parse::<u64>() {
+                    Ok(n) => commits = commits.max(n),
+                    Err(_) => {
+                        return Finished::Kept(Keep::Unknown(format!("rev-list said {n:?}")));
+                    }
+                },
+                Err(e) => return Finished::Kept(Keep::Unknown(e)),
+            }
+        }
         if commits > 0 {
             return Finished::Kept(Keep::Commits(commits));
         }
@@ -213,11 +230,41 @@ impl Worktree {
         if let Err(e) = git(&self.repo, &["worktree", "remove", &path]).await {
             return Finished::Kept(Keep::Unknown(e));
         }
-        if let Err(e) = git(&self.repo, &["branch", "-D", &self.branch]).await {
-            tracing::warn!(branch = %self.branch, "worktree removed, its branch not: {e}");
+        // Only while it still points at the start: a commit made since is never deleted.
+        let branch_ref = format!("refs/heads/{}", self.branch);
+        if let Err(e) = git(&self.repo, &["update-ref", "-d", &branch_ref, &self.base]).await {
+            tracing::warn!(branch = %self.branch, "worktree removed, its branch kept: {e}");
         }
         Finished::Removed
     }
+}
+
+/// Adds `/<root>/` to the repository's `info/exclude` unless it is there.
+async fn exclude(top: &Path, root: &Path) -> std::result::Result<(), String> {
+    let common = git(top, &["rev-parse", "--git-common-dir"]).await?;
+    let common = top.join(common.trim());
+    let file = common.join("info").join("exclude");
+    let line = format!("/{}/", root.display());
+    let current = match tokio::fs::read_to_string(&file).await {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(format!("reading {}: {e}", file.display())),
+    };
+    if current.lines().any(|l| l.trim() == line) {
+        return Ok(());
+    }
+    tokio::fs::create_dir_all(common.join("info"))
+        .await
+        .map_err(|e| format!("creating {}: {e}", common.join("info").display()))?;
+    let mut text = current;
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str(&line);
+    text.push('\n');
+    tokio::fs::write(&file, text)
+        .await
+        .map_err(|e| format!("writing {}: {e}", file.display()))
 }
 
 /// A little spread, so workers that collided do not retry in step.

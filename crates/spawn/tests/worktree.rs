@@ -47,9 +47,36 @@ async fn an_untouched_worktree_is_removed_with_its_branch() {
     assert!(wt.path().join("lib.rs").is_file());
     assert_eq!(wt.branch(), "forkhive/audit");
     assert_eq!(branches(repo.path()).trim(), "+ forkhive/audit");
+    // The worktrees directory stays out of the main checkout's status.
+    assert_eq!(git(repo.path(), &["status", "--porcelain"]), "");
     assert_eq!(wt.finish().await, Finished::Removed);
     assert!(!wt.path().exists());
     assert_eq!(branches(repo.path()), "");
+}
+
+/// Ignored files and commits moved off HEAD are work too: the tree is kept.
+#[tokio::test]
+async fn ignored_files_and_commits_off_head_keep_the_tree() {
+    let repo = repo();
+    std::fs::write(repo.path().join(".gitignore"), "*.log\n").unwrap();
+    git(repo.path(), &["add", ".gitignore"]);
+    git(repo.path(), &["commit", "-q", "-m", "ignore logs"]);
+    let ignored = Worktree::create(repo.path(), "logs", None).await.unwrap();
+    std::fs::write(ignored.path().join("build.log"), "hours of output").unwrap();
+    assert_eq!(ignored.finish().await, Finished::Kept(Keep::Changes(1)));
+    assert!(ignored.path().join("build.log").exists());
+
+    let detached = Worktree::create(repo.path(), "detached", None)
+        .await
+        .unwrap();
+    std::fs::write(detached.path().join("lib.rs"), "fn d() {}\n").unwrap();
+    git(detached.path(), &["commit", "-q", "-am", "work"]);
+    git(
+        detached.path(),
+        &["checkout", "-q", "--detach", detached.base()],
+    );
+    assert_eq!(detached.finish().await, Finished::Kept(Keep::Commits(1)));
+    assert!(branches(repo.path()).contains("forkhive/detached"));
 }
 
 #[tokio::test]
@@ -336,6 +363,18 @@ async fn coordinator_workers_that_write_get_a_worktree_by_default() {
                     "Agent",
                     r#"{"description":"shared","prompt":"p","subagent_type":"writer","isolation":"none"}"#,
                 ),
+                // A writing tool that cannot move: no worktree by default...
+                (
+                    "a4",
+                    "Agent",
+                    r#"{"description":"shell","prompt":"p","subagent_type":"shell"}"#,
+                ),
+                // ...and asking for one is refused, naming the tool.
+                (
+                    "a5",
+                    "Agent",
+                    r#"{"description":"shell2","prompt":"p","subagent_type":"shell","isolation":"worktree"}"#,
+                ),
             ])),
             _ => Plan::Reply(say("all done")),
         }
@@ -347,14 +386,16 @@ async fn coordinator_workers_that_write_get_a_worktree_by_default() {
     };
     let workers = ToolPool::new([
         Arc::new(ListDir::new(repo.path()).await.unwrap()) as Arc<dyn Tool>,
-        TestTool::sleeper("Edit", false, 0).arc(),
+        Arc::new(Touch(repo.path().to_path_buf(), touch_definition())),
+        TestTool::sleeper("Shell", false, 0).arc(),
     ])
     .unwrap();
     let config = CoordinatorConfig::new(workers).with_agent_tool(
         AgentToolConfig::default()
             .with_registry(AgentRegistry::from_definitions([
-                def("writer", &["LS", "Edit"]),
+                def("writer", &["LS", "Touch"]),
                 def("reader", &["LS"]),
+                def("shell", &["LS", "Shell"]),
             ]))
             .with_isolation_enabled(true)
             .with_worktree_repo(Some(repo.path().to_path_buf())),
@@ -375,7 +416,7 @@ async fn coordinator_workers_that_write_get_a_worktree_by_default() {
     let kept = |what: &str| {
         ns.iter()
             .find(|n| n.summary.contains(&format!("\"{what}\"")))
-            .unwrap()
+            .unwrap_or_else(|| panic!("no notification for {what}: {:?}", c.params().messages()))
             .worktree
             .is_some()
     };
@@ -385,4 +426,54 @@ async fn coordinator_workers_that_write_get_a_worktree_by_default() {
     );
     assert!(!kept("read"), "the reader worked in the shared checkout");
     assert!(!kept("shared"), "isolation: none is honoured");
+    assert!(
+        !kept("shell"),
+        "a writer that cannot move works where it would have"
+    );
+    let refused = message_results(&c.params().messages()[2]);
+    assert_eq!(
+        (refused[4].1.as_str(), refused[4].2),
+        (
+            "tool \"Shell\": it changes things but cannot work in a worktree (it does not \
+             implement `Tool::rooted`)",
+            true
+        )
+    );
+    // The main checkout's status does not show the worktrees directory.
+    assert_eq!(git(repo.path(), &["status", "--porcelain"]), "");
+}
+
+/// A writing tool with a directory of its own: it moves into a worktree.
+#[derive(Debug)]
+struct Touch(std::path::PathBuf, forkhive_core::ToolDefinition);
+
+fn touch_definition() -> forkhive_core::ToolDefinition {
+    forkhive_core::ToolDefinition::new("Touch", "creates a file", r#"{"type":"object"}"#).unwrap()
+}
+
+#[async_trait::async_trait]
+impl forkhive_spawn::tool::Tool for Touch {
+    fn definition(&self) -> &forkhive_core::ToolDefinition {
+        &self.1
+    }
+    fn is_concurrency_safe(&self, _: &serde_json::Value) -> bool {
+        false
+    }
+    fn is_read_only(&self) -> bool {
+        false
+    }
+    async fn rooted(&self, root: &Path) -> Option<std::sync::Arc<dyn forkhive_spawn::tool::Tool>> {
+        Some(std::sync::Arc::new(Touch(
+            root.to_path_buf(),
+            touch_definition(),
+        )))
+    }
+    async fn call(
+        &self,
+        _: serde_json::Value,
+        _: &forkhive_spawn::tool::ToolContext,
+    ) -> forkhive_spawn::tool::ToolOutput {
+        std::fs::write(self.0.join("TOUCHED"), "").unwrap();
+        forkhive_spawn::tool::ToolOutput::text("touched")
+    }
 }

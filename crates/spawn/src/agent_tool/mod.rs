@@ -522,11 +522,53 @@ impl AgentTool {
                 let wt = crate::worktree::Worktree::create(repo, &slug, None)
                     .await
                     .map_err(|e| chain(&e))?;
+                // The tools it will have (its definition's, through the layers), moved there.
                 let base = self.config.subagent_tools.as_ref().unwrap_or(&caller.pool);
-                let pool = base.rooted(wt.path()).await.map_err(|e| chain(&e))?;
-                (Some(wt), Some(pool))
+                let audience = if background {
+                    crate::tool::ToolAudience::Background
+                } else {
+                    crate::tool::ToolAudience::Foreground
+                };
+                let base = self.filter.pool(
+                    base,
+                    audience,
+                    definition.and_then(|d| d.tools.as_deref()),
+                    definition.and_then(|d| d.disallowed_tools.as_deref()),
+                );
+                match base.rooted(wt.path()).await {
+                    Ok(pool) => (Some(wt), Some(pool)),
+                    Err(e) => {
+                        // Nobody owns the tree yet: this call finishes it (untouched: removed).
+                        let _ = wt.finish().await;
+                        if asked == Some(true) {
+                            return Err(chain(&e));
+                        }
+                        // Chosen by default, not asked for: the worker works as it would have.
+                        tracing::warn!("no worktree for this worker: {}", chain(&e));
+                        (None, None)
+                    }
+                }
             }
             _ => (None, None),
+        };
+        // A worker in a worktree is told where it works, and where to commit.
+        let with_tree;
+        let user_context = match &worktree {
+            Some(wt) => {
+                let mut uc = self.config.subagent_user_context.clone();
+                uc.push((
+                    "worktree".to_owned(),
+                    format!(
+                        "You work in your own git worktree at {} on branch {}. Commit your work \
+                         there; other workers do not see it until it is merged.",
+                        wt.path().display(),
+                        wt.branch()
+                    ),
+                ));
+                with_tree = uc;
+                &with_tree
+            }
+            None => &self.config.subagent_user_context,
         };
         let prepared = strategy
             .prepare(
@@ -539,7 +581,7 @@ impl AgentTool {
                     filter: &self.filter,
                     heads: &self.heads,
                     child_limits: &self.config.child_limits,
-                    user_context: &self.config.subagent_user_context,
+                    user_context,
                     fork_layout: self.config.fork_layout,
                     warm_fanout: self.config.warm_fanout,
                     progress: Arc::clone(&progress),
@@ -548,8 +590,17 @@ impl AgentTool {
                 },
                 background,
             )
-            .await
-            .map_err(|e| chain(&e))?;
+            .await;
+        let prepared = match prepared {
+            Ok(p) => p,
+            Err(e) => {
+                // Not started: the tree has no owner yet, so this call finishes it.
+                if let Some(wt) = &worktree {
+                    let _ = wt.finish().await;
+                }
+                return Err(chain(&e));
+            }
+        };
         let mode = if background {
             Mode::Background
         } else {

@@ -16,6 +16,9 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
+/// The origin of a message one agent sends another (`SendMessage`).
+pub const SEND_MESSAGE_ORIGIN: &str = "send-message";
+
 /// One message waiting for an agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingMessage {

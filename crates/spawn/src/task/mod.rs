@@ -598,20 +598,44 @@ impl Owned {
         // 1. The token: the child and everything below it stop. A child whose run returned at
         //    a limit may have left background children of its own; nobody reads their queue.
         self.cancel.cancel();
-        self.service
+        let live = self
+            .service
             .tokens
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&id);
         // 2. The slot.
         drop(self.slot.take());
-        notification(
+        let mut n = notification(
             &self.record,
             ended,
             &self.progress,
             self.tool_use_id.take(),
             self.output.as_deref(),
-        )
+        );
+        // Messages sent to it after its last read (`SendMessage` reported them sent): not lost
+        // in silence, but returned to its parent in its notification.
+        if let Some(live) = live {
+            let unread: Vec<String> = live
+                .inbox
+                .drain()
+                .into_iter()
+                .filter(|m| m.origin == crate::base::pending::SEND_MESSAGE_ORIGIN)
+                .map(|m| m.text)
+                .collect();
+            if !unread.is_empty() {
+                let line = format!(
+                    "{} message(s) arrived after it stopped reading: {}",
+                    unread.len(),
+                    unread.join(" ")
+                );
+                n.note = Some(match n.note.take() {
+                    Some(note) => format!("{note}; {line}"),
+                    None => line,
+                });
+            }
+        }
+        n
     }
 
     fn usage(&self, ended: &Ended) -> Usage {
@@ -958,8 +982,22 @@ impl TaskService {
         record.agent_type = agent_type;
         record.transcript = agent.transcript_path().map(PathBuf::from);
         record.output = output.as_ref().map(|o| o.path().to_path_buf());
-        self.registry.create(record.clone()).await?;
-        self.registry.transition(&id, TaskState::Running).await?;
+        // Not started if the registry refuses it: a worktree made for it is finished here, the
+        // one owner it has until then.
+        let registered = match self.registry.create(record.clone()).await {
+            Ok(()) => self
+                .registry
+                .transition(&id, TaskState::Running)
+                .await
+                .map(|_| ()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = registered {
+            if let Some(wt) = &worktree {
+                let _ = wt.finish().await;
+            }
+            return Err(e);
+        }
         // Started: the parent's ledger and sink hear of it before the child's first event.
         let background = mode == Mode::Background;
         if let Some(ledger) = &ledger {

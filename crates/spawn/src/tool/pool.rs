@@ -147,14 +147,25 @@ impl ToolPool {
         }
     }
 
-    /// The same tools, each working in `root` where it can ([`Tool::rooted`]); the others as
-    /// they are. For a worker in its own git worktree.
+    /// The same tools, each working in `root` where it can ([`Tool::rooted`]); read-only
+    /// tools that cannot move stay as they are. For a worker in its own git worktree.
+    ///
+    /// A tool that changes things but cannot move is an [`Error::Tool`]: it would write in
+    /// the shared checkout while the worker seemed isolated.
     pub async fn rooted(&self, root: &std::path::Path) -> Result<Self> {
         let mut tools = Vec::with_capacity(self.entries.len());
         for e in self.entries.iter() {
             tools.push(match e.tool.rooted(root).await {
                 Some(t) => t,
-                None => Arc::clone(&e.tool),
+                None if e.tool.is_read_only() => Arc::clone(&e.tool),
+                None => {
+                    return Err(Error::Tool {
+                        name: e.tool.definition().name.clone(),
+                        message: "it changes things but cannot work in a worktree (it does \
+                                  not implement `Tool::rooted`)"
+                            .to_owned(),
+                    });
+                }
             });
         }
         Self::new(tools)
