@@ -123,6 +123,15 @@ pub enum Error {
         message: String,
     },
 
+    /// A tool call's input does not match the tool's JSON Schema.
+    #[error("invalid input for tool `{tool}`:\n{}", problems.join("\n"))]
+    InvalidInput {
+        /// The tool.
+        tool: String,
+        /// Every violation, as `at <JSON pointer>: <what is wrong>` (the root is `at /`).
+        problems: Vec<String>,
+    },
+
     /// A verification run gave no usable verdict.
     #[error("verification failed: {0}")]
     Verification(String),

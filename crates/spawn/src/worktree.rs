@@ -32,7 +32,7 @@ const LOCK_ATTEMPTS: u32 = 12;
 
 /// Checks a worktree slug: at most [`MAX_SLUG`] characters, `/`-separated segments of
 /// `[A-Za-z0-9._-]`, none of them empty, `.`, `..` or `.git`. Returns what is wrong.
-pub fn check_slug(slug: &str) -> std::result::Result<(), String> {
+fn check_slug(slug: &str) -> std::result::Result<(), String> {
     if slug.is_empty() {
         return Err("a worktree slug may not be empty".to_owned());
     }

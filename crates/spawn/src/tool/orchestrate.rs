@@ -176,10 +176,7 @@ impl Round<'_> {
         };
         match self.pool.validate(&call.name, &input) {
             Ok(()) => Prepared::Run(input),
-            Err(problems) => Prepared::Answered(ToolOutput::error(format!(
-                "invalid input for tool `{}`:\n{problems}",
-                call.name
-            ))),
+            Err(e) => Prepared::Answered(ToolOutput::error(e.to_string())),
         }
     }
 
@@ -230,7 +227,11 @@ impl Round<'_> {
             PermissionDecision::Allow => input,
             PermissionDecision::Deny { reason } => return ToolOutput::error(reason),
             PermissionDecision::AllowWithInput(rewritten) => {
-                if let Err(problems) = self.pool.validate(&call.name, &rewritten) {
+                if let Err(e) = self.pool.validate(&call.name, &rewritten) {
+                    let problems = match e {
+                        crate::Error::InvalidInput { problems, .. } => problems.join("\n"),
+                        other => other.to_string(),
+                    };
                     return ToolOutput::error(format!(
                         "the permission policy rewrote the input of `{}` into one that does not \
                          match its schema:\n{problems}",

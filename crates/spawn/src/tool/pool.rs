@@ -173,13 +173,10 @@ impl ToolPool {
 
     /// Checks `input` against the schema of the tool at `name`.
     ///
-    /// `Ok(())` when it conforms (or there is no such tool); otherwise every violation, one
-    /// per line, as `at <JSON pointer>: <what is wrong>` (the root is `at /`).
-    pub fn validate(
-        &self,
-        name: &str,
-        input: &serde_json::Value,
-    ) -> std::result::Result<(), String> {
+    /// `Ok(())` when it conforms (or there is no such tool); otherwise
+    /// [`Error::InvalidInput`] with every violation, as `at <JSON pointer>: <what is wrong>`
+    /// (the root is `at /`).
+    pub fn validate(&self, name: &str, input: &serde_json::Value) -> Result<()> {
         let Some(&i) = self.index.get(name) else {
             return Ok(());
         };
@@ -199,7 +196,10 @@ impl ToolPool {
         if problems.is_empty() {
             Ok(())
         } else {
-            Err(problems.join("\n"))
+            Err(Error::InvalidInput {
+                tool: name.to_owned(),
+                problems,
+            })
         }
     }
 }
@@ -243,12 +243,20 @@ mod tests {
             r#"{"type":"object","properties":{"n":{"type":"integer"}},"required":["path"]}"#,
         )])
         .unwrap();
-        assert_eq!(
+        let Err(Error::InvalidInput { tool, problems }) =
             pool.validate("T", &serde_json::json!({"n": "x"}))
-                .unwrap_err(),
-            "at /: \"path\" is a required property\nat /n: \"x\" is not of type \"integer\""
+        else {
+            panic!("invalid input accepted")
+        };
+        assert_eq!(tool, "T");
+        assert_eq!(
+            problems,
+            [
+                "at /: \"path\" is a required property",
+                "at /n: \"x\" is not of type \"integer\""
+            ]
         );
-        assert_eq!(pool.validate("T", &serde_json::json!({"path": 1})), Ok(()));
+        assert!(pool.validate("T", &serde_json::json!({"path": 1})).is_ok());
     }
 
     #[test]
