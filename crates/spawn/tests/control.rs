@@ -51,6 +51,7 @@ async fn parent(backend: Arc<dyn Backend>) -> (Agent, Arc<TaskService>) {
         Arc::new(SendMessageTool::new().unwrap()),
         TestTool::sleeper("Slow", true, 200).arc(),
         TestTool::sleeper("Wait", true, 50).arc(),
+        TestTool::sleeper("Long", true, 1000).arc(),
     ])
     .unwrap();
     let agent = Agent::builder(backend)
@@ -278,4 +279,75 @@ async fn sends_under_contention_land_or_say_the_child_is_gone() {
         );
     }
     assert_eq!(queue.drain().len(), 24, "one notification per child");
+}
+
+/// A worker cannot message a task it did not start — a running sibling included: the refusal
+/// says so and lists what it may reach.
+#[tokio::test]
+async fn a_message_to_a_task_the_caller_did_not_start_is_refused() {
+    use std::sync::Mutex;
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let b = brain(move |r| {
+        let all = r.all_messages();
+        if !is_parent(r) {
+            let first = all[0].text();
+            return match (first.contains("talker"), all.len()) {
+                // The sibling stays busy for a second.
+                (false, 1) => Plan::Reply(calls(&[("l1", "Long", "{}")])),
+                (true, 1) => Plan::Reply(calls(&[("w1", "Slow", "{}")])),
+                (true, 3) => {
+                    let sibling = seen.lock().unwrap()[1].clone();
+                    Plan::Reply(calls(&[(
+                        "w2",
+                        "SendMessage",
+                        &format!(r#"{{"to":"{sibling}","message":"psst"}}"#),
+                    )]))
+                }
+                (true, 5) => {
+                    let (_, text, is_error) = results(r).pop().unwrap();
+                    assert!(is_error);
+                    let sibling = seen.lock().unwrap()[1].clone();
+                    assert_eq!(
+                        text,
+                        format!(
+                            "task {sibling} is not one of your tasks; send to one of: main, none"
+                        )
+                    );
+                    Plan::Reply(say("refused as expected"))
+                }
+                _ => Plan::Reply(say("done")),
+            };
+        }
+        match all.len() {
+            1 => Plan::Reply(calls(&[
+                (
+                    "a1",
+                    "Agent",
+                    r#"{"description":"talker","prompt":"talker","subagent_type":"worker","run_in_background":true}"#,
+                ),
+                (
+                    "a2",
+                    "Agent",
+                    r#"{"description":"busy","prompt":"busy","subagent_type":"worker","run_in_background":true}"#,
+                ),
+            ])),
+            3 => {
+                let mut got = Vec::new();
+                for (_, text, _) in results(r) {
+                    let rest = text.split("as task ").nth(1).unwrap();
+                    got.push(rest.split_whitespace().next().unwrap().to_owned());
+                }
+                *seen.lock().unwrap() = got;
+                Plan::Reply(say("waiting"))
+            }
+            _ => Plan::Reply(say("done")),
+        }
+    });
+    let (mut p, _service) = parent(b).await;
+    let run = p.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let ns = notifications(&p);
+    let talker = ns.iter().find(|n| n.summary.contains("talker")).unwrap();
+    assert_eq!(talker.status, TaskStatus::Completed, "{:?}", talker.summary);
+    assert_eq!(talker.result.as_deref(), Some("refused as expected"));
 }
