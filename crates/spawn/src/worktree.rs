@@ -267,6 +267,45 @@ async fn exclude(top: &Path, root: &Path) -> std::result::Result<(), String> {
         .map_err(|e| format!("writing {}: {e}", file.display()))
 }
 
+/// A worktree between its creation and the owner that finishes it (a child's supervisor):
+/// if it is dropped before [`take`](Self::take) — the spawn failed, or the future making it
+/// was dropped — it finishes the tree in a task of its own (removed, since nobody worked in
+/// it), so no path leaves a tree behind without an owner.
+#[derive(Debug)]
+pub struct Unfinished(Option<Worktree>);
+
+impl Unfinished {
+    /// Guards `worktree`.
+    pub fn new(worktree: Worktree) -> Self {
+        Self(Some(worktree))
+    }
+
+    /// The worktree, for its owner to finish.
+    pub fn take(mut self) -> Option<Worktree> {
+        self.0.take()
+    }
+
+    /// The worktree, while guarded.
+    pub fn get(&self) -> Option<&Worktree> {
+        self.0.as_ref()
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        let Some(wt) = self.0.take() else { return };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    let _ = wt.finish().await;
+                });
+            }
+            // No runtime to ask git with: kept, never removed on a guess.
+            Err(_) => tracing::warn!(path = %wt.path().display(), "worktree left unfinished"),
+        }
+    }
+}
+
 /// A little spread, so workers that collided do not retry in step.
 fn jitter(attempt: u32) -> Duration {
     let nanos = std::time::SystemTime::now()

@@ -54,6 +54,30 @@ async fn an_untouched_worktree_is_removed_with_its_branch() {
     assert_eq!(branches(repo.path()), "");
 }
 
+/// A worktree dropped before any owner took it (a spawn that failed or was dropped) is
+/// finished anyway: untouched, it is removed with its branch.
+#[tokio::test]
+async fn an_unowned_worktree_is_finished_when_dropped() {
+    use forkhive_spawn::worktree::Unfinished;
+    let repo = repo();
+    let wt = Worktree::create(repo.path(), "orphan", None).await.unwrap();
+    let path = wt.path().to_path_buf();
+    drop(Unfinished::new(wt));
+    let gone = async {
+        while path.exists() || !branches(repo.path()).is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), gone)
+        .await
+        .expect("the dropped worktree was never finished");
+    // Taken by an owner, it is the owner's: nothing happens on drop.
+    let kept = Worktree::create(repo.path(), "owned", None).await.unwrap();
+    let owned = Unfinished::new(kept).take().unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(owned.path().exists());
+}
+
 /// Ignored files and commits moved off HEAD are work too: the tree is kept.
 #[tokio::test]
 async fn ignored_files_and_commits_off_head_keep_the_tree() {

@@ -519,9 +519,11 @@ impl AgentTool {
         let (worktree, rooted) = match (isolate, &self.config.worktree_repo) {
             (true, Some(repo)) => {
                 let slug = format!("agent-{child_id}");
-                let wt = crate::worktree::Worktree::create(repo, &slug, None)
-                    .await
-                    .map_err(|e| chain(&e))?;
+                let wt = crate::worktree::Unfinished::new(
+                    crate::worktree::Worktree::create(repo, &slug, None)
+                        .await
+                        .map_err(|e| chain(&e))?,
+                );
                 // The tools it will have (its definition's, through the layers), moved there.
                 let base = self.config.subagent_tools.as_ref().unwrap_or(&caller.pool);
                 let audience = if background {
@@ -535,11 +537,14 @@ impl AgentTool {
                     definition.and_then(|d| d.tools.as_deref()),
                     definition.and_then(|d| d.disallowed_tools.as_deref()),
                 );
-                match base.rooted(wt.path()).await {
+                let path = wt.get().map(|w| w.path().to_path_buf()).unwrap_or_default();
+                match base.rooted(&path).await {
                     Ok(pool) => (Some(wt), Some(pool)),
                     Err(e) => {
                         // Nobody owns the tree yet: this call finishes it (untouched: removed).
-                        let _ = wt.finish().await;
+                        if let Some(wt) = wt.take() {
+                            let _ = wt.finish().await;
+                        }
                         if asked == Some(true) {
                             return Err(chain(&e));
                         }
@@ -553,7 +558,7 @@ impl AgentTool {
         };
         // A worker in a worktree is told where it works, and where to commit.
         let with_tree;
-        let user_context = match &worktree {
+        let user_context = match worktree.as_ref().and_then(|w| w.get()) {
             Some(wt) => {
                 let mut uc = self.config.subagent_user_context.clone();
                 uc.push((
@@ -595,7 +600,7 @@ impl AgentTool {
             Ok(p) => p,
             Err(e) => {
                 // Not started: the tree has no owner yet, so this call finishes it.
-                if let Some(wt) = &worktree {
+                if let Some(wt) = worktree.and_then(|w| w.take()) {
                     let _ = wt.finish().await;
                 }
                 return Err(chain(&e));

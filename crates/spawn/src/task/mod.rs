@@ -381,8 +381,9 @@ pub struct Launch {
     /// The parent's turn, which its [`EventKind::ChildStarted`] carries.
     pub parent_turn: u32,
     /// The child's git worktree, which its owner finishes when the child ends: removed when
-    /// nothing changed, otherwise kept and named in the notification's `worktree` tag.
-    pub worktree: Option<crate::worktree::Worktree>,
+    /// nothing changed, otherwise kept and named in the notification's `worktree` tag. Guarded
+    /// until then, so a start that fails or is dropped still finishes it.
+    pub worktree: Option<crate::worktree::Unfinished>,
     /// How long this child may run, in either mode (`None`: [`TaskConfig::deadline`] for a
     /// background child; a foreground one is bounded by its tool call's timeout).
     pub deadline: Option<Duration>,
@@ -993,7 +994,7 @@ impl TaskService {
             Err(e) => Err(e),
         };
         if let Err(e) = registered {
-            if let Some(wt) = &worktree {
+            if let Some(wt) = worktree.and_then(crate::worktree::Unfinished::take) {
                 let _ = wt.finish().await;
             }
             return Err(e);
@@ -1060,7 +1061,7 @@ impl TaskService {
             tool_use_id,
             events,
             ledger,
-            worktree,
+            worktree: worktree.and_then(crate::worktree::Unfinished::take),
             report,
             _active: Active::new(self),
         }));
