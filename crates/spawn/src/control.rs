@@ -4,8 +4,10 @@
 //! SendMessage addressing"). Both answer every mistake with an `is_error` result that says
 //! what the valid choices are: a message is never dropped in silence.
 //!
-//! Not yet here: resuming an ended worker to hand it a message, names as addresses, and
-//! transports for `uds:` and `bridge:` addresses (refused as "not supported by this host").
+//! A message to a task that has ended resumes it from its transcript ("… — SendMessage": a
+//! finished worker is resumed and given the message). An agent started with a `name` is
+//! addressed by it too. Not here: transports for `uds:` and `bridge:` addresses (refused as
+//! "not supported by this host").
 
 use std::sync::Arc;
 
@@ -14,7 +16,7 @@ use forkhive_core::{TaskId, ToolDefinition};
 use serde::Deserialize;
 
 use crate::base::pending::PendingMessage;
-use crate::task::{Sent, TaskService};
+use crate::task::{Recipient, Sent, TaskService};
 use crate::tool::{InBackground, Tool, ToolContext, ToolOutput};
 
 /// The `TaskStop` tool's name.
@@ -94,7 +96,11 @@ impl Tool for TaskStopTool {
             return ToolOutput::error("there are no tasks to stop: none was started");
         };
         let mut mine = service.running_children(&me);
-        let Ok(id) = input.task_id.trim().parse::<TaskId>() else {
+        let by_name = match service.named(&me, input.task_id.trim()) {
+            Ok(Some(Recipient::Running(id))) => Some(id),
+            _ => None,
+        };
+        let Some(id) = by_name.or_else(|| input.task_id.trim().parse::<TaskId>().ok()) else {
             return ToolOutput::error(format!(
                 "`{}` is not a task id; your running tasks: {}",
                 input.task_id,
@@ -209,31 +215,87 @@ impl Tool for SendMessageTool {
                 ),
             };
         }
-        let valid = format!("main, {}", listed(&mut service.running_children(&me)));
-        let Ok(id) = to.parse::<TaskId>() else {
-            return ToolOutput::error(format!("no recipient `{to}`; send to one of: {valid}"));
-        };
-        if id == me {
-            return ToolOutput::error("you cannot send a message to yourself");
-        }
-        // Only to the tasks the caller started (as `TaskStop`): workers answer `main`.
-        let own = service.parent_of(&id) == Some(me);
-        if own && let Some(Sent::Child(id)) = service.send(&id, false, message) {
-            return ToolOutput::text(format!(
-                "Sent to task {id}; it reads it at its next tool round."
-            ));
-        }
-        let text = match ended(&service, &id).await {
-            Some(_) if service.parent_of(&id).is_some() => {
-                format!("task {id} is not one of your tasks; send to one of: {valid}")
+        let valid = recipients(&service, &me);
+        let target = match service.named(&me, to) {
+            Ok(Some(r)) => r,
+            Err(ids) => {
+                return ToolOutput::error(format!(
+                    "`{to}` names more than one of your tasks ({}); send to a task id",
+                    listed(&mut ids.clone())
+                ));
             }
-            Some(state) => format!(
-                "task {id} is not running (it is {state}), so the message was not delivered; \
-                 resuming an ended task to give it a message is not available on this host. \
-                 Running: {valid}"
-            ),
-            None => format!("no recipient `{to}`; send to one of: {valid}"),
+            Ok(None) => {
+                let Ok(id) = to.parse::<TaskId>() else {
+                    return ToolOutput::error(format!(
+                        "no recipient `{to}`; send to one of: {valid}"
+                    ));
+                };
+                if id == me {
+                    return ToolOutput::error("you cannot send a message to yourself");
+                }
+                // Only to the tasks the caller started (as `TaskStop`): workers answer `main`.
+                if service.parent_of(&id) == Some(me) {
+                    Recipient::Running(id)
+                } else if service.resumable_parent(&id) == Some(me) {
+                    Recipient::Resumable(id)
+                } else {
+                    let text = match ended(&service, &id).await {
+                        Some(_)
+                            if service.parent_of(&id).is_some()
+                                || service.resumable_parent(&id).is_some() =>
+                        {
+                            format!("task {id} is not one of your tasks; send to one of: {valid}")
+                        }
+                        Some(state) => format!(
+                            "task {id} is not running (it is {state}) and cannot be resumed (it \
+                             kept no transcript, or was forgotten), so the message was not \
+                             delivered; send to one of: {valid}"
+                        ),
+                        None => format!("no recipient `{to}`; send to one of: {valid}"),
+                    };
+                    return ToolOutput::error(text);
+                }
+            }
         };
-        ToolOutput::error(text)
+        let id = match target {
+            Recipient::Running(id) => match service.send(&id, false, message.clone()) {
+                Some(Sent::Child(id)) => {
+                    return ToolOutput::text(format!(
+                        "Sent to task {id}; it reads it at its next tool round."
+                    ));
+                }
+                // It ended a moment ago: resumed below.
+                _ => id,
+            },
+            Recipient::Resumable(id) => id,
+        };
+        let Some(caller) = crate::runtime::AgentShared::of(cx) else {
+            return ToolOutput::error("SendMessage only works inside an agent loop");
+        };
+        let turn = cx.turn().map_or(0, |t| t.turn());
+        let state = ended(&service, &id)
+            .await
+            .unwrap_or_else(|| "ended".to_owned());
+        match service.revive(caller, turn, id, message).await {
+            Ok(id) => ToolOutput::text(format!(
+                "Task {id} had ended ({state}); it was resumed from its transcript with your \
+                 message and runs in the background again. Its next <task-notification> \
+                 reports this run."
+            )),
+            Err(e) => ToolOutput::error(format!(
+                "task {id} had ended ({state}) and could not be resumed, so the message was \
+                 not delivered: {}",
+                crate::task::error_chain(&e)
+            )),
+        }
     }
+}
+
+/// Whom the caller can send to: `main`, its running tasks (with their names) and its ended
+/// tasks that can be resumed.
+fn recipients(service: &TaskService, me: &TaskId) -> String {
+    std::iter::once("main".to_owned())
+        .chain(service.addresses(me).iter().map(ToString::to_string))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

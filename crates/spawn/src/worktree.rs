@@ -125,47 +125,68 @@ impl Worktree {
             .map_err(|e| fail(format!("the repository has no commit to start from: {e}")))?
             .trim()
             .to_owned();
-        let path = top.join(root.unwrap_or(Path::new(DEFAULT_ROOT))).join(slug);
+        let root = root.unwrap_or(Path::new(DEFAULT_ROOT));
+        let path = top.join(root).join(slug);
         let branch = format!("forkhive/{slug}");
-        let path_arg = path.to_string_lossy().into_owned();
-        let args = [
-            "worktree",
-            "add",
-            "--no-track",
-            "-b",
-            &branch,
-            &path_arg,
-            &base,
-        ];
-        // One `worktree add` at a time in this process: concurrent ones do not only contend
-        // for git's lock files, git also reads the other trees' half-written admin files
-        // ("failed to read .git/worktrees/<name>/commondir") and fails. Other processes are
-        // met with retries on the lock files.
-        static CREATING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-        let _one_at_a_time = CREATING.lock().await;
-        // The trees live inside the checkout: keep them out of the main checkout's status
-        // (and out of a `git add -A`) through the repository's own exclude file.
-        exclude(&top, root.unwrap_or(Path::new(DEFAULT_ROOT)))
+        add(&top, root, &path, Some(&branch), &base)
             .await
-            .map_err(|e| fail(format!("could not exclude the worktrees directory: {e}")))?;
-        let mut delay = Duration::from_millis(10);
-        let mut attempt = 1;
-        loop {
-            match git(&top, &args).await {
-                Ok(_) => break,
-                // Another worker holds one of git's lock files: wait and try again.
-                Err(e) if e.contains(".lock") && attempt < LOCK_ATTEMPTS => {
-                    tokio::time::sleep(delay + jitter(attempt)).await;
-                    delay = (delay * 2).min(Duration::from_millis(500));
-                    attempt += 1;
-                }
-                Err(e) => return Err(fail(format!("git worktree add failed: {e}"))),
-            }
-        }
+            .map_err(fail)?;
         Ok(Self {
             repo: top,
             path,
             branch,
+            base,
+        })
+    }
+
+    /// The same worktree for a worker resumed after it ended: this one if it is still there
+    /// (it was kept), otherwise made again at the same path on the same branch — from the
+    /// branch if it still exists, else from the current `HEAD`.
+    ///
+    /// Errors ([`Error::Worktree`]): git refusing, with its own words.
+    pub async fn reopen(&self) -> Result<Self> {
+        if tokio::fs::try_exists(self.path.join(".git"))
+            .await
+            .unwrap_or(false)
+        {
+            return Ok(self.clone());
+        }
+        let fail = |message: String| Error::Worktree {
+            path: self.path.clone(),
+            message,
+        };
+        let root = self
+            .path
+            .parent()
+            .and_then(|p| p.strip_prefix(&self.repo).ok())
+            .map(Path::to_path_buf)
+            .ok_or_else(|| fail("the worktree is not below its repository".to_owned()))?;
+        let branch_ref = format!("refs/heads/{}", self.branch);
+        let (new_branch, base) = match git(&self.repo, &["rev-parse", "--verify", &branch_ref])
+            .await
+        {
+            Ok(tip) => (None, tip.trim().to_owned()),
+            Err(_) => (
+                Some(self.branch.as_str()),
+                git(&self.repo, &["rev-parse", "HEAD"])
+                    .await
+                    .map_err(|e| fail(format!("the repository has no commit to start from: {e}")))?
+                    .trim()
+                    .to_owned(),
+            ),
+        };
+        let start = if new_branch.is_some() {
+            &base
+        } else {
+            &self.branch
+        };
+        add(&self.repo, &root, &self.path, new_branch, start)
+            .await
+            .map_err(fail)?;
+        Ok(Self {
+            repo: self.repo.clone(),
+            path: self.path.clone(),
+            branch: self.branch.clone(),
             base,
         })
     }
@@ -237,6 +258,58 @@ impl Worktree {
         }
         Finished::Removed
     }
+}
+
+/// `git worktree add` of `path` at `start` (on a new `branch`, or checking out the existing
+/// branch `start` when `branch` is `None`), then its files checked out.
+async fn add(
+    top: &Path,
+    root: &Path,
+    path: &Path,
+    branch: Option<&str>,
+    start: &str,
+) -> std::result::Result<(), String> {
+    let path_arg = path.to_string_lossy().into_owned();
+    let mut args = vec!["worktree", "add", "--no-checkout", "--no-track"];
+    if let Some(b) = branch {
+        args.extend(["-b", b]);
+    }
+    args.extend([path_arg.as_str(), start]);
+    {
+        // One `worktree add` at a time in this process: concurrent ones do not only contend
+        // for git's lock files, git also reads the other trees' half-written admin files
+        // ("failed to read .git/worktrees/<name>/commondir") and fails. Other processes are
+        // met with retries on the lock files. Only the registration is serialised
+        // (`--no-checkout`); each tree's files are written below, in parallel.
+        static CREATING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+        let _one_at_a_time = CREATING.lock().await;
+        // The trees live inside the checkout: keep them out of the main checkout's status
+        // (and out of a `git add -A`) through the repository's own exclude file.
+        exclude(top, root)
+            .await
+            .map_err(|e| format!("could not exclude the worktrees directory: {e}"))?;
+        let mut delay = Duration::from_millis(10);
+        let mut attempt = 1;
+        loop {
+            match git(top, &args).await {
+                Ok(_) => break,
+                // Another worker holds one of git's lock files: wait and try again.
+                Err(e) if e.contains(".lock") && attempt < LOCK_ATTEMPTS => {
+                    tokio::time::sleep(delay + jitter(attempt)).await;
+                    delay = (delay * 2).min(Duration::from_millis(500));
+                    attempt += 1;
+                }
+                Err(e) => return Err(format!("git worktree add failed: {e}")),
+            }
+        }
+    }
+    // The tree's own index and files: nothing shared with the other trees is locked.
+    if let Err(e) = git(path, &["reset", "--hard", "--quiet"]).await {
+        // Nobody has worked in it: take the half-made tree away again.
+        let _ = git(top, &["worktree", "remove", "--force", &path_arg]).await;
+        return Err(format!("checking out the worktree failed: {e}"));
+    }
+    Ok(())
 }
 
 /// Adds `/<root>/` to the repository's `info/exclude` unless it is there.

@@ -522,10 +522,16 @@ async fn the_schema_shows_only_what_the_model_can_use() {
         [
             "description",
             "model",
+            "name",
             "prompt",
             "run_in_background",
             "subagent_type"
         ]
+    );
+    // Without background tasks (and teams) there is nothing to address by name.
+    assert!(
+        !keys(&AgentToolConfig::default().with_background_disabled(true))
+            .contains(&"name".to_owned())
     );
     assert!(!keys(&fork_config()).contains(&"run_in_background".to_owned()));
     let no_bg = AgentToolConfig::default().with_background_disabled(true);

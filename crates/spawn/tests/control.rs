@@ -309,9 +309,7 @@ async fn a_message_to_a_task_the_caller_did_not_start_is_refused() {
                     let sibling = seen.lock().unwrap()[1].clone();
                     assert_eq!(
                         text,
-                        format!(
-                            "task {sibling} is not one of your tasks; send to one of: main, none"
-                        )
+                        format!("task {sibling} is not one of your tasks; send to one of: main")
                     );
                     Plan::Reply(say("refused as expected"))
                 }
@@ -350,4 +348,324 @@ async fn a_message_to_a_task_the_caller_did_not_start_is_refused() {
     let talker = ns.iter().find(|n| n.summary.contains("talker")).unwrap();
     assert_eq!(talker.status, TaskStatus::Completed, "{:?}", talker.summary);
     assert_eq!(talker.result.as_deref(), Some("refused as expected"));
+}
+
+async fn parent_with_transcripts(
+    backend: Arc<dyn Backend>,
+    dir: &std::path::Path,
+) -> (Agent, Arc<TaskService>) {
+    let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), TaskConfig::default());
+    let config = AgentToolConfig::default()
+        .with_registry(registry())
+        .with_warm_fanout(None)
+        .with_filter(ToolFilter::default());
+    let tools = ToolPool::new([
+        AgentTool::new(config).unwrap().arc(),
+        Arc::new(TaskStopTool::new().unwrap()) as Arc<dyn Tool>,
+        Arc::new(SendMessageTool::new().unwrap()),
+        TestTool::sleeper("Long", true, 5000).arc(),
+    ])
+    .unwrap();
+    let agent = Agent::builder(backend)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(tools)
+        .transcript_dir(dir)
+        .extension(Arc::clone(&service))
+        .build()
+        .await
+        .unwrap();
+    (agent, service)
+}
+
+/// A message to a worker that has finished resumes it from its transcript: its next request
+/// extends the conversation (and so the cache) it left, with the message after its answer, and
+/// a second notification reports the new run. It is addressed by its name.
+#[tokio::test]
+async fn a_message_to_a_finished_worker_resumes_it_from_its_transcript() {
+    use std::sync::Mutex;
+    let dir = tempfile::tempdir().unwrap();
+    let worker_requests: Arc<Mutex<Vec<Request>>> = Arc::default();
+    let seen = Arc::clone(&worker_requests);
+    let b = brain(move |r| {
+        let all = r.all_messages();
+        if !is_parent(r) {
+            seen.lock().unwrap().push(r.clone());
+            return match all.len() {
+                1 => Plan::Reply(say("first answer")),
+                _ => {
+                    let text = last_texts(r).join("\n");
+                    assert!(text.contains("\">and the tests?</message>"), "{text}");
+                    Plan::Reply(say("second answer"))
+                }
+            };
+        }
+        match all.len() {
+            1 => Plan::Reply(calls(&[(
+                "a1",
+                "Agent",
+                r#"{"description":"look","prompt":"p","subagent_type":"worker","run_in_background":true,"name":"alpha"}"#,
+            )])),
+            3 => Plan::Reply(say("waiting")),
+            // The first notification has arrived: ask the finished worker a follow-up.
+            5 => Plan::Reply(calls(&[(
+                "m1",
+                "SendMessage",
+                r#"{"to":"alpha","message":"and the tests?"}"#,
+            )])),
+            7 => Plan::Reply(say("waiting again")),
+            _ => Plan::Reply(say("done")),
+        }
+    });
+    let (mut p, service) = parent_with_transcripts(b, dir.path()).await;
+    let run = p.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let worker = run.children()[0].id;
+    let msgs = p.params().messages().to_vec();
+    let sent = message_results(&msgs[6]);
+    assert_eq!(
+        sent[0],
+        (
+            "m1".to_owned(),
+            format!(
+                "Task {worker} had ended (completed); it was resumed from its transcript with \
+                 your message and runs in the background again. Its next <task-notification> \
+                 reports this run."
+            ),
+            false
+        )
+    );
+    let ns = notifications(&p);
+    assert_eq!(ns.len(), 2, "one notification per run");
+    assert!(ns.iter().all(|n| n.task_id == worker));
+    assert_eq!(ns[0].result.as_deref(), Some("first answer"));
+    assert_eq!(ns[1].result.as_deref(), Some("second answer"));
+    assert_eq!(ns[1].status, TaskStatus::Completed);
+    // The resumed request extends the first one byte for byte: the cache it left is read.
+    let reqs = worker_requests.lock().unwrap().clone();
+    assert_eq!(reqs.len(), 2);
+    let (first, second) = (reqs[0].all_messages(), reqs[1].all_messages());
+    assert_eq!(second[..first.len()], first[..]);
+    assert_eq!(second[first.len()].text(), "first answer");
+    // System, tools and contexts unchanged: only the conversation grew.
+    if let Some(brk) = reqs[0].fingerprint().diff(&reqs[1].fingerprint()) {
+        assert!(brk.to_string().starts_with("messages"), "{brk}");
+    }
+    // The ledger has a row per run; the record adds up both.
+    let rows = run.children();
+    assert_eq!(rows.len(), 2);
+    assert!(rows.iter().all(|c| c.id == worker));
+    let record = service.registry().get(&worker).await.unwrap();
+    assert_eq!(record.state.to_string(), "completed");
+    assert_eq!(
+        record.usage.output_tokens,
+        rows.iter().map(|c| c.usage.output_tokens).sum::<u64>()
+    );
+}
+
+/// A stopped worker gets a message too: it is resumed from its transcript — its cancelled
+/// tool call answered with an error — and given it.
+#[tokio::test]
+async fn a_message_to_a_stopped_worker_resumes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = brain(move |r| {
+        let all = r.all_messages();
+        if !is_parent(r) {
+            return match all.len() {
+                1 => Plan::Reply(calls(&[("l1", "Long", "{}")])),
+                _ => {
+                    let text = format!("{:?}", all);
+                    // Stopped mid-call (the call answered as cancelled), or before its first
+                    // request if the stop came first.
+                    assert!(
+                        text.contains("was cancelled") || !text.contains("ToolUse"),
+                        "{text}"
+                    );
+                    assert!(text.contains("wrap up"), "{text}");
+                    Plan::Reply(say("wrapped up"))
+                }
+            };
+        }
+        match all.len() {
+            1 => Plan::Reply(calls(&[(
+                "a1",
+                "Agent",
+                r#"{"description":"long","prompt":"p","subagent_type":"worker","run_in_background":true}"#,
+            )])),
+            3 => {
+                let id = started_id(r);
+                Plan::Reply(calls(&[(
+                    "s1",
+                    "TaskStop",
+                    &format!(r#"{{"task_id":"{id}"}}"#),
+                )]))
+            }
+            5 => Plan::Reply(say("stopping")),
+            7 => {
+                let id = all
+                    .iter()
+                    .flat_map(|m| find_notifications(m).unwrap())
+                    .next()
+                    .unwrap()
+                    .task_id;
+                Plan::Reply(calls(&[(
+                    "m1",
+                    "SendMessage",
+                    &format!(r#"{{"to":"{id}","message":"wrap up"}}"#),
+                )]))
+            }
+            9 => Plan::Reply(say("waiting")),
+            _ => Plan::Reply(say("done")),
+        }
+    });
+    let (mut p, _service) = parent_with_transcripts(b, dir.path()).await;
+    let run = p.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let ns = notifications(&p);
+    assert_eq!(
+        ns.iter().map(|n| n.status).collect::<Vec<_>>(),
+        [TaskStatus::Killed, TaskStatus::Completed]
+    );
+    assert_eq!(ns[1].result.as_deref(), Some("wrapped up"));
+}
+
+/// Without a transcript there is nothing to resume from: the refusal says so, and lists who
+/// can be reached.
+#[tokio::test]
+async fn a_finished_worker_without_a_transcript_cannot_be_resumed_and_says_so() {
+    let b = brain(move |r| {
+        let all = r.all_messages();
+        if !is_parent(r) {
+            return Plan::Reply(say("answer"));
+        }
+        match all.len() {
+            1 => Plan::Reply(calls(&[(
+                "a1",
+                "Agent",
+                r#"{"description":"look","prompt":"p","subagent_type":"worker","run_in_background":true}"#,
+            )])),
+            3 => Plan::Reply(say("waiting")),
+            5 => {
+                let id = started_id(r);
+                Plan::Reply(calls(&[(
+                    "m1",
+                    "SendMessage",
+                    &format!(r#"{{"to":"{id}","message":"more"}}"#),
+                )]))
+            }
+            _ => Plan::Reply(say("done")),
+        }
+    });
+    let (mut p, _service) = parent(b).await;
+    let run = p.run("go").await;
+    let worker = run.children()[0].id;
+    let msgs = p.params().messages().to_vec();
+    assert_eq!(
+        message_results(&msgs[6])[0].1,
+        format!(
+            "task {worker} is not running (it is completed) and cannot be resumed (it kept no \
+             transcript, or was forgotten), so the message was not delivered; send to one of: \
+             main"
+        )
+    );
+}
+
+/// Names: unique among the caller's agents (two started in one round cannot both take one),
+/// and `main` or a task id is reserved.
+#[tokio::test]
+async fn agent_names_are_unique_checked_and_reserved() {
+    let b = brain(move |r| {
+        let all = r.all_messages();
+        if !is_parent(r) {
+            return Plan::Reply(calls(&[("l1", "Long", "{}")]));
+        }
+        let agent = |id: &'static str, name: &str| {
+            (
+                id,
+                "Agent",
+                format!(
+                    r#"{{"description":"d","prompt":"p","subagent_type":"worker","run_in_background":true,"name":"{name}"}}"#
+                ),
+            )
+        };
+        match all.len() {
+            1 => {
+                let list = [
+                    agent("a1", "twin"),
+                    agent("a2", "twin"),
+                    agent("a3", "main"),
+                ];
+                let refs: Vec<(&str, &str, &str)> =
+                    list.iter().map(|(a, b, c)| (*a, *b, c.as_str())).collect();
+                Plan::Reply(calls(&refs))
+            }
+            3 => Plan::Reply(calls(&[("s1", "TaskStop", r#"{"task_id":"twin"}"#)])),
+            _ => Plan::Reply(say("done")),
+        }
+    });
+    let (mut p, _service) = parent(b).await;
+    let run = p.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let msgs = p.params().messages().to_vec();
+    let res = message_results(&msgs[2]);
+    let errors: Vec<&str> = res.iter().filter(|r| r.2).map(|r| r.1.as_str()).collect();
+    assert_eq!(errors.len(), 2, "{res:?}");
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("could not start the agent: the name `twin` is taken by task ")),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .contains(&"agent name `main` is reserved: `main` and task ids already address agents")
+    );
+    // TaskStop takes the name too.
+    let stop = message_results(&msgs[4]);
+    assert!(stop[0].1.starts_with("Stopping task "), "{stop:?}");
+    assert_eq!(notifications(&p)[0].status, TaskStatus::Killed);
+}
+
+/// Two messages to one finished worker in the same round: one resumes it, the other joins
+/// that resume — both are in its first resumed request, and it runs once.
+#[tokio::test]
+async fn messages_racing_to_resume_one_worker_all_arrive_in_one_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = brain(move |r| {
+        let all = r.all_messages();
+        if !is_parent(r) {
+            return match all.len() {
+                1 => Plan::Reply(say("first")),
+                _ => {
+                    let text = last_texts(r).join("\n");
+                    let (one, two) = (text.find(">one</message>"), text.find(">two</message>"));
+                    assert!(one.is_some() && two.is_some(), "{text}");
+                    Plan::Reply(say("both read"))
+                }
+            };
+        }
+        match all.len() {
+            1 => Plan::Reply(calls(&[(
+                "a1",
+                "Agent",
+                r#"{"description":"d","prompt":"p","subagent_type":"worker","run_in_background":true,"name":"w"}"#,
+            )])),
+            3 => Plan::Reply(say("waiting")),
+            5 => Plan::Reply(calls(&[
+                ("m1", "SendMessage", r#"{"to":"w","message":"one"}"#),
+                ("m2", "SendMessage", r#"{"to":"w","message":"two"}"#),
+            ])),
+            7 => Plan::Reply(say("waiting again")),
+            _ => Plan::Reply(say("done")),
+        }
+    });
+    let (mut p, _service) = parent_with_transcripts(b, dir.path()).await;
+    let run = p.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let msgs = p.params().messages().to_vec();
+    let sent = message_results(&msgs[6]);
+    assert!(sent.iter().all(|(_, _, e)| !e), "{sent:?}");
+    let ns = notifications(&p);
+    assert_eq!(ns.len(), 2, "{ns:?}");
+    assert_eq!(ns[1].result.as_deref(), Some("both read"));
 }

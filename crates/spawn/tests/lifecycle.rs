@@ -820,6 +820,9 @@ impl TaskRegistry for Flaky {
         }
         self.inner.transition(id, to).await
     }
+    async fn reopen(&self, id: &forkhive_core::TaskId) -> forkhive_spawn::Result<TaskState> {
+        self.inner.reopen(id).await
+    }
     async fn roll_up(
         &self,
         id: &forkhive_core::TaskId,

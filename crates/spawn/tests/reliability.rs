@@ -353,6 +353,7 @@ async fn a_child_dropped_past_its_grace_is_notified_even_if_dropping_it_panics()
             ledger: None,
             parent_turn: 0,
             deadline: None,
+            name: None,
             worktree: None,
         })
         .await

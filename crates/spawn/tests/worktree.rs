@@ -54,6 +54,38 @@ async fn an_untouched_worktree_is_removed_with_its_branch() {
     assert_eq!(branches(repo.path()), "");
 }
 
+/// A resumed worker works in its worktree again: a kept one as it was (same base, so its
+/// commits still keep it), a removed one made again at the same path on the same branch.
+#[tokio::test]
+async fn a_worktree_reopens_as_kept_or_is_made_again_at_its_path() {
+    let repo = repo();
+    let wt = Worktree::create(repo.path(), "again", None).await.unwrap();
+    std::fs::write(wt.path().join("new.rs"), "fn b() {}\n").unwrap();
+    git(wt.path(), &["add", "."]);
+    git(wt.path(), &["commit", "-q", "-m", "work"]);
+    assert_eq!(wt.finish().await, Finished::Kept(Keep::Commits(1)));
+    let kept = wt.reopen().await.unwrap();
+    assert_eq!(kept, wt);
+    assert!(kept.path().join("new.rs").is_file());
+    assert_eq!(kept.finish().await, Finished::Kept(Keep::Commits(1)));
+    // Removed (merged by hand, tree and branch deleted): made again, from HEAD.
+    git(repo.path(), &["merge", "-q", "forkhive/again"]);
+    git(
+        repo.path(),
+        &["worktree", "remove", &wt.path().to_string_lossy()],
+    );
+    git(repo.path(), &["branch", "-q", "-D", "forkhive/again"]);
+    let made = wt.reopen().await.unwrap();
+    assert_eq!(made.path(), wt.path());
+    assert_eq!(made.branch(), "forkhive/again");
+    assert!(
+        made.path().join("new.rs").is_file(),
+        "from the current HEAD"
+    );
+    assert_eq!(made.finish().await, Finished::Removed);
+    assert_eq!(branches(repo.path()), "");
+}
+
 /// A worktree dropped before any owner took it (a spawn that failed or was dropped) is
 /// finished anyway: untouched, it is removed with its branch.
 #[tokio::test]

@@ -225,11 +225,13 @@ impl AgentToolConfig {
                 serde_json::json!({"type": "boolean", "description": "Run in the background; you will be notified when it finishes"}),
             );
         }
-        if self.teams_enabled {
+        if self.teams_enabled || !self.background_disabled {
             props.insert(
                 "name".into(),
-                serde_json::json!({"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$", "description": "A teammate's name"}),
+                serde_json::json!({"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$", "description": "A name to address the agent by with SendMessage (unique among your agents)"}),
             );
+        }
+        if self.teams_enabled {
             props.insert(
                 "team_name".into(),
                 serde_json::json!({"type": "string", "description": "The team to join"}),
@@ -411,6 +413,9 @@ impl AgentTool {
         }
         if input.name.is_some() && input.team_name.is_some() {
             return Err("teammates are not available: this host has not enabled teams".to_owned());
+        }
+        if let Some(name) = &input.name {
+            check_name(name)?;
         }
         // `None` here: the call did not say, and the agent type decides below.
         let asked = match input.isolation.as_deref() {
@@ -637,6 +642,7 @@ impl AgentTool {
                         .get(definition.map_or("fork", |d| d.name.as_str()))
                         .copied()
                         .or(definition.and_then(|d| d.deadline)),
+                    name: input.name.clone(),
                 },
                 mode,
             )
@@ -661,6 +667,31 @@ impl AgentTool {
         let end = handle.end().await.map_err(|e| e.to_string())?;
         foreground_result(&end)
     }
+}
+
+/// Checks an agent's `name`: 1–64 of `[A-Za-z0-9_-]`, starting with a letter or digit, and
+/// neither `main` nor shaped like a task id (both mean something else to `SendMessage`).
+fn check_name(name: &str) -> Result<(), String> {
+    let ok = name.len() <= 64
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if !ok {
+        return Err(format!(
+            "agent name `{name}` is not valid: use 1-64 letters, digits, `_` and `-`, starting \
+             with a letter or digit"
+        ));
+    }
+    if name == "main" || name.parse::<TaskId>().is_ok() {
+        return Err(format!(
+            "agent name `{name}` is reserved: `main` and task ids already address agents"
+        ));
+    }
+    Ok(())
 }
 
 /// The tool result of a foreground child: its answer and a trailer when it completed (a limit
@@ -819,6 +850,30 @@ mod tests {
 
     /// A deadline for a type the registry does not hold (a typo), or a zero one, is refused
     /// when the tool is built.
+    #[test]
+    fn agent_names_are_checked() {
+        assert_eq!(check_name("researcher-1"), Ok(()));
+        let invalid = |n: &str| {
+            format!(
+                "agent name `{n}` is not valid: use 1-64 letters, digits, `_` and `-`, starting \
+                 with a letter or digit"
+            )
+        };
+        for bad in ["", "no spaces", "-lead", "../x", &"a".repeat(65)] {
+            assert_eq!(check_name(bad), Err(invalid(bad)), "{bad:?}");
+        }
+        let id = TaskId::generate(TaskKind::Agent).to_string();
+        for reserved in ["main", id.as_str()] {
+            assert_eq!(
+                check_name(reserved),
+                Err(format!(
+                    "agent name `{reserved}` is reserved: `main` and task ids already address \
+                     agents"
+                ))
+            );
+        }
+    }
+
     #[test]
     fn deadlines_name_real_types_and_are_not_zero() {
         let typo = AgentToolConfig::default().with_deadline("Explroe", Duration::from_secs(5));

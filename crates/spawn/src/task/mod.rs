@@ -20,6 +20,7 @@
 
 pub mod output;
 pub mod registry;
+mod revive;
 
 use std::fmt;
 use std::future::Future;
@@ -45,6 +46,7 @@ use crate::transcript;
 pub use output::{OutputConfig, OutputFile, scratchpad};
 use registry::IdMap;
 pub use registry::{MemoryTaskRegistry, Retention, TaskRecord, TaskRegistry, TaskState};
+pub use revive::{Address, Recipient};
 
 /// How background children are supervised. Build it from [`TaskConfig::default`] with the
 /// `with_*` setters.
@@ -67,6 +69,9 @@ pub struct TaskConfig {
     pub max_children_per_agent: usize,
     /// Most live children in the whole tree.
     pub max_children_per_tree: usize,
+    /// Most ended background children kept ready to be resumed with a message (see
+    /// [`TaskService::revive`]); past that the oldest is forgotten (0: none is).
+    pub max_resumable: usize,
 }
 
 setters!(TaskConfig {
@@ -76,6 +81,7 @@ setters!(TaskConfig {
     with_output => output: Option<OutputConfig>,
     with_max_children_per_agent => max_children_per_agent: usize,
     with_max_children_per_tree => max_children_per_tree: usize,
+    with_max_resumable => max_resumable: usize,
 });
 
 impl Default for TaskConfig {
@@ -87,6 +93,7 @@ impl Default for TaskConfig {
             output: None,
             max_children_per_agent: 32,
             max_children_per_tree: 256,
+            max_resumable: 64,
         }
     }
 }
@@ -294,6 +301,9 @@ pub struct TaskService {
     per_agent: Mutex<IdMap<usize>>,
     /// The children still running: how to stop each and reach it.
     tokens: Mutex<IdMap<LiveChild>>,
+    /// Ended background children that can be resumed with a message. Locked only after
+    /// `tokens` when both are held.
+    dormant: Mutex<revive::Dormancy>,
     /// Children whose guard has not finished yet.
     active: AtomicUsize,
     /// Woken (all waiters) when `active` reaches zero.
@@ -307,6 +317,7 @@ pub struct TaskService {
 struct LiveChild {
     cancel: CancellationToken,
     parent: TaskId,
+    name: Option<String>,
     inbox: PendingQueue,
     parent_inbox: PendingQueue,
 }
@@ -387,6 +398,35 @@ pub struct Launch {
     /// How long this child may run, in either mode (`None`: [`TaskConfig::deadline`] for a
     /// background child; a foreground one is bounded by its tool call's timeout).
     pub deadline: Option<Duration>,
+    /// A name its parent can address it by (`SendMessage`'s `to`), unique among the parent's
+    /// children that are running or resumable.
+    pub name: Option<String>,
+}
+
+/// A child's entry on the live map between its start and its owner: removed again if the
+/// start fails or its future is dropped.
+struct Claim<'a> {
+    service: &'a TaskService,
+    id: Option<TaskId>,
+}
+
+impl Claim<'_> {
+    /// The owner takes the entry over (its `begin` removes it).
+    fn disarm(mut self) {
+        self.id = None;
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.service
+                .tokens
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
+        }
+    }
 }
 
 /// Work a child awaits before its first request (the cache-warm fan-out wait).
@@ -554,6 +594,11 @@ struct Owned {
     ledger: Option<ChildLedger>,
     worktree: Option<crate::worktree::Worktree>,
     report: Option<oneshot::Sender<ChildEnd>>,
+    /// How to resume it for a message after it ends (a background child with a transcript).
+    revive: Option<revive::Recipe>,
+    /// Dropped when this owner is done: a resume waits for it, so the runs of one task never
+    /// overlap and its notifications arrive in order.
+    _settled: Option<oneshot::Sender<()>>,
     _active: Active,
 }
 
@@ -599,12 +644,36 @@ impl Owned {
         // 1. The token: the child and everything below it stop. A child whose run returned at
         //    a limit may have left background children of its own; nobody reads their queue.
         self.cancel.cancel();
-        let live = self
-            .service
-            .tokens
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
+        let live = {
+            let mut tokens = self
+                .service
+                .tokens
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let live = tokens.remove(&id);
+            // Resumable from now on, in the same step it stops being live: a message sent in
+            // between finds it one way or the other.
+            if let Some(recipe) = self.revive.take() {
+                let (tx, rx) = oneshot::channel();
+                self._settled = Some(tx);
+                self.service
+                    .dormant
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .put(
+                        id,
+                        revive::Dormant::new(
+                            self.record.parent,
+                            self.record.description.clone(),
+                            recipe,
+                            rx,
+                        ),
+                        self.service.config.max_resumable,
+                    );
+            }
+            drop(tokens);
+            live
+        };
         // 2. The slot.
         drop(self.slot.take());
         let mut n = notification(
@@ -821,6 +890,7 @@ impl TaskService {
             live: AtomicUsize::new(0),
             per_agent: Mutex::default(),
             tokens: Mutex::default(),
+            dormant: Mutex::default(),
             active: AtomicUsize::new(0),
             idle: Notify::new(),
             config,
@@ -956,6 +1026,18 @@ impl TaskService {
     /// background, reporting through one notification, or in the foreground, reporting through
     /// the returned handle.
     pub async fn start(self: &Arc<Self>, launch: Launch, mode: Mode) -> Result<ChildHandle> {
+        self.start_as(launch, mode, None).await
+    }
+
+    /// [`start`](Self::start), or — with `resumed`, the recipe it was revived from — the next
+    /// run of an ended task whose record [`revive`](Self::revive) has already reopened.
+    async fn start_as(
+        self: &Arc<Self>,
+        launch: Launch,
+        mode: Mode,
+        resumed: Option<revive::Recipe>,
+    ) -> Result<ChildHandle> {
+        let reopened = resumed.is_some();
         let Launch {
             mut agent,
             first,
@@ -971,6 +1053,7 @@ impl TaskService {
             parent_turn,
             deadline,
             worktree,
+            name,
         } = launch;
         let id = *agent.id();
         let parent = agent.context().parent().copied().unwrap_or(id);
@@ -979,21 +1062,77 @@ impl TaskService {
             None if agent.context().query_source().is_fork() => "fork".to_owned(),
             None => String::new(),
         };
+        // Reachable (to stop, to message) from here on; a name is claimed in the same step it
+        // is checked, so two children started together cannot both take it.
+        let cancel = agent.cancellation().clone();
+        let taken = {
+            let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+            let taken = match &name {
+                Some(n) if !reopened => tokens
+                    .iter()
+                    .find(|(_, c)| c.parent == parent && c.name.as_deref() == Some(n))
+                    .map(|(id, _)| *id)
+                    .or_else(|| {
+                        self.dormant
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .named(&parent, n)
+                    }),
+                _ => None,
+            };
+            if reopened {
+                // Live again: no longer resumable, in the same step.
+                self.dormant
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take(&id);
+            }
+            if taken.is_none() {
+                tokens.insert(
+                    id,
+                    LiveChild {
+                        cancel: cancel.clone(),
+                        parent,
+                        name: name.clone(),
+                        inbox: agent.shared().pending.clone(),
+                        parent_inbox: parent_queue.clone(),
+                    },
+                );
+            }
+            taken
+        };
+        if let (Some(other), Some(n)) = (taken, &name) {
+            if let Some(wt) = worktree.and_then(crate::worktree::Unfinished::take) {
+                let _ = wt.finish().await;
+            }
+            return Err(Error::Refused(format!(
+                "the name `{n}` is taken by task {other}; give this agent another name"
+            )));
+        }
+        // Until its owner exists, a start that fails or is dropped takes the entry away again.
+        let claim = Claim {
+            service: self,
+            id: Some(id),
+        };
         let mut record = TaskRecord::new(id, parent, description);
         record.agent_type = agent_type;
         record.transcript = agent.transcript_path().map(PathBuf::from);
         record.output = output.as_ref().map(|o| o.path().to_path_buf());
         // Not started if the registry refuses it: a worktree made for it is finished here, the
         // one owner it has until then.
-        let registered = match self.registry.create(record.clone()).await {
-            Ok(()) => self
-                .registry
-                .transition(&id, TaskState::Running)
-                .await
-                .map(|_| ()),
-            Err(e) => Err(e),
+        let registered = match reopened {
+            true => Ok(()),
+            false => match self.registry.create(record.clone()).await {
+                Ok(()) => self
+                    .registry
+                    .transition(&id, TaskState::Running)
+                    .await
+                    .map(|_| ()),
+                Err(e) => Err(e),
+            },
         };
         if let Err(e) = registered {
+            drop(claim);
             if let Some(wt) = worktree.and_then(crate::worktree::Unfinished::take) {
                 let _ = wt.finish().await;
             }
@@ -1022,19 +1161,6 @@ impl TaskService {
                 },
             });
         }
-        let cancel = agent.cancellation().clone();
-        self.tokens
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(
-                id,
-                LiveChild {
-                    cancel: cancel.clone(),
-                    parent,
-                    inbox: agent.shared().pending.clone(),
-                    parent_inbox: parent_queue.clone(),
-                },
-            );
         // A cancelled child first waits up to its own `cancel_grace` for its children; it is
         // dropped only `kill_grace` after that, so its stop record is never cut off.
         let grace = agent.shared().limits.cancel_grace + self.config.kill_grace;
@@ -1049,6 +1175,20 @@ impl TaskService {
             }
             Mode::Background => (None, None),
         };
+        // What resuming it for a message needs: a background child that keeps a transcript.
+        let revive = match (mode, &record.transcript) {
+            (Mode::Background, Some(path)) if self.config.max_resumable > 0 => Some(
+                resumed
+                    .unwrap_or_else(|| revive::Recipe::of(&agent, path.clone()))
+                    .with(
+                        name,
+                        deadline,
+                        worktree.as_ref().and_then(|w| w.get().cloned()),
+                    ),
+            ),
+            _ => None,
+        };
+        claim.disarm();
         let mut guard = ChildGuard(Some(Owned {
             service: Arc::clone(self),
             record,
@@ -1063,6 +1203,8 @@ impl TaskService {
             ledger,
             worktree: worktree.and_then(crate::worktree::Unfinished::take),
             report,
+            revive,
+            _settled: None,
             _active: Active::new(self),
         }));
         // The child runs inside its supervisor's task (one task per child, not two): the

@@ -94,7 +94,7 @@ pub struct TaskRecord {
     pub agent_type: String,
     /// Where it is.
     pub state: TaskState,
-    /// Its own usage (set when it ends).
+    /// Its own usage (added when each of its runs ends).
     pub usage: Usage,
     /// Its usage plus every descendant's that has ended.
     pub tree_usage: Usage,
@@ -135,6 +135,12 @@ pub trait TaskRegistry: Send + Sync + fmt::Debug + 'static {
     /// Moves a task to `to`, returning the state it left. Allowed: created → running,
     /// created or running → any terminal state. Everything else is [`Error::Task`].
     async fn transition(&self, id: &TaskId, to: TaskState) -> Result<TaskState>;
+
+    /// Starts an ended task's next run (it was resumed, say to be given a message): terminal →
+    /// running, counted again as live below its ancestors, returning the state it left. Any
+    /// other state is [`Error::Task`]; so is a second reopen racing the first (only one
+    /// caller may revive a task). Its next move to a terminal state reports once more.
+    async fn reopen(&self, id: &TaskId) -> Result<TaskState>;
 
     /// Records a task's own usage when it ends and adds its tree usage to every ancestor's.
     async fn roll_up(&self, id: &TaskId, usage: Usage) -> Result<()>;
@@ -438,12 +444,40 @@ impl TaskRegistry for MemoryTaskRegistry {
         Ok(from)
     }
 
+    async fn reopen(&self, id: &TaskId) -> Result<TaskState> {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let entry = inner.tasks.get_mut(id).ok_or_else(|| unknown(id))?;
+        let from = entry.record.state;
+        if !from.is_terminal() {
+            return Err(Error::Task {
+                id: *id,
+                message: format!("cannot reopen a task that is {from}: only an ended task can"),
+            });
+        }
+        entry.record.state = TaskState::Running;
+        entry.record.stalled = false;
+        let ancestors = std::mem::take(&mut entry.ancestors);
+        for a in &ancestors {
+            if let Some(e) = inner.tasks.get_mut(a) {
+                e.live_below += 1;
+            }
+        }
+        if let Some(e) = inner.tasks.get_mut(id) {
+            e.ancestors = ancestors;
+        }
+        // No longer ended: retention must not forget it while it runs.
+        inner.ended.retain(|(e, _)| e != id);
+        Ok(from)
+    }
+
     async fn roll_up(&self, id: &TaskId, usage: Usage) -> Result<()> {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let entry = inner.tasks.get_mut(id).ok_or_else(|| unknown(id))?;
         // Descendants that ended earlier were added when they ended: add only this task's own.
-        entry.record.usage = usage;
+        // A task resumed for another run adds each run's usage.
+        entry.record.usage += usage;
         entry.record.tree_usage += usage;
         // Every ancestor (registered or not) learns of it.
         let ancestors = std::mem::take(&mut entry.ancestors);
@@ -695,5 +729,73 @@ mod tests {
             "{} of 4096 buckets used",
             buckets.len()
         );
+    }
+
+    #[tokio::test]
+    async fn reopen_starts_an_ended_task_again_once_and_counts_it_live() {
+        let r = MemoryTaskRegistry::new();
+        r.create(TaskRecord::new(id(1), id(0), "parent"))
+            .await
+            .unwrap();
+        r.create(TaskRecord::new(id(2), id(1), "worker"))
+            .await
+            .unwrap();
+        r.transition(&id(2), TaskState::Running).await.unwrap();
+        let not_ended = r.reopen(&id(2)).await.unwrap_err().to_string();
+        assert!(
+            not_ended.contains("cannot reopen a task that is running: only an ended task can"),
+            "{not_ended}"
+        );
+        r.roll_up(&id(2), tokens(3)).await.unwrap();
+        r.transition(&id(2), TaskState::Killed).await.unwrap();
+        assert_eq!(r.reopen(&id(2)).await.unwrap(), TaskState::Killed);
+        // Running again: it reports once more, and its runs' usage adds up.
+        r.roll_up(&id(2), tokens(4)).await.unwrap();
+        assert_eq!(
+            r.transition(&id(2), TaskState::Completed).await.unwrap(),
+            TaskState::Running
+        );
+        let rec = r.get(&id(2)).await.unwrap();
+        assert_eq!(rec.usage.output_tokens, 7);
+        assert_eq!(r.get(&id(1)).await.unwrap().tree_usage.output_tokens, 7);
+        let unknown = r.reopen(&id(9)).await.unwrap_err().to_string();
+        assert!(unknown.contains("no such task"), "{unknown}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn of_many_reopens_at_once_exactly_one_wins() {
+        let r = Arc::new(MemoryTaskRegistry::new());
+        r.create(TaskRecord::new(id(2), id(1), "worker"))
+            .await
+            .unwrap();
+        r.transition(&id(2), TaskState::Completed).await.unwrap();
+        let tries: Vec<_> = (0..16)
+            .map(|_| {
+                let r = Arc::clone(&r);
+                tokio::spawn(async move { r.reopen(&id(2)).await.is_ok() })
+            })
+            .collect();
+        let mut won = 0;
+        for t in tries {
+            won += usize::from(t.await.unwrap());
+        }
+        assert_eq!(won, 1);
+        assert_eq!(r.get(&id(2)).await.unwrap().state, TaskState::Running);
+    }
+
+    #[tokio::test]
+    async fn a_reopened_task_is_not_forgotten_by_retention_while_it_runs() {
+        let r = MemoryTaskRegistry::with_retention(Retention {
+            max_ended: 1,
+            max_age: None,
+        });
+        r.create(TaskRecord::new(id(2), id(1), "a")).await.unwrap();
+        r.transition(&id(2), TaskState::Completed).await.unwrap();
+        r.reopen(&id(2)).await.unwrap();
+        for n in 3..6 {
+            r.create(TaskRecord::new(id(n), id(1), "b")).await.unwrap();
+            r.transition(&id(n), TaskState::Completed).await.unwrap();
+        }
+        assert_eq!(r.get(&id(2)).await.unwrap().state, TaskState::Running);
     }
 }

@@ -360,6 +360,7 @@ pub(crate) async fn start_child(
             ledger: None,
             parent_turn: 0,
             deadline: None,
+            name: None,
             worktree: None,
         })
         .await

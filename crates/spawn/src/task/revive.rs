@@ -1,0 +1,388 @@
+//! Giving an ended background child a message: it is resumed from its transcript, the message
+//! after its last answer, and runs again under a new owner — its next request extends the
+//! cache its last one left ("Coordinator Mode: A Working Multi-Agent System, From the Source —
+//! SendMessage": a message to a worker that has finished resumes it). A message is never
+//! dropped because its recipient is not running.
+//!
+//! When a background child that writes a transcript ends, its owner leaves a [`Dormant`] entry
+//! in the same step that takes it off the live map, so a message sent at that moment finds the
+//! child one way or the other. The entry holds what the child was built with ([`Recipe`]);
+//! [`TaskService::revive`] waits until the previous owner is done (notified, worktree
+//! settled), reopens the record, rebuilds the agent with [`Agent::resume`] and starts it again.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use forkhive_core::TaskId;
+use forkhive_transport::{Backend, RequestSettings};
+use tokio::sync::oneshot;
+
+use super::{ChildSink, FirstInput, Launch, Mode, Progress, TaskService};
+use crate::base::pending::{PendingMessage, PendingQueue};
+use crate::error::{Error, Result};
+use crate::runtime::{Agent, AgentKind, AgentShared, Limits, QuerySource};
+use crate::tool::{PermissionPolicy, ToolPool};
+use crate::worktree::{Unfinished, Worktree};
+
+/// What a child was built with, to build it again from its transcript: the identity, model,
+/// prompt, tools array and conversation come from the transcript; these supply the rest.
+#[derive(Clone)]
+pub(super) struct Recipe {
+    backend: Arc<dyn Backend>,
+    pool: ToolPool,
+    policy: Arc<dyn PermissionPolicy>,
+    limits: Limits,
+    settings: RequestSettings,
+    transcript: PathBuf,
+    name: Option<String>,
+    deadline: Option<Duration>,
+    /// Its worktree (kept or removed when it ended): a resumed child works there again.
+    worktree: Option<Worktree>,
+}
+
+impl Recipe {
+    /// The recipe of `agent`, which writes its transcript at `transcript`.
+    pub(super) fn of(agent: &Agent, transcript: PathBuf) -> Self {
+        let shared = agent.shared();
+        Self {
+            backend: Arc::clone(&shared.backend),
+            pool: shared.pool.clone(),
+            policy: Arc::clone(&shared.policy),
+            limits: shared.limits.clone(),
+            settings: shared.settings.clone(),
+            transcript,
+            name: None,
+            deadline: None,
+            worktree: None,
+        }
+    }
+
+    /// With the run's name, deadline and worktree.
+    pub(super) fn with(
+        mut self,
+        name: Option<String>,
+        deadline: Option<Duration>,
+        worktree: Option<Worktree>,
+    ) -> Self {
+        self.name = name;
+        self.deadline = deadline;
+        self.worktree = worktree;
+        self
+    }
+}
+
+/// An ended child that can be resumed.
+pub(super) struct Dormant {
+    parent: TaskId,
+    description: String,
+    recipe: Recipe,
+    /// Resolves when the previous run's owner is done.
+    settled: Option<oneshot::Receiver<()>>,
+    /// Set while a resume is under way: the new run's queue, where messages sent meanwhile go.
+    reviving: Option<PendingQueue>,
+}
+
+impl Dormant {
+    pub(super) fn new(
+        parent: TaskId,
+        description: String,
+        recipe: Recipe,
+        settled: oneshot::Receiver<()>,
+    ) -> Self {
+        Self {
+            parent,
+            description,
+            recipe,
+            settled: Some(settled),
+            reviving: None,
+        }
+    }
+}
+
+/// The resumable children, oldest first.
+#[derive(Default)]
+pub(super) struct Dormancy {
+    map: super::IdMap<Dormant>,
+    order: VecDeque<TaskId>,
+}
+
+impl Dormancy {
+    /// Keeps `d` for `id`, forgetting the oldest past `max`.
+    pub(super) fn put(&mut self, id: TaskId, d: Dormant, max: usize) {
+        if self.map.insert(id, d).is_none() {
+            self.order.push_back(id);
+        }
+        while self.map.len() > max {
+            match self.order.pop_front() {
+                Some(old) => {
+                    self.map.remove(&old);
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// The child of `parent` called `name`, if one is resumable.
+    pub(super) fn named(&self, parent: &TaskId, name: &str) -> Option<TaskId> {
+        self.map
+            .iter()
+            .find(|(_, d)| d.parent == *parent && d.recipe.name.as_deref() == Some(name))
+            .map(|(id, _)| *id)
+    }
+
+    /// Removes `id` (its resumed run has started).
+    pub(super) fn take(&mut self, id: &TaskId) -> Option<Dormant> {
+        let d = self.map.remove(id)?;
+        self.order.retain(|o| o != id);
+        Some(d)
+    }
+}
+
+/// Whom a name given to [`TaskService::named`] reaches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Recipient {
+    /// A running child of the caller.
+    Running(TaskId),
+    /// An ended child of the caller that can be resumed with the message.
+    Resumable(TaskId),
+}
+
+/// A task its parent can send a message to (see [`TaskService::addresses`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Address {
+    /// Its id.
+    pub id: TaskId,
+    /// The name it was started with.
+    pub name: Option<String>,
+    /// Running (`false`: ended, resumed by a message).
+    pub running: bool,
+}
+
+impl std::fmt::Display for Address {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ended = if self.running {
+            ""
+        } else {
+            ", ended: a message resumes it"
+        };
+        match &self.name {
+            Some(n) => write!(f, "{n} ({}{ended})", self.id),
+            None if self.running => write!(f, "{}", self.id),
+            None => write!(f, "{} ({})", self.id, &ended[2..]),
+        }
+    }
+}
+
+impl TaskService {
+    /// The parent of an ended child that can be resumed (`None` for any other id).
+    pub fn resumable_parent(&self, id: &TaskId) -> Option<TaskId> {
+        self.lock_dormant().map.get(id).map(|d| d.parent)
+    }
+
+    /// The caller's children that can be resumed, in no particular order.
+    pub fn resumable_children(&self, parent: &TaskId) -> Vec<TaskId> {
+        self.lock_dormant()
+            .map
+            .iter()
+            .filter(|(_, d)| d.parent == *parent)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Finds `parent`'s child called `name` (running first, then resumable). `Err` lists the
+    /// ids when more than one has that name (possible only with a custom launcher: the Agent
+    /// tool refuses a name already in use).
+    pub fn named(
+        &self,
+        parent: &TaskId,
+        name: &str,
+    ) -> std::result::Result<Option<Recipient>, Vec<TaskId>> {
+        let tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        let dormant = self.lock_dormant();
+        let mut found: Vec<Recipient> = tokens
+            .iter()
+            .filter(|(_, c)| c.parent == *parent && c.name.as_deref() == Some(name))
+            .map(|(id, _)| Recipient::Running(*id))
+            .chain(
+                dormant
+                    .map
+                    .iter()
+                    .filter(|(_, d)| d.parent == *parent && d.recipe.name.as_deref() == Some(name))
+                    .map(|(id, _)| Recipient::Resumable(*id)),
+            )
+            .collect();
+        match found.len() {
+            0 => Ok(None),
+            1 => Ok(found.pop()),
+            _ => {
+                let mut ids: Vec<TaskId> = found
+                    .into_iter()
+                    .map(|r| match r {
+                        Recipient::Running(id) | Recipient::Resumable(id) => id,
+                    })
+                    .collect();
+                ids.sort();
+                Err(ids)
+            }
+        }
+    }
+
+    /// The tasks `parent` can send a message to: its running children, then the ended ones
+    /// that can be resumed, each sorted by id.
+    pub fn addresses(&self, parent: &TaskId) -> Vec<Address> {
+        let tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        let dormant = self.lock_dormant();
+        let mut out: Vec<Address> = tokens
+            .iter()
+            .filter(|(_, c)| c.parent == *parent)
+            .map(|(id, c)| Address {
+                id: *id,
+                name: c.name.clone(),
+                running: true,
+            })
+            .chain(
+                dormant
+                    .map
+                    .iter()
+                    .filter(|(_, d)| d.parent == *parent)
+                    .map(|(id, d)| Address {
+                        id: *id,
+                        name: d.recipe.name.clone(),
+                        running: false,
+                    }),
+            )
+            .collect();
+        out.sort_by(|a, b| b.running.cmp(&a.running).then(a.id.cmp(&b.id)));
+        out
+    }
+
+    fn lock_dormant(&self) -> std::sync::MutexGuard<'_, Dormancy> {
+        self.dormant.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Resumes `caller`'s ended background child `id` from its transcript with `message`
+    /// after its last answer, and starts it again in the background: a new notification
+    /// reports this run, exactly once. Waits first for the previous run's owner to finish (its
+    /// notification delivered, its worktree settled); a worktree it had is reopened (kept) or
+    /// made again at the same path. `turn` is the caller's turn, for the start event.
+    ///
+    /// Errors: `id` is not a resumable child of the caller ([`Error::Refused`], and nothing
+    /// changes), or the transcript, the worktree or the registry fail — the child stays
+    /// resumable unless its record was already reopened, in which case its new run ends
+    /// `failed` and reports it.
+    pub(crate) async fn revive(
+        self: &Arc<Self>,
+        caller: &AgentShared,
+        turn: u32,
+        id: TaskId,
+        message: PendingMessage,
+    ) -> Result<TaskId> {
+        let me = *caller.cx.id();
+        // Claim the resume (or join one under way), leaving the entry in place: a message
+        // sent while it is under way goes to the new run's queue, never nowhere.
+        let queue = PendingQueue::new();
+        let (recipe, description, settled) = {
+            let mut all = self.lock_dormant();
+            let Some(d) = all.map.get_mut(&id).filter(|d| d.parent == me) else {
+                return Err(Error::Refused(format!(
+                    "task {id} is not an ended task of yours"
+                )));
+            };
+            if let Some(q) = &d.reviving {
+                q.push(message);
+                return Ok(id);
+            }
+            d.reviving = Some(queue.clone());
+            (d.recipe.clone(), d.description.clone(), d.settled.take())
+        };
+        if let Some(settled) = settled {
+            // Ok or closed: either way its owner is done.
+            let _ = settled.await;
+        }
+        // Until the record is reopened, a failure leaves it resumable as it was; messages
+        // others queued meanwhile go back to the caller, with the reason.
+        let give_up = |e: Error| {
+            if let Some(d) = self.lock_dormant().map.get_mut(&id) {
+                d.reviving = None;
+            }
+            let queued: Vec<String> = queue.drain().into_iter().map(|m| m.text).collect();
+            if !queued.is_empty() {
+                caller.pending.push(PendingMessage::new(
+                    format!(
+                        "task {id} could not be resumed ({}), so these messages to it were not \
+                         delivered: {}",
+                        super::error_chain(&e),
+                        queued.join(" ")
+                    ),
+                    crate::base::pending::SEND_MESSAGE_ORIGIN,
+                ));
+            }
+            e
+        };
+        let slot = self.acquire(me).map_err(give_up)?;
+        let worktree = match &recipe.worktree {
+            Some(wt) => Some(Unfinished::new(wt.reopen().await.map_err(give_up)?)),
+            None => None,
+        };
+        let progress = Arc::new(Progress::default());
+        let seed = caller.child_seed(id, AgentKind::Subagent, QuerySource::custom(""));
+        let builder = Agent::builder(Arc::clone(&recipe.backend))
+            .tools(recipe.pool.clone())
+            .policy(Arc::clone(&recipe.policy))
+            .limits(recipe.limits.clone())
+            .settings(recipe.settings.clone())
+            .child_of(seed)
+            .pending(queue.clone())
+            .events(Arc::new(ChildSink {
+                child: id,
+                progress: Arc::clone(&progress),
+                output: None,
+                forward: caller.events.clone(),
+            }));
+        let agent = match Agent::resume(builder, &recipe.transcript).await {
+            Ok((agent, _)) => agent,
+            Err(e) => {
+                if let Some(wt) = worktree.and_then(Unfinished::take) {
+                    let _ = wt.finish().await;
+                }
+                return Err(give_up(Error::Start {
+                    what: "resumed agent",
+                    source: Box::new(e),
+                }));
+            }
+        };
+        if let Err(e) = self.registry.reopen(&id).await {
+            if let Some(wt) = worktree.and_then(Unfinished::take) {
+                let _ = wt.finish().await;
+            }
+            return Err(give_up(e));
+        }
+        // First in its queue, before anything sent while it was being resumed.
+        queue.push_front(message);
+        let launch = Launch {
+            agent,
+            first: FirstInput::Continue,
+            description,
+            tool_use_id: None,
+            parent_queue: caller.pending.clone(),
+            progress,
+            output: None,
+            slot,
+            gate: None,
+            events: caller.events.clone(),
+            ledger: Some(caller.children.clone()),
+            parent_turn: turn,
+            worktree,
+            deadline: recipe.deadline,
+            name: recipe.name.clone(),
+        };
+        Ok(self
+            .start_as(launch, Mode::Background, Some(recipe))
+            .await?
+            .id())
+    }
+}
