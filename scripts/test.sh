@@ -6,6 +6,10 @@
 # Without the server (no python3/pip, no network to PyPI) the real-server tests report that
 # they were skipped and everything else still runs; under CI (CI=true) a server that does not
 # start is a failure.
+#
+# The timeline's browser test renders a page in headless Chromium: under CI=true this script
+# installs Debian's `chromium` package when it is missing (apt-get, as root or through sudo);
+# elsewhere the test says it was skipped when there is no browser.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +30,15 @@ elif [ "${CI:-}" = "true" ]; then
     exit 1
 else
     echo "warning: no llama.cpp server; the real-server tests will be skipped" >&2
+fi
+
+if [ "${CI:-}" = "true" ] && ! command -v chromium > /dev/null; then
+    echo "installing Debian's chromium for the timeline's browser test"
+    sudo=""
+    if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium > /dev/null \
+        || { $sudo apt-get update -q > /dev/null && \
+             $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium > /dev/null; }
 fi
 
 cargo test --workspace --all-targets

@@ -85,6 +85,7 @@ pub mod error;
 pub mod runtime;
 pub mod strategy;
 pub mod task;
+pub mod timeline;
 pub mod tool;
 pub mod transcript;
 pub mod worktree;

@@ -10,7 +10,7 @@ const LAYERS: &[&[&str]] = &[
     &["error"],
     &["base", "definition", "worktree"],
     &["tool", "transcript"],
-    &["runtime"],
+    &["runtime", "timeline"],
     &["task"],
     &["strategy"],
     &["agent_tool", "control"],

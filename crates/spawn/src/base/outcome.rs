@@ -167,6 +167,8 @@ pub struct TurnRecord {
     pub stop_reason: Option<String>,
     /// How many tools it called.
     pub tool_calls: usize,
+    /// When its request was sent, in milliseconds since the Unix epoch.
+    pub sent_at_ms: u64,
 }
 
 impl TurnRecord {

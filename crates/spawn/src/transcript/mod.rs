@@ -116,6 +116,18 @@ pub struct TranscriptHeader {
     /// them against `prefix_fingerprint`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inherited_messages: Option<usize>,
+    /// When the transcript was created, in milliseconds since the Unix epoch (absent in
+    /// files written before times were recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<u64>,
+}
+
+/// Now, in milliseconds since the Unix epoch (0 for a clock set before it): the `at` of
+/// transcript records.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[derive(Serialize)]
@@ -124,6 +136,7 @@ struct MessageLine<'a> {
     kind: &'static str,
     index: usize,
     message: &'a Message,
+    at: u64,
 }
 
 /// A usage record: one model turn.
@@ -139,6 +152,12 @@ pub struct UsageLine {
     pub stop_reason: Option<String>,
     /// How many tools it called.
     pub tool_calls: usize,
+    /// When the request was sent (ms since the Unix epoch; absent in older files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_at: Option<u64>,
+    /// When its answer was complete (ms since the Unix epoch; absent in older files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<u64>,
 }
 
 /// A stop record: a run ended.
@@ -148,6 +167,9 @@ pub struct StopLine {
     pub stop: StopReason,
     /// The run's usage.
     pub usage: Usage,
+    /// When the run ended (ms since the Unix epoch; absent in older files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -250,6 +272,7 @@ impl TranscriptWriter {
             kind: "message",
             index: self.next_index,
             message,
+            at: now_ms(),
         };
         self.write_line(&line).await?;
         self.next_index += 1;
@@ -264,6 +287,8 @@ impl TranscriptWriter {
             usage: turn.usage,
             stop_reason: turn.stop_reason.clone(),
             tool_calls: turn.tool_calls,
+            sent_at: Some(turn.sent_at_ms),
+            at: Some(now_ms()),
         };
         self.write_line(&Tagged {
             kind: "usage",
@@ -277,6 +302,7 @@ impl TranscriptWriter {
         let line = StopLine {
             stop: stop.clone(),
             usage,
+            at: Some(now_ms()),
         };
         self.write_line(&Tagged {
             kind: "stop",
@@ -331,6 +357,7 @@ pub fn append_stop_blocking(path: &Path, stop: &StopReason, usage: Usage) -> Res
         body: &StopLine {
             stop: stop.clone(),
             usage,
+            at: Some(now_ms()),
         },
     };
     let mut line = serde_json::to_vec(&record).map_err(|e| Error::Transcript {
@@ -402,6 +429,9 @@ pub struct Transcript {
     /// How many of `messages` were read from the parent's transcript (see
     /// [`TranscriptHeader::inherited_messages`]); zero until [`read`] resolves them.
     pub inherited: usize,
+    /// When each of this file's own message records was written (ms since the Unix epoch;
+    /// `None` in older files): one per message after the inherited ones.
+    pub message_at: Vec<Option<u64>>,
     /// Every usage record, in order.
     pub turns: Vec<UsageLine>,
     /// Every stop record, in order.
@@ -435,6 +465,7 @@ struct Probe<'a> {
     index: Option<usize>,
     #[serde(borrow)]
     message: Option<&'a RawValue>,
+    at: Option<u64>,
 }
 
 /// How many transcripts deep an inheritance chain may go before it is called malformed.
@@ -517,6 +548,7 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Transcript> {
     };
     let mut header: Option<TranscriptHeader> = None;
     let mut messages = Vec::new();
+    let mut message_at = Vec::new();
     let mut turns = Vec::new();
     let mut stops = Vec::new();
     let mut dropped = None;
@@ -587,6 +619,7 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Transcript> {
                 let m = Message::from_json(raw.get())
                     .map_err(|e| bad(line_no, format!("bad message: {e}")))?;
                 messages.push(m);
+                message_at.push(probe.at);
             }
             ("usage", true) => turns.push(
                 serde_json::from_str::<UsageLine>(text)
@@ -609,6 +642,7 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Transcript> {
         header,
         messages,
         inherited: 0,
+        message_at,
         turns,
         stops,
         dropped,

@@ -442,6 +442,7 @@ impl AgentBuilder {
                         .map(|m| m.as_str().to_owned()),
                     max_turns: def.and_then(|d| d.max_turns),
                     inherited_messages: inherit,
+                    at: Some(crate::transcript::now_ms()),
                 };
                 let mut w = TranscriptWriter::create(dir, &header).await?;
                 // Messages inherited from the parent's transcript are referenced, not copied.

@@ -204,6 +204,7 @@ impl Agent {
             invoking_request_id: self.shared.cx.take_invoking_request_id(),
         });
         self.last_prefix = Some(LastPrefix::Sent(prefix.clone()));
+        let sent_at_ms = crate::transcript::now_ms();
 
         let answer = tokio::select! {
             biased;
@@ -239,6 +240,7 @@ impl Agent {
             usage,
             stop_reason: model_stop_str(stop_reason.as_ref()),
             tool_calls: calls.len(),
+            sent_at_ms,
         };
         if let Some(w) = &mut self.transcript
             && let Err(e) = w.usage(&record).await
