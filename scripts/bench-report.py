@@ -3,6 +3,7 @@
 
 Usage: cargo bench --bench fork_prefix && python3 scripts/bench-report.py [fork_children|fork_encode]
        cargo bench --bench agent_turns && python3 scripts/bench-report.py agent_turns
+       cargo bench --bench send_message && python3 scripts/bench-report.py send_message
 """
 import json
 import pathlib
@@ -19,6 +20,16 @@ def median_ns(path):
 def fmt(ns):
     return f"{ns / 1000:.2f} µs" if ns < 1e6 else f"{ns / 1e6:.2f} ms"
 
+
+if group == "send_message":
+    # Ids are "next_round" and "end_of_turn": send -> the request carrying the message.
+    got = {est.parts[-3]: median_ns(est) for est in root.glob("*/new/estimates.json")}
+    for name in ("next_round", "end_of_turn"):
+        if name in got:
+            print(f"{name:>12}: {fmt(got[name])} from send to the request that carries it")
+    if "next_round" in got and "end_of_turn" in got:
+        print(f"end_of_turn / next_round: {got['end_of_turn'] / got['next_round']:,.0f}x")
+    sys.exit(0)
 
 if group == "agent_turns":
     # Ids are "forkhive/<turn>" and "naive/<turn>": one turn on a conversation of that length.

@@ -102,6 +102,11 @@ pub struct EmbeddingDocDoctests;
 #[doc = include_str!("../docs/coordinator.md")]
 pub struct CoordinatorDocDoctests;
 
+/// The code in `docs/timeline.md`, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/timeline.md")]
+pub struct TimelineDocDoctests;
+
 /// The names a host program needs, in one import: building agents and tools, the `Agent`
 /// tool, the task service, events, scripted and simulated backends, usage and prices.
 pub mod prelude {

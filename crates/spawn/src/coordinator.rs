@@ -22,7 +22,8 @@
 //!
 //! With isolation enabled and a repository set on the `Agent` tool's configuration, workers
 //! that can write get a git worktree each unless a call says `isolation: "none"` (see
-//! [`worktree`](crate::worktree)). Not yet here: resuming an ended worker to give it a message.
+//! [`worktree`](crate::worktree)). A message to a worker that has finished resumes it from its
+//! transcript (see [`control`](crate::control)); `examples/coordinator.rs` runs all four phases.
 
 use std::sync::Arc;
 
@@ -55,8 +56,11 @@ Never delegate understanding. A worker's prompt must say what to do, not ask it 
 what you meant: never write \"based on your findings\" or \"based on the research\"; put the \
 findings in the prompt.
 
-Use SendMessage to give a running worker more instructions (by its task id), and TaskStop to \
-stop one that is no longer needed. When the work is done and verified, answer the user.";
+Give each worker a short `name`. Use SendMessage to give a worker more instructions (by its \
+name or task id): a running worker reads it at its next tool round, and one that has finished \
+is resumed with it, its context intact — prefer that to starting a new worker on the same \
+files. Use TaskStop to stop one that is no longer needed. When the work is done and verified, \
+answer the user.";
 
 /// What a coordinator is made of.
 #[derive(Debug, Clone)]

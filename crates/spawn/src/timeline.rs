@@ -355,7 +355,7 @@ fn render(t: &Timeline, title: &str) -> String {
     let span = (t.end_ms.saturating_sub(t.start_ms)).max(1) as f64;
     let x = |ms: u64| LABEL_W + PLOT_W * (ms.saturating_sub(t.start_ms) as f64) / span;
     let height = TOP + LANE_H * t.lanes.len() as f64 + 10.0;
-    let width = LABEL_W + PLOT_W + 20.0;
+    let width = LABEL_W + PLOT_W + 40.0;
     let mut svg = String::new();
     let _ = write!(
         svg,
@@ -366,7 +366,7 @@ fn render(t: &Timeline, title: &str) -> String {
         let ms = t.start_ms + (t.end_ms.saturating_sub(t.start_ms)) * i / 4;
         let _ = write!(
             svg,
-            r##"<line x1="{0:.1}" y1="{1}" x2="{0:.1}" y2="{height}" class="tick"/><text x="{0:.1}" y="{2}" class="axis">{3:.2} s</text>"##,
+            r##"<line x1="{0:.1}" y1="{1}" x2="{0:.1}" y2="{height}" class="tick"/><text x="{0:.1}" y="{2}" class="axis" text-anchor="middle">{3:.2} s</text>"##,
             x(ms),
             TOP - 8.0,
             TOP - 12.0,

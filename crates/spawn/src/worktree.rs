@@ -260,6 +260,132 @@ impl Worktree {
     }
 }
 
+/// A stale worktree [`Worktree::prune`] looked at: removed, or kept and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stale {
+    /// Its directory.
+    pub path: PathBuf,
+    /// Its branch.
+    pub branch: String,
+    /// What became of it.
+    pub outcome: Finished,
+}
+
+impl Worktree {
+    /// Cleans up after workers whose process is gone: each worktree of the repository at
+    /// `repo` under `root` (default [`DEFAULT_ROOT`]) on a `forkhive/` branch, untouched for
+    /// `older_than`, whose owner is gone (`live(slug)` is false: a host passes whether the
+    /// task named by the slug still runs), is removed with its branch when it is clean — no
+    /// changed, untracked or ignored file, and no commit that only its branch holds. Any other
+    /// is kept, and the result says why; a tree that is too young or live is not listed.
+    ///
+    /// Errors ([`Error::Worktree`]): a directory that is not in a git repository, or git
+    /// failing to list the worktrees.
+    pub async fn prune(
+        repo: &Path,
+        root: Option<&Path>,
+        older_than: Duration,
+        live: impl Fn(&str) -> bool,
+    ) -> Result<Vec<Stale>> {
+        let fail = |message: String| Error::Worktree {
+            path: repo.to_path_buf(),
+            message,
+        };
+        let top = PathBuf::from(
+            git(repo, &["rev-parse", "--show-toplevel"])
+                .await
+                .map_err(|e| fail(format!("not a git repository: {e}")))?
+                .trim(),
+        );
+        let under = top.join(root.unwrap_or(Path::new(DEFAULT_ROOT)));
+        let listing = git(&top, &["worktree", "list", "--porcelain"])
+            .await
+            .map_err(|e| fail(format!("git worktree list failed: {e}")))?;
+        let mut out = Vec::new();
+        for block in listing.split("\n\n") {
+            let field = |key: &str| {
+                block
+                    .lines()
+                    .find_map(|l| l.strip_prefix(key).map(str::to_owned))
+            };
+            let Some(path) = field("worktree ").map(PathBuf::from) else {
+                continue;
+            };
+            let Ok(slug) = path
+                .strip_prefix(&under)
+                .map(|s| s.to_string_lossy().into_owned())
+            else {
+                continue;
+            };
+            let Some(branch) = field("branch refs/heads/").filter(|b| b.starts_with("forkhive/"))
+            else {
+                continue;
+            };
+            if live(&slug) || !untouched_for(&path, older_than).await {
+                continue;
+            }
+            let branch_ref = format!("refs/heads/{branch}");
+            let only_here = git(
+                &top,
+                &[
+                    "rev-list",
+                    "--count",
+                    &branch_ref,
+                    "--not",
+                    // `--exclude` before `--branches` takes the name without `refs/heads/`.
+                    &format!("--exclude={branch}"),
+                    "--branches",
+                ],
+            )
+            .await
+            .map(|n| n.trim().parse::<u64>());
+            let outcome = match only_here {
+                Ok(Ok(0)) => match git(&top, &["rev-parse", &branch_ref]).await {
+                    // Its start is its tip: `finish` removes it only if nothing else changed.
+                    Ok(tip) => {
+                        Worktree {
+                            repo: top.clone(),
+                            path: path.clone(),
+                            branch: branch.clone(),
+                            base: tip.trim().to_owned(),
+                        }
+                        .finish()
+                        .await
+                    }
+                    Err(e) => Finished::Kept(Keep::Unknown(e)),
+                },
+                Ok(Ok(n)) => Finished::Kept(Keep::Commits(n)),
+                Ok(Err(_)) => Finished::Kept(Keep::Unknown("rev-list gave no count".to_owned())),
+                Err(e) => Finished::Kept(Keep::Unknown(e)),
+            };
+            out.push(Stale {
+                path,
+                branch,
+                outcome,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Whether nothing in the tree's directory or its index changed for `age` (a tree that cannot
+/// be looked at counts as touched: it is left alone).
+async fn untouched_for(path: &Path, age: Duration) -> bool {
+    let index = match git(path, &["rev-parse", "--git-path", "index"]).await {
+        Ok(p) => path.join(p.trim()),
+        Err(_) => return false,
+    };
+    let now = std::time::SystemTime::now();
+    for p in [path.to_path_buf(), index] {
+        match tokio::fs::metadata(&p).await.and_then(|m| m.modified()) {
+            Ok(t) if now.duration_since(t).unwrap_or_default() >= age => {}
+            _ => return false,
+        }
+    }
+    true
+}
+
 /// `git worktree add` of `path` at `start` (on a new `branch`, or checking out the existing
 /// branch `start` when `branch` is `None`), then its files checked out.
 async fn add(

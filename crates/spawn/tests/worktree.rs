@@ -86,6 +86,56 @@ async fn a_worktree_reopens_as_kept_or_is_made_again_at_its_path() {
     assert_eq!(branches(repo.path()), "");
 }
 
+/// Stale trees of a process that is gone: a clean one is removed with its branch; one with a
+/// commit only its branch holds, or an untracked file, is kept and says why; a live or young
+/// one is left alone and not listed.
+#[tokio::test]
+async fn stale_trees_are_pruned_only_when_clean_and_their_owner_is_gone() {
+    use std::time::Duration;
+    let repo = repo();
+    let clean = Worktree::create(repo.path(), "clean", None).await.unwrap();
+    let committed = Worktree::create(repo.path(), "committed", None)
+        .await
+        .unwrap();
+    let untracked = Worktree::create(repo.path(), "untracked", None)
+        .await
+        .unwrap();
+    let live = Worktree::create(repo.path(), "live", None).await.unwrap();
+    std::fs::write(committed.path().join("new.rs"), "x").unwrap();
+    git(committed.path(), &["add", "."]);
+    git(committed.path(), &["commit", "-q", "-m", "work"]);
+    std::fs::write(untracked.path().join("notes.txt"), "x").unwrap();
+    // Young trees are not touched.
+    let young = Worktree::prune(repo.path(), None, Duration::from_secs(3600), |_| false)
+        .await
+        .unwrap();
+    assert!(young.is_empty(), "{young:?}");
+    let mut pruned = Worktree::prune(repo.path(), None, Duration::ZERO, |slug| slug == "live")
+        .await
+        .unwrap();
+    pruned.sort_by(|a, b| a.branch.cmp(&b.branch));
+    let got: Vec<(&str, &Finished)> = pruned
+        .iter()
+        .map(|s| (s.branch.as_str(), &s.outcome))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("forkhive/clean", &Finished::Removed),
+            ("forkhive/committed", &Finished::Kept(Keep::Commits(1))),
+            ("forkhive/untracked", &Finished::Kept(Keep::Changes(1))),
+        ]
+    );
+    assert!(!clean.path().exists());
+    assert!(committed.path().exists() && untracked.path().exists() && live.path().exists());
+    assert!(!branches(repo.path()).contains("forkhive/clean"));
+    let outside = tempfile::tempdir().unwrap();
+    let e = Worktree::prune(outside.path(), None, Duration::ZERO, |_| false)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("not a git repository"), "{e}");
+}
+
 /// A worktree dropped before any owner took it (a spawn that failed or was dropped) is
 /// finished anyway: untouched, it is removed with its branch.
 #[tokio::test]

@@ -70,7 +70,7 @@ pub struct TaskConfig {
     /// Most live children in the whole tree.
     pub max_children_per_tree: usize,
     /// Most ended background children kept ready to be resumed with a message (see
-    /// [`TaskService::revive`]); past that the oldest is forgotten (0: none is).
+    /// `SendMessage`); past that the oldest is forgotten (0: none is).
     pub max_resumable: usize,
 }
 

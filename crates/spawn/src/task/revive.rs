@@ -285,7 +285,7 @@ impl TaskService {
         // Claim the resume (or join one under way), leaving the entry in place: a message
         // sent while it is under way goes to the new run's queue, never nowhere.
         let queue = PendingQueue::new();
-        let (recipe, description, settled) = {
+        let claimed = {
             let mut all = self.lock_dormant();
             let Some(d) = all.map.get_mut(&id).filter(|d| d.parent == me) else {
                 return Err(Error::Refused(format!(
@@ -297,39 +297,86 @@ impl TaskService {
                 return Ok(id);
             }
             d.reviving = Some(queue.clone());
-            (d.recipe.clone(), d.description.clone(), d.settled.take())
+            Claimed {
+                recipe: d.recipe.clone(),
+                description: d.description.clone(),
+                settled: d.settled.take(),
+                queue,
+                message,
+                seed: caller.child_seed(id, AgentKind::Subagent, QuerySource::custom("")),
+                pending: caller.pending.clone(),
+                events: caller.events.clone(),
+                ledger: caller.children.clone(),
+                turn,
+                me,
+            }
         };
+        // The resume runs in a task of its own, its one owner: a caller that stops waiting (its
+        // tool call timed out, its agent was cancelled) cannot leave it half done — a record
+        // reopened with nobody to end it, or a claim that swallows later messages.
+        let service = Arc::clone(self);
+        let guard = Unclaim {
+            service: Arc::clone(self),
+            id,
+            armed: true,
+            queue: claimed.queue.clone(),
+            pending: claimed.pending.clone(),
+        };
+        match tokio::spawn(async move { service.resume_claimed(id, claimed, guard).await }).await {
+            Ok(r) => r,
+            Err(e) => Err(Error::Refused(format!(
+                "resuming task {id} failed: {}",
+                if e.is_panic() {
+                    "it panicked"
+                } else {
+                    "it was cancelled"
+                }
+            ))),
+        }
+    }
+
+    /// The rest of [`revive`](Self::revive), in its own task.
+    async fn resume_claimed(
+        self: Arc<Self>,
+        id: TaskId,
+        claimed: Claimed,
+        mut guard: Unclaim,
+    ) -> Result<TaskId> {
+        let Claimed {
+            recipe,
+            description,
+            settled,
+            queue,
+            message,
+            seed,
+            pending,
+            events,
+            ledger,
+            turn,
+            me,
+        } = claimed;
         if let Some(settled) = settled {
             // Ok or closed: either way its owner is done.
             let _ = settled.await;
         }
         // Until the record is reopened, a failure leaves it resumable as it was; messages
         // others queued meanwhile go back to the caller, with the reason.
-        let give_up = |e: Error| {
-            if let Some(d) = self.lock_dormant().map.get_mut(&id) {
-                d.reviving = None;
-            }
-            let queued: Vec<String> = queue.drain().into_iter().map(|m| m.text).collect();
-            if !queued.is_empty() {
-                caller.pending.push(PendingMessage::new(
-                    format!(
-                        "task {id} could not be resumed ({}), so these messages to it were not \
-                         delivered: {}",
-                        super::error_chain(&e),
-                        queued.join(" ")
-                    ),
-                    crate::base::pending::SEND_MESSAGE_ORIGIN,
-                ));
-            }
+        let give_up = |guard: &mut Unclaim, e: Error| {
+            guard.release(&super::error_chain(&e));
             e
         };
-        let slot = self.acquire(me).map_err(give_up)?;
+        let slot = match self.acquire(me) {
+            Ok(s) => s,
+            Err(e) => return Err(give_up(&mut guard, e)),
+        };
         let worktree = match &recipe.worktree {
-            Some(wt) => Some(Unfinished::new(wt.reopen().await.map_err(give_up)?)),
+            Some(wt) => match wt.reopen().await {
+                Ok(wt) => Some(Unfinished::new(wt)),
+                Err(e) => return Err(give_up(&mut guard, e)),
+            },
             None => None,
         };
         let progress = Arc::new(Progress::default());
-        let seed = caller.child_seed(id, AgentKind::Subagent, QuerySource::custom(""));
         let builder = Agent::builder(Arc::clone(&recipe.backend))
             .tools(recipe.pool.clone())
             .policy(Arc::clone(&recipe.policy))
@@ -341,7 +388,7 @@ impl TaskService {
                 child: id,
                 progress: Arc::clone(&progress),
                 output: None,
-                forward: caller.events.clone(),
+                forward: events.clone(),
             }));
         let agent = match Agent::resume(builder, &recipe.transcript).await {
             Ok((agent, _)) => agent,
@@ -349,17 +396,20 @@ impl TaskService {
                 if let Some(wt) = worktree.and_then(Unfinished::take) {
                     let _ = wt.finish().await;
                 }
-                return Err(give_up(Error::Start {
-                    what: "resumed agent",
-                    source: Box::new(e),
-                }));
+                return Err(give_up(
+                    &mut guard,
+                    Error::Start {
+                        what: "resumed agent",
+                        source: Box::new(e),
+                    },
+                ));
             }
         };
         if let Err(e) = self.registry.reopen(&id).await {
             if let Some(wt) = worktree.and_then(Unfinished::take) {
                 let _ = wt.finish().await;
             }
-            return Err(give_up(e));
+            return Err(give_up(&mut guard, e));
         }
         // First in its queue, before anything sent while it was being resumed.
         queue.push_front(message);
@@ -368,21 +418,171 @@ impl TaskService {
             first: FirstInput::Continue,
             description,
             tool_use_id: None,
-            parent_queue: caller.pending.clone(),
+            parent_queue: pending,
             progress,
             output: None,
             slot,
             gate: None,
-            events: caller.events.clone(),
-            ledger: Some(caller.children.clone()),
+            events,
+            ledger: Some(ledger),
             parent_turn: turn,
             worktree,
             deadline: recipe.deadline,
             name: recipe.name.clone(),
         };
+        // Reopened: from here the new run's owner ends the record, whatever happens.
+        guard.armed = false;
         Ok(self
             .start_as(launch, Mode::Background, Some(recipe))
             .await?
             .id())
+    }
+}
+
+/// What a claimed resume carries into its own task.
+struct Claimed {
+    recipe: Recipe,
+    description: String,
+    settled: Option<oneshot::Receiver<()>>,
+    queue: PendingQueue,
+    message: PendingMessage,
+    seed: crate::runtime::ChildSeed,
+    pending: PendingQueue,
+    events: Option<Arc<dyn crate::base::events::EventSink>>,
+    ledger: crate::base::children::ChildLedger,
+    turn: u32,
+    me: TaskId,
+}
+
+/// Releases a resume's claim on its dormant entry unless the new run took over: on a failure,
+/// and should the resume's task panic or be dropped.
+/// Messages others queued for the resume meanwhile go back to the caller, with the reason.
+struct Unclaim {
+    service: Arc<TaskService>,
+    id: TaskId,
+    armed: bool,
+    queue: PendingQueue,
+    pending: PendingQueue,
+}
+
+impl Unclaim {
+    fn release(&mut self, why: &str) {
+        if !std::mem::take(&mut self.armed) {
+            return;
+        }
+        if let Some(d) = self.service.lock_dormant().map.get_mut(&self.id) {
+            d.reviving = None;
+        }
+        let queued: Vec<String> = self.queue.drain().into_iter().map(|m| m.text).collect();
+        if !queued.is_empty() {
+            self.pending.push(PendingMessage::new(
+                format!(
+                    "task {} could not be resumed ({why}), so these messages to it were not \
+                     delivered: {}",
+                    self.id,
+                    queued.join(" ")
+                ),
+                crate::base::pending::SEND_MESSAGE_ORIGIN,
+            ));
+        }
+    }
+}
+
+impl Drop for Unclaim {
+    fn drop(&mut self) {
+        self.release("it stopped before it could start");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use crate::task::{MemoryTaskRegistry, TaskConfig, TaskState};
+    use forkhive_transport::{Response, ScriptedBackend};
+
+    /// A caller that stops waiting right after the claim (its tool call timed out) does not
+    /// stop the resume: the worker runs again, its record ends, its notification arrives.
+    #[tokio::test]
+    async fn a_resume_whose_caller_stops_waiting_still_finishes() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = Arc::new(ScriptedBackend::from_fn(|r| {
+            let resumed = r.all_messages().iter().any(|m| m.text().contains("again"));
+            Ok(Response::say(if resumed { "second" } else { "first" }))
+        }));
+        let service = TaskService::new(
+            Arc::new(MemoryTaskRegistry::new()),
+            TaskConfig::default().with_stall_after(None),
+        );
+        let parent = Agent::builder(backend.clone())
+            .model("m")
+            .transcript_dir(dir.path())
+            .build()
+            .await
+            .unwrap();
+        let worker = Agent::builder(backend)
+            .model("m")
+            .child_of(parent.child_seed(
+                TaskId::generate(forkhive_core::TaskKind::Agent),
+                AgentKind::Subagent,
+                QuerySource::custom("w"),
+            ))
+            .transcript_dir(dir.path())
+            .build()
+            .await
+            .unwrap();
+        let id = *worker.id();
+        let queue = parent.pending();
+        service
+            .launch(Launch {
+                agent: worker,
+                first: FirstInput::Prompt("work".into()),
+                description: "w".into(),
+                tool_use_id: None,
+                parent_queue: queue.clone(),
+                progress: Arc::default(),
+                output: None,
+                slot: service.acquire(*parent.id()).unwrap(),
+                gate: None,
+                events: None,
+                ledger: None,
+                parent_turn: 0,
+                worktree: None,
+                deadline: None,
+                name: None,
+            })
+            .await
+            .unwrap();
+        service.wait_idle().await;
+        assert_eq!(queue.drain().len(), 1);
+        assert_eq!(service.resumable_parent(&id), Some(*parent.id()));
+        // Polled once (the claim and the spawn), then dropped.
+        {
+            let resume = service.revive(
+                parent.shared(),
+                0,
+                id,
+                PendingMessage::new("again", "send-message"),
+            );
+            let mut resume = std::pin::pin!(resume);
+            assert!(
+                futures::poll!(resume.as_mut()).is_pending(),
+                "still resuming"
+            );
+        }
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while queue.is_empty() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the resumed run's notification");
+        service.wait_idle().await;
+        let n = queue.drain();
+        assert_eq!(n.len(), 1);
+        assert!(n[0].text.contains("second"), "{}", n[0].text);
+        let record = service.registry().get(&id).await.unwrap();
+        assert_eq!(record.state, TaskState::Completed);
+        assert_eq!(service.live(), 0);
     }
 }
