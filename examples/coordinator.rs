@@ -634,11 +634,16 @@ fn coordinator_turn(messages: &[Message], repo: &Path) -> Response {
         .iter()
         .filter_map(|n| n.worktree.as_ref().map(|w| w.branch.clone()))
         .collect();
-    Response::say(format!(
-        "Done. {} Branches to merge: {}.",
-        verdict.lines().last().unwrap_or_default(),
+    let verdict = verdict
+        .lines()
+        .find(|l| l.contains("VERDICT"))
+        .unwrap_or("The verifier gave no VERDICT.");
+    let branches = if branches.is_empty() {
+        "none (no worktree was kept)".to_owned()
+    } else {
         branches.join(", ")
-    ))
+    };
+    Response::say(format!("Done. {verdict} Branches to merge: {branches}."))
 }
 
 fn scripted(r: &Request, repo: &Path) -> Response {
@@ -980,13 +985,14 @@ async fn run(a: Args) -> Result<(), String> {
          and it was removed"
     );
     let branches = git(&repo, &["branch", "--list", "forkhive/*"])?;
+    let branches: Vec<&str> = branches.split_whitespace().filter(|b| *b != "+").collect();
     println!(
         "  branches in the repository: {}",
-        branches
-            .split_whitespace()
-            .filter(|b| *b != "+")
-            .collect::<Vec<_>>()
-            .join(", ")
+        if branches.is_empty() {
+            "none".to_owned()
+        } else {
+            branches.join(", ")
+        }
     );
 
     if let Some(path) = &a.timeline {
