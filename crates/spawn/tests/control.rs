@@ -354,6 +354,14 @@ async fn parent_with_transcripts(
     backend: Arc<dyn Backend>,
     dir: &std::path::Path,
 ) -> (Agent, Arc<TaskService>) {
+    parent_with_sink(backend, dir, Arc::new(Events::default())).await
+}
+
+async fn parent_with_sink(
+    backend: Arc<dyn Backend>,
+    dir: &std::path::Path,
+    events: Arc<Events>,
+) -> (Agent, Arc<TaskService>) {
     let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), TaskConfig::default());
     let config = AgentToolConfig::default()
         .with_registry(registry())
@@ -372,6 +380,7 @@ async fn parent_with_transcripts(
         .tools(tools)
         .transcript_dir(dir)
         .extension(Arc::clone(&service))
+        .events(events)
         .build()
         .await
         .unwrap();
@@ -417,10 +426,21 @@ async fn a_message_to_a_finished_worker_resumes_it_from_its_transcript() {
             _ => Plan::Reply(say("done")),
         }
     });
-    let (mut p, service) = parent_with_transcripts(b, dir.path()).await;
+    let events = Arc::new(Events::default());
+    let (mut p, service) = parent_with_sink(b, dir.path(), Arc::clone(&events)).await;
     let run = p.run("go").await;
     assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
     let worker = run.children()[0].id;
+    // The host sees the second run start as a resume of the same task.
+    let starts: Vec<String> = events
+        .take()
+        .iter()
+        .filter(|e| matches!(e.kind, forkhive_spawn::runtime::EventKind::ChildStarted { .. }))
+        .filter_map(|e| e.headline())
+        .collect();
+    assert_eq!(starts.len(), 2, "{starts:?}");
+    assert!(starts[0].contains(&format!("started worker {worker} (background): look")));
+    assert!(starts[1].contains(&format!("resumed worker {worker} (background): look")));
     let msgs = p.params().messages().to_vec();
     let sent = message_results(&msgs[6]);
     assert_eq!(

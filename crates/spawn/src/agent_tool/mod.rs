@@ -651,8 +651,8 @@ impl AgentTool {
         if background {
             let id = handle.id();
             let mut text = format!(
-                "Agent \"{}\" started in the background as task {id} ({}). You will receive a \
-                 <task-notification> with its result when it finishes; do not wait or poll for it.",
+                "Agent \"{}\" started in the background as task {id} ({}). You will be \
+                 notified with its result when it finishes; do not wait or poll for it.",
                 input.description,
                 strategy.name()
             );

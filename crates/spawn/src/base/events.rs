@@ -88,6 +88,9 @@ pub enum EventKind {
         description: String,
         /// Whether it runs in the background (its answer comes as a notification).
         background: bool,
+        /// Whether this is an ended child resumed for another run (by a message), not a new
+        /// one: same task id, a new notification.
+        resumed: bool,
     },
     /// Pending messages were added to the conversation.
     MessagesInjected {
@@ -141,13 +144,15 @@ impl AgentEvent {
                 agent_type,
                 description,
                 background,
+                resumed,
             } => {
                 let mode = if *background {
                     "background"
                 } else {
                     "foreground"
                 };
-                format!("started {agent_type} {task} ({mode}): {description}")
+                let verb = if *resumed { "resumed" } else { "started" };
+                format!("{verb} {agent_type} {task} ({mode}): {description}")
             }
             EventKind::Notified {
                 status, summary, ..

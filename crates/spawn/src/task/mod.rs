@@ -1158,6 +1158,7 @@ impl TaskService {
                     agent_type: record.agent_type.clone(),
                     description: record.description.clone(),
                     background,
+                    resumed: reopened,
                 },
             });
         }
