@@ -363,14 +363,19 @@ fn render(t: &Timeline, title: &str) -> String {
     );
     // The time axis: five ticks.
     for i in 0..=4u64 {
-        let ms = t.start_ms + (t.end_ms.saturating_sub(t.start_ms)) * i / 4;
+        // In u128: hostile timestamps near u64::MAX must not overflow.
+        let ms = u64::try_from(
+            u128::from(t.start_ms)
+                + u128::from(t.end_ms.saturating_sub(t.start_ms)) * u128::from(i) / 4,
+        )
+        .unwrap_or(t.end_ms);
         let _ = write!(
             svg,
             r##"<line x1="{0:.1}" y1="{1}" x2="{0:.1}" y2="{height}" class="tick"/><text x="{0:.1}" y="{2}" class="axis" text-anchor="middle">{3:.2} s</text>"##,
             x(ms),
             TOP - 8.0,
             TOP - 12.0,
-            (ms - t.start_ms) as f64 / 1000.0
+            ms.saturating_sub(t.start_ms) as f64 / 1000.0
         );
     }
     let row: HashMap<&str, usize> = t
@@ -526,4 +531,40 @@ window.addEventListener("load", function () {{
         read = 100.0 * total.cache_hit_ratio(),
         output = total.output_tokens,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Timestamps a hostile transcript could carry do not overflow the drawing.
+    #[test]
+    fn extreme_times_render_without_overflow() {
+        let lane = Lane {
+            id: "a1".into(),
+            parent: None,
+            depth: 0,
+            label: "main".into(),
+            start_ms: 0,
+            requests: vec![Bar {
+                turn: 1,
+                start_ms: u64::MAX - 1,
+                end_ms: u64::MAX,
+                usage: Usage::default(),
+            }],
+            marks: vec![Mark {
+                at_ms: u64::MAX,
+                kind: MarkKind::Stop,
+                detail: "x".into(),
+            }],
+            usage: Usage::default(),
+        };
+        let t = Timeline {
+            lanes: vec![lane],
+            start_ms: 0,
+            end_ms: u64::MAX,
+            skipped: Vec::new(),
+        };
+        assert!(t.to_html("t").contains(r#"<g class="lane""#));
+    }
 }

@@ -435,7 +435,12 @@ async fn a_message_to_a_finished_worker_resumes_it_from_its_transcript() {
     let starts: Vec<String> = events
         .take()
         .iter()
-        .filter(|e| matches!(e.kind, forkhive_spawn::runtime::EventKind::ChildStarted { .. }))
+        .filter(|e| {
+            matches!(
+                e.kind,
+                forkhive_spawn::runtime::EventKind::ChildStarted { .. }
+            )
+        })
         .filter_map(|e| e.headline())
         .collect();
     assert_eq!(starts.len(), 2, "{starts:?}");

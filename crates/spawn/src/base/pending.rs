@@ -104,13 +104,6 @@ impl PendingQueue {
         self.inner.changed.notify_waiters();
     }
 
-    /// Queues `message` ahead of everything queued (the message a resume was made for, before
-    /// those sent while it was under way).
-    pub(crate) fn push_front(&self, message: PendingMessage) {
-        self.lock().queue.push_front(message);
-        self.inner.changed.notify_waiters();
-    }
-
     /// Promises one message later: until the returned guard delivers or drops, a waiting
     /// agent keeps waiting instead of stopping.
     pub fn expect(&self) -> Expectation {

@@ -933,12 +933,10 @@ impl TaskService {
     /// its pending queue: an agent reads it at its next tool-round boundary, or when it next
     /// waits. `None` when `to` is not running (it ended, or never was).
     pub fn send(&self, to: &TaskId, to_parent: bool, message: PendingMessage) -> Option<Sent> {
-        let live = self
-            .tokens
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(to)
-            .cloned()?;
+        // Pushed while the entry is held: a child's owner takes the entry away before it reads
+        // what was left in the inbox, so a message is either read by it or refused here.
+        let tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        let live = tokens.get(to)?;
         if to_parent {
             live.parent_inbox.push(message);
             Some(Sent::Parent(live.parent))
@@ -1133,6 +1131,25 @@ impl TaskService {
         };
         if let Err(e) = registered {
             drop(claim);
+            // Messages sent to it by name in the meantime go back to its parent, with why.
+            let unread: Vec<String> = agent
+                .pending()
+                .drain()
+                .into_iter()
+                .filter(|m| m.origin == crate::base::pending::SEND_MESSAGE_ORIGIN)
+                .map(|m| m.text)
+                .collect();
+            if !unread.is_empty() {
+                parent_queue.push(PendingMessage::new(
+                    format!(
+                        "task {id} could not start ({}), so these messages to it were not \
+                         delivered: {}",
+                        error_chain(&e),
+                        unread.join(" ")
+                    ),
+                    crate::base::pending::SEND_MESSAGE_ORIGIN,
+                ));
+            }
             if let Some(wt) = worktree.and_then(crate::worktree::Unfinished::take) {
                 let _ = wt.finish().await;
             }

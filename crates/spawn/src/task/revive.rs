@@ -114,12 +114,17 @@ impl Dormancy {
         if self.map.insert(id, d).is_none() {
             self.order.push_back(id);
         }
+        // The oldest first, but never one whose resume is under way (its claim holds it).
         while self.map.len() > max {
-            match self.order.pop_front() {
-                Some(old) => {
-                    self.map.remove(&old);
-                }
-                None => break,
+            let Some(at) = self
+                .order
+                .iter()
+                .position(|o| self.map.get(o).is_none_or(|d| d.reviving.is_none()))
+            else {
+                break;
+            };
+            if let Some(old) = self.order.remove(at) {
+                self.map.remove(&old);
             }
         }
     }
@@ -288,6 +293,14 @@ impl TaskService {
         let claimed = {
             let mut all = self.lock_dormant();
             let Some(d) = all.map.get_mut(&id).filter(|d| d.parent == me) else {
+                drop(all);
+                // Another message's resume got there first: it runs again, so it reads this
+                // one at its next tool round.
+                if self.parent_of(&id) == Some(me)
+                    && let Some(super::Sent::Child(id)) = self.send(&id, false, message)
+                {
+                    return Ok(id);
+                }
                 return Err(Error::Refused(format!(
                     "task {id} is not an ended task of yours"
                 )));
@@ -297,12 +310,16 @@ impl TaskService {
                 return Ok(id);
             }
             d.reviving = Some(queue.clone());
+            // The message the resume is for goes first; any that join it follow. Should the
+            // resume fail, the claim hands them all back to the caller.
+            queue.push(message);
             Claimed {
                 recipe: d.recipe.clone(),
                 description: d.description.clone(),
                 settled: d.settled.take(),
                 queue,
-                message,
+                // The parent waits for the resumed run as for any child it started.
+                promise: caller.pending.expect(),
                 seed: caller.child_seed(id, AgentKind::Subagent, QuerySource::custom("")),
                 pending: caller.pending.clone(),
                 events: caller.events.clone(),
@@ -347,7 +364,7 @@ impl TaskService {
             description,
             settled,
             queue,
-            message,
+            promise,
             seed,
             pending,
             events,
@@ -355,16 +372,24 @@ impl TaskService {
             turn,
             me,
         } = claimed;
-        if let Some(settled) = settled {
-            // Ok or closed: either way its owner is done.
-            let _ = settled.await;
-        }
         // Until the record is reopened, a failure leaves it resumable as it was; messages
         // others queued meanwhile go back to the caller, with the reason.
         let give_up = |guard: &mut Unclaim, e: Error| {
             guard.release(&super::error_chain(&e));
             e
         };
+        if let Some(settled) = settled {
+            // Ok or closed: either way its owner is done.
+            let _ = settled.await;
+        }
+        if seed.cancel.is_cancelled() {
+            return Err(give_up(
+                &mut guard,
+                Error::Refused(format!(
+                    "task {id} was not resumed: the agent that sent the message was stopped"
+                )),
+            ));
+        }
         let slot = match self.acquire(me) {
             Ok(s) => s,
             Err(e) => return Err(give_up(&mut guard, e)),
@@ -409,10 +434,12 @@ impl TaskService {
             if let Some(wt) = worktree.and_then(Unfinished::take) {
                 let _ = wt.finish().await;
             }
+            // A record the registry has forgotten can never be reopened: not resumable.
+            if self.registry.get(&id).await.is_none() {
+                self.lock_dormant().take(&id);
+            }
             return Err(give_up(&mut guard, e));
         }
-        // First in its queue, before anything sent while it was being resumed.
-        queue.push_front(message);
         let launch = Launch {
             agent,
             first: FirstInput::Continue,
@@ -432,10 +459,13 @@ impl TaskService {
         };
         // Reopened: from here the new run's owner ends the record, whatever happens.
         guard.armed = false;
-        Ok(self
+        let started = self
             .start_as(launch, Mode::Background, Some(recipe))
             .await?
-            .id())
+            .id();
+        // The new run's owner holds its own promise now.
+        drop(promise);
+        Ok(started)
     }
 }
 
@@ -445,7 +475,7 @@ struct Claimed {
     description: String,
     settled: Option<oneshot::Receiver<()>>,
     queue: PendingQueue,
-    message: PendingMessage,
+    promise: crate::base::pending::Expectation,
     seed: crate::runtime::ChildSeed,
     pending: PendingQueue,
     events: Option<Arc<dyn crate::base::events::EventSink>>,
@@ -584,5 +614,132 @@ mod tests {
         let record = service.registry().get(&id).await.unwrap();
         assert_eq!(record.state, TaskState::Completed);
         assert_eq!(service.live(), 0);
+    }
+
+    /// A resume that cannot start (the parent's capacity is full) hands the message back to
+    /// the caller with the reason, and the child stays resumable.
+    #[tokio::test]
+    async fn a_resume_that_cannot_start_hands_its_message_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = Arc::new(ScriptedBackend::from_async_fn(|r| async move {
+            if r.all_messages()[0].text() == "hold" {
+                std::future::pending::<()>().await;
+            }
+            Ok(Response::say("first"))
+        }));
+        let service = TaskService::new(
+            Arc::new(MemoryTaskRegistry::new()),
+            TaskConfig::default()
+                .with_stall_after(None)
+                .with_max_children_per_agent(1),
+        );
+        let parent = Agent::builder(backend.clone())
+            .model("m")
+            .transcript_dir(dir.path())
+            .build()
+            .await
+            .unwrap();
+        let start = |prompt: &'static str| {
+            let (service, backend, parent, dir) =
+                (Arc::clone(&service), backend.clone(), &parent, dir.path());
+            async move {
+                let worker = Agent::builder(backend)
+                    .model("m")
+                    .child_of(parent.child_seed(
+                        TaskId::generate(forkhive_core::TaskKind::Agent),
+                        AgentKind::Subagent,
+                        QuerySource::custom("w"),
+                    ))
+                    .transcript_dir(dir)
+                    .build()
+                    .await
+                    .unwrap();
+                service
+                    .launch(Launch {
+                        agent: worker,
+                        first: FirstInput::Prompt(prompt.into()),
+                        description: prompt.into(),
+                        tool_use_id: None,
+                        parent_queue: parent.pending(),
+                        progress: Arc::default(),
+                        output: None,
+                        slot: service.acquire(*parent.id()).unwrap(),
+                        gate: None,
+                        events: None,
+                        ledger: None,
+                        parent_turn: 0,
+                        worktree: None,
+                        deadline: None,
+                        name: None,
+                    })
+                    .await
+                    .unwrap()
+            }
+        };
+        let id = start("work").await;
+        while service.resumable_parent(&id).is_none() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let holder = start("hold").await;
+        let queue = parent.pending();
+        queue.drain();
+        let e = service
+            .revive(
+                parent.shared(),
+                0,
+                id,
+                PendingMessage::new("again", "send-message"),
+            )
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("live children"), "{e}");
+        let bounced = queue.drain();
+        assert_eq!(bounced.len(), 1, "{bounced:?}");
+        assert!(
+            bounced[0]
+                .text
+                .starts_with(&format!("task {id} could not be resumed ("))
+        );
+        assert!(
+            bounced[0]
+                .text
+                .ends_with("so these messages to it were not delivered: again")
+        );
+        assert_eq!(service.resumable_parent(&id), Some(*parent.id()));
+        assert!(service.cancel(&holder));
+        service.wait_idle().await;
+    }
+
+    /// Past the limit the oldest entry goes — but never one whose resume is under way.
+    #[tokio::test]
+    async fn eviction_skips_an_entry_being_resumed() {
+        let agent = Agent::builder(Arc::new(ScriptedBackend::from_texts(["x"])))
+            .model("m")
+            .build()
+            .await
+            .unwrap();
+        let entry = || {
+            let (_tx, rx) = oneshot::channel();
+            Dormant::new(
+                *agent.id(),
+                "d".into(),
+                Recipe::of(&agent, PathBuf::from("t.jsonl")),
+                rx,
+            )
+        };
+        let ids: Vec<TaskId> = (0..3)
+            .map(|_| TaskId::generate(forkhive_core::TaskKind::Agent))
+            .collect();
+        let mut d = Dormancy::default();
+        d.put(ids[0], entry(), 2);
+        d.put(ids[1], entry(), 2);
+        if let Some(e) = d.map.get_mut(&ids[0]) {
+            e.reviving = Some(PendingQueue::new());
+        }
+        d.put(ids[2], entry(), 2);
+        assert!(d.map.contains_key(&ids[0]), "being resumed: kept");
+        assert!(!d.map.contains_key(&ids[1]), "the oldest other one went");
+        assert!(d.map.contains_key(&ids[2]));
+        assert_eq!(d.order.len(), 2);
     }
 }
