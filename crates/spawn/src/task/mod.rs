@@ -686,13 +686,7 @@ impl Owned {
         // Messages sent to it after its last read (`SendMessage` reported them sent): not lost
         // in silence, but returned to its parent in its notification.
         if let Some(live) = live {
-            let unread: Vec<String> = live
-                .inbox
-                .drain()
-                .into_iter()
-                .filter(|m| m.origin == crate::base::pending::SEND_MESSAGE_ORIGIN)
-                .map(|m| m.text)
-                .collect();
+            let unread = unread_messages(&live.inbox);
             if !unread.is_empty() {
                 let line = format!(
                     "{} message(s) arrived after it stopped reading: {}",
@@ -848,6 +842,16 @@ impl Owned {
             }
         }
     }
+}
+
+/// The `SendMessage` messages left unread in a child's queue, drained.
+fn unread_messages(inbox: &PendingQueue) -> Vec<String> {
+    inbox
+        .drain()
+        .into_iter()
+        .filter(|m| m.origin == crate::base::pending::SEND_MESSAGE_ORIGIN)
+        .map(|m| m.text)
+        .collect()
 }
 
 /// Names a kept worktree in the notification, and why it was kept.
@@ -1132,13 +1136,7 @@ impl TaskService {
         if let Err(e) = registered {
             drop(claim);
             // Messages sent to it by name in the meantime go back to its parent, with why.
-            let unread: Vec<String> = agent
-                .pending()
-                .drain()
-                .into_iter()
-                .filter(|m| m.origin == crate::base::pending::SEND_MESSAGE_ORIGIN)
-                .map(|m| m.text)
-                .collect();
+            let unread = unread_messages(&agent.pending());
             if !unread.is_empty() {
                 parent_queue.push(PendingMessage::new(
                     format!(
