@@ -4,6 +4,7 @@
 Usage: cargo bench --bench fork_prefix && python3 scripts/bench-report.py [fork_children|fork_encode]
        cargo bench --bench agent_turns && python3 scripts/bench-report.py agent_turns
        cargo bench --bench send_message && python3 scripts/bench-report.py send_message
+       cargo bench --bench mailbox && python3 scripts/bench-report.py mailbox
 """
 import json
 import pathlib
@@ -20,6 +21,15 @@ def median_ns(path):
 def fmt(ns):
     return f"{ns / 1000:.2f} µs" if ns < 1e6 else f"{ns / 1e6:.2f} ms"
 
+
+if group == "mailbox":
+    # Ids are "<backend>/<writers>"; each iteration sends 200 letters and acknowledges them.
+    print(f"{'backend':>8} {'writers':>8} {'median/200':>12} {'letters/s':>10}")
+    for est in sorted(root.glob("*/*/new/estimates.json")):
+        backend, writers = est.parts[-4], est.parts[-3]
+        ns = median_ns(est)
+        print(f"{backend:>8} {writers:>8} {fmt(ns):>12} {200 / (ns / 1e9):>10,.0f}")
+    sys.exit(0)
 
 if group == "send_message":
     # Ids are "next_round" and "end_of_turn": send -> the request carrying the message.

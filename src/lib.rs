@@ -107,6 +107,11 @@ pub struct CoordinatorDocDoctests;
 #[doc = include_str!("../docs/timeline.md")]
 pub struct TimelineDocDoctests;
 
+/// The code in `docs/teams.md`, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/teams.md")]
+pub struct TeamsDocDoctests;
+
 /// The names a host program needs, in one import: building agents and tools, the `Agent`
 /// tool, the task service, events, scripted and simulated backends, usage and prices.
 pub mod prelude {

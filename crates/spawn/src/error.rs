@@ -123,6 +123,26 @@ pub enum Error {
         message: String,
     },
 
+    /// A mailbox could not do what was asked: a name that cannot be an inbox, an inbox file
+    /// that is not what it should be, an I/O failure.
+    #[error("mailbox {inbox}: {message}")]
+    Mailbox {
+        /// The inbox (`<team>/<agent>`), or the name that could not be one.
+        inbox: String,
+        /// What was wrong.
+        message: String,
+    },
+
+    /// A writer could not take an inbox's lock within its budget: the message was not sent
+    /// (never dropped in silence), and may be sent again.
+    #[error("mailbox lock {} still held after {attempts} attempts: the message was not sent", path.display())]
+    MailboxBusy {
+        /// The lock file.
+        path: PathBuf,
+        /// How many times it was tried.
+        attempts: u32,
+    },
+
     /// A tool call's input does not match the tool's JSON Schema.
     #[error("invalid input for tool `{tool}`:\n{}", problems.join("\n"))]
     InvalidInput {

@@ -10,7 +10,7 @@ const LAYERS: &[&[&str]] = &[
     &["error"],
     &["base", "definition", "worktree"],
     &["tool", "transcript"],
-    &["runtime", "timeline"],
+    &["runtime", "timeline", "mailbox"],
     &["task"],
     &["strategy"],
     &["agent_tool", "control"],

@@ -1,0 +1,84 @@
+//! Mailbox throughput: letters per second into one inbox, from 1 and from 10 writers at once,
+//! for the in-memory and the file mailbox (Claude Code's inbox files, lock file and all).
+//!
+//! Each iteration sends `LETTERS` letters in all (split among the writers) into a fresh inbox,
+//! then the reader receives and acknowledges them. `python3 scripts/bench-report.py mailbox`
+//! prints letters per second from the medians.
+
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use forkhive::spawn::Error;
+use forkhive::spawn::mailbox::{FileMailbox, Inbox, Letter, Mailbox, MemoryMailbox};
+
+const LETTERS: usize = 200;
+
+async fn round(mail: Arc<dyn Mailbox>, inbox: Inbox, writers: usize) {
+    let tasks: Vec<_> = (0..writers)
+        .map(|w| {
+            let (mail, inbox) = (Arc::clone(&mail), inbox.clone());
+            tokio::spawn(async move {
+                for i in 0..LETTERS / writers {
+                    loop {
+                        match mail
+                            .send(&inbox, Letter::new(format!("w{w}"), format!("{i}")))
+                            .await
+                        {
+                            Ok(_) => break,
+                            Err(Error::MailboxBusy { .. }) => {}
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let got = mail.receive(&inbox).await.unwrap();
+    assert_eq!(got.len(), LETTERS);
+    let ids: Vec<String> = got.into_iter().map(|d| d.id).collect();
+    mail.ack(&inbox, &ids).await.unwrap();
+}
+
+fn bench(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut group = c.benchmark_group("mailbox");
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(10));
+    let mut n = 0u64;
+    for writers in [1usize, 10] {
+        for backend in ["memory", "file"] {
+            group.bench_with_input(BenchmarkId::new(backend, writers), &writers, |b, &w| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        n += 1;
+                        let mail: Arc<dyn Mailbox> = match backend {
+                            "memory" => Arc::new(MemoryMailbox::new()),
+                            _ => Arc::new(FileMailbox::new(dir.path())),
+                        };
+                        let inbox = Inbox::new("bench", format!("r{n}")).unwrap();
+                        let start = Instant::now();
+                        rt.block_on(round(mail, inbox, w));
+                        total += start.elapsed();
+                    }
+                    total
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

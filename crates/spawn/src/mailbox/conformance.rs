@@ -1,0 +1,231 @@
+//! The one suite every [`Mailbox`] passes, unchanged: order per sender, nothing lost under
+//! concurrent senders, nothing delivered again once acknowledged, unacknowledged letters
+//! delivered again to a reader that restarted, acknowledged letters pruned, acknowledgement
+//! idempotent, inboxes apart.
+//!
+//! `open` makes a new handle on the same store each time it is called — what a reader that
+//! crashed and came back would open. Call [`run`] from a test with a fresh store:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use forkhive_spawn::mailbox::{Mailbox, MemoryMailbox, conformance};
+//! # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
+//! let store = MemoryMailbox::new();
+//! conformance::run(|| Arc::new(store.clone()) as Arc<dyn Mailbox>).await?;
+//! # Ok::<(), conformance::ConformanceError>(()) }).unwrap();
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use super::{Inbox, Letter, Mailbox};
+
+/// A conformance check that did not hold.
+#[derive(Debug)]
+pub struct ConformanceError(String);
+
+impl fmt::Display for ConformanceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "mailbox conformance: {}", self.0)
+    }
+}
+
+impl std::error::Error for ConformanceError {}
+
+fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), ConformanceError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(ConformanceError(what()))
+    }
+}
+
+fn op<T>(r: crate::Result<T>, what: &str) -> Result<T, ConformanceError> {
+    r.map_err(|e| ConformanceError(format!("{what} failed: {e}")))
+}
+
+fn inbox(agent: &str) -> Result<Inbox, ConformanceError> {
+    op(Inbox::new("conformance", agent), "Inbox::new")
+}
+
+/// Runs every check (each on inboxes of its own). Needs a multi-threaded runtime for the
+/// concurrent senders to run in parallel (it passes on one thread too).
+pub async fn run<F>(open: F) -> Result<(), ConformanceError>
+where
+    F: Fn() -> Arc<dyn Mailbox>,
+{
+    order_per_sender(open()).await?;
+    redelivery_until_acknowledged(&open).await?;
+    pruned_and_idempotent(open()).await?;
+    concurrent_senders_lose_nothing(open()).await?;
+    inboxes_are_apart(open()).await?;
+    Ok(())
+}
+
+async fn order_per_sender(m: Arc<dyn Mailbox>) -> Result<(), ConformanceError> {
+    let to = inbox("order")?;
+    check(op(m.receive(&to).await, "receive")?.is_empty(), || {
+        "an inbox nobody wrote to is not empty".into()
+    })?;
+    for i in 0..5 {
+        for from in ["a", "b"] {
+            op(
+                m.send(
+                    &to,
+                    Letter::new(from, format!("{from}{i}")).with_summary("s"),
+                )
+                .await,
+                "send",
+            )?;
+        }
+    }
+    let got = op(m.receive(&to).await, "receive")?;
+    check(got.len() == 10, || {
+        format!("10 sent, {} received", got.len())
+    })?;
+    for from in ["a", "b"] {
+        let texts: Vec<&str> = got
+            .iter()
+            .filter(|d| d.from == from)
+            .map(|d| d.text.as_str())
+            .collect();
+        let want: Vec<String> = (0..5).map(|i| format!("{from}{i}")).collect();
+        check(texts == want, || {
+            format!("{from}'s letters out of order: {texts:?}")
+        })?;
+    }
+    check(
+        got.iter()
+            .all(|d| d.summary.as_deref() == Some("s") && d.timestamp.ends_with('Z')),
+        || "a letter lost its summary or timestamp".into(),
+    )?;
+    let ids: std::collections::HashSet<&str> = got.iter().map(|d| d.id.as_str()).collect();
+    check(ids.len() == 10, || "two letters share an id".into())
+}
+
+async fn redelivery_until_acknowledged<F>(open: &F) -> Result<(), ConformanceError>
+where
+    F: Fn() -> Arc<dyn Mailbox>,
+{
+    let to = inbox("redelivery")?;
+    let writer = open();
+    for i in 0..3 {
+        op(
+            writer.send(&to, Letter::new("w", format!("m{i}"))).await,
+            "send",
+        )?;
+    }
+    // A reader reads, then crashes before acknowledging: a new one gets the same letters.
+    let first = op(open().receive(&to).await, "receive")?;
+    let again = op(open().receive(&to).await, "receive")?;
+    check(first == again, || {
+        format!("unacknowledged letters changed between readers: {first:?} then {again:?}")
+    })?;
+    check(first.len() == 3, || {
+        format!("3 sent, {} received", first.len())
+    })?;
+    // The new reader acknowledges the first two; only the third comes again.
+    let reader = open();
+    op(
+        reader
+            .ack(&to, &[first[0].id.clone(), first[1].id.clone()])
+            .await,
+        "ack",
+    )?;
+    let rest = op(open().receive(&to).await, "receive")?;
+    check(rest.len() == 1 && rest[0].text == "m2", || {
+        format!("after acknowledging 2 of 3, got {rest:?}")
+    })
+}
+
+async fn pruned_and_idempotent(m: Arc<dyn Mailbox>) -> Result<(), ConformanceError> {
+    let to = inbox("prune")?;
+    for round in 0..20 {
+        op(
+            m.send(&to, Letter::new("w", format!("r{round}"))).await,
+            "send",
+        )?;
+        let got = op(m.receive(&to).await, "receive")?;
+        let ids: Vec<String> = got.iter().map(|d| d.id.clone()).collect();
+        op(m.ack(&to, &ids).await, "ack")?;
+        // Acknowledging again, or an id never issued, changes nothing.
+        op(m.ack(&to, &ids).await, "ack again")?;
+        op(m.ack(&to, &["no-such-id".to_owned()]).await, "ack unknown")?;
+    }
+    let stored = op(m.stored(&to).await, "stored")?;
+    check(stored == 0, || {
+        format!("{stored} acknowledged letters are still stored: an inbox must be pruned")
+    })?;
+    check(op(m.receive(&to).await, "receive")?.is_empty(), || {
+        "an acknowledged letter came back".into()
+    })
+}
+
+async fn concurrent_senders_lose_nothing(m: Arc<dyn Mailbox>) -> Result<(), ConformanceError> {
+    const SENDERS: usize = 8;
+    const EACH: usize = 50;
+    let to = inbox("concurrent")?;
+    let tasks: Vec<_> = (0..SENDERS)
+        .map(|s| {
+            let (m, to) = (Arc::clone(&m), to.clone());
+            tokio::spawn(async move {
+                for i in 0..EACH {
+                    // A writer that meets a busy lock tries again: never a silent drop.
+                    loop {
+                        match m
+                            .send(&to, Letter::new(format!("s{s}"), format!("{i}")))
+                            .await
+                        {
+                            Ok(_) => break,
+                            Err(crate::Error::MailboxBusy { .. }) => tokio::task::yield_now().await,
+                            Err(e) => return Err(e.to_string()),
+                        }
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for t in tasks {
+        match t.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(ConformanceError(format!("a sender failed: {e}"))),
+            Err(e) => return Err(ConformanceError(format!("a sender panicked: {e}"))),
+        }
+    }
+    let got = op(m.receive(&to).await, "receive")?;
+    let mut per: HashMap<&str, Vec<usize>> = HashMap::new();
+    for d in &got {
+        per.entry(d.from.as_str())
+            .or_default()
+            .push(d.text.parse().unwrap_or(usize::MAX));
+    }
+    check(got.len() == SENDERS * EACH, || {
+        format!("{} sent at once, {} received", SENDERS * EACH, got.len())
+    })?;
+    for (from, seq) in per {
+        check(seq == (0..EACH).collect::<Vec<_>>(), || {
+            format!("{from}'s letters lost, doubled or reordered")
+        })?;
+    }
+    Ok(())
+}
+
+async fn inboxes_are_apart(m: Arc<dyn Mailbox>) -> Result<(), ConformanceError> {
+    let (a, b) = (inbox("apart-a")?, inbox("apart-b")?);
+    let other_team = op(Inbox::new("conformance-2", "apart-a"), "Inbox::new")?;
+    op(m.send(&a, Letter::new("w", "for a")).await, "send")?;
+    let (in_b, in_other) = (
+        op(m.receive(&b).await, "receive")?,
+        op(m.receive(&other_team).await, "receive")?,
+    );
+    check(in_b.is_empty() && in_other.is_empty(), || {
+        "a letter reached another inbox".into()
+    })?;
+    let got = op(m.receive(&a).await, "receive")?;
+    op(m.ack(&b, &[got[0].id.clone()]).await, "ack")?;
+    check(op(m.receive(&a).await, "receive")?.len() == 1, || {
+        "acknowledging in one inbox removed a letter from another".into()
+    })
+}

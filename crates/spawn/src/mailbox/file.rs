@@ -1,0 +1,262 @@
+//! Mailboxes in Claude Code's own inbox files, so a forkhive teammate and a Claude Code team
+//! can share a directory.
+//!
+//! `<root>/teams/<team>/inboxes/<agent>.json` is a JSON array of entries `{"from", "text",
+//! "timestamp", "read", "msg_id", "type": "message", "summary"?, "color"?}`. A writer takes
+//! the lock file `<agent>.json.lock` (created exclusively; 10 attempts, backing off 5 to
+//! 100 ms; a lock left by a writer that died is broken after 10 s), reads the array, appends,
+//! writes a temporary file and renames it over the inbox — a reader never sees half a file and
+//! no writer loses another's entry. Entries this build did not write keep every field they
+//! have. Acknowledged entries (and entries another reader marked `read`) are removed.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+
+use super::{Delivered, Inbox, Letter, Mailbox, new_id, timestamp_now};
+use crate::error::{Error, Result};
+
+/// How many times a writer tries an inbox's lock before [`Error::MailboxBusy`].
+pub const LOCK_ATTEMPTS: u32 = 10;
+
+/// A lock older than this was left by a writer that died: it is broken.
+const STALE_LOCK: Duration = Duration::from_secs(10);
+
+/// Mailboxes as files under a root directory (Claude Code's `~/.claude`, or any other).
+#[derive(Debug, Clone)]
+pub struct FileMailbox {
+    root: PathBuf,
+}
+
+impl FileMailbox {
+    /// Inboxes under `<root>/teams/`.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    /// The file of `inbox`.
+    pub fn path(&self, inbox: &Inbox) -> PathBuf {
+        self.root
+            .join("teams")
+            .join(inbox.team())
+            .join("inboxes")
+            .join(format!("{}.json", inbox.agent()))
+    }
+}
+
+fn fail(inbox: &Inbox, message: String) -> Error {
+    Error::Mailbox {
+        inbox: inbox.to_string(),
+        message,
+    }
+}
+
+/// The inbox's entries; a missing file is an empty inbox.
+async fn read(inbox: &Inbox, path: &Path) -> Result<Vec<Value>> {
+    let bytes = match tokio::fs::read(path).await {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(fail(inbox, format!("reading {}: {e}", path.display()))),
+    };
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Vec::new());
+    }
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Array(entries)) => Ok(entries),
+        Ok(_) => Err(fail(
+            inbox,
+            format!("{} is not a JSON array of entries", path.display()),
+        )),
+        Err(e) => Err(fail(
+            inbox,
+            format!(
+                "{} is not valid JSON ({e}); it is left as it is",
+                path.display()
+            ),
+        )),
+    }
+}
+
+/// An entry's id: its `msg_id`, or — for an entry written without one — a digest of who sent
+/// what when, numbered among identical entries.
+fn ids(entries: &[Value]) -> Vec<String> {
+    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    entries
+        .iter()
+        .map(|e| {
+            if let Some(id) = e.get("msg_id").and_then(Value::as_str) {
+                return id.to_owned();
+            }
+            let field = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or_default();
+            let digest = forkhive_core::Digest::of(
+                format!(
+                    "{}\0{}\0{}",
+                    field("from"),
+                    field("timestamp"),
+                    field("text")
+                )
+                .as_bytes(),
+            )
+            .to_string();
+            let n = seen.entry(digest.clone()).or_insert(0);
+            *n += 1;
+            format!("sha256:{}#{n}", &digest[..16])
+        })
+        .collect()
+}
+
+fn is_read(e: &Value) -> bool {
+    e.get("read").and_then(Value::as_bool).unwrap_or(false)
+}
+
+/// Holds an inbox's lock file; removes it when dropped.
+struct Lock(PathBuf);
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+async fn lock(inbox: &Inbox, path: &Path) -> Result<Lock> {
+    let lock = path.with_extension("json.lock");
+    let mut delay = Duration::from_millis(5);
+    for attempt in 1..=LOCK_ATTEMPTS {
+        let made = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&lock)
+            .await;
+        match made {
+            Ok(_) => return Ok(Lock(lock)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let stale = tokio::fs::metadata(&lock)
+                    .await
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age >= STALE_LOCK);
+                if stale {
+                    tracing::warn!(lock = %lock.display(), "breaking a stale inbox lock");
+                    let _ = tokio::fs::remove_file(&lock).await;
+                    continue;
+                }
+                if attempt < LOCK_ATTEMPTS {
+                    // Between half the step and the step, at random: writers that collided do
+                    // not come back in step.
+                    let mut b = [0u8; 1];
+                    let _ = getrandom::fill(&mut b);
+                    let wait = delay / 2 + delay.mul_f64(f64::from(b[0]) / 510.0);
+                    tokio::time::sleep(wait).await;
+                    delay = (delay * 2).min(Duration::from_millis(100));
+                }
+            }
+            Err(e) => {
+                return Err(fail(inbox, format!("creating {}: {e}", lock.display())));
+            }
+        }
+    }
+    Err(Error::MailboxBusy {
+        path: lock,
+        attempts: LOCK_ATTEMPTS,
+    })
+}
+
+/// Writes `entries` to a temporary file beside `path` and renames it over `path`.
+async fn write(inbox: &Inbox, path: &Path, entries: &[Value]) -> Result<()> {
+    let bytes =
+        serde_json::to_vec(entries).map_err(|e| fail(inbox, format!("encoding the inbox: {e}")))?;
+    let tmp = path.with_extension(format!("json.tmp-{}", new_id()));
+    let io = |what: &str, e: std::io::Error| fail(inbox, format!("{what} {}: {e}", tmp.display()));
+    tokio::fs::write(&tmp, &bytes)
+        .await
+        .map_err(|e| io("writing", e))?;
+    if let Err(e) = tokio::fs::rename(&tmp, path).await {
+        let _ = tokio::fs::remove_file(&tmp).await;
+        return Err(io("renaming", e));
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl Mailbox for FileMailbox {
+    async fn send(&self, to: &Inbox, letter: Letter) -> Result<String> {
+        let path = self.path(to);
+        if let Some(dir) = path.parent() {
+            tokio::fs::create_dir_all(dir)
+                .await
+                .map_err(|e| fail(to, format!("creating {}: {e}", dir.display())))?;
+        }
+        let id = new_id();
+        let mut entry = Map::new();
+        entry.insert("from".into(), Value::String(letter.from));
+        entry.insert("text".into(), Value::String(letter.text));
+        entry.insert("timestamp".into(), Value::String(timestamp_now()));
+        entry.insert("read".into(), Value::Bool(false));
+        entry.insert("msg_id".into(), Value::String(id.clone()));
+        entry.insert("type".into(), Value::String("message".into()));
+        if let Some(s) = letter.summary {
+            entry.insert("summary".into(), Value::String(s));
+        }
+        if let Some(c) = letter.color {
+            entry.insert("color".into(), Value::String(c));
+        }
+        let _lock = lock(to, &path).await?;
+        // Read under the lock: every entry written before it is kept.
+        let mut entries = read(to, &path).await?;
+        entries.push(Value::Object(entry));
+        write(to, &path, &entries).await?;
+        Ok(id)
+    }
+
+    async fn receive(&self, inbox: &Inbox) -> Result<Vec<Delivered>> {
+        // No lock: the file is only ever replaced whole.
+        let entries = read(inbox, &self.path(inbox)).await?;
+        let ids = ids(&entries);
+        Ok(entries
+            .iter()
+            .zip(ids)
+            .filter(|(e, _)| !is_read(e))
+            .map(|(e, id)| {
+                let field = |k: &str| e.get(k).and_then(Value::as_str).map(str::to_owned);
+                Delivered {
+                    id,
+                    from: field("from").unwrap_or_default(),
+                    text: field("text").unwrap_or_default(),
+                    timestamp: field("timestamp").unwrap_or_default(),
+                    summary: field("summary"),
+                    color: field("color"),
+                }
+            })
+            .collect())
+    }
+
+    async fn ack(&self, inbox: &Inbox, acked: &[String]) -> Result<()> {
+        let path = self.path(inbox);
+        if !tokio::fs::try_exists(&path).await.unwrap_or(false) {
+            return Ok(());
+        }
+        let acked: HashSet<&str> = acked.iter().map(String::as_str).collect();
+        let _lock = lock(inbox, &path).await?;
+        let entries = read(inbox, &path).await?;
+        let ids = ids(&entries);
+        let before = entries.len();
+        let kept: Vec<Value> = entries
+            .into_iter()
+            .zip(ids)
+            .filter(|(e, id)| !is_read(e) && !acked.contains(id.as_str()))
+            .map(|(e, _)| e)
+            .collect();
+        if kept.len() != before {
+            write(inbox, &path, &kept).await?;
+        }
+        Ok(())
+    }
+
+    async fn stored(&self, inbox: &Inbox) -> Result<usize> {
+        Ok(read(inbox, &self.path(inbox)).await?.len())
+    }
+}
