@@ -143,6 +143,11 @@ pub enum Error {
         attempts: u32,
     },
 
+    /// A structured team message was refused: from the wrong sender, for no open request, or
+    /// not the kind expected.
+    #[error("team protocol: {0}")]
+    Protocol(String),
+
     /// A tool call's input does not match the tool's JSON Schema.
     #[error("invalid input for tool `{tool}`:\n{}", problems.join("\n"))]
     InvalidInput {

@@ -1,7 +1,7 @@
 //! The one suite every [`Mailbox`] passes, unchanged: order per sender, nothing lost under
 //! concurrent senders, nothing delivered again once acknowledged, unacknowledged letters
 //! delivered again to a reader that restarted, acknowledged letters pruned, acknowledgement
-//! idempotent, inboxes apart.
+//! idempotent, inboxes apart, a waiting reader woken by a letter from another handle.
 //!
 //! `open` makes a new handle on the same store each time it is called — what a reader that
 //! crashed and came back would open. Call [`run`] from a test with a fresh store:
@@ -60,7 +60,37 @@ where
     pruned_and_idempotent(open()).await?;
     concurrent_senders_lose_nothing(open()).await?;
     inboxes_are_apart(open()).await?;
+    a_waiting_reader_wakes(&open).await?;
     Ok(())
+}
+
+async fn a_waiting_reader_wakes<F>(open: &F) -> Result<(), ConformanceError>
+where
+    F: Fn() -> Arc<dyn Mailbox>,
+{
+    use std::time::Duration;
+    let to = inbox("wait")?;
+    let reader = open();
+    let quiet = op(reader.wait(&to, Duration::from_millis(100)).await, "wait")?;
+    check(!quiet, || {
+        "wait on an empty inbox said a letter came".into()
+    })?;
+    let waiter = {
+        let (reader, to) = (Arc::clone(&reader), to.clone());
+        tokio::spawn(async move { reader.wait(&to, Duration::from_secs(10)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    op(open().send(&to, Letter::new("w", "wake up")).await, "send")?;
+    let woke = match tokio::time::timeout(Duration::from_secs(5), waiter).await {
+        Ok(Ok(r)) => op(r, "wait")?,
+        Ok(Err(e)) => return Err(ConformanceError(format!("a waiter panicked: {e}"))),
+        Err(_) => return Err(ConformanceError("a waiter did not wake within 5 s".into())),
+    };
+    check(woke, || "wait returned without the letter".into())?;
+    // A letter already there: at once.
+    check(op(reader.wait(&to, Duration::ZERO).await, "wait")?, || {
+        "wait did not see a letter already in the inbox".into()
+    })
 }
 
 async fn order_per_sender(m: Arc<dyn Mailbox>) -> Result<(), ConformanceError> {

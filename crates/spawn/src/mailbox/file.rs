@@ -259,4 +259,29 @@ impl Mailbox for FileMailbox {
     async fn stored(&self, inbox: &Inbox) -> Result<usize> {
         Ok(read(inbox, &self.path(inbox)).await?.len())
     }
+
+    /// Looks at the inbox file's size and modification time every 50 ms (Claude Code polls
+    /// every second) and reads it only when they change.
+    async fn wait(&self, inbox: &Inbox, timeout: Duration) -> Result<bool> {
+        let path = self.path(inbox);
+        let until = tokio::time::Instant::now() + timeout;
+        let mut last = None;
+        loop {
+            let now_seen = tokio::fs::metadata(&path)
+                .await
+                .ok()
+                .map(|m| (m.len(), m.modified().ok()));
+            if now_seen != last {
+                last = now_seen;
+                if !self.receive(inbox).await?.is_empty() {
+                    return Ok(true);
+                }
+            }
+            let now = tokio::time::Instant::now();
+            if now >= until {
+                return Ok(false);
+            }
+            tokio::time::sleep((until - now).min(Duration::from_millis(50))).await;
+        }
+    }
 }

@@ -2,6 +2,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
 
 use async_trait::async_trait;
 
@@ -14,6 +17,8 @@ use crate::error::Result;
 #[derive(Debug, Clone, Default)]
 pub struct MemoryMailbox {
     inboxes: Arc<Mutex<HashMap<Inbox, VecDeque<Delivered>>>>,
+    /// Woken (all waiters) when a letter reaches the inbox.
+    arrivals: Arc<Mutex<HashMap<Inbox, Arc<Notify>>>>,
 }
 
 impl MemoryMailbox {
@@ -24,6 +29,16 @@ impl MemoryMailbox {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Inbox, VecDeque<Delivered>>> {
         self.inboxes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn arrivals(&self, inbox: &Inbox) -> Arc<Notify> {
+        Arc::clone(
+            self.arrivals
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(inbox.clone())
+                .or_default(),
+        )
     }
 }
 
@@ -40,6 +55,7 @@ impl Mailbox for MemoryMailbox {
             color: letter.color,
         };
         self.lock().entry(to.clone()).or_default().push_back(entry);
+        self.arrivals(to).notify_waiters();
         Ok(id)
     }
 
@@ -65,5 +81,20 @@ impl Mailbox for MemoryMailbox {
 
     async fn stored(&self, inbox: &Inbox) -> Result<usize> {
         Ok(self.lock().get(inbox).map_or(0, VecDeque::len))
+    }
+
+    async fn wait(&self, inbox: &Inbox, timeout: Duration) -> Result<bool> {
+        let arrivals = self.arrivals(inbox);
+        let arrived = arrivals.notified();
+        tokio::pin!(arrived);
+        // Registered before looking: a letter sent between the look and the wait wakes it.
+        arrived.as_mut().enable();
+        if self.lock().get(inbox).is_some_and(|q| !q.is_empty()) {
+            return Ok(true);
+        }
+        if tokio::time::timeout(timeout, arrived).await.is_err() {
+            return Ok(false);
+        }
+        Ok(self.lock().get(inbox).is_some_and(|q| !q.is_empty()))
     }
 }

@@ -28,6 +28,7 @@
 pub mod conformance;
 mod file;
 mod memory;
+pub mod protocol;
 
 use std::fmt;
 
@@ -195,6 +196,24 @@ pub trait Mailbox: Send + Sync + fmt::Debug + 'static {
 
     /// How many letters `inbox` stores (acknowledged ones are pruned, so this is its depth).
     async fn stored(&self, inbox: &Inbox) -> Result<usize>;
+
+    /// Waits until `inbox` holds an unacknowledged letter, or `timeout` passes; returns
+    /// whether it does. An idle reader waits here. The default looks every 50 ms; a backend
+    /// that can be told of a new letter overrides it (the in-memory one wakes at once and costs
+    /// nothing while it waits).
+    async fn wait(&self, inbox: &Inbox, timeout: std::time::Duration) -> Result<bool> {
+        let until = tokio::time::Instant::now() + timeout;
+        loop {
+            if !self.receive(inbox).await?.is_empty() {
+                return Ok(true);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= until {
+                return Ok(false);
+            }
+            tokio::time::sleep((until - now).min(std::time::Duration::from_millis(50))).await;
+        }
+    }
 }
 
 /// Now as ISO 8601 UTC with milliseconds (`2026-11-24T17:20:00.123Z`).

@@ -1,0 +1,144 @@
+//! Idle readers and how fast a letter wakes one: `--waiters` readers wait on their own
+//! inboxes; the process's CPU time is measured over `--idle-secs` of nothing happening; then
+//! `--rounds` letters are sent one at a time, each to one waiting reader, and the time from
+//! `send` to that reader's `wait` returning is taken (p50, p99). For the in-memory mailbox and
+//! the file mailbox (Claude Code's inbox files in a temporary directory).
+//!
+//! ```text
+//! cargo run --release --example mailbox_wake -- [--waiters 100] [--idle-secs 10] [--rounds 200]
+//! ```
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use forkhive::spawn::mailbox::{FileMailbox, Inbox, Letter, Mailbox, MemoryMailbox};
+use tokio::sync::mpsc;
+
+/// Idle readers' CPU time and their wake latency, for both mailboxes.
+#[derive(clap::Parser)]
+#[command(name = "mailbox_wake")]
+struct Args {
+    /// Readers waiting at once.
+    #[arg(long, default_value = "100")]
+    waiters: usize,
+    /// Seconds of idleness measured.
+    #[arg(long = "idle-secs", default_value = "10")]
+    idle_secs: u64,
+    /// Letters sent, one at a time, to measure wake latency.
+    #[arg(long, default_value = "200")]
+    rounds: usize,
+}
+
+/// The process's user + system CPU time (Linux `/proc/self/stat`, in 10 ms ticks).
+fn cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}
+
+async fn measure(name: &str, mail: Arc<dyn Mailbox>, a: &Args) -> Result<(), String> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<(usize, Instant)>();
+    let mut readers = Vec::new();
+    for i in 0..a.waiters {
+        let (mail, tx) = (Arc::clone(&mail), tx.clone());
+        let inbox = Inbox::new("wake", format!("r{i}")).map_err(|e| e.to_string())?;
+        readers.push(tokio::spawn(async move {
+            loop {
+                match mail.wait(&inbox, Duration::from_secs(3600)).await {
+                    Ok(true) => {
+                        let at = Instant::now();
+                        let got = mail.receive(&inbox).await.unwrap_or_default();
+                        let ids: Vec<String> = got.into_iter().map(|d| d.id).collect();
+                        let _ = mail.ack(&inbox, &ids).await;
+                        if tx.send((i, at)).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(false) => {}
+                    Err(_) => return,
+                }
+            }
+        }));
+    }
+    // Let every reader settle into its wait, then measure nothing happening.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = cpu_time();
+    let wall = Instant::now();
+    tokio::time::sleep(Duration::from_secs(a.idle_secs)).await;
+    let idle_cpu = match (before, cpu_time()) {
+        (Some(b), Some(e)) => format!("{:?}", e.saturating_sub(b)),
+        _ => "unknown (no /proc/self/stat)".into(),
+    };
+    let idle_wall = wall.elapsed();
+    let mut lat = Vec::with_capacity(a.rounds);
+    for r in 0..a.rounds {
+        let i = r % a.waiters;
+        let to = Inbox::new("wake", format!("r{i}")).map_err(|e| e.to_string())?;
+        let sent = Instant::now();
+        mail.send(&to, Letter::new("lead", "wake"))
+            .await
+            .map_err(|e| e.to_string())?;
+        loop {
+            let (who, at) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                .await
+                .map_err(|_| format!("reader r{i} did not wake within 10 s"))?
+                .ok_or("the readers stopped")?;
+            if who == i {
+                lat.push(at.saturating_duration_since(sent));
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for r in readers {
+        r.abort();
+    }
+    lat.sort();
+    let pct = |p: usize| lat[(lat.len() * p / 100).min(lat.len() - 1)];
+    println!(
+        "{name:>6}: {} idle readers, CPU {idle_cpu} over {:.1?} idle; wake latency over {} \
+         letters: p50 {:?}, p99 {:?}, max {:?}",
+        a.waiters,
+        idle_wall,
+        lat.len(),
+        pct(50),
+        pct(99),
+        lat[lat.len() - 1]
+    );
+    Ok(())
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    let a = <Args as clap::Parser>::parse();
+    if a.waiters == 0 || a.rounds == 0 {
+        eprintln!("mailbox_wake: --waiters and --rounds must be at least 1");
+        return ExitCode::FAILURE;
+    }
+    let dir = match tempfile::tempdir() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("mailbox_wake: a temporary directory: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for (name, mail) in [
+        ("memory", Arc::new(MemoryMailbox::new()) as Arc<dyn Mailbox>),
+        (
+            "file",
+            Arc::new(FileMailbox::new(dir.path())) as Arc<dyn Mailbox>,
+        ),
+    ] {
+        if let Err(e) = measure(name, mail, &a).await {
+            eprintln!("mailbox_wake: {name}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
