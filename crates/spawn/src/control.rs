@@ -141,7 +141,7 @@ impl SendMessageTool {
                 SEND_MESSAGE,
                 "Send a message to a running task (its task id), or to the agent that started \
                  you (`main`). It reads it at its next tool round.",
-                r#"{"type":"object","properties":{"to":{"type":"string","description":"A task id, or main"},"message":{"type":"string"}},"required":["to","message"],"additionalProperties":false}"#,
+                r#"{"type":"object","properties":{"to":{"type":"string","description":"A task id or name, a teammate's name, or main (team-lead from a teammate)"},"message":{"type":["string","object"],"description":"The text; to a teammate, also {\"type\":\"shutdown_request\",\"reason\":…}"},"summary":{"type":"string","description":"A short preview, for a teammate"}},"required":["to","message"],"additionalProperties":false}"#,
             )?,
         })
     }
@@ -150,7 +150,9 @@ impl SendMessageTool {
 #[derive(Deserialize)]
 struct SendInput {
     to: String,
-    message: String,
+    message: serde_json::Value,
+    #[serde(default)]
+    summary: Option<String>,
 }
 
 /// `<message from="…">text</message>`, the text escaped so it cannot close the element.
@@ -196,13 +198,30 @@ impl Tool for SendMessageTool {
                 "`{scheme}:` addresses are not supported by this host"
             ));
         }
+        // A teammate (by name), or the lead from a teammate: through the team's mailbox.
+        if let Some(team) = cx
+            .caller()
+            .and_then(|c| c.tree().extensions().get::<crate::team::Team>())
+        {
+            let mine = team.name_of(&me);
+            let to_lead = mine.is_some() && (to == crate::team::LEAD || to == "main");
+            if to_lead || team.member(to).is_some() {
+                let to = if to_lead { crate::team::LEAD } else { to };
+                return to_teammate(&team, mine, to, &input).await;
+            }
+        }
+        let serde_json::Value::String(text) = &input.message else {
+            return ToolOutput::error(format!(
+                "a structured message goes to a teammate; `{to}` is not one: send it text"
+            ));
+        };
         let Some(service) = service(cx) else {
             return ToolOutput::error(format!(
                 "no recipient `{to}`: no task is running; `main` reaches the agent that started you"
             ));
         };
         let message = PendingMessage::new(
-            envelope(&me, &input.message),
+            envelope(&me, text),
             crate::base::pending::SEND_MESSAGE_ORIGIN,
         );
         if to == "main" {
@@ -288,6 +307,50 @@ impl Tool for SendMessageTool {
                 crate::task::error_chain(&e)
             )),
         }
+    }
+}
+
+/// A letter to a teammate (or, from one, to the lead) through the team's mailbox: text, or a
+/// structured `shutdown_request` from the lead.
+async fn to_teammate(
+    team: &crate::team::Team,
+    mine: Option<String>,
+    to: &str,
+    input: &SendInput,
+) -> ToolOutput {
+    let from = mine.clone().unwrap_or_else(|| crate::team::LEAD.to_owned());
+    let letter = match &input.message {
+        serde_json::Value::String(text) => {
+            let mut l = crate::mailbox::Letter::new(from, text.clone());
+            l.summary = input.summary.clone();
+            l
+        }
+        serde_json::Value::Object(o) => match o.get("type").and_then(|t| t.as_str()) {
+            Some("shutdown_request") if mine.is_none() => crate::team::shutdown_request(
+                o.get("reason").and_then(|r| r.as_str()).map(str::to_owned),
+            )
+            .to_letter(from),
+            Some("shutdown_request") => {
+                return ToolOutput::error("only the lead asks a teammate to shut down");
+            }
+            other => {
+                return ToolOutput::error(format!(
+                    "a structured message of type `{}` cannot be sent here; send text, or \
+                     {{\"type\":\"shutdown_request\"}} from the lead",
+                    other.unwrap_or("(none)")
+                ));
+            }
+        },
+        _ => return ToolOutput::error("`message` must be text or an object"),
+    };
+    match team.send(to, letter).await {
+        Ok(_) if to == crate::team::LEAD => {
+            ToolOutput::text("Sent to the lead; it reads it at its next tool round.")
+        }
+        Ok(_) => ToolOutput::text(format!(
+            "Sent to teammate `{to}`; it reads it at its next tool round, or wakes on it if idle."
+        )),
+        Err(e) => ToolOutput::error(crate::task::error_chain(&e)),
     }
 }
 

@@ -86,6 +86,7 @@ pub mod mailbox;
 pub mod runtime;
 pub mod strategy;
 pub mod task;
+pub mod team;
 pub mod timeline;
 pub mod tool;
 pub mod transcript;

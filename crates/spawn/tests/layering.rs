@@ -12,7 +12,7 @@ const LAYERS: &[&[&str]] = &[
     &["tool", "transcript"],
     &["runtime", "timeline", "mailbox"],
     &["task"],
-    &["strategy"],
+    &["strategy", "team"],
     &["agent_tool", "control"],
     &["coordinator"],
 ];

@@ -22,7 +22,8 @@ use crate::strategy::{
     AgentInput, Fork, ForkLayout, HeadCache, SpawnContext, SpawnStrategy, Subagent,
 };
 use crate::task::{
-    ChildEnd, Launch, MemoryTaskRegistry, Mode, OutputFile, Progress, TaskConfig, TaskService,
+    ChildEnd, FirstInput, Launch, MemoryTaskRegistry, Mode, OutputFile, Progress, TaskConfig,
+    TaskService,
 };
 use crate::tool::{Tool, ToolContext, ToolFilter, ToolOutput, ToolPool};
 
@@ -411,9 +412,34 @@ impl AgentTool {
         if me.query_source().is_fork() || is_in_fork_child(turn.sent().messages().iter()) {
             return Err(FORK_REFUSAL_TEXT.to_owned());
         }
-        if input.name.is_some() && input.team_name.is_some() {
-            return Err("teammates are not available: this host has not enabled teams".to_owned());
-        }
+        // A teammate: `name` and `team_name`, in the host's team, started by its lead only.
+        let team = match (&input.name, &input.team_name) {
+            (Some(name), Some(team_name)) => {
+                if !self.config.teams_enabled {
+                    return Err(
+                        "teammates are not available: this host has not enabled teams".to_owned(),
+                    );
+                }
+                let Some(team) = caller.tree.extensions().get::<crate::team::Team>() else {
+                    return Err(format!(
+                        "no team `{team_name}` here: the host has made no team"
+                    ));
+                };
+                if team.name() != team_name {
+                    return Err(format!(
+                        "no team `{team_name}` here; this agent's team is `{}`",
+                        team.name()
+                    ));
+                }
+                if team.name_of(me.id()).is_some() || me.depth() > 0 {
+                    return Err(
+                        "only the team's lead starts teammates: the team is flat".to_owned()
+                    );
+                }
+                Some((team, name.clone()))
+            }
+            _ => None,
+        };
         if let Some(name) = &input.name {
             check_name(name)?;
         }
@@ -490,19 +516,20 @@ impl AgentTool {
                     .any(|n| base.get(n).is_some_and(|t| !t.is_read_only()))
         });
         let definition_background = definition.is_none_or(|d| d.background);
-        let background = should_run_async(AsyncInputs {
-            run_in_background: input.run_in_background.unwrap_or(false),
-            definition_background,
-            coordinator: self.config.coordinator_mode,
-            // Fork mode forces every spawn into the background, typed subagents too: the
-            // fork experiment's `forceAsync` is a mode, not a property of one fork ("Coordinator
-            // Mode: A Working Multi-Agent System, From the Source — The Sync-vs-Async
-            // Decision").
-            fork_force_async: self.config.forks(),
-            assistant_force_async: self.config.assistant_force_async,
-            proactive_active: self.config.proactive_active,
-            background_disabled: self.config.background_disabled,
-        });
+        let background = team.is_some()
+            || should_run_async(AsyncInputs {
+                run_in_background: input.run_in_background.unwrap_or(false),
+                definition_background,
+                coordinator: self.config.coordinator_mode,
+                // Fork mode forces every spawn into the background, typed subagents too: the
+                // fork experiment's `forceAsync` is a mode, not a property of one fork ("Coordinator
+                // Mode: A Working Multi-Agent System, From the Source — The Sync-vs-Async
+                // Decision").
+                fork_force_async: self.config.forks(),
+                assistant_force_async: self.config.assistant_force_async,
+                proactive_active: self.config.proactive_active,
+                background_disabled: self.config.background_disabled,
+            });
         // The tree's one service: the host's (`AgentBuilder::tasks` or inserted), else one
         // with the defaults. Its `TaskConfig` is the only one there is.
         let service = caller.tree.extensions().get_or_insert_with(|| {
@@ -611,6 +638,27 @@ impl AgentTool {
                 return Err(chain(&e));
             }
         };
+        let mut prepared = prepared;
+        if let Some((team, name)) = &team {
+            let joined = team.join(crate::team::Member {
+                name: name.clone(),
+                task: child_id,
+                agent_type: definition.map(|d| d.name.clone()).unwrap_or_default(),
+                state: crate::team::MemberState::Running,
+            });
+            if let Err(e) = joined {
+                if let Some(wt) = worktree.and_then(|w| w.take()) {
+                    let _ = wt.finish().await;
+                }
+                return Err(chain(&e));
+            }
+            team.serve_lead(caller.pending.clone());
+            prepared.first = FirstInput::Custom(crate::team::teammate_run(
+                Arc::clone(team),
+                name.clone(),
+                input.prompt.clone(),
+            ));
+        }
         let mode = if background {
             Mode::Background
         } else {
@@ -647,7 +695,13 @@ impl AgentTool {
                 mode,
             )
             .await
-            .map_err(|e| format!("could not start the agent: {e}"))?;
+            .map_err(|e| {
+                // A teammate that never started is not on the team.
+                if let Some((team, name)) = &team {
+                    team.leave(name);
+                }
+                format!("could not start the agent: {e}")
+            })?;
         if background {
             let id = handle.id();
             let mut text = format!(

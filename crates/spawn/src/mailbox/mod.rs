@@ -156,13 +156,21 @@ impl Delivered {
             out.push_str(&format!(" summary=\"{}\"", escape(s)));
         }
         out.push('>');
-        out.push_str(&escape(&self.text));
+        // The body needs only `&`, `<` and `>` escaped (JSON in it stays readable).
+        out.push_str(&escape_text(&self.text));
         out.push_str("</teammate-message>");
         out
     }
 }
 
-/// `&`, `<`, `>` and `"` escaped.
+/// `&`, `<` and `>` escaped: text that cannot close or open an element.
+fn escape_text(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// `&`, `<`, `>` and `"` escaped: an attribute's value.
 fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
@@ -246,7 +254,7 @@ fn iso8601(ms: u64) -> String {
 }
 
 /// A new letter id: a random UUID (version 4), as Claude Code's `msg_id`.
-fn new_id() -> String {
+pub(crate) fn new_id() -> String {
     let mut b = [0u8; 16];
     if getrandom::fill(&mut b).is_err() {
         // No system randomness: unique within the process is still unique per inbox.

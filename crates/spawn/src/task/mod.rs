@@ -342,12 +342,32 @@ impl fmt::Debug for TaskService {
 }
 
 /// How a child's run is started.
-#[derive(Debug)]
 pub enum FirstInput {
     /// `Agent::run(prompt)`.
     Prompt(String),
     /// `Agent::continue_run()` (the conversation already ends with the child's message).
     Continue,
+    /// A run of the caller's making (a teammate's long-lived loop): it gets the agent and
+    /// returns the run its owner reports.
+    Custom(CustomRun),
+}
+
+/// What [`FirstInput::Custom`] runs.
+pub type CustomRun = Box<
+    dyn for<'a> FnOnce(
+            &'a mut crate::runtime::Agent,
+        ) -> std::pin::Pin<Box<dyn Future<Output = AgentRun> + Send + 'a>>
+        + Send,
+>;
+
+impl fmt::Debug for FirstInput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FirstInput::Prompt(p) => f.debug_tuple("Prompt").field(p).finish(),
+            FirstInput::Continue => f.write_str("Continue"),
+            FirstInput::Custom(_) => f.write_str("Custom"),
+        }
+    }
 }
 
 /// Whether the caller waits for a child.
@@ -1233,6 +1253,7 @@ impl TaskService {
             let run = match first {
                 FirstInput::Prompt(p) => agent.run(p).await,
                 FirstInput::Continue => agent.continue_run().await,
+                FirstInput::Custom(run) => run(&mut agent).await,
             };
             (run, agent)
         };
