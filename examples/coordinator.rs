@@ -20,9 +20,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::HashMap;
 use std::io::IsTerminal;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,16 +32,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use forkhive::core::PriceTable;
 use forkhive::core::notification::find_notifications;
-use forkhive::core::{
-    ContentBlock, Message, Role, TaskId, TaskNotification, ToolDefinition, Usage,
-};
+use forkhive::core::{ContentBlock, Message, Role, TaskId, TaskNotification, Usage};
 use forkhive::spawn::agent_tool::AgentToolConfig;
 use forkhive::spawn::coordinator::{COORDINATOR_PROMPT, CoordinatorConfig, coordinator};
 use forkhive::spawn::definition::{AgentDefinition, AgentRegistry, DefinitionSource};
 use forkhive::spawn::runtime::{Agent, AgentEvent, EventKind, FnSink, Limits};
 use forkhive::spawn::task::{MemoryTaskRegistry, TaskConfig, TaskService};
 use forkhive::spawn::timeline::Timeline;
-use forkhive::spawn::tool::{ListDir, ReadFile, Tool, ToolContext, ToolOutput, ToolPool};
+use forkhive::spawn::tool::{ListDir, ReadFile, Tool, ToolPool};
 use forkhive::transport::http::{HttpBackend, HttpConfig};
 use forkhive::transport::simulator::PromptCacheSimulator;
 use forkhive::transport::{Backend, Request, Response, ScriptedBackend};
@@ -84,28 +84,11 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 // ---------------------------------------------------------------------------------------------
 // The repository.
 
+use common::{Commit, Edit, git};
+
 const LEXER: &str = "/// Splits an expression into tokens.\npub fn tokens(input: &str) -> Vec<&str> {\n    input.split(' ').collect()\n}\n";
 const EVAL: &str = "/// Divides `a` by `b`.\npub fn div(a: i64, b: i64) -> i64 {\n    a / b\n}\n";
 const README: &str = "# calc\n\nEvaluates `a / b` expressions.\n\nKnown issues:\n- division by zero panics\n- a tab between tokens is not a separator\n";
-
-fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
-    let out = std::process::Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(["-c", "user.name=calc", "-c", "user.email=calc@example.com"])
-        .args(args)
-        .output()
-        .map_err(|e| format!("could not run git: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-    } else {
-        Err(format!(
-            "git {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
 
 fn make_repo(dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir.join("src")).map_err(|e| e.to_string())?;
@@ -120,141 +103,6 @@ fn make_repo(dir: &Path) -> Result<(), String> {
     git(dir, &["add", "."])?;
     git(dir, &["commit", "-q", "-m", "calc"])?;
     Ok(())
-}
-
-// ---------------------------------------------------------------------------------------------
-// The workers' writing tools: both work in a root directory, and re-root into a worktree.
-
-/// A relative path under `root` with no `..` and no symbolic link on the way.
-fn inside(root: &Path, path: &str) -> Result<PathBuf, String> {
-    let rel = Path::new(path);
-    if rel.is_absolute() || rel.components().any(|c| !matches!(c, Component::Normal(_))) {
-        return Err(format!("`{path}` must be a relative path without `..`"));
-    }
-    let mut at = root.to_path_buf();
-    for c in rel.components() {
-        at.push(c);
-        if std::fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink()) {
-            return Err(format!("`{path}` goes through a symbolic link"));
-        }
-    }
-    Ok(at)
-}
-
-/// `Edit`: writes a whole file.
-#[derive(Debug)]
-struct Edit {
-    root: PathBuf,
-    def: ToolDefinition,
-}
-
-impl Edit {
-    fn new(root: &Path) -> Self {
-        let def = ToolDefinition::new(
-            "Edit",
-            "Write a file's whole new content. `path` is relative to the working directory.",
-            r#"{"type":"object","properties":{"path":{"type":"string"},"content":{"type":"string"}},"required":["path","content"],"additionalProperties":false}"#,
-        )
-        .expect("a valid schema");
-        Self {
-            root: root.to_path_buf(),
-            def,
-        }
-    }
-}
-
-#[async_trait]
-impl Tool for Edit {
-    fn definition(&self) -> &ToolDefinition {
-        &self.def
-    }
-    fn is_concurrency_safe(&self, _input: &serde_json::Value) -> bool {
-        false
-    }
-    fn is_read_only(&self) -> bool {
-        false
-    }
-    async fn rooted(&self, root: &Path) -> Option<Arc<dyn Tool>> {
-        Some(Arc::new(Edit::new(root)))
-    }
-    async fn call(&self, input: serde_json::Value, _cx: &ToolContext) -> ToolOutput {
-        let (Some(path), Some(content)) = (input["path"].as_str(), input["content"].as_str())
-        else {
-            return ToolOutput::error("`path` and `content` must be strings");
-        };
-        let file = match inside(&self.root, path) {
-            Ok(f) => f,
-            Err(e) => return ToolOutput::error(e),
-        };
-        if let Some(dir) = file.parent()
-            && let Err(e) = tokio::fs::create_dir_all(dir).await
-        {
-            return ToolOutput::error(format!("creating {}: {e}", dir.display()));
-        }
-        match tokio::fs::write(&file, content).await {
-            Ok(()) => ToolOutput::text(format!("wrote {path} ({} bytes)", content.len())),
-            Err(e) => ToolOutput::error(format!("writing {path}: {e}")),
-        }
-    }
-}
-
-/// `Commit`: commits everything in its working directory.
-#[derive(Debug)]
-struct Commit {
-    root: PathBuf,
-    def: ToolDefinition,
-}
-
-impl Commit {
-    fn new(root: &Path) -> Self {
-        let def = ToolDefinition::new(
-            "Commit",
-            "Commit every change in the working directory on its current branch.",
-            r#"{"type":"object","properties":{"message":{"type":"string"}},"required":["message"],"additionalProperties":false}"#,
-        )
-        .expect("a valid schema");
-        Self {
-            root: root.to_path_buf(),
-            def,
-        }
-    }
-}
-
-#[async_trait]
-impl Tool for Commit {
-    fn definition(&self) -> &ToolDefinition {
-        &self.def
-    }
-    fn is_concurrency_safe(&self, _input: &serde_json::Value) -> bool {
-        false
-    }
-    fn is_read_only(&self) -> bool {
-        false
-    }
-    async fn rooted(&self, root: &Path) -> Option<Arc<dyn Tool>> {
-        Some(Arc::new(Commit::new(root)))
-    }
-    async fn call(&self, input: serde_json::Value, _cx: &ToolContext) -> ToolOutput {
-        let Some(message) = input["message"].as_str().map(str::to_owned) else {
-            return ToolOutput::error("`message` must be a string");
-        };
-        let root = self.root.clone();
-        let done = tokio::task::spawn_blocking(move || {
-            git(&root, &["add", "-A"])?;
-            git(&root, &["commit", "-q", "-m", &message])?;
-            Ok::<_, String>(format!(
-                "committed {} on {}",
-                git(&root, &["rev-parse", "--short", "HEAD"])?,
-                git(&root, &["branch", "--show-current"])?
-            ))
-        })
-        .await;
-        match done {
-            Ok(Ok(text)) => ToolOutput::text(text),
-            Ok(Err(e)) => ToolOutput::error(e),
-            Err(e) => ToolOutput::error(format!("commit task failed: {e}")),
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -86,6 +86,10 @@ impl Tool for TaskStopTool {
     fn in_background(&self) -> InBackground {
         InBackground::ByFilter
     }
+    /// It works on tasks and mailboxes, not files: the same tool in any worktree.
+    async fn rooted(&self, _root: &std::path::Path) -> Option<Arc<dyn Tool>> {
+        Some(Arc::new(self.clone()))
+    }
     async fn call(&self, input: serde_json::Value, cx: &ToolContext) -> ToolOutput {
         let input: StopInput = match serde_json::from_value(input) {
             Ok(i) => i,
@@ -141,7 +145,7 @@ impl SendMessageTool {
                 SEND_MESSAGE,
                 "Send a message to a running task (its task id), or to the agent that started \
                  you (`main`). It reads it at its next tool round.",
-                r#"{"type":"object","properties":{"to":{"type":"string","description":"A task id or name, a teammate's name, or main (team-lead from a teammate)"},"message":{"type":["string","object"],"description":"The text; to a teammate, also {\"type\":\"shutdown_request\",\"reason\":…}"},"summary":{"type":"string","description":"A short preview, for a teammate"}},"required":["to","message"],"additionalProperties":false}"#,
+                r#"{"type":"object","properties":{"to":{"type":"string","description":"A task id or name, a teammate's name, or main (team-lead from a teammate)"},"message":{"type":["string","object"],"description":"The text; or, in a team: {\"type\":\"shutdown_request\",\"reason\":…} (lead), {\"type\":\"plan_approval_request\",\"plan\":…} (teammate), {\"type\":\"plan_approval_response\",\"request_id\":…,\"approve\":…,\"feedback\":…} (lead)"},"summary":{"type":"string","description":"A short preview, for a teammate"}},"required":["to","message"],"additionalProperties":false}"#,
             )?,
         })
     }
@@ -183,6 +187,10 @@ impl Tool for SendMessageTool {
     }
     fn in_background(&self) -> InBackground {
         InBackground::ByFilter
+    }
+    /// It works on tasks and mailboxes, not files: the same tool in any worktree.
+    async fn rooted(&self, _root: &std::path::Path) -> Option<Arc<dyn Tool>> {
+        Some(Arc::new(self.clone()))
     }
     async fn call(&self, input: serde_json::Value, cx: &ToolContext) -> ToolOutput {
         let input: SendInput = match serde_json::from_value(input) {
@@ -332,6 +340,37 @@ async fn to_teammate(
             .to_letter(from),
             Some("shutdown_request") => {
                 return ToolOutput::error("only the lead asks a teammate to shut down");
+            }
+            Some("plan_approval_request") => {
+                let (Some(me), true) = (&mine, to == crate::team::LEAD) else {
+                    return ToolOutput::error("a teammate asks the lead to approve its plan");
+                };
+                let plan = o
+                    .get("plan")
+                    .and_then(|p| p.as_str())
+                    .unwrap_or_default()
+                    .to_owned();
+                return match team.ask_plan(me, plan).await {
+                    Ok(_) => ToolOutput::text(
+                        "Plan sent to the lead. Wait for its answer before you act on it.",
+                    ),
+                    Err(e) => ToolOutput::error(crate::task::error_chain(&e)),
+                };
+            }
+            Some("plan_approval_response") if mine.is_none() => {
+                let Some(request_id) = o.get("request_id").and_then(|r| r.as_str()) else {
+                    return ToolOutput::error("a plan_approval_response needs its `request_id`");
+                };
+                crate::mailbox::protocol::Protocol::PlanApprovalResponse {
+                    request_id: request_id.to_owned(),
+                    approved: o.get("approve").and_then(serde_json::Value::as_bool) == Some(true),
+                    feedback: o
+                        .get("feedback")
+                        .and_then(|f| f.as_str())
+                        .map(str::to_owned),
+                    permission_mode: None,
+                }
+                .to_letter(from)
             }
             other => {
                 return ToolOutput::error(format!(

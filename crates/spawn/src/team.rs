@@ -24,7 +24,7 @@ use tokio::sync::watch;
 use crate::base::outcome::StopReason;
 use crate::base::pending::{PendingMessage, PendingQueue, Wake};
 use crate::error::{Error, Result};
-use crate::mailbox::protocol::{IdleReason, Protocol};
+use crate::mailbox::protocol::{IdleReason, PlanDecision, PlanGate, Protocol};
 use crate::mailbox::{Inbox, Letter, Mailbox};
 use crate::runtime::Agent;
 use crate::task::CustomRun;
@@ -79,6 +79,8 @@ pub struct Team {
     /// Moves the lead's letters into its conversation; started with the first teammate and
     /// stopped with the team.
     lead_poller: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Each teammate's plan approvals.
+    plans: Mutex<std::collections::HashMap<String, PlanGate>>,
 }
 
 impl fmt::Debug for Team {
@@ -113,6 +115,7 @@ impl Team {
             mailbox,
             members: Mutex::default(),
             lead_poller: Mutex::default(),
+            plans: Mutex::default(),
         })
     }
 
@@ -204,6 +207,48 @@ impl Team {
             }
         }
         self.mailbox.send(&self.inbox(to)?, letter).await
+    }
+
+    fn plans(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, PlanGate>> {
+        self.plans.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Teammate `name` asks the lead to approve `plan`: one request open at a time.
+    pub async fn ask_plan(&self, name: &str, plan: String) -> Result<String> {
+        let request = self
+            .plans()
+            .entry(name.to_owned())
+            .or_insert_with(|| PlanGate::new(LEAD))
+            .ask(name, plan)?;
+        self.send(LEAD, request.to_letter(name)).await
+    }
+
+    /// Whether teammate `name` waits for the lead's answer to its plan.
+    pub fn awaiting_plan(&self, name: &str) -> bool {
+        self.plans().get(name).is_some_and(PlanGate::waiting)
+    }
+
+    /// A plan answer that reached teammate `name`, as the text its conversation gets (`None`
+    /// for a copy of an answer already taken).
+    fn answer_plan(&self, name: &str, letter: &crate::mailbox::Delivered) -> Option<String> {
+        let mut plans = self.plans();
+        let gate = plans
+            .entry(name.to_owned())
+            .or_insert_with(|| PlanGate::new(LEAD));
+        match gate.answer(letter) {
+            Ok(PlanDecision::Proceed { .. }) => {
+                Some("The lead approved your plan: go on with it.".to_owned())
+            }
+            Ok(PlanDecision::Revise { feedback }) => Some(format!(
+                "The lead rejected your plan{}. Revise it and ask for approval again before you \
+                 act on it.",
+                feedback.map(|f| format!(": {f}")).unwrap_or_default()
+            )),
+            Ok(_) => None,
+            Err(e) => Some(format!(
+                "A plan answer was refused ({e}); wait for the lead's own answer."
+            )),
+        }
     }
 
     /// Starts moving the lead's letters into `lead` (its pending queue), once.
@@ -304,6 +349,7 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
             let relay = match team.inbox(&name) {
                 Ok(inbox) => {
                     let mut relay = Relay::new(Arc::clone(team.mailbox()), inbox, queue.clone());
+                    let (team, name, queue) = (Arc::clone(&team), name.clone(), queue.clone());
                     Some(AbortOnDrop(tokio::spawn(async move {
                         loop {
                             let r = relay
@@ -313,6 +359,14 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                                         if d.from == LEAD =>
                                     {
                                         let _ = stop_tx.send(Some(request_id));
+                                        true
+                                    }
+                                    // Plan answers go through the teammate's gate: the lead's
+                                    // only, once each.
+                                    Some(Protocol::PlanApprovalResponse { .. }) => {
+                                        if let Some(text) = team.answer_plan(&name, d) {
+                                            queue.push(PendingMessage::new(text, MAILBOX_ORIGIN));
+                                        }
                                         true
                                     }
                                     _ => false,

@@ -245,3 +245,105 @@ async fn teammate_refusals_say_what_was_wrong() {
     );
     assert!(team.roster().is_empty());
 }
+
+/// The last `requestId` of a plan request in the lead's conversation.
+fn last_plan_request(text: &str) -> Option<String> {
+    let at = text.rfind("plan_approval_request")?;
+    let rest = &text[at..];
+    let key = "requestId\\\":\\\"";
+    let start = rest.find(key)? + key.len();
+    let end = rest[start..].find('\\')?;
+    Some(rest[start..start + end].to_owned())
+}
+
+/// Plan approval: the teammate asks, the lead rejects with feedback, the teammate revises and
+/// asks again, the lead approves and the teammate goes on. (A forged answer is refused by
+/// `PlanGate`: see its unit tests.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_is_rejected_then_approved_by_the_lead_only() {
+    let b = brain(|r| {
+        let text = text_of(r);
+        if !is_parent(r) {
+            let last = last_texts(r).join("\n");
+            if last.contains("approved your plan") {
+                return Plan::Reply(say("implemented the plan"));
+            }
+            if last.contains("rejected your plan: add tests") {
+                return Plan::Reply(calls(&[(
+                    "p2",
+                    "SendMessage",
+                    r#"{"to":"team-lead","message":{"type":"plan_approval_request","plan":"1. fix 2. test"}}"#,
+                )]));
+            }
+            if r.all_messages().len() == 1 {
+                return Plan::Reply(calls(&[(
+                    "p1",
+                    "SendMessage",
+                    r#"{"to":"team-lead","message":{"type":"plan_approval_request","plan":"1. fix"}}"#,
+                )]));
+            }
+            return Plan::Reply(say("waiting for the lead"));
+        }
+        let requests = text.matches("summary=\\\"plan_approval_request").count();
+        let responses = text.matches("plan_approval_response").count();
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
+        }
+        if text.contains("implemented the plan") && !text.contains("shutdown_request") {
+            return Plan::Reply(calls(&[(
+                "x1",
+                "SendMessage",
+                r#"{"to":"alice","message":{"type":"shutdown_request"}}"#,
+            )]));
+        }
+        if requests > responses
+            && let Some(id) = last_plan_request(&text)
+        {
+            let approve = requests >= 2;
+            return Plan::Reply(calls(&[(
+                "r1",
+                "SendMessage",
+                &format!(
+                    r#"{{"to":"alice","message":{{"type":"plan_approval_response","request_id":"{id}","approve":{approve},"feedback":"add tests"}}}}"#
+                ),
+            )]));
+        }
+        Plan::Reply(say("waiting"))
+    });
+    let mut w = AgentDefinition::new("worker", "a teammate", DefinitionSource::Project);
+    w.system_prompt = "You are a worker.".into();
+    let config = AgentToolConfig::default()
+        .with_registry(AgentRegistry::from_definitions([w]))
+        .with_teams_enabled(true)
+        .with_warm_fanout(None)
+        .with_filter(ToolFilter::default());
+    let tools = ToolPool::new([
+        AgentTool::new(config).unwrap().arc(),
+        Arc::new(SendMessageTool::new().unwrap()) as Arc<dyn Tool>,
+    ])
+    .unwrap();
+    let mailbox = Arc::new(MemoryMailbox::new());
+    let team = Arc::new(Team::new("review", mailbox.clone()).unwrap());
+    let mut lead = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(tools)
+        .extension(Arc::clone(&team))
+        .limits(forkhive_spawn::runtime::Limits::default().with_max_turns(Some(30)))
+        .build()
+        .await
+        .unwrap();
+    let run = tokio::time::timeout(std::time::Duration::from_secs(30), lead.run("go"))
+        .await
+        .expect("the team finished");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let all = format!("{:?}", lead.params().messages());
+    assert!(all.contains("implemented the plan"), "{all}");
+    assert_eq!(
+        all.matches("summary=\\\"plan_approval_request").count(),
+        2,
+        "{all}"
+    );
+    assert!(!team.awaiting_plan("alice"));
+    assert!(all.contains("\"approved\":false") || all.contains("\"approve\":false"));
+}

@@ -1,0 +1,165 @@
+//! What the examples share: git on the command line, and two writing tools that work in a
+//! root directory and re-root into a worker's worktree.
+
+#![allow(dead_code)]
+
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use forkhive::core::ToolDefinition;
+use forkhive::spawn::tool::{Tool, ToolContext, ToolOutput};
+
+/// Runs `git -C dir args…` with a fixed identity; its trimmed stdout, or what it said.
+pub(crate) fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.name=calc", "-c", "user.email=calc@example.com"])
+        .args(args)
+        .output()
+        .map_err(|e| format!("could not run git: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    } else {
+        Err(format!(
+            "git {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+// The workers' writing tools: both work in a root directory, and re-root into a worktree.
+
+/// A relative path under `root` with no `..` and no symbolic link on the way.
+fn inside(root: &Path, path: &str) -> Result<PathBuf, String> {
+    let rel = Path::new(path);
+    if rel.is_absolute() || rel.components().any(|c| !matches!(c, Component::Normal(_))) {
+        return Err(format!("`{path}` must be a relative path without `..`"));
+    }
+    let mut at = root.to_path_buf();
+    for c in rel.components() {
+        at.push(c);
+        if std::fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(format!("`{path}` goes through a symbolic link"));
+        }
+    }
+    Ok(at)
+}
+
+/// `Edit`: writes a whole file.
+#[derive(Debug)]
+pub(crate) struct Edit {
+    root: PathBuf,
+    def: ToolDefinition,
+}
+
+impl Edit {
+    pub(crate) fn new(root: &Path) -> Self {
+        let def = ToolDefinition::new(
+            "Edit",
+            "Write a file's whole new content. `path` is relative to the working directory.",
+            r#"{"type":"object","properties":{"path":{"type":"string"},"content":{"type":"string"}},"required":["path","content"],"additionalProperties":false}"#,
+        )
+        .expect("a valid schema");
+        Self {
+            root: root.to_path_buf(),
+            def,
+        }
+    }
+}
+
+#[async_trait]
+impl Tool for Edit {
+    fn definition(&self) -> &ToolDefinition {
+        &self.def
+    }
+    fn is_concurrency_safe(&self, _input: &serde_json::Value) -> bool {
+        false
+    }
+    fn is_read_only(&self) -> bool {
+        false
+    }
+    async fn rooted(&self, root: &Path) -> Option<Arc<dyn Tool>> {
+        Some(Arc::new(Edit::new(root)))
+    }
+    async fn call(&self, input: serde_json::Value, _cx: &ToolContext) -> ToolOutput {
+        let (Some(path), Some(content)) = (input["path"].as_str(), input["content"].as_str())
+        else {
+            return ToolOutput::error("`path` and `content` must be strings");
+        };
+        let file = match inside(&self.root, path) {
+            Ok(f) => f,
+            Err(e) => return ToolOutput::error(e),
+        };
+        if let Some(dir) = file.parent()
+            && let Err(e) = tokio::fs::create_dir_all(dir).await
+        {
+            return ToolOutput::error(format!("creating {}: {e}", dir.display()));
+        }
+        match tokio::fs::write(&file, content).await {
+            Ok(()) => ToolOutput::text(format!("wrote {path} ({} bytes)", content.len())),
+            Err(e) => ToolOutput::error(format!("writing {path}: {e}")),
+        }
+    }
+}
+
+/// `Commit`: commits everything in its working directory.
+#[derive(Debug)]
+pub(crate) struct Commit {
+    root: PathBuf,
+    def: ToolDefinition,
+}
+
+impl Commit {
+    pub(crate) fn new(root: &Path) -> Self {
+        let def = ToolDefinition::new(
+            "Commit",
+            "Commit every change in the working directory on its current branch.",
+            r#"{"type":"object","properties":{"message":{"type":"string"}},"required":["message"],"additionalProperties":false}"#,
+        )
+        .expect("a valid schema");
+        Self {
+            root: root.to_path_buf(),
+            def,
+        }
+    }
+}
+
+#[async_trait]
+impl Tool for Commit {
+    fn definition(&self) -> &ToolDefinition {
+        &self.def
+    }
+    fn is_concurrency_safe(&self, _input: &serde_json::Value) -> bool {
+        false
+    }
+    fn is_read_only(&self) -> bool {
+        false
+    }
+    async fn rooted(&self, root: &Path) -> Option<Arc<dyn Tool>> {
+        Some(Arc::new(Commit::new(root)))
+    }
+    async fn call(&self, input: serde_json::Value, _cx: &ToolContext) -> ToolOutput {
+        let Some(message) = input["message"].as_str().map(str::to_owned) else {
+            return ToolOutput::error("`message` must be a string");
+        };
+        let root = self.root.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            git(&root, &["add", "-A"])?;
+            git(&root, &["commit", "-q", "-m", &message])?;
+            Ok::<_, String>(format!(
+                "committed {} on {}",
+                git(&root, &["rev-parse", "--short", "HEAD"])?,
+                git(&root, &["branch", "--show-current"])?
+            ))
+        })
+        .await;
+        match done {
+            Ok(Ok(text)) => ToolOutput::text(text),
+            Ok(Err(e)) => ToolOutput::error(e),
+            Err(e) => ToolOutput::error(format!("commit task failed: {e}")),
+        }
+    }
+}
