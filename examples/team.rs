@@ -218,7 +218,14 @@ async fn run(a: Args) -> Result<(), String> {
         Some(dir) => Arc::new(FileMailbox::new(dir)),
         None => Arc::new(MemoryMailbox::new()),
     };
-    let team = Arc::new(Team::new("demo", mailbox).map_err(|e| chain(&e))?);
+    let mut team = Team::new("demo", mailbox).map_err(|e| chain(&e))?;
+    if let Some(dir) = &a.mailbox_dir {
+        // The roster beside the inboxes, as Claude Code keeps it.
+        team = team
+            .with_roster_file(dir.join("teams/demo/config.json"))
+            .map_err(|e| chain(&e))?;
+    }
+    let team = Arc::new(team);
     let def = |name: &str, prompt: &str, tools: &[&str]| {
         let mut d = AgentDefinition::new(name, name, DefinitionSource::Host);
         d.system_prompt = prompt.to_owned();

@@ -81,6 +81,8 @@ pub struct Team {
     lead_poller: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Each teammate's plan approvals.
     plans: Mutex<std::collections::HashMap<String, PlanGate>>,
+    /// Where the roster is kept (`config.json`), if anywhere.
+    roster_file: Option<std::path::PathBuf>,
 }
 
 impl fmt::Debug for Team {
@@ -116,7 +118,119 @@ impl Team {
             members: Mutex::default(),
             lead_poller: Mutex::default(),
             plans: Mutex::default(),
+            roster_file: None,
         })
+    }
+
+    /// Keeps the roster in `file` (Claude Code's `<root>/teams/<team>/config.json`): written
+    /// on every change (a temporary file renamed over it), and read back here — a restarted
+    /// lead gets its team back. Teammates it lists were alive in a process that is gone, so
+    /// they come back `stopped`. A file that is not a roster is an error, left as it is.
+    pub fn with_roster_file(mut self, file: impl Into<std::path::PathBuf>) -> Result<Self> {
+        let file = file.into();
+        match std::fs::read(&file) {
+            Ok(bytes) => {
+                let bad = |why: String| Error::Mailbox {
+                    inbox: format!("{}/config.json", self.name),
+                    message: format!("{} is not a team roster: {why}", file.display()),
+                };
+                let v: serde_json::Value =
+                    serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+                let members = v["members"]
+                    .as_array()
+                    .ok_or_else(|| bad("no `members` array".to_owned()))?;
+                let mut all = self.lock();
+                for m in members {
+                    let (Some(name), Some(task)) = (m["name"].as_str(), m["taskId"].as_str())
+                    else {
+                        continue;
+                    };
+                    let Ok(task) = task.parse::<TaskId>() else {
+                        continue;
+                    };
+                    all.insert(
+                        name.to_owned(),
+                        Member {
+                            name: name.to_owned(),
+                            task,
+                            agent_type: m["agentType"].as_str().unwrap_or_default().to_owned(),
+                            state: MemberState::Stopped,
+                        },
+                    );
+                }
+                drop(all);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(Error::Mailbox {
+                    inbox: format!("{}/config.json", self.name),
+                    message: format!("reading {}: {e}", file.display()),
+                });
+            }
+        }
+        self.roster_file = Some(file);
+        Ok(self)
+    }
+
+    /// The roster as a line for a lead's context (after a restart or a compaction).
+    pub fn roster_summary(&self) -> String {
+        let members: Vec<String> = self
+            .roster()
+            .iter()
+            .map(|m| {
+                format!(
+                    "{} ({}, {}, task {})",
+                    m.name, m.agent_type, m.state, m.task
+                )
+            })
+            .collect();
+        if members.is_empty() {
+            format!("You lead team `{}`; it has no teammates yet.", self.name)
+        } else {
+            format!(
+                "You lead team `{}`. Its teammates: {}.",
+                self.name,
+                members.join("; ")
+            )
+        }
+    }
+
+    /// Writes the roster file, if there is one (small; on every change of the roster).
+    fn save(&self) {
+        let Some(file) = &self.roster_file else {
+            return;
+        };
+        let members: Vec<serde_json::Value> = self
+            .roster()
+            .iter()
+            .map(|m| {
+                serde_json::json!({
+                    "agentId": format!("{}@{}", m.name, self.name),
+                    "name": m.name,
+                    "agentType": m.agent_type,
+                    "taskId": m.task.to_string(),
+                    "state": m.state.to_string(),
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({
+            "name": self.name,
+            "leadAgentId": format!("{LEAD}@{}", self.name),
+            "members": members,
+        });
+        let write = || -> std::io::Result<()> {
+            if let Some(dir) = file.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let tmp = file.with_extension(format!("json.tmp-{}", crate::mailbox::new_id()));
+            std::fs::write(&tmp, serde_json::to_vec_pretty(&doc).unwrap_or_default())?;
+            std::fs::rename(&tmp, file).inspect_err(|_| {
+                let _ = std::fs::remove_file(&tmp);
+            })
+        };
+        if let Err(e) = write() {
+            tracing::warn!(file = %file.display(), "could not write the team roster: {e}");
+        }
     }
 
     /// Its name.
@@ -173,6 +287,8 @@ impl Team {
             )));
         }
         all.insert(member.name.clone(), member);
+        drop(all);
+        self.save();
         Ok(())
     }
 
@@ -182,8 +298,15 @@ impl Team {
     }
 
     fn set_state(&self, name: &str, state: MemberState) {
-        if let Some(m) = self.lock().get_mut(name) {
-            m.state = state;
+        let changed = match self.lock().get_mut(name) {
+            Some(m) if m.state != state => {
+                m.state = state;
+                true
+            }
+            _ => false,
+        };
+        if changed {
+            self.save();
         }
     }
 

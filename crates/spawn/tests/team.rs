@@ -95,7 +95,14 @@ async fn a_lead_and_two_teammates_work_idle_wake_and_shut_down() {
         Arc::new(SendMessageTool::new().unwrap()) as Arc<dyn Tool>,
     ])
     .unwrap();
-    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let roster_file = dir.path().join("teams/review/config.json");
+    let team = Arc::new(
+        Team::new("review", Arc::new(MemoryMailbox::new()))
+            .unwrap()
+            .with_roster_file(&roster_file)
+            .unwrap(),
+    );
     let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), TaskConfig::default());
     let mut lead = Agent::builder(b)
         .model("m")
@@ -152,6 +159,40 @@ async fn a_lead_and_two_teammates_work_idle_wake_and_shut_down() {
     );
     let alice = team.member("alice").unwrap();
     assert_eq!(alice.agent_type, "worker");
+    // The roster was kept beside the mailboxes; a restarted lead gets its team back.
+    let saved: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&roster_file).unwrap()).unwrap();
+    assert_eq!(saved["leadAgentId"], "team-lead@review");
+    assert_eq!(saved["members"].as_array().unwrap().len(), 2);
+    assert!(
+        saved["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["state"] == "stopped")
+    );
+    let again = Team::new("review", Arc::new(MemoryMailbox::new()))
+        .unwrap()
+        .with_roster_file(&roster_file)
+        .unwrap();
+    assert_eq!(again.roster(), team.roster());
+    let summary = again.roster_summary();
+    assert!(
+        summary.starts_with("You lead team `review`. Its teammates: alice (worker, stopped, task "),
+        "{summary}"
+    );
+    std::fs::write(dir.path().join("bad.json"), "[]").unwrap();
+    assert_eq!(
+        Team::new("review", Arc::new(MemoryMailbox::new()))
+            .unwrap()
+            .with_roster_file(dir.path().join("bad.json"))
+            .unwrap_err()
+            .to_string(),
+        format!(
+            "mailbox review/config.json: {} is not a team roster: no `members` array",
+            dir.path().join("bad.json").display()
+        )
+    );
     // After its shutdown, a letter to it is an error, never a silent loss.
     assert_eq!(
         team.send("alice", Letter::new("team-lead", "still there?"))
