@@ -39,6 +39,18 @@ fn registry() -> AgentRegistry {
 }
 
 async fn parent(backend: Arc<dyn Backend>) -> (Agent, Arc<TaskService>) {
+    build_parent(backend, None, None, 1000).await
+}
+
+/// The tests' parent: the `Agent` tool with a worker type, `TaskStop`, `SendMessage` and
+/// sleeping tools (`Long` takes `long_ms`); transcripts in `dir` and events to `events` when
+/// given.
+async fn build_parent(
+    backend: Arc<dyn Backend>,
+    dir: Option<&std::path::Path>,
+    events: Option<Arc<Events>>,
+    long_ms: u64,
+) -> (Agent, Arc<TaskService>) {
     let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), TaskConfig::default());
     // Workers keep SendMessage (layer 2 lists it); layer 1 keeps TaskStop from them.
     let config = AgentToolConfig::default()
@@ -51,18 +63,21 @@ async fn parent(backend: Arc<dyn Backend>) -> (Agent, Arc<TaskService>) {
         Arc::new(SendMessageTool::new().unwrap()),
         TestTool::sleeper("Slow", true, 200).arc(),
         TestTool::sleeper("Wait", true, 50).arc(),
-        TestTool::sleeper("Long", true, 1000).arc(),
+        TestTool::sleeper("Long", true, long_ms).arc(),
     ])
     .unwrap();
-    let agent = Agent::builder(backend)
+    let mut b = Agent::builder(backend)
         .model("m")
         .system_prompt("You are the parent.")
         .tools(tools)
-        .extension(Arc::clone(&service))
-        .build()
-        .await
-        .unwrap();
-    (agent, service)
+        .extension(Arc::clone(&service));
+    if let Some(dir) = dir {
+        b = b.transcript_dir(dir);
+    }
+    if let Some(events) = events {
+        b = b.events(events);
+    }
+    (b.build().await.unwrap(), service)
 }
 
 fn notifications(agent: &Agent) -> Vec<forkhive_core::TaskNotification> {
@@ -354,7 +369,7 @@ async fn parent_with_transcripts(
     backend: Arc<dyn Backend>,
     dir: &std::path::Path,
 ) -> (Agent, Arc<TaskService>) {
-    parent_with_sink(backend, dir, Arc::new(Events::default())).await
+    build_parent(backend, Some(dir), None, 5000).await
 }
 
 async fn parent_with_sink(
@@ -362,29 +377,7 @@ async fn parent_with_sink(
     dir: &std::path::Path,
     events: Arc<Events>,
 ) -> (Agent, Arc<TaskService>) {
-    let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), TaskConfig::default());
-    let config = AgentToolConfig::default()
-        .with_registry(registry())
-        .with_warm_fanout(None)
-        .with_filter(ToolFilter::default());
-    let tools = ToolPool::new([
-        AgentTool::new(config).unwrap().arc(),
-        Arc::new(TaskStopTool::new().unwrap()) as Arc<dyn Tool>,
-        Arc::new(SendMessageTool::new().unwrap()),
-        TestTool::sleeper("Long", true, 5000).arc(),
-    ])
-    .unwrap();
-    let agent = Agent::builder(backend)
-        .model("m")
-        .system_prompt("You are the parent.")
-        .tools(tools)
-        .transcript_dir(dir)
-        .extension(Arc::clone(&service))
-        .events(events)
-        .build()
-        .await
-        .unwrap();
-    (agent, service)
+    build_parent(backend, Some(dir), Some(events), 5000).await
 }
 
 /// A message to a worker that has finished resumes it from its transcript: its next request

@@ -28,6 +28,22 @@ fn text_of(r: &Request) -> String {
         .join("\n")
 }
 
+/// A lead's tools: the `Agent` tool with teams on and a `worker` type, and `SendMessage`.
+fn lead_tools() -> ToolPool {
+    let mut w = AgentDefinition::new("worker", "a teammate", DefinitionSource::Project);
+    w.system_prompt = "You are a worker.".into();
+    let config = AgentToolConfig::default()
+        .with_registry(AgentRegistry::from_definitions([w]))
+        .with_teams_enabled(true)
+        .with_warm_fanout(None)
+        .with_filter(ToolFilter::default());
+    ToolPool::new([
+        AgentTool::new(config).unwrap().arc(),
+        Arc::new(SendMessageTool::new().unwrap()) as Arc<dyn Tool>,
+    ])
+    .unwrap()
+}
+
 fn teammate(name: &str) -> String {
     format!(
         r#"{{"description":"{name}","prompt":"task for {name}","subagent_type":"worker","name":"{name}","team_name":"review"}}"#
@@ -83,18 +99,7 @@ async fn a_lead_and_two_teammates_work_idle_wake_and_shut_down() {
             _ => Plan::Reply(say("waiting")),
         }
     });
-    let mut w = AgentDefinition::new("worker", "a teammate", DefinitionSource::Project);
-    w.system_prompt = "You are a worker.".into();
-    let config = AgentToolConfig::default()
-        .with_registry(AgentRegistry::from_definitions([w]))
-        .with_teams_enabled(true)
-        .with_warm_fanout(None)
-        .with_filter(ToolFilter::default());
-    let tools = ToolPool::new([
-        AgentTool::new(config).unwrap().arc(),
-        Arc::new(SendMessageTool::new().unwrap()) as Arc<dyn Tool>,
-    ])
-    .unwrap();
+    let tools = lead_tools();
     let dir = tempfile::tempdir().unwrap();
     let roster_file = dir.path().join("teams/review/config.json");
     let team = Arc::new(
@@ -239,17 +244,7 @@ async fn teammate_refusals_say_what_was_wrong() {
             _ => Plan::Reply(say("done")),
         }
     });
-    let mut w = AgentDefinition::new("worker", "a teammate", DefinitionSource::Project);
-    w.system_prompt = "You are a worker.".into();
-    let config = AgentToolConfig::default()
-        .with_registry(AgentRegistry::from_definitions([w]))
-        .with_teams_enabled(true)
-        .with_filter(ToolFilter::default());
-    let tools = ToolPool::new([
-        AgentTool::new(config).unwrap().arc(),
-        Arc::new(SendMessageTool::new().unwrap()) as Arc<dyn Tool>,
-    ])
-    .unwrap();
+    let tools = lead_tools();
     let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
     let mut lead = Agent::builder(b)
         .model("m")
@@ -351,18 +346,7 @@ async fn a_plan_is_rejected_then_approved_by_the_lead_only() {
         }
         Plan::Reply(say("waiting"))
     });
-    let mut w = AgentDefinition::new("worker", "a teammate", DefinitionSource::Project);
-    w.system_prompt = "You are a worker.".into();
-    let config = AgentToolConfig::default()
-        .with_registry(AgentRegistry::from_definitions([w]))
-        .with_teams_enabled(true)
-        .with_warm_fanout(None)
-        .with_filter(ToolFilter::default());
-    let tools = ToolPool::new([
-        AgentTool::new(config).unwrap().arc(),
-        Arc::new(SendMessageTool::new().unwrap()) as Arc<dyn Tool>,
-    ])
-    .unwrap();
+    let tools = lead_tools();
     let mailbox = Arc::new(MemoryMailbox::new());
     let team = Arc::new(Team::new("review", mailbox.clone()).unwrap());
     let mut lead = Agent::builder(b)
