@@ -21,8 +21,7 @@ use crate::tool::{InBackground, Tool, ToolContext, ToolOutput};
 
 /// The `TaskStop` tool's name.
 pub const TASK_STOP: &str = "TaskStop";
-/// The `SendMessage` tool's name.
-pub const SEND_MESSAGE: &str = "SendMessage";
+pub use crate::base::pending::SEND_MESSAGE;
 
 fn service(cx: &ToolContext) -> Option<Arc<TaskService>> {
     cx.caller()?.tree().extensions().get::<TaskService>()
@@ -145,7 +144,7 @@ impl SendMessageTool {
                 SEND_MESSAGE,
                 "Send a message to a running task (its task id), or to the agent that started \
                  you (`main`). It reads it at its next tool round.",
-                r#"{"type":"object","properties":{"to":{"type":"string","description":"A task id or name, a teammate's name, or main (team-lead from a teammate)"},"message":{"type":["string","object"],"description":"The text; or, in a team: {\"type\":\"shutdown_request\",\"reason\":…} (lead), {\"type\":\"plan_approval_request\",\"plan\":…} (teammate), {\"type\":\"plan_approval_response\",\"request_id\":…,\"approve\":…,\"feedback\":…} (lead)"},"summary":{"type":"string","description":"A short preview, for a teammate"}},"required":["to","message"],"additionalProperties":false}"#,
+                r#"{"type":"object","properties":{"to":{"type":"string","description":"A task id or name, a teammate's name, main (team-lead from a teammate), or * for every teammate"},"message":{"type":["string","object"],"description":"The text; or, in a team: {\"type\":\"shutdown_request\",\"reason\":…} (lead), {\"type\":\"shutdown_response\",\"request_id\":…,\"approve\":…,\"reason\":…} (teammate), {\"type\":\"plan_approval_request\",\"plan\":…} (teammate), {\"type\":\"plan_approval_response\",\"request_id\":…,\"approve\":…,\"feedback\":…} (lead)"},"summary":{"type":"string","description":"A short preview, for a teammate"}},"required":["to","message"],"additionalProperties":false}"#,
             )?,
         })
     }
@@ -212,11 +211,19 @@ impl Tool for SendMessageTool {
             .and_then(|c| c.tree().extensions().get::<crate::team::Team>())
         {
             let mine = team.name_of(&me);
+            if to == "*" {
+                return broadcast(&team, mine, &input).await;
+            }
             let to_lead = mine.is_some() && (to == crate::team::LEAD || to == "main");
             if to_lead || team.member(to).is_some() {
                 let to = if to_lead { crate::team::LEAD } else { to };
                 return to_teammate(&team, mine, to, &input).await;
             }
+        }
+        if to == "*" {
+            return ToolOutput::error(
+                "`*` reaches every teammate of a team; this agent is in no team",
+            );
         }
         let serde_json::Value::String(text) = &input.message else {
             return ToolOutput::error(format!(
@@ -357,6 +364,29 @@ async fn to_teammate(
                     Err(e) => ToolOutput::error(crate::task::error_chain(&e)),
                 };
             }
+            Some("shutdown_response") => {
+                let (Some(me), true) = (&mine, to == crate::team::LEAD) else {
+                    return ToolOutput::error(
+                        "a teammate answers the lead's shutdown_request: send it to `team-lead`",
+                    );
+                };
+                let Some(request_id) = o.get("request_id").and_then(|r| r.as_str()) else {
+                    return ToolOutput::error("a shutdown_response needs its `request_id`");
+                };
+                let Some(approve) = o.get("approve").and_then(serde_json::Value::as_bool) else {
+                    return ToolOutput::error("a shutdown_response needs `approve`: true or false");
+                };
+                let reason = o.get("reason").and_then(|r| r.as_str()).map(str::to_owned);
+                return match team.answer_shutdown(me, request_id, approve, reason).await {
+                    Ok(()) if approve => {
+                        ToolOutput::text("Shutdown approved: you end after this tool round.")
+                    }
+                    Ok(()) => ToolOutput::text(
+                        "The lead has your reason for not shutting down; go on with your work.",
+                    ),
+                    Err(e) => ToolOutput::error(crate::task::error_chain(&e)),
+                };
+            }
             Some("plan_approval_response") if mine.is_none() => {
                 let Some(request_id) = o.get("request_id").and_then(|r| r.as_str()) else {
                     return ToolOutput::error("a plan_approval_response needs its `request_id`");
@@ -388,6 +418,29 @@ async fn to_teammate(
         }
         Ok(_) => ToolOutput::text(format!(
             "Sent to teammate `{to}`; it reads it at its next tool round, or wakes on it if idle."
+        )),
+        Err(e) => ToolOutput::error(crate::task::error_chain(&e)),
+    }
+}
+
+/// Text to every teammate but the sender (and to the lead, from a teammate).
+async fn broadcast(
+    team: &crate::team::Team,
+    mine: Option<String>,
+    input: &SendInput,
+) -> ToolOutput {
+    let serde_json::Value::String(text) = &input.message else {
+        return ToolOutput::error("a broadcast (`*`) carries text, not a structured message");
+    };
+    let mut letter = crate::mailbox::Letter::new(
+        mine.unwrap_or_else(|| crate::team::LEAD.to_owned()),
+        text.clone(),
+    );
+    letter.summary = input.summary.clone();
+    match team.broadcast(letter).await {
+        Ok(to) => ToolOutput::text(format!(
+            "Sent to {}; each reads it at its next tool round, or wakes on it if idle.",
+            to.join(", ")
         )),
         Err(e) => ToolOutput::error(crate::task::error_chain(&e)),
     }

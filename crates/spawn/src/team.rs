@@ -13,18 +13,18 @@
 //! `team-lead` from a teammate); a teammate that has shut down is an error to the sender,
 //! never a silent loss. The team is flat: teammates cannot start teammates.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use forkhive_core::TaskId;
 use tokio::sync::watch;
 
 use crate::base::outcome::StopReason;
-use crate::base::pending::{PendingMessage, PendingQueue, Wake};
+use crate::base::pending::{Expectation, Halt, PendingMessage, PendingQueue, PromiseHandle, Wake};
 use crate::error::{Error, Result};
-use crate::mailbox::protocol::{IdleReason, PlanDecision, PlanGate, Protocol};
+use crate::mailbox::protocol::{IdleReason, PlanDecision, PlanGate, Protocol, Seen};
 use crate::mailbox::{Inbox, Letter, Mailbox};
 use crate::runtime::Agent;
 use crate::task::CustomRun;
@@ -71,6 +71,47 @@ pub struct Member {
     pub state: MemberState,
 }
 
+/// What a teammate does with its lead's `shutdown_request`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ShutdownPolicy {
+    /// It finishes its current tool round, answers `shutdown_approved` and ends (the default).
+    #[default]
+    Approve,
+    /// The request goes into its conversation and the teammate answers it with `SendMessage`
+    /// `{"type":"shutdown_response","request_id":…,"approve":…,"reason":…}`: approved, it ends
+    /// after that tool round; rejected, the lead gets `shutdown_rejected` with the reason and
+    /// the teammate works on.
+    Ask,
+}
+
+/// What keeps the lead's run going while its team works ("The lead's run" in the module docs):
+/// each busy teammate's promise, and every letter sent through the team until its recipient
+/// has taken it into its conversation.
+#[derive(Default)]
+struct Holds {
+    /// The lead's queue, once it serves the team.
+    lead: Option<PendingQueue>,
+    /// Each live teammate's promise on the lead's queue.
+    running: HashMap<String, PromiseHandle>,
+    /// Letters not yet taken by their recipients, by id: (recipient, the lead's promise).
+    letters: HashMap<String, (String, Expectation)>,
+}
+
+/// A live teammate's controls.
+struct Control {
+    /// Ends its run at its next tool-round boundary.
+    halt: Halt,
+    /// Set to the request's id when it is to shut down.
+    stop: watch::Sender<Option<String>>,
+    /// The shutdown request it was asked and has not answered ([`ShutdownPolicy::Ask`]).
+    asked: Option<String>,
+    /// Requests already taken, by `(type, requestId)`.
+    seen: Seen,
+    /// Its pending queue.
+    queue: PendingQueue,
+}
+
 /// A team: its name, its mailbox and its roster. One per lead.
 pub struct Team {
     name: String,
@@ -83,6 +124,14 @@ pub struct Team {
     plans: Mutex<std::collections::HashMap<String, PlanGate>>,
     /// Where the roster is kept (`config.json`), if anywhere.
     roster_file: Option<std::path::PathBuf>,
+    /// What keeps the lead's run going.
+    holds: Mutex<Holds>,
+    /// Each live teammate's controls.
+    controls: Mutex<HashMap<String, Control>>,
+    /// Teammates in plan mode whose plan the lead has not approved yet.
+    planning: Mutex<HashSet<String>>,
+    /// What teammates do with a shutdown request.
+    shutdown: ShutdownPolicy,
 }
 
 impl fmt::Debug for Team {
@@ -119,7 +168,18 @@ impl Team {
             lead_poller: Mutex::default(),
             plans: Mutex::default(),
             roster_file: None,
+            holds: Mutex::default(),
+            controls: Mutex::default(),
+            planning: Mutex::default(),
+            shutdown: ShutdownPolicy::default(),
         })
+    }
+
+    /// What its teammates do with the lead's shutdown requests (default
+    /// [`ShutdownPolicy::Approve`]).
+    pub fn with_shutdown_policy(mut self, policy: ShutdownPolicy) -> Self {
+        self.shutdown = policy;
+        self
     }
 
     /// Keeps the roster in `file` (Claude Code's `<root>/teams/<team>/config.json`): written
@@ -310,26 +370,252 @@ impl Team {
         }
     }
 
+    fn holds(&self) -> std::sync::MutexGuard<'_, Holds> {
+        self.holds.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn controls(&self) -> std::sync::MutexGuard<'_, HashMap<String, Control>> {
+        self.controls.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn planning(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.planning.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Sends `letter` to `to` (a teammate's name or [`LEAD`]). A teammate that has stopped is
-    /// an error: nobody would read it.
+    /// an error: nobody would read it. Until its recipient has taken it into its conversation,
+    /// the letter holds the lead's run.
     pub async fn send(&self, to: &str, letter: Letter) -> Result<String> {
-        if to != LEAD {
-            match self.member(to) {
-                None => {
-                    return Err(Error::Refused(format!(
-                        "team `{}` has no teammate `{to}`",
-                        self.name
-                    )));
+        let inbox = self.inbox(to)?;
+        let id = letter.id.clone().unwrap_or_else(crate::mailbox::new_id);
+        let letter = letter.with_id(id.clone());
+        {
+            // Checked and held under one lock with a teammate's stop (`stopped`), so no hold
+            // outlives the teammate that would release it.
+            let mut holds = self.holds();
+            if to != LEAD {
+                match self.member(to) {
+                    None => {
+                        return Err(Error::Refused(format!(
+                            "team `{}` has no teammate `{to}`",
+                            self.name
+                        )));
+                    }
+                    Some(m) if m.state == MemberState::Stopped => {
+                        return Err(Error::Refused(format!(
+                            "teammate `{to}` has shut down, so the message was not delivered"
+                        )));
+                    }
+                    Some(_) => {}
                 }
-                Some(m) if m.state == MemberState::Stopped => {
-                    return Err(Error::Refused(format!(
-                        "teammate `{to}` has shut down, so the message was not delivered"
-                    )));
-                }
-                Some(_) => {}
+            }
+            if let Some(lead) = holds.lead.clone() {
+                holds
+                    .letters
+                    .insert(id.clone(), (to.to_owned(), lead.expect()));
             }
         }
-        self.mailbox.send(&self.inbox(to)?, letter).await
+        match self.mailbox.send(&inbox, letter).await {
+            Ok(id) => Ok(id),
+            Err(e) => {
+                drop(self.holds().letters.remove(&id));
+                Err(e)
+            }
+        }
+    }
+
+    /// Sends text `letter` to every teammate that has not stopped but its sender — and to the
+    /// lead, when a teammate sends it. Returns who it reached, by name.
+    pub async fn broadcast(&self, letter: Letter) -> Result<Vec<String>> {
+        let mut to: Vec<String> = self
+            .roster()
+            .into_iter()
+            .filter(|m| m.state != MemberState::Stopped && m.name != letter.from)
+            .map(|m| m.name)
+            .collect();
+        if letter.from != LEAD {
+            to.push(LEAD.to_owned());
+        }
+        if to.is_empty() {
+            return Err(Error::Refused(format!(
+                "team `{}` has no teammate running to broadcast to",
+                self.name
+            )));
+        }
+        let mut reached = Vec::with_capacity(to.len());
+        let mut failed = Vec::new();
+        for name in to {
+            // Each copy has an id of its own.
+            let mut copy = letter.clone();
+            copy.id = None;
+            match self.send(&name, copy).await {
+                Ok(_) => reached.push(name),
+                Err(e) => failed.push(format!("{name}: {e}")),
+            }
+        }
+        if failed.is_empty() {
+            Ok(reached)
+        } else {
+            Err(Error::Refused(format!(
+                "the broadcast reached {} but not {}",
+                if reached.is_empty() {
+                    "nobody".to_owned()
+                } else {
+                    reached.join(", ")
+                },
+                failed.join("; ")
+            )))
+        }
+    }
+
+    /// Letters their recipients took: they no longer hold the lead's run.
+    fn taken(&self, ids: &[String]) {
+        let released: Vec<_> = {
+            let mut holds = self.holds();
+            ids.iter()
+                .filter_map(|id| holds.letters.remove(id))
+                .collect()
+        };
+        drop(released);
+    }
+
+    /// Moves a letter into teammate `name`'s queue, taking its promise up first: the lead's
+    /// run waits for the work the letter starts.
+    fn deliver_to(&self, name: &str, queue: &PendingQueue, message: PendingMessage) {
+        let holds = self.holds();
+        if let Some(p) = holds.running.get(name) {
+            p.take_up();
+        }
+        queue.push(message);
+    }
+
+    /// Teammate `name` goes idle if nothing waits in its queue: its promise is set down, so the
+    /// lead's run no longer waits for it. False if something does.
+    fn rest(&self, name: &str, queue: &PendingQueue) -> bool {
+        let holds = self.holds();
+        if !queue.is_empty() {
+            return false;
+        }
+        if let Some(p) = holds.running.get(name) {
+            p.set_down();
+        }
+        drop(holds);
+        self.set_state(name, MemberState::Idle);
+        true
+    }
+
+    /// Teammate `name` is working again: the lead's run waits for it.
+    fn busy(&self, name: &str) {
+        if let Some(p) = self.holds().running.get(name) {
+            p.take_up();
+        }
+        self.set_state(name, MemberState::Running);
+    }
+
+    /// Teammate `name` has ended: stopped on the roster, and the letters it will never take
+    /// no longer hold the lead's run.
+    fn stopped(&self, name: &str) {
+        let released: Vec<_> = {
+            let mut holds = self.holds();
+            self.set_state(name, MemberState::Stopped);
+            holds.running.remove(name);
+            let gone: Vec<String> = holds
+                .letters
+                .iter()
+                .filter(|(_, (to, _))| to == name)
+                .map(|(id, _)| id.clone())
+                .collect();
+            gone.into_iter()
+                .filter_map(|id| holds.letters.remove(&id))
+                .collect()
+        };
+        drop(released);
+        self.controls().remove(name);
+        self.planning().remove(name);
+    }
+
+    /// Stops teammate `name` for request `request_id`: it ends its run at its next tool-round
+    /// boundary (at once if idle) and answers `shutdown_approved`.
+    fn stop_member(&self, name: &str, request_id: String) {
+        if let Some(p) = self.holds().running.get(name) {
+            p.take_up();
+        }
+        if let Some(c) = self.controls().get(name) {
+            c.halt.request();
+            c.stop.send_replace(Some(request_id));
+        }
+    }
+
+    /// Teammate `name`'s answer to the lead's shutdown request ([`ShutdownPolicy::Ask`]):
+    /// approved, it ends after this tool round; rejected, the lead gets `shutdown_rejected`
+    /// with `reason`.
+    pub async fn answer_shutdown(
+        &self,
+        name: &str,
+        request_id: &str,
+        approve: bool,
+        reason: Option<String>,
+    ) -> Result<()> {
+        {
+            let mut controls = self.controls();
+            let Some(c) = controls.get_mut(name) else {
+                return Err(Error::Refused(format!(
+                    "`{name}` is not a running teammate of team `{}`",
+                    self.name
+                )));
+            };
+            if c.asked.as_deref() != Some(request_id) {
+                return Err(Error::Protocol(format!(
+                    "shutdown answer for `{request_id}` rejected: the lead asked `{name}` no \
+                     such request, or it was answered"
+                )));
+            }
+            if !approve && reason.as_deref().is_none_or(|r| r.trim().is_empty()) {
+                return Err(Error::Protocol(
+                    "a shutdown_response that rejects the request needs a `reason`".to_owned(),
+                ));
+            }
+            c.asked = None;
+        }
+        if approve {
+            self.stop_member(name, request_id.to_owned());
+            return Ok(());
+        }
+        let no = Protocol::ShutdownRejected {
+            request_id: request_id.to_owned(),
+            from: name.to_owned(),
+            timestamp: crate::mailbox::timestamp_now(),
+            reason: reason.unwrap_or_default(),
+        };
+        self.send(LEAD, no.to_letter(name)).await.map(|_| ())
+    }
+
+    /// A shutdown request that reached teammate `name`: stops it, or puts the question into
+    /// its conversation ([`ShutdownPolicy::Ask`]). A copy of a request already taken does
+    /// nothing.
+    fn shutdown_asked(&self, name: &str, request: &Protocol, letter: &crate::mailbox::Delivered) {
+        let Protocol::ShutdownRequest { request_id, .. } = request else {
+            return;
+        };
+        let ask = {
+            let mut controls = self.controls();
+            let Some(c) = controls.get_mut(name) else {
+                return;
+            };
+            if !c.seen.first_time(request) {
+                return;
+            }
+            if self.shutdown == ShutdownPolicy::Ask {
+                c.asked = Some(request_id.clone());
+            }
+            c.queue_text(self.shutdown, request_id, letter)
+        };
+        match ask {
+            Some((queue, text)) => {
+                self.deliver_to(name, &queue, PendingMessage::new(text, MAILBOX_ORIGIN));
+            }
+            None => self.stop_member(name, request_id.clone()),
+        }
     }
 
     fn plans(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, PlanGate>> {
@@ -351,6 +637,17 @@ impl Team {
         self.plans().get(name).is_some_and(PlanGate::waiting)
     }
 
+    /// Whether teammate `name` is in plan mode: started with `mode: "plan"` and its plan not
+    /// approved yet, so only read-only tools (and `SendMessage`) run.
+    pub fn in_plan_mode(&self, name: &str) -> bool {
+        self.planning().contains(name)
+    }
+
+    /// Puts teammate `name` in plan mode.
+    pub(crate) fn enter_plan_mode(&self, name: &str) {
+        self.planning().insert(name.to_owned());
+    }
+
     /// A plan answer that reached teammate `name`, as the text its conversation gets (`None`
     /// for a copy of an answer already taken).
     fn answer_plan(&self, name: &str, letter: &crate::mailbox::Delivered) -> Option<String> {
@@ -360,6 +657,9 @@ impl Team {
             .or_insert_with(|| PlanGate::new(LEAD));
         match gate.answer(letter) {
             Ok(PlanDecision::Proceed { .. }) => {
+                drop(plans);
+                // Out of plan mode: its tools run as the host's policy says.
+                self.planning().remove(name);
                 Some("The lead approved your plan: go on with it.".to_owned())
             }
             Ok(PlanDecision::Revise { feedback }) => Some(format!(
@@ -381,9 +681,11 @@ impl Team {
             return;
         }
         let Ok(inbox) = self.inbox(LEAD) else { return };
+        self.holds().lead = Some(lead.clone());
         let mailbox = Arc::clone(&self.mailbox);
+        let team = Arc::downgrade(self);
         *p = Some(tokio::spawn(async move {
-            let mut relay = Relay::new(mailbox, inbox, lead);
+            let mut relay = Relay::new(mailbox, inbox, lead, team, None);
             loop {
                 if relay.step(|_| false).await.is_err() {
                     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -393,26 +695,70 @@ impl Team {
     }
 }
 
+impl Control {
+    /// For [`ShutdownPolicy::Ask`]: the teammate's queue and the question for its
+    /// conversation; `None` when the request is simply approved.
+    fn queue_text(
+        &self,
+        policy: ShutdownPolicy,
+        request_id: &str,
+        letter: &crate::mailbox::Delivered,
+    ) -> Option<(PendingQueue, String)> {
+        (policy == ShutdownPolicy::Ask).then(|| {
+            (
+                self.queue.clone(),
+                format!(
+                    "{}\nThe lead asks you to shut down. Answer with SendMessage to `{LEAD}`: \
+                     {{\"type\":\"shutdown_response\",\"request_id\":\"{request_id}\",\
+                     \"approve\":true}} to end after this tool round, or \"approve\":false \
+                     with a \"reason\" to keep working.",
+                    letter.to_message()
+                ),
+            )
+        })
+    }
+}
+
 /// Moves one inbox's letters into an agent's pending queue, at least once on the wire and once
 /// into the conversation: a letter is acknowledged only after the queue it was put in has been
-/// drained into the conversation, and an id is never put in twice.
+/// drained into the conversation, and an id is never put in twice. Letters acknowledged no
+/// longer hold the lead's run.
 struct Relay {
     mailbox: Arc<dyn Mailbox>,
     inbox: Inbox,
     queue: PendingQueue,
+    team: Weak<Team>,
+    /// The teammate it serves (`None`: the lead).
+    teammate: Option<String>,
     seen: HashSet<String>,
     unacked: Vec<String>,
 }
 
 impl Relay {
-    fn new(mailbox: Arc<dyn Mailbox>, inbox: Inbox, queue: PendingQueue) -> Self {
+    fn new(
+        mailbox: Arc<dyn Mailbox>,
+        inbox: Inbox,
+        queue: PendingQueue,
+        team: Weak<Team>,
+        teammate: Option<String>,
+    ) -> Self {
         Self {
             mailbox,
             inbox,
             queue,
+            team,
+            teammate,
             seen: HashSet::new(),
             unacked: Vec::new(),
         }
+    }
+
+    async fn ack(&self, ids: &[String]) -> Result<()> {
+        self.mailbox.ack(&self.inbox, ids).await?;
+        if let Some(team) = self.team.upgrade() {
+            team.taken(ids);
+        }
+        Ok(())
     }
 
     /// Waits for letters and relays the new ones; `intercept` takes a letter instead (a
@@ -423,7 +769,7 @@ impl Relay {
     ) -> Result<()> {
         if self.queue.is_empty() && !self.unacked.is_empty() {
             let done = std::mem::take(&mut self.unacked);
-            self.mailbox.ack(&self.inbox, &done).await?;
+            self.ack(&done).await?;
         }
         if !self
             .mailbox
@@ -439,11 +785,14 @@ impl Relay {
             }
             new += 1;
             if intercept(&d) {
-                self.mailbox.ack(&self.inbox, &[d.id]).await?;
+                self.ack(&[d.id]).await?;
                 continue;
             }
-            self.queue
-                .push(PendingMessage::new(d.to_message(), MAILBOX_ORIGIN));
+            let message = PendingMessage::new(d.to_message(), MAILBOX_ORIGIN);
+            match (&self.teammate, self.team.upgrade()) {
+                (Some(name), Some(team)) => team.deliver_to(name, &self.queue, message),
+                _ => self.queue.push(message),
+            }
             self.unacked.push(d.id);
         }
         if new == 0 {
@@ -463,32 +812,72 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// Marks a teammate stopped when its run ends, however it ends (returned, cancelled, panicked,
+/// dropped by its owner).
+struct StopOnDrop {
+    team: Arc<Team>,
+    name: String,
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.team.stopped(&self.name);
+    }
+}
+
 /// The teammate loop for `name` in `team`, starting with `prompt` (see the module docs).
 pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> CustomRun {
-    Box::new(move |agent: &mut Agent| {
+    Box::new(move |agent: &mut Agent, promise: PromiseHandle| {
         Box::pin(async move {
             let queue = agent.pending();
             let (stop_tx, mut stop_rx) = watch::channel::<Option<String>>(None);
+            {
+                team.holds().running.insert(name.clone(), promise);
+                team.controls().insert(
+                    name.clone(),
+                    Control {
+                        halt: agent.halt(),
+                        stop: stop_tx,
+                        asked: None,
+                        seen: Seen::new(),
+                        queue: queue.clone(),
+                    },
+                );
+            }
+            let stop_on_drop = StopOnDrop {
+                team: Arc::clone(&team),
+                name: name.clone(),
+            };
             let relay = match team.inbox(&name) {
                 Ok(inbox) => {
-                    let mut relay = Relay::new(Arc::clone(team.mailbox()), inbox, queue.clone());
+                    let mut relay = Relay::new(
+                        Arc::clone(team.mailbox()),
+                        inbox,
+                        queue.clone(),
+                        Arc::downgrade(&team),
+                        Some(name.clone()),
+                    );
                     let (team, name, queue) = (Arc::clone(&team), name.clone(), queue.clone());
                     Some(AbortOnDrop(tokio::spawn(async move {
                         loop {
                             let r = relay
                                 .step(|d| match Protocol::parse(&d.text) {
                                     // Only the lead may stop a teammate.
-                                    Some(Protocol::ShutdownRequest { request_id, .. })
+                                    Some(request @ Protocol::ShutdownRequest { .. })
                                         if d.from == LEAD =>
                                     {
-                                        let _ = stop_tx.send(Some(request_id));
+                                        team.shutdown_asked(&name, &request, d);
                                         true
                                     }
                                     // Plan answers go through the teammate's gate: the lead's
                                     // only, once each.
                                     Some(Protocol::PlanApprovalResponse { .. }) => {
                                         if let Some(text) = team.answer_plan(&name, d) {
-                                            queue.push(PendingMessage::new(text, MAILBOX_ORIGIN));
+                                            team.deliver_to(
+                                                &name,
+                                                &queue,
+                                                PendingMessage::new(text, MAILBOX_ORIGIN),
+                                            );
                                         }
                                         true
                                     }
@@ -506,13 +895,18 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                     None
                 }
             };
-            team.set_state(&name, MemberState::Running);
+            team.busy(&name);
             let mut run = agent.run(prompt).await;
             loop {
                 if run.stop != StopReason::Completed || stop_rx.borrow().is_some() {
                     break;
                 }
-                team.set_state(&name, MemberState::Idle);
+                // Letters that came as it finished: straight on with them.
+                if !queue.is_empty() {
+                    team.busy(&name);
+                    run = agent.run_pending().await;
+                    continue;
+                }
                 let idle = Protocol::IdleNotification {
                     from: name.clone(),
                     timestamp: crate::mailbox::timestamp_now(),
@@ -520,8 +914,15 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                     summary: Some(run.final_text.chars().take(200).collect()),
                     completed_task_id: None,
                 };
+                // Sent before the promise is set down: the lead's run waits until the notice
+                // is in its conversation.
                 if let Err(e) = team.send(LEAD, idle.to_letter(name.clone())).await {
                     tracing::warn!("teammate `{name}` could not tell the lead it is idle: {e}");
+                }
+                if !team.rest(&name, &queue) {
+                    team.busy(&name);
+                    run = agent.run_pending().await;
+                    continue;
                 }
                 // Idle: until a letter, the lead's shutdown request, or cancellation.
                 let hold = queue.expect();
@@ -535,10 +936,10 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                 let Some(Wake::Messages(ms)) = woke else {
                     break;
                 };
+                team.busy(&name);
                 for m in ms {
                     queue.push(m);
                 }
-                team.set_state(&name, MemberState::Running);
                 run = agent.run_pending().await;
             }
             let asked = stop_rx.borrow().clone();
@@ -553,7 +954,7 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                 }
             }
             drop(relay);
-            team.set_state(&name, MemberState::Stopped);
+            drop(stop_on_drop);
             run
         })
     })
@@ -566,5 +967,55 @@ pub fn shutdown_request(reason: Option<String>) -> Protocol {
         from: LEAD.to_owned(),
         reason,
         timestamp: crate::mailbox::timestamp_now(),
+    }
+}
+
+/// A teammate's permissions in plan mode ([`Team::in_plan_mode`]): until the lead approves its
+/// plan, only read-only tools and `SendMessage` run — whatever the model writes, the permission
+/// check holds it ("plan mode auto-approves before review" is a peer's reported bug).
+#[derive(Debug)]
+pub(crate) struct PlanMode {
+    team: Weak<Team>,
+    name: String,
+}
+
+impl PlanMode {
+    pub(crate) fn new(team: &Arc<Team>, name: &str) -> Self {
+        Self {
+            team: Arc::downgrade(team),
+            name: name.to_owned(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::tool::PermissionPolicy for PlanMode {
+    async fn check(
+        &self,
+        request: crate::tool::permission::PermissionRequest<'_>,
+    ) -> crate::tool::permission::PermissionDecision {
+        use crate::tool::permission::PermissionDecision;
+        let Some(team) = self.team.upgrade() else {
+            return PermissionDecision::Allow;
+        };
+        if !team.in_plan_mode(&self.name)
+            || request.tool.is_read_only()
+            || request.tool_name() == crate::base::pending::SEND_MESSAGE
+        {
+            return PermissionDecision::Allow;
+        }
+        let tool = request.tool_name();
+        PermissionDecision::deny(if team.awaiting_plan(&self.name) {
+            format!(
+                "plan mode: `{tool}` waits until the lead approves your plan; it has your \
+                 request and will answer"
+            )
+        } else {
+            format!(
+                "plan mode: `{tool}` may run once the lead approves your plan; send it with \
+                 SendMessage to `{LEAD}`, message {{\"type\":\"plan_approval_request\",\
+                 \"plan\":\"…\"}}"
+            )
+        })
     }
 }

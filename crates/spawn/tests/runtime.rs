@@ -1163,3 +1163,51 @@ async fn a_child_gets_the_sub_agent_layers_by_default() {
         .unwrap();
     assert_eq!(child.tools().names(), ["Read"]);
 }
+
+/// A halt requested while a tool runs ends the run after that tool round, its results in the
+/// conversation (`StopReason::Halted`, task status `completed`); one requested while the agent
+/// waits for a promised message ends it at once; a halt is taken by one run only.
+#[tokio::test]
+async fn a_halt_ends_the_run_at_the_next_tool_round_boundary() {
+    let b = brain(|_| Plan::Reply(calls(&[("s", "Slow", "{}")])));
+    let slow = TestTool::sleeper("Slow", true, 100).arc();
+    let mut agent = Agent::builder(b)
+        .model("m")
+        .tools(ToolPool::new([slow]).unwrap())
+        .build()
+        .await
+        .unwrap();
+    let halt = agent.halt();
+    let asker = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        halt.request();
+    });
+    let run = tokio::time::timeout(Duration::from_secs(5), agent.run("go"))
+        .await
+        .expect("the halt ended a run that would go on forever");
+    asker.await.unwrap();
+    assert_eq!(run.stop, StopReason::Halted);
+    assert_eq!(run.stop.task_status(), forkhive_core::TaskStatus::Completed);
+    assert_eq!(run.turns.len(), 1, "no turn after the halted round");
+    let last = agent.params().messages().last().unwrap().clone();
+    assert_eq!(message_results(&last).len(), 1, "the round's result is in");
+    assert!(!agent.halt().is_requested(), "taken by the run");
+
+    // Waiting between turns for a promised message: the halt ends the wait.
+    let b = brain(|_| Plan::Reply(say("done")));
+    let mut agent = Agent::builder(b).model("m").build().await.unwrap();
+    let promise = agent.pending().expect();
+    let halt = agent.halt();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        halt.request();
+    });
+    let run = tokio::time::timeout(Duration::from_secs(5), agent.run("go"))
+        .await
+        .expect("the halt ended the wait");
+    assert_eq!(run.stop, StopReason::Halted);
+    drop(promise);
+    // The next run is not halted.
+    let run = agent.run("again").await;
+    assert_eq!(run.stop, StopReason::Completed);
+}

@@ -15,7 +15,7 @@ use forkhive_spawn::definition::{AgentDefinition, AgentRegistry, DefinitionSourc
 use forkhive_spawn::mailbox::{Letter, MemoryMailbox};
 use forkhive_spawn::runtime::{Agent, StopReason};
 use forkhive_spawn::task::{MemoryTaskRegistry, TaskConfig, TaskService};
-use forkhive_spawn::team::{MemberState, Team};
+use forkhive_spawn::team::{MemberState, ShutdownPolicy, Team};
 use forkhive_spawn::tool::{Tool, ToolFilter, ToolPool};
 use forkhive_transport::Request;
 use support::*;
@@ -30,6 +30,11 @@ fn text_of(r: &Request) -> String {
 
 /// A lead's tools: the `Agent` tool with teams on and a `worker` type, and `SendMessage`.
 fn lead_tools() -> ToolPool {
+    lead_tools_with(Vec::new())
+}
+
+/// [`lead_tools`] and `extra` (which teammates get too).
+fn lead_tools_with(extra: Vec<Arc<dyn Tool>>) -> ToolPool {
     let mut w = AgentDefinition::new("worker", "a teammate", DefinitionSource::Project);
     w.system_prompt = "You are a worker.".into();
     let config = AgentToolConfig::default()
@@ -37,11 +42,45 @@ fn lead_tools() -> ToolPool {
         .with_teams_enabled(true)
         .with_warm_fanout(None)
         .with_filter(ToolFilter::default());
-    ToolPool::new([
+    let mut tools = vec![
         AgentTool::new(config).unwrap().arc(),
         Arc::new(SendMessageTool::new().unwrap()) as Arc<dyn Tool>,
-    ])
-    .unwrap()
+    ];
+    tools.extend(extra);
+    ToolPool::new(tools).unwrap()
+}
+
+/// A lead with `tools` in `team`, its turns limited.
+async fn lead_in(team: &Arc<Team>, b: Arc<Brain>, tools: ToolPool) -> Agent {
+    Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(tools)
+        .extension(Arc::clone(team))
+        .limits(forkhive_spawn::runtime::Limits::default().with_max_turns(Some(40)))
+        .build()
+        .await
+        .unwrap()
+}
+
+/// The teammate's name a child request is for (its first message says `task for <name>`).
+fn who(r: &Request) -> String {
+    let first = r.all_messages()[0].text();
+    first
+        .split("task for ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Tool results (text, is_error) of every message in `messages`, in order.
+fn all_results(messages: &[forkhive_core::Message]) -> Vec<(String, bool)> {
+    messages
+        .iter()
+        .flat_map(message_results)
+        .map(|(_, t, e)| (t, e))
+        .collect()
 }
 
 fn teammate(name: &str) -> String {
@@ -129,18 +168,9 @@ async fn a_lead_and_two_teammates_work_idle_wake_and_shut_down() {
         "{all}"
     );
     assert!(all.matches("idle_notification").count() >= 3, "{all}");
-    // Both approved; an approval may still be on its way to the lead's conversation when the
-    // teammates' notifications end the lead's run, so the inbox counts too.
-    let lead_inbox = team.inbox("team-lead").unwrap();
-    let mut approved: std::collections::HashSet<String> = team
-        .mailbox()
-        .receive(&lead_inbox)
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|d| d.text.contains("shutdown_approved"))
-        .map(|d| d.from)
-        .collect();
+    // Both approved, and both approvals are in the lead's conversation: a letter holds the
+    // lead's run until it is taken.
+    let mut approved = std::collections::HashSet::new();
     for who in ["alice", "bob"] {
         if all.contains(&format!(
             r#"teammate_id=\"{who}\" summary=\"shutdown_approved\""#
@@ -371,4 +401,511 @@ async fn a_plan_is_rejected_then_approved_by_the_lead_only() {
     );
     assert!(!team.awaiting_plan("alice"));
     assert!(all.contains("\"approved\":false") || all.contains("\"approve\":false"));
+}
+
+/// The lead's run returns once every teammate is idle and their idle notices are in its
+/// conversation; the host's next run wakes a teammate with a letter, and the lead waits for it
+/// again until it is idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leads_run_returns_when_its_teammates_are_idle() {
+    let b = brain(|r| {
+        let text = text_of(r);
+        if !is_parent(r) {
+            return Plan::Reply(say(if text.contains("second job") {
+                "second done"
+            } else {
+                "first done"
+            }));
+        }
+        let last = last_texts(r).join("\n");
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
+        }
+        if last.contains("next, please") {
+            return Plan::Reply(calls(&[(
+                "m1",
+                "SendMessage",
+                r#"{"to":"alice","message":"second job"}"#,
+            )]));
+        }
+        Plan::Reply(say("noted"))
+    });
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let mut lead = lead_in(&team, b, lead_tools()).await;
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+        .await
+        .expect("the lead's run returned while alice is idle");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let all = format!("{:?}", lead.params().messages());
+    assert!(all.contains("idle_notification"), "{all}");
+    assert!(all.contains("first done"), "{all}");
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Idle);
+    // The host's next run: the lead writes to alice and waits for her again.
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("next, please"))
+        .await
+        .expect("the second run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let all = format!("{:?}", lead.params().messages());
+    assert!(
+        all.contains("second done"),
+        "the second idle notice is in: {all}"
+    );
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Idle);
+    // The host ends the team: cancelling the lead stops its teammates.
+    lead.cancellation().cancel();
+    tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while team.member("alice").unwrap().state != MemberState::Stopped {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("alice stopped with her lead");
+}
+
+/// A busy teammate stops after its current tool round, not when its whole task is done: it
+/// keeps calling a slow tool, and the lead's shutdown request ends it after one more round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_reaches_a_busy_teammate_at_its_next_tool_round() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let rounds = Arc::new(AtomicUsize::new(0));
+    let r2 = Arc::clone(&rounds);
+    let b = brain(move |r| {
+        let text = text_of(r);
+        if !is_parent(r) {
+            // Works forever, one slow call per turn.
+            r2.fetch_add(1, Ordering::SeqCst);
+            return Plan::Reply(calls(&[("s", "Slow", "{}")]));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[
+                ("a1", "Agent", &teammate("alice")),
+                (
+                    "x1",
+                    "SendMessage",
+                    r#"{"to":"alice","message":{"type":"shutdown_request","reason":"enough"}}"#,
+                ),
+            ]));
+        }
+        let _ = text;
+        Plan::Reply(say("ok"))
+    });
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let slow = TestTool::sleeper("Slow", true, 50).arc();
+    let mut lead = lead_in(&team, b, lead_tools_with(vec![slow])).await;
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+        .await
+        .expect("the lead's run returned after alice shut down");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    assert!(
+        rounds.load(Ordering::SeqCst) <= 3,
+        "alice went on for {} turns after the request",
+        rounds.load(Ordering::SeqCst)
+    );
+    let all = format!("{:?}", lead.params().messages());
+    // Her approval and her notification are both in the lead's conversation.
+    assert!(all.contains("shutdown_approved"), "{all}");
+    let ns: Vec<_> = lead
+        .params()
+        .messages()
+        .iter()
+        .flat_map(|m| find_notifications(m).unwrap())
+        .collect();
+    assert_eq!(ns.len(), 1, "{all}");
+    assert_eq!(ns[0].status, forkhive_core::TaskStatus::Completed);
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
+}
+
+/// With `ShutdownPolicy::Ask` the teammate answers: it rejects with a reason (the lead gets
+/// `shutdown_rejected`), then approves the lead's second request and ends. Wrong answers are
+/// refused with their reasons.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_teammate_may_reject_a_shutdown_with_a_reason() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<(String, bool)>::new()));
+    let seen2 = Arc::clone(&seen);
+    let b = brain(move |r| {
+        let text = text_of(r);
+        let last = last_texts(r).join("\n");
+        if !is_parent(r) {
+            seen2
+                .lock()
+                .unwrap()
+                .extend(results(r).into_iter().map(|(_, t, e)| (t, e)));
+            if let Some(at) = last.rfind("\"request_id\":\"") {
+                let id: String = last[at + 14..].chars().take_while(|c| *c != '"').collect();
+                let second = text.matches("The lead asks you to shut down").count() >= 2;
+                if second {
+                    return Plan::Reply(calls(&[(
+                        "y",
+                        "SendMessage",
+                        &format!(
+                            r#"{{"to":"team-lead","message":{{"type":"shutdown_response","request_id":"{id}","approve":true}}}}"#
+                        ),
+                    )]));
+                }
+                return Plan::Reply(calls(&[
+                    (
+                        "n0",
+                        "SendMessage",
+                        &format!(
+                            r#"{{"to":"team-lead","message":{{"type":"shutdown_response","request_id":"{id}","approve":false}}}}"#
+                        ),
+                    ),
+                    (
+                        "n1",
+                        "SendMessage",
+                        r#"{"to":"team-lead","message":{"type":"shutdown_response","request_id":"forged","approve":true}}"#,
+                    ),
+                    (
+                        "n2",
+                        "SendMessage",
+                        &format!(
+                            r#"{{"to":"team-lead","message":{{"type":"shutdown_response","request_id":"{id}","approve":false,"reason":"tests still running"}}}}"#
+                        ),
+                    ),
+                ]));
+            }
+            return Plan::Reply(say("working"));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
+        }
+        let asked = text.matches("shutdown_request").count();
+        if text.contains("idle_notification") && asked == 0 {
+            return Plan::Reply(calls(&[(
+                "x1",
+                "SendMessage",
+                r#"{"to":"alice","message":{"type":"shutdown_request"}}"#,
+            )]));
+        }
+        if last.contains("shutdown_rejected") {
+            return Plan::Reply(calls(&[(
+                "x2",
+                "SendMessage",
+                r#"{"to":"alice","message":{"type":"shutdown_request","reason":"now, please"}}"#,
+            )]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let team = Arc::new(
+        Team::new("review", Arc::new(MemoryMailbox::new()))
+            .unwrap()
+            .with_shutdown_policy(ShutdownPolicy::Ask),
+    );
+    let mut lead = lead_in(&team, b, lead_tools()).await;
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+        .await
+        .expect("the lead's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let all = format!("{:?}", lead.params().messages());
+    assert!(all.contains("shutdown_rejected"), "{all}");
+    assert!(all.contains("tests still running"), "{all}");
+    assert!(all.contains("shutdown_approved"), "{all}");
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
+    let seen = seen.lock().unwrap().clone();
+    for want in [
+        (
+            "team protocol: a shutdown_response that rejects the request needs a `reason`",
+            true,
+        ),
+        (
+            "team protocol: shutdown answer for `forged` rejected: the lead asked `alice` no such \
+             request, or it was answered",
+            true,
+        ),
+        (
+            "The lead has your reason for not shutting down; go on with your work.",
+            false,
+        ),
+    ] {
+        assert!(
+            seen.contains(&(want.0.to_owned(), want.1)),
+            "{want:?} not in {seen:?}"
+        );
+    }
+    // Her approval's round was her last: no request of hers carried its result.
+    assert!(
+        !seen.iter().any(|(t, _)| t.starts_with("Shutdown approved")),
+        "{seen:?}"
+    );
+}
+
+/// Exact refusals of `shutdown_response`, straight on the team.
+#[tokio::test]
+async fn shutdown_answers_are_checked() {
+    let team = Team::new("review", Arc::new(MemoryMailbox::new())).unwrap();
+    assert_eq!(
+        team.answer_shutdown("alice", "r1", true, None)
+            .await
+            .unwrap_err()
+            .to_string(),
+        "`alice` is not a running teammate of team `review`"
+    );
+}
+
+/// A teammate started with `mode: "plan"` cannot run a tool that writes until the lead
+/// approves its plan — the permission check holds it, whatever the model writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_mode_holds_a_teammate_until_the_lead_approves() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let b = brain(|r| {
+        let text = text_of(r);
+        let last = last_texts(r).join("\n");
+        if !is_parent(r) {
+            if last.contains("approved your plan") {
+                return Plan::Reply(calls(&[("w2", "Write", "{}")]));
+            }
+            if r.all_messages().len() == 1 {
+                return Plan::Reply(calls(&[("w0", "Write", "{}")]));
+            }
+            if text.contains("w0") && !text.contains("p1") {
+                return Plan::Reply(calls(&[
+                    (
+                        "p1",
+                        "SendMessage",
+                        r#"{"to":"team-lead","message":{"type":"plan_approval_request","plan":"write it"}}"#,
+                    ),
+                    ("w1", "Write", "{}"),
+                ]));
+            }
+            if text.contains("w2") {
+                return Plan::Reply(say("written"));
+            }
+            return Plan::Reply(say("waiting"));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[(
+                "a1",
+                "Agent",
+                r#"{"description":"alice","prompt":"task for alice","subagent_type":"worker","name":"alice","team_name":"review","mode":"plan"}"#,
+            )]));
+        }
+        if let Some(id) = last_plan_request(&text)
+            && !text.contains("plan_approval_response")
+        {
+            return Plan::Reply(calls(&[(
+                "r1",
+                "SendMessage",
+                &format!(
+                    r#"{{"to":"alice","message":{{"type":"plan_approval_response","request_id":"{id}","approve":true}}}}"#
+                ),
+            )]));
+        }
+        if text.contains("written") && !text.contains("shutdown_request") {
+            return Plan::Reply(calls(&[(
+                "x1",
+                "SendMessage",
+                r#"{"to":"alice","message":{"type":"shutdown_request"}}"#,
+            )]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let writes = Arc::new(AtomicUsize::new(0));
+    let w = Arc::clone(&writes);
+    let write = TestTool::new("Write", OBJECT, false, move |_, _| {
+        let w = Arc::clone(&w);
+        async move {
+            w.fetch_add(1, Ordering::SeqCst);
+            forkhive_spawn::tool::ToolOutput::text("wrote")
+        }
+    })
+    .arc();
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let events = Arc::new(Events::default());
+    let mut lead = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(lead_tools_with(vec![write]))
+        .extension(Arc::clone(&team))
+        .events(events.clone())
+        .limits(forkhive_spawn::runtime::Limits::default().with_max_turns(Some(40)))
+        .build()
+        .await
+        .unwrap();
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+        .await
+        .expect("the lead's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    assert_eq!(
+        writes.load(Ordering::SeqCst),
+        1,
+        "only the write after approval ran"
+    );
+    assert!(!team.in_plan_mode("alice"));
+    let all = format!("{:?}", events.take());
+    assert!(
+        all.contains(
+            "plan mode: `Write` may run once the lead approves your plan; send it with \
+             SendMessage to `team-lead`, message"
+        ),
+        "{all}"
+    );
+    assert!(
+        all.contains("plan mode: `Write` waits until the lead approves your plan; it has your request and will answer"),
+        "{all}"
+    );
+}
+
+/// `to: "*"`: the lead's broadcast reaches every teammate; a teammate's reaches the others
+/// and the lead. Structured broadcasts and broadcasts without a team are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broadcast_reaches_every_teammate() {
+    let b = brain(|r| {
+        let text = text_of(r);
+        if !is_parent(r) {
+            let me = who(r);
+            if me == "bob" && r.all_messages().len() == 1 {
+                return Plan::Reply(calls(&[(
+                    "b1",
+                    "SendMessage",
+                    r#"{"to":"*","message":"bob here"}"#,
+                )]));
+            }
+            if text.contains("all hands") {
+                return Plan::Reply(say(&format!("{me} heard all hands")));
+            }
+            return Plan::Reply(say(&format!("{me} ready")));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[
+                ("a1", "Agent", &teammate("alice")),
+                ("a2", "Agent", &teammate("bob")),
+            ]));
+        }
+        if text.matches("idle_notification").count() >= 2 && !text.contains("all hands") {
+            return Plan::Reply(calls(&[
+                ("c1", "SendMessage", r#"{"to":"*","message":"all hands"}"#),
+                (
+                    "c2",
+                    "SendMessage",
+                    r#"{"to":"*","message":{"type":"shutdown_request"}}"#,
+                ),
+            ]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let mut lead = lead_in(&team, b, lead_tools()).await;
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+        .await
+        .expect("the lead's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let msgs = lead.params().messages().to_vec();
+    let all = format!("{msgs:?}");
+    assert!(all.contains("alice heard all hands"), "{all}");
+    assert!(all.contains("bob heard all hands"), "{all}");
+    // Bob's broadcast reached the lead (and alice).
+    assert!(all.contains(r#"teammate_id=\"bob\""#), "{all}");
+    let results = all_results(&msgs);
+    assert!(
+        results.contains(&(
+            "Sent to alice, bob; each reads it at its next tool round, or wakes on it if idle."
+                .to_owned(),
+            false
+        )),
+        "{results:?}"
+    );
+    assert!(
+        results.contains(&(
+            "a broadcast (`*`) carries text, not a structured message".to_owned(),
+            true
+        )),
+        "{results:?}"
+    );
+    // Without a team.
+    let b = brain(|r| {
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[(
+                "c1",
+                "SendMessage",
+                r#"{"to":"*","message":"anyone?"}"#,
+            )]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let mut solo = Agent::builder(b)
+        .model("m")
+        .tools(ToolPool::new([Arc::new(SendMessageTool::new().unwrap()) as Arc<dyn Tool>]).unwrap())
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(solo.run("go").await.stop, StopReason::Completed);
+    assert_eq!(
+        all_results(&solo.params().messages().to_vec()),
+        [(
+            "`*` reaches every teammate of a team; this agent is in no team".to_owned(),
+            true
+        )]
+    );
+}
+
+/// A teammate whose run panics is stopped on the roster (never left looking idle), so the lead
+/// may start another under its name; `mode` errors are exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_teammate_that_panics_is_stopped_and_its_name_is_free() {
+    expect_panics("alice broke");
+    let b = brain(|r| {
+        let text = text_of(r);
+        if !is_parent(r) {
+            if text.contains("second alice") {
+                return Plan::Reply(say("second alice ready"));
+            }
+            return Plan::Panic("alice broke");
+        }
+        match r.all_messages().len() {
+            1 => Plan::Reply(calls(&[
+                ("a1", "Agent", &teammate("alice")),
+                (
+                    "a2",
+                    "Agent",
+                    r#"{"description":"d","prompt":"p","subagent_type":"worker","mode":"plan"}"#,
+                ),
+                (
+                    "a3",
+                    "Agent",
+                    r#"{"description":"d","prompt":"p","subagent_type":"worker","name":"carol","team_name":"review","mode":"sloppy"}"#,
+                ),
+            ])),
+            _ if text.contains("<task-notification>") && !text.contains("second alice") => {
+                Plan::Reply(calls(&[(
+                    "a4",
+                    "Agent",
+                    r#"{"description":"alice","prompt":"task for alice, second alice","subagent_type":"worker","name":"alice","team_name":"review"}"#,
+                )]))
+            }
+            _ if text.contains("second alice ready") && !text.contains("shutdown_request") => {
+                Plan::Reply(calls(&[(
+                    "x",
+                    "SendMessage",
+                    r#"{"to":"alice","message":{"type":"shutdown_request"}}"#,
+                )]))
+            }
+            _ => Plan::Reply(say("ok")),
+        }
+    });
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let mut lead = lead_in(&team, b, lead_tools()).await;
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+        .await
+        .expect("the lead's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let msgs = lead.params().messages().to_vec();
+    let results = all_results(&msgs);
+    assert!(
+        results.contains(&(
+            "`mode` is a teammate's permission mode: give `name` and `team_name` with it"
+                .to_owned(),
+            true
+        )),
+        "{results:?}"
+    );
+    assert!(
+        results.contains(&(
+            "teammate `mode`: unknown permission mode \"sloppy\"; expected one of default, acceptEdits, bypassPermissions, plan, dontAsk, bubble".to_owned(),
+            true
+        )),
+        "{results:?}"
+    );
+    let all = format!("{msgs:?}");
+    assert!(all.contains("second alice ready"), "{all}");
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
 }

@@ -440,6 +440,43 @@ impl AgentTool {
             }
             _ => None,
         };
+        // A teammate's permission mode: `plan` holds it to read-only tools until the lead
+        // approves its plan; a mode that tightens applies on top of the caller's policy; one
+        // that loosens is not the model's to give, so the caller's policy decides.
+        let plan_mode = match (&input.mode, &team) {
+            (None, _) => false,
+            (Some(_), None) => {
+                return Err(
+                    "`mode` is a teammate's permission mode: give `name` and `team_name` with it"
+                        .to_owned(),
+                );
+            }
+            (Some(m), Some(_)) => {
+                let mode: crate::definition::PermissionMode =
+                    m.parse().map_err(|e| format!("teammate `mode`: {e}"))?;
+                mode == crate::definition::PermissionMode::Plan
+            }
+        };
+        let policy: Option<Arc<dyn crate::tool::PermissionPolicy>> = match (&input.mode, &team) {
+            (Some(_), Some((team, name))) if plan_mode => {
+                Some(Arc::new(crate::tool::permission::Both::new(
+                    Arc::new(crate::team::PlanMode::new(team, name)),
+                    Arc::clone(&caller.policy),
+                )))
+            }
+            (Some(m), Some(_)) => m
+                .parse::<crate::definition::PermissionMode>()
+                .ok()
+                .map(|mode| {
+                    crate::tool::permission::policy_for_mode(
+                        Some(&mode),
+                        Arc::clone(&caller.policy),
+                        Some(Arc::clone(&caller.policy)),
+                        false,
+                    )
+                }),
+            _ => None,
+        };
         if let Some(name) = &input.name {
             check_name(name)?;
         }
@@ -613,6 +650,7 @@ impl AgentTool {
                 SpawnContext {
                     caller,
                     turn,
+                    policy,
                     registry: &self.config.registry,
                     subagent_tools: rooted.as_ref().or(self.config.subagent_tools.as_ref()),
                     filter: &self.filter,
@@ -651,6 +689,9 @@ impl AgentTool {
                     let _ = wt.finish().await;
                 }
                 return Err(chain(&e));
+            }
+            if plan_mode {
+                team.enter_plan_mode(name);
             }
             team.serve_lead(caller.pending.clone());
             prepared.first = FirstInput::Custom(crate::team::teammate_run(

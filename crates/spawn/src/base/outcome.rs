@@ -45,6 +45,9 @@ pub enum StopReason {
     Refusal,
     /// The agent (or an ancestor) was cancelled.
     Cancelled,
+    /// Its [`Halt`](crate::runtime::Halt) was requested: the run ended at a tool-round
+    /// boundary, its tool results in the conversation (a teammate asked to shut down).
+    Halted,
     /// The backend failed; the error is in [`AgentRun::error`].
     Failed,
 }
@@ -69,6 +72,7 @@ impl fmt::Display for StopReason {
             }
             StopReason::Refusal => f.write_str("the model refused"),
             StopReason::Cancelled => f.write_str("cancelled"),
+            StopReason::Halted => f.write_str("halted at a tool-round boundary"),
             StopReason::Failed => f.write_str("failed"),
         }
     }
@@ -90,7 +94,8 @@ impl StopReason {
             | StopReason::MaxTurns { .. }
             | StopReason::TokenBudget { .. }
             | StopReason::OutputLimit { .. }
-            | StopReason::PauseLimit { .. } => TaskStatus::Completed,
+            | StopReason::PauseLimit { .. }
+            | StopReason::Halted => TaskStatus::Completed,
             StopReason::Refusal | StopReason::Failed => TaskStatus::Failed,
             StopReason::Cancelled => TaskStatus::Killed,
         }
@@ -251,6 +256,7 @@ mod tests {
             (StopReason::Refusal, Failed),
             (StopReason::Failed, Failed),
             (StopReason::Cancelled, Killed),
+            (StopReason::Halted, Completed),
         ];
         for (stop, want) in rows {
             assert_eq!(stop.task_status(), want, "{stop}");

@@ -16,6 +16,10 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
+/// The `SendMessage` tool's name (here, below the tool itself, for the layers that must know
+/// it: a teammate in plan mode may still send).
+pub const SEND_MESSAGE: &str = "SendMessage";
+
 /// The origin of a message one agent sends another (`SendMessage`).
 pub const SEND_MESSAGE_ORIGIN: &str = "send-message";
 
@@ -203,6 +207,168 @@ impl Drop for Expectation {
     }
 }
 
+/// Where a child's promise on its parent's queue is.
+#[derive(Debug)]
+enum Promised {
+    /// Held: the parent waits for the child.
+    Held(Expectation),
+    /// Set down by the child while it waits for work: the parent does not wait for it.
+    SetDown,
+    /// Its owner delivered or withdrew it.
+    Closed,
+}
+
+/// The owner's side of a child's promise on its parent's queue: delivered or withdrawn once,
+/// by the one owner of the child's life. The child may set it down and take it up through a
+/// [`PromiseHandle`] (a teammate idle between prompts does not hold its lead's run).
+#[derive(Debug)]
+pub(crate) struct OwnedPromise {
+    queue: PendingQueue,
+    slot: Arc<Mutex<Promised>>,
+}
+
+impl OwnedPromise {
+    /// Promises a message on `queue`.
+    pub(crate) fn new(queue: &PendingQueue) -> Self {
+        Self {
+            queue: queue.clone(),
+            slot: Arc::new(Mutex::new(Promised::Held(queue.expect()))),
+        }
+    }
+
+    /// The child's side.
+    pub(crate) fn handle(&self) -> PromiseHandle {
+        PromiseHandle {
+            queue: self.queue.clone(),
+            slot: Arc::clone(&self.slot),
+        }
+    }
+
+    fn close(&self) -> Promised {
+        std::mem::replace(
+            &mut *self.slot.lock().unwrap_or_else(|e| e.into_inner()),
+            Promised::Closed,
+        )
+    }
+
+    /// Delivers `message`: through the promise if it is held, else queued as it is.
+    pub(crate) fn deliver(self, message: PendingMessage) {
+        match self.close() {
+            Promised::Held(e) => e.deliver(message),
+            Promised::SetDown | Promised::Closed => self.queue.push(message),
+        }
+    }
+}
+
+impl Drop for OwnedPromise {
+    /// Withdraws the promise if it was not delivered; a handle can no longer take it up.
+    fn drop(&mut self) {
+        drop(self.close());
+    }
+}
+
+/// A child's side of its promise on its parent's queue (see [`OwnedPromise`]): set it down
+/// while it waits for work, take it up again when it has some. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct PromiseHandle {
+    queue: PendingQueue,
+    slot: Arc<Mutex<Promised>>,
+}
+
+impl PromiseHandle {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Promised> {
+        self.slot.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets the promise down: the parent no longer waits for this child. False if it was not
+    /// held.
+    pub fn set_down(&self) -> bool {
+        let mut slot = self.lock();
+        if matches!(*slot, Promised::Held(_)) {
+            // The expectation is withdrawn as the old value drops.
+            *slot = Promised::SetDown;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Takes the promise up again: the parent waits for this child. False if it was already
+    /// held, or its owner has closed it.
+    pub fn take_up(&self) -> bool {
+        let mut slot = self.lock();
+        if matches!(*slot, Promised::SetDown) {
+            *slot = Promised::Held(self.queue.expect());
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Whether the parent waits for this child now.
+    pub fn is_held(&self) -> bool {
+        matches!(*self.lock(), Promised::Held(_))
+    }
+}
+
+/// A request that an agent end its run at its next tool-round boundary: the tool calls under
+/// way finish, their results join the conversation, and the run ends
+/// ([`StopReason::Halted`](crate::runtime::StopReason::Halted)) instead of starting another
+/// model turn. Cheap to clone; one per agent ([`Agent::halt`](crate::runtime::Agent::halt)).
+///
+/// "Claude Code Multi-Agent Internals — 7.2 Control messages": a teammate asked to shut down
+/// "finishes its current tool round, then exits", not its whole task.
+#[derive(Debug, Clone, Default)]
+pub struct Halt(Arc<HaltInner>);
+
+#[derive(Debug, Default)]
+struct HaltInner {
+    requested: std::sync::atomic::AtomicBool,
+    /// Wakes an agent that waits between turns.
+    changed: Notify,
+}
+
+impl Halt {
+    /// A halt that is not requested.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Asks the agent to end its run at its next tool-round boundary (or at once, if it waits
+    /// between turns). Stays requested until a run takes it.
+    pub fn request(&self) {
+        self.0
+            .requested
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.0.changed.notify_waiters();
+    }
+
+    /// Whether a halt is requested and not yet taken.
+    pub fn is_requested(&self) -> bool {
+        self.0.requested.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Takes the request: true once per [`request`](Self::request).
+    pub(crate) fn take(&self) -> bool {
+        self.0
+            .requested
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Returns once a halt is requested (at once if it already is).
+    pub(crate) async fn requested(&self) {
+        loop {
+            let changed = self.0.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.is_requested() {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -380,5 +546,98 @@ mod tests {
         }
         assert_eq!(seen.len(), producers * per);
         assert!(q.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_halt_is_taken_once_and_wakes_a_waiter() {
+        let h = Halt::new();
+        assert!(!h.take());
+        let waiter = {
+            let h = h.clone();
+            tokio::spawn(async move { h.requested().await })
+        };
+        tokio::task::yield_now().await;
+        h.request();
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+            .await
+            .expect("the waiter woke")
+            .expect("no panic");
+        assert!(h.is_requested());
+        assert!(h.take());
+        assert!(!h.take(), "taken once");
+    }
+
+    #[test]
+    fn a_promise_set_down_and_taken_up_is_delivered_once() {
+        let q = PendingQueue::new();
+        let owner = OwnedPromise::new(&q);
+        let child = owner.handle();
+        assert_eq!(q.outstanding(), 1);
+        assert!(child.set_down());
+        assert!(!child.set_down(), "already down");
+        assert_eq!(q.outstanding(), 0);
+        assert!(child.take_up());
+        assert!(!child.take_up(), "already held");
+        assert_eq!(q.outstanding(), 1);
+        owner.deliver(PendingMessage::new("end", "task-notification"));
+        assert_eq!(q.outstanding(), 0);
+        assert_eq!(
+            q.drain(),
+            vec![PendingMessage::new("end", "task-notification")]
+        );
+        // Closed: the child can no longer hold its parent.
+        assert!(!child.take_up());
+        assert!(!child.is_held());
+        assert_eq!(q.outstanding(), 0);
+    }
+
+    #[test]
+    fn a_promise_set_down_is_delivered_as_a_plain_message_and_a_dropped_owner_withdraws() {
+        let q = PendingQueue::new();
+        let owner = OwnedPromise::new(&q);
+        owner.handle().set_down();
+        owner.deliver(PendingMessage::new("end", "t"));
+        assert_eq!(q.outstanding(), 0);
+        assert_eq!(q.len(), 1);
+        let q = PendingQueue::new();
+        let owner = OwnedPromise::new(&q);
+        let child = owner.handle();
+        drop(owner);
+        assert_eq!(q.outstanding(), 0, "withdrawn");
+        assert!(!child.take_up());
+        assert!(q.is_empty());
+    }
+
+    /// Children setting their promises down and up from many threads while owners deliver:
+    /// every promise is settled once, nothing is left outstanding, every end is queued.
+    #[test]
+    fn promises_under_contention_settle_exactly_once() {
+        let q = PendingQueue::new();
+        let owners: Vec<OwnedPromise> = (0..8).map(|_| OwnedPromise::new(&q)).collect();
+        let handles: Vec<PromiseHandle> = owners.iter().map(OwnedPromise::handle).collect();
+        std::thread::scope(|s| {
+            for h in &handles {
+                for _ in 0..2 {
+                    s.spawn(move || {
+                        for i in 0..2_000 {
+                            if i % 2 == 0 {
+                                h.set_down();
+                            } else {
+                                h.take_up();
+                            }
+                        }
+                    });
+                }
+            }
+            s.spawn(move || {
+                for (i, o) in owners.into_iter().enumerate() {
+                    std::thread::yield_now();
+                    o.deliver(PendingMessage::new(format!("end {i}"), "t"));
+                }
+            });
+        });
+        assert_eq!(q.outstanding(), 0);
+        assert_eq!(q.len(), 8);
+        assert!(handles.iter().all(|h| !h.take_up() && !h.is_held()));
     }
 }

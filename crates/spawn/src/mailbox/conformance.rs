@@ -1,7 +1,8 @@
 //! The one suite every [`Mailbox`] passes, unchanged: order per sender, nothing lost under
 //! concurrent senders, nothing delivered again once acknowledged, unacknowledged letters
 //! delivered again to a reader that restarted, acknowledged letters pruned, acknowledgement
-//! idempotent, inboxes apart, a waiting reader woken by a letter from another handle.
+//! idempotent, inboxes apart, a waiting reader woken by a letter from another handle, a
+//! sender's own id kept and a repeated send with it stored once.
 //!
 //! `open` makes a new handle on the same store each time it is called — what a reader that
 //! crashed and came back would open. Call [`run`] from a test with a fresh store:
@@ -61,7 +62,30 @@ where
     concurrent_senders_lose_nothing(open()).await?;
     inboxes_are_apart(open()).await?;
     a_waiting_reader_wakes(&open).await?;
+    senders_ids_are_kept(&open).await?;
     Ok(())
+}
+
+async fn senders_ids_are_kept<F>(open: &F) -> Result<(), ConformanceError>
+where
+    F: Fn() -> Arc<dyn Mailbox>,
+{
+    let to = inbox("ids")?;
+    let id = super::new_id();
+    let letter = Letter::new("w", "once").with_id(id.clone());
+    let first = op(open().send(&to, letter.clone()).await, "send")?;
+    check(first == id, || {
+        format!("a letter sent with id {id} was stored as {first}")
+    })?;
+    // The sender did not learn the outcome and sends again, through another handle.
+    let again = op(open().send(&to, letter).await, "send again")?;
+    check(again == id, || {
+        format!("the repeated send returned {again}")
+    })?;
+    let got = op(open().receive(&to).await, "receive")?;
+    check(got.len() == 1 && got[0].id == id, || {
+        format!("a letter sent twice with one id was delivered as {got:?}")
+    })
 }
 
 async fn a_waiting_reader_wakes<F>(open: &F) -> Result<(), ConformanceError>

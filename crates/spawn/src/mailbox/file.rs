@@ -190,7 +190,7 @@ impl Mailbox for FileMailbox {
                 .await
                 .map_err(|e| fail(to, format!("creating {}: {e}", dir.display())))?;
         }
-        let id = new_id();
+        let id = letter.id.unwrap_or_else(new_id);
         let mut entry = Map::new();
         entry.insert("from".into(), Value::String(letter.from));
         entry.insert("text".into(), Value::String(letter.text));
@@ -207,6 +207,10 @@ impl Mailbox for FileMailbox {
         let _lock = lock(to, &path).await?;
         // Read under the lock: every entry written before it is kept.
         let mut entries = read(to, &path).await?;
+        // A repeated send of a letter still unacknowledged stores it once.
+        if ids(&entries).contains(&id) {
+            return Ok(id);
+        }
         entries.push(Value::Object(entry));
         write(to, &path, &entries).await?;
         Ok(id)

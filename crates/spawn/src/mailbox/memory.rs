@@ -45,7 +45,13 @@ impl MemoryMailbox {
 #[async_trait]
 impl Mailbox for MemoryMailbox {
     async fn send(&self, to: &Inbox, letter: Letter) -> Result<String> {
-        let id = new_id();
+        let id = letter.id.unwrap_or_else(new_id);
+        let mut all = self.lock();
+        let queue = all.entry(to.clone()).or_default();
+        // A repeated send of a letter still unacknowledged stores it once.
+        if queue.iter().any(|d| d.id == id) {
+            return Ok(id);
+        }
         let entry = Delivered {
             id: id.clone(),
             from: letter.from,
@@ -54,7 +60,8 @@ impl Mailbox for MemoryMailbox {
             summary: letter.summary,
             color: letter.color,
         };
-        self.lock().entry(to.clone()).or_default().push_back(entry);
+        queue.push_back(entry);
+        drop(all);
         self.arrivals(to).notify_waiters();
         Ok(id)
     }

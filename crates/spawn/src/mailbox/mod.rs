@@ -108,6 +108,8 @@ pub struct Letter {
     pub summary: Option<String>,
     /// The sender's colour, for a user interface.
     pub color: Option<String>,
+    /// The id the sender chose (see [`with_id`](Self::with_id)); `None`: the mailbox picks one.
+    pub id: Option<String>,
 }
 
 impl Letter {
@@ -118,7 +120,16 @@ impl Letter {
             text: text.into(),
             summary: None,
             color: None,
+            id: None,
         }
+    }
+
+    /// With an id the sender chose (unique; a UUID from [`new_id`] will do): the sender knows
+    /// the id before the letter is stored, and a send repeated after an error whose outcome
+    /// is unknown stores the letter once, as long as the first copy is not yet acknowledged.
+    pub fn with_id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
     }
 
     /// With a summary.
@@ -190,8 +201,10 @@ fn escape(s: &str) -> String {
 /// [`conformance::run`].
 #[async_trait]
 pub trait Mailbox: Send + Sync + fmt::Debug + 'static {
-    /// Adds `letter` to `to`, returning its id. Never drops it in silence: it is stored, or
-    /// this is an error ([`Error::MailboxBusy`] when the inbox stayed locked).
+    /// Adds `letter` to `to`, returning its id — the letter's own ([`Letter::with_id`]) if it
+    /// has one, and then a letter with that id still unacknowledged in `to` is not stored
+    /// again. Never drops it in silence: it is stored, or this is an error
+    /// ([`Error::MailboxBusy`] when the inbox stayed locked).
     async fn send(&self, to: &Inbox, letter: Letter) -> Result<String>;
 
     /// Every letter of `inbox` not acknowledged yet, oldest first (each sender's in the order

@@ -143,6 +143,8 @@ pub struct SpawnContext<'a> {
     pub(crate) caller: &'a AgentShared,
     /// The calling turn.
     pub turn: &'a Arc<TurnSnapshot>,
+    /// The child's permission policy, when it is not the caller's (a teammate's `mode`).
+    pub(crate) policy: Option<Arc<dyn crate::tool::PermissionPolicy>>,
     /// The definitions subagents come from.
     pub registry: &'a AgentRegistry,
     /// Tools for fresh subagents (default: the caller's).
@@ -331,7 +333,11 @@ impl SpawnStrategy for Subagent {
             } else {
                 ToolAudience::Foreground
             })
-            .policy(Arc::clone(&cx.caller.policy))
+            .policy(
+                cx.policy
+                    .clone()
+                    .unwrap_or_else(|| Arc::clone(&cx.caller.policy)),
+            )
             .limits(cx.child_limits.clone())
             .settings(cx.caller.settings.clone())
             .child_of(seed)
@@ -463,7 +469,11 @@ impl SpawnStrategy for Fork {
             .params(turn.base.clone())
             .tools(cx.caller.pool.clone())
             .definition(fork_definition())
-            .policy(Arc::clone(&cx.caller.policy))
+            .policy(
+                cx.policy
+                    .clone()
+                    .unwrap_or_else(|| Arc::clone(&cx.caller.policy)),
+            )
             .limits(limits)
             .settings(cx.caller.settings.clone())
             .child_of(seed)

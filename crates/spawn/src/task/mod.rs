@@ -8,7 +8,7 @@
 //! - the envelope is built by [`TaskNotification::to_xml`] only (worker text is escaped, so
 //!   a worker cannot forge or close one);
 //! - it is delivered through the parent's [`PendingQueue`] promise
-//!   ([`Expectation`]), so a parent that ends its turn waits for
+//!   ([`Expectation`](crate::base::pending::Expectation)), so a parent that ends its turn waits for
 //!   it, and it arrives after the next tool results or starts a new turn;
 //! - the registry's terminal transition is the gate: only the supervisor whose transition
 //!   succeeded delivers, so a task is notified exactly once;
@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 use crate::base::children::ChildLedger;
 use crate::base::events::{AgentEvent, EventKind, EventSink};
 use crate::base::outcome::{AgentRun, StopReason};
-use crate::base::pending::{Expectation, PendingMessage, PendingQueue};
+use crate::base::pending::{PendingMessage, PendingQueue};
 use crate::error::{Error, Result};
 use crate::tool::orchestrate::panic_message;
 use crate::transcript;
@@ -352,10 +352,13 @@ pub enum FirstInput {
     Custom(CustomRun),
 }
 
-/// What [`FirstInput::Custom`] runs.
+/// What [`FirstInput::Custom`] runs: it gets the agent and the child's side of its promise on
+/// the parent's queue, which it may set down while it waits for work (the parent does not wait
+/// for it then) and take up again.
 pub type CustomRun = Box<
     dyn for<'a> FnOnce(
             &'a mut crate::runtime::Agent,
+            crate::base::pending::PromiseHandle,
         ) -> std::pin::Pin<Box<dyn Future<Output = AgentRun> + Send + 'a>>
         + Send,
 >;
@@ -606,7 +609,7 @@ struct Owned {
     mode: Mode,
     cancel: CancellationToken,
     slot: Option<Slot>,
-    promise: Expectation,
+    promise: crate::base::pending::OwnedPromise,
     progress: Arc<Progress>,
     output: Option<Arc<OutputFile>>,
     tool_use_id: Option<String>,
@@ -1225,13 +1228,15 @@ impl TaskService {
             _ => None,
         };
         claim.disarm();
+        let promise = crate::base::pending::OwnedPromise::new(&parent_queue);
+        let handle = promise.handle();
         let mut guard = ChildGuard(Some(Owned {
             service: Arc::clone(self),
             record,
             mode,
             cancel: cancel.clone(),
             slot: Some(slot),
-            promise: parent_queue.expect(),
+            promise,
             progress: Arc::clone(&progress),
             output,
             tool_use_id,
@@ -1253,7 +1258,7 @@ impl TaskService {
             let run = match first {
                 FirstInput::Prompt(p) => agent.run(p).await,
                 FirstInput::Continue => agent.continue_run().await,
-                FirstInput::Custom(run) => run(&mut agent).await,
+                FirstInput::Custom(run) => run(&mut agent, handle).await,
             };
             (run, agent)
         };

@@ -490,6 +490,7 @@ impl AgentBuilder {
                 tree,
                 cancel: self.cancel.unwrap_or_default(),
                 pending: self.pending,
+                halt: crate::base::pending::Halt::new(),
                 events: self.events,
                 transcript_dir: self.transcript_dir,
                 wait_for_promises: !self.detach,

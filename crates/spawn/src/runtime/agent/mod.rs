@@ -157,6 +157,13 @@ impl Agent {
         self.shared.pending.clone()
     }
 
+    /// The agent's [`Halt`](crate::runtime::Halt): requesting it ends the agent's run at its
+    /// next tool-round boundary ([`StopReason::Halted`]), unlike cancellation, which stops it
+    /// at once.
+    pub fn halt(&self) -> crate::base::pending::Halt {
+        self.shared.halt.clone()
+    }
+
     /// The agent's cancellation token (cancelling it stops the agent and its descendants).
     pub fn cancellation(&self) -> &CancellationToken {
         &self.shared.cancel
@@ -220,7 +227,12 @@ impl Agent {
             }
             Some(Wake::Idle) => {
                 let run = self.run_state();
-                self.finish(run, StopReason::Completed).await
+                let stop = if self.shared.halt.take() {
+                    StopReason::Halted
+                } else {
+                    StopReason::Completed
+                };
+                self.finish(run, stop).await
             }
             Some(Wake::Messages(ms)) => {
                 let blocks = self.woken(ms).await;

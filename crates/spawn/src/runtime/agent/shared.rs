@@ -47,6 +47,8 @@ pub(crate) struct AgentShared {
     pub(crate) cancel: CancellationToken,
     /// The agent's pending-message queue.
     pub(crate) pending: PendingQueue,
+    /// A request to end the run at the next tool-round boundary.
+    pub(crate) halt: crate::base::pending::Halt,
     /// Where the agent's events go.
     pub(crate) events: Option<Arc<dyn EventSink>>,
     /// Where the agent writes its transcript (children write theirs beside it).

@@ -96,6 +96,9 @@ impl Agent {
         tokio::select! {
             biased;
             () = self.shared.cancel.cancelled() => None,
+            // A halt while waiting ends the run as if nothing more were promised; the loop
+            // takes the request.
+            () = self.shared.halt.requested() => Some(Wake::Idle),
             w = self.shared.pending.wait() => Some(w),
         }
     }
@@ -158,11 +161,19 @@ impl Agent {
             // an agent waiting between turns — or thousands of background children not yet
             // started — hold a small future.
             let end = Box::pin(self.turn_once(&mut run).instrument(span)).await;
+            // A halt ends the run here, between turns: after a tool round its results are in
+            // the conversation, and a finished turn does not wait for what is promised.
+            if !matches!(end, TurnEnd::Stop(_)) && self.shared.halt.take() {
+                return self.finish(run, StopReason::Halted).await;
+            }
             match end {
                 TurnEnd::Continue => {}
                 TurnEnd::Stop(reason) => return self.finish(run, reason).await,
                 TurnEnd::EndTurn => match self.next_wake(self.shared.wait_for_promises).await {
                     None => return self.finish(run, StopReason::Cancelled).await,
+                    Some(Wake::Idle) if self.shared.halt.take() => {
+                        return self.finish(run, StopReason::Halted).await;
+                    }
                     Some(Wake::Idle) => return self.finish(run, StopReason::Completed).await,
                     Some(Wake::Messages(ms)) => {
                         let blocks = self.woken(ms).await;
