@@ -255,6 +255,20 @@ impl Team {
         }
     }
 
+    /// Queues [`roster_summary`](Self::roster_summary) for `lead`'s next run, as a message
+    /// of its own — what a host does after it rebuilt a lead (a restart, with
+    /// [`with_roster_file`](Self::with_roster_file)) or compacted its conversation, so the
+    /// lead knows its team without being told again. Returns the text queued.
+    pub fn brief(&self, lead: &Agent) -> String {
+        let text = format!(
+            "<team-roster>{}</team-roster>",
+            crate::mailbox::escape_text(&self.roster_summary())
+        );
+        lead.pending()
+            .push(PendingMessage::new(text.clone(), "team-roster"));
+        text
+    }
+
     /// Writes the roster file, if there is one (small; on every change of the roster).
     fn save(&self) {
         let Some(file) = &self.roster_file else {
@@ -958,6 +972,20 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
             run
         })
     })
+}
+
+/// A teammate's first message: who it is in which team and how it talks to the team, then its
+/// task ("Claude Code Multi-Agent Internals — 6.4 Teammates get team-aware prompts and tool
+/// injection", "6.5 Teammate output is not automatically surfaced back to the leader"). In the
+/// message, not the system prompt, so every teammate of a type shares one cached prefix.
+pub(crate) fn teammate_prompt(team: &str, name: &str, task: &str) -> String {
+    format!(
+        "<teammate-context>You are `{name}`, a teammate in team `{team}`. Your lead is \
+         `{LEAD}`. What you write is not shown to anyone: send what the lead or a teammate must \
+         know with SendMessage (`to`: `{LEAD}`, a teammate's name, or `*` for everyone). \
+         Letters reach you as <teammate-message> blocks. When you are done with a task, end \
+         your turn: you wait, idle, for the next letter.</teammate-context>\n\n{task}"
+    )
 }
 
 /// A lead's shutdown request for a teammate.

@@ -85,6 +85,46 @@ async fn a_claude_code_inbox_is_read_and_written_in_its_own_format() {
     assert_eq!(mail.stored(&me).await.unwrap(), 2);
 }
 
+/// A reader waiting on a file inbox is woken by the operating system when another program
+/// (here: a plain write of Claude Code's format, as its own writer does) changes the file —
+/// not by polling, so an idle reader costs nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_reader_is_woken_by_a_change_it_did_not_make() {
+    let dir = tempfile::tempdir().unwrap();
+    let mail = FileMailbox::new(dir.path());
+    let inbox = Inbox::new("crew", "alice").unwrap();
+    assert!(!mail.is_watched(&inbox));
+    let waiter = {
+        let (mail, inbox) = (mail.clone(), inbox.clone());
+        tokio::spawn(async move {
+            mail.wait(&inbox, std::time::Duration::from_secs(3600))
+                .await
+        })
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while !mail.is_watched(&inbox) {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the wait watches the inbox directory");
+    let file = mail.path(&inbox);
+    let tmp = file.with_extension("json.tmp-other");
+    std::fs::write(
+        &tmp,
+        r#"[{"from":"team-lead","text":"hi","timestamp":"2026-11-24T10:00:00.000Z","read":false}]"#,
+    )
+    .unwrap();
+    std::fs::rename(&tmp, &file).unwrap();
+    let woke = tokio::time::timeout(std::time::Duration::from_secs(10), waiter)
+        .await
+        .expect("woken long before the 30 s look")
+        .unwrap()
+        .unwrap();
+    assert!(woke);
+    assert_eq!(mail.receive(&inbox).await.unwrap()[0].text, "hi");
+}
+
 #[tokio::test]
 async fn a_damaged_inbox_is_an_error_and_is_left_alone() {
     let dir = tempfile::tempdir().unwrap();

@@ -211,6 +211,28 @@ async fn a_lead_and_two_teammates_work_idle_wake_and_shut_down() {
         .with_roster_file(&roster_file)
         .unwrap();
     assert_eq!(again.roster(), team.roster());
+    // The rebuilt lead is briefed: the roster is its next run's first message.
+    let b2 = brain(|r| {
+        if last_texts(r)
+            .join("\n")
+            .contains("<team-roster>You lead team `review`")
+        {
+            Plan::Reply(say("I know my team"))
+        } else {
+            Plan::Reply(say("who?"))
+        }
+    });
+    let again = Arc::new(again);
+    let mut restarted = lead_in(&again, b2, lead_tools()).await;
+    let text = again.brief(&restarted);
+    assert!(
+        text.starts_with("<team-roster>You lead team `review`."),
+        "{text}"
+    );
+    assert_eq!(
+        restarted.run("where were we?").await.final_text,
+        "I know my team"
+    );
     let summary = again.roster_summary();
     assert!(
         summary.starts_with("You lead team `review`. Its teammates: alice (worker, stopped, task "),
@@ -908,4 +930,149 @@ async fn a_teammate_that_panics_is_stopped_and_its_name_is_free() {
     let all = format!("{msgs:?}");
     assert!(all.contains("second alice ready"), "{all}");
     assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
+}
+
+/// A teammate's deadline and stall check count the time it works, not the time it waits for
+/// work: idle past both it is neither stalled nor stopped; working past what is left of its
+/// deadline it is stopped (`killed`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_teammate_waiting_for_work_is_neither_stalled_nor_out_of_time() {
+    let b = brain(|r| {
+        let text = text_of(r);
+        if !is_parent(r) {
+            if text.contains("long job") {
+                return Plan::Reply(calls(&[("s", "Slow", "{}")]));
+            }
+            return Plan::Reply(say("ready"));
+        }
+        let last = last_texts(r).join("\n");
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
+        }
+        if last.contains("work now") {
+            return Plan::Reply(calls(&[(
+                "m1",
+                "SendMessage",
+                r#"{"to":"alice","message":"long job"}"#,
+            )]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let service = TaskService::new(
+        Arc::new(MemoryTaskRegistry::new()),
+        TaskConfig::default()
+            .with_deadline(Some(std::time::Duration::from_millis(400)))
+            .with_stall_after(Some(std::time::Duration::from_millis(100))),
+    );
+    let slow = TestTool::sleeper("Slow", true, 150).arc();
+    let mut lead = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(lead_tools_with(vec![slow]))
+        .extension(Arc::clone(&team))
+        .extension(Arc::clone(&service))
+        .limits(forkhive_spawn::runtime::Limits::default().with_max_turns(Some(40)))
+        .build()
+        .await
+        .unwrap();
+    let run = lead.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let alice = team.member("alice").unwrap();
+    assert_eq!(alice.state, MemberState::Idle);
+    // Idle for longer than the deadline and the stall time together.
+    tokio::time::sleep(std::time::Duration::from_millis(900)).await;
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Idle);
+    let record = service.registry().get(&alice.task).await.unwrap();
+    assert!(!record.stalled, "{record:?}");
+    assert!(!record.state.is_terminal(), "{record:?}");
+    // Working: a slow tool round after another, past what is left of 400 ms.
+    let run = tokio::time::timeout(std::time::Duration::from_secs(10), lead.run("work now"))
+        .await
+        .expect("the deadline stopped alice's work");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let ns: Vec<_> = lead
+        .params()
+        .messages()
+        .iter()
+        .flat_map(|m| find_notifications(m).unwrap())
+        .collect();
+    assert_eq!(ns.len(), 1);
+    assert_eq!(
+        ns[0].status,
+        forkhive_core::TaskStatus::Killed,
+        "{:?}",
+        ns[0]
+    );
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
+}
+
+/// A teammate whose definition allows only `Slow` still gets `SendMessage` (the team's tool),
+/// and its first message says who it is in which team.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_teammate_keeps_send_message_whatever_its_allow_list() {
+    let b = brain(|r| {
+        let text = text_of(r);
+        if !is_parent(r) {
+            let tools: Vec<String> = r.prefix.tools().iter().map(|t| t.name.clone()).collect();
+            if r.all_messages().len() == 1 {
+                assert!(
+                    text.contains(
+                        "You are `carol`, a teammate in team `review`. Your lead is `team-lead`."
+                    ),
+                    "{text}"
+                );
+                return Plan::Reply(calls(&[(
+                    "s1",
+                    "SendMessage",
+                    &format!(
+                        r#"{{"to":"team-lead","message":"my tools: {}"}}"#,
+                        tools.join(",")
+                    ),
+                )]));
+            }
+            return Plan::Reply(say("sent"));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[(
+                "a1",
+                "Agent",
+                r#"{"description":"carol","prompt":"task for carol","subagent_type":"narrow","name":"carol","team_name":"review"}"#,
+            )]));
+        }
+        if text.contains("idle_notification") && !text.contains("shutdown_request") {
+            return Plan::Reply(calls(&[(
+                "x",
+                "SendMessage",
+                r#"{"to":"carol","message":{"type":"shutdown_request"}}"#,
+            )]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let mut narrow = AgentDefinition::new("narrow", "one tool", DefinitionSource::Project);
+    narrow.system_prompt = "You are narrow.".into();
+    narrow.tools = Some(vec!["Slow".into()]);
+    let config = AgentToolConfig::default()
+        .with_registry(AgentRegistry::from_definitions([narrow]))
+        .with_teams_enabled(true)
+        .with_warm_fanout(None)
+        .with_filter(ToolFilter::default());
+    let tools = ToolPool::new([
+        AgentTool::new(config).unwrap().arc(),
+        Arc::new(SendMessageTool::new().unwrap()) as Arc<dyn Tool>,
+        TestTool::sleeper("Slow", true, 1).arc(),
+        TestTool::sleeper("Other", true, 1).arc(),
+    ])
+    .unwrap();
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let mut lead = lead_in(&team, b, tools).await;
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+        .await
+        .expect("the lead's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let all = format!("{:?}", lead.params().messages());
+    assert!(
+        all.contains("my tools: SendMessage,Slow") || all.contains("my tools: Slow,SendMessage"),
+        "{all}"
+    );
 }

@@ -697,7 +697,7 @@ impl AgentTool {
             prepared.first = FirstInput::Custom(crate::team::teammate_run(
                 Arc::clone(team),
                 name.clone(),
-                input.prompt.clone(),
+                crate::team::teammate_prompt(team.name(), name, &input.prompt),
             ));
         }
         let mode = if background {

@@ -218,13 +218,22 @@ enum Promised {
     Closed,
 }
 
+/// A child's promise and whether it is held, shared by its owner and the child.
+#[derive(Debug)]
+struct PromiseInner {
+    slot: Mutex<Promised>,
+    /// `true` while held: the owner's supervisor counts only that time against the child's
+    /// deadline and stall check.
+    held: tokio::sync::watch::Sender<bool>,
+}
+
 /// The owner's side of a child's promise on its parent's queue: delivered or withdrawn once,
 /// by the one owner of the child's life. The child may set it down and take it up through a
 /// [`PromiseHandle`] (a teammate idle between prompts does not hold its lead's run).
 #[derive(Debug)]
 pub(crate) struct OwnedPromise {
     queue: PendingQueue,
-    slot: Arc<Mutex<Promised>>,
+    inner: Arc<PromiseInner>,
 }
 
 impl OwnedPromise {
@@ -232,7 +241,10 @@ impl OwnedPromise {
     pub(crate) fn new(queue: &PendingQueue) -> Self {
         Self {
             queue: queue.clone(),
-            slot: Arc::new(Mutex::new(Promised::Held(queue.expect()))),
+            inner: Arc::new(PromiseInner {
+                slot: Mutex::new(Promised::Held(queue.expect())),
+                held: tokio::sync::watch::Sender::new(true),
+            }),
         }
     }
 
@@ -240,13 +252,18 @@ impl OwnedPromise {
     pub(crate) fn handle(&self) -> PromiseHandle {
         PromiseHandle {
             queue: self.queue.clone(),
-            slot: Arc::clone(&self.slot),
+            inner: Arc::clone(&self.inner),
         }
+    }
+
+    /// Whether the child holds its promise, as it changes.
+    pub(crate) fn held(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.inner.held.subscribe()
     }
 
     fn close(&self) -> Promised {
         std::mem::replace(
-            &mut *self.slot.lock().unwrap_or_else(|e| e.into_inner()),
+            &mut *self.inner.slot.lock().unwrap_or_else(|e| e.into_inner()),
             Promised::Closed,
         )
     }
@@ -268,16 +285,18 @@ impl Drop for OwnedPromise {
 }
 
 /// A child's side of its promise on its parent's queue (see [`OwnedPromise`]): set it down
-/// while it waits for work, take it up again when it has some. Cheap to clone.
+/// while it waits for work, take it up again when it has some. While it is down the parent
+/// does not wait for the child, and the child's deadline and stall check do not run. Cheap to
+/// clone.
 #[derive(Debug, Clone)]
 pub struct PromiseHandle {
     queue: PendingQueue,
-    slot: Arc<Mutex<Promised>>,
+    inner: Arc<PromiseInner>,
 }
 
 impl PromiseHandle {
     fn lock(&self) -> std::sync::MutexGuard<'_, Promised> {
-        self.slot.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.slot.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Sets the promise down: the parent no longer waits for this child. False if it was not
@@ -287,6 +306,7 @@ impl PromiseHandle {
         if matches!(*slot, Promised::Held(_)) {
             // The expectation is withdrawn as the old value drops.
             *slot = Promised::SetDown;
+            self.inner.held.send_replace(false);
             true
         } else {
             false
@@ -299,6 +319,7 @@ impl PromiseHandle {
         let mut slot = self.lock();
         if matches!(*slot, Promised::SetDown) {
             *slot = Promised::Held(self.queue.expect());
+            self.inner.held.send_replace(true);
             true
         } else {
             false

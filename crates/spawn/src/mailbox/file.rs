@@ -8,10 +8,18 @@
 //! writes a temporary file and renames it over the inbox — a reader never sees half a file and
 //! no writer loses another's entry. Entries this build did not write keep every field they
 //! have. Acknowledged entries (and entries another reader marked `read`) are removed.
+//!
+//! A waiting reader sleeps until the operating system reports a change in its team's inbox
+//! directory (`notify`: inotify, kqueue, FSEvents or ReadDirectoryChangesW), so an idle reader
+//! costs nothing; it looks at its file's size and time every 30 s as well, in case
+//! an event was lost, and every 50 ms where the directory cannot be watched.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio::sync::Notify;
 
 use async_trait::async_trait;
 use serde_json::{Map, Value};
@@ -25,16 +33,125 @@ pub const LOCK_ATTEMPTS: u32 = 10;
 /// A lock older than this was left by a writer that died: it is broken.
 const STALE_LOCK: Duration = Duration::from_secs(10);
 
+/// How often a reader whose directory is watched looks at its file anyway (a lost event, a
+/// directory removed and made again).
+const WATCHED_LOOK: Duration = Duration::from_secs(30);
+
+/// How often a reader whose directory cannot be watched looks at its file.
+const POLL: Duration = Duration::from_millis(50);
+
 /// Mailboxes as files under a root directory (Claude Code's `~/.claude`, or any other).
 #[derive(Debug, Clone)]
 pub struct FileMailbox {
     root: PathBuf,
+    watch: Arc<Watch>,
+}
+
+/// Wakes the readers of inbox files when their directory changes. Shared by a mailbox's
+/// clones; the watcher is made on the first wait and lives as long as they do.
+#[derive(Default)]
+struct Watch {
+    /// The watcher and the directories it watches (`None`: not made yet, or it failed).
+    watcher: Mutex<Option<(notify::RecommendedWatcher, HashSet<PathBuf>)>>,
+    /// One wake-up per inbox file, woken by any event on that file or its lock or temporary
+    /// files (shared with the watcher's callback).
+    wakers: Arc<Mutex<HashMap<PathBuf, Arc<Notify>>>>,
+}
+
+impl std::fmt::Debug for Watch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watch").finish_non_exhaustive()
+    }
+}
+
+/// The inbox file an event's path is about: `alice.json` for `alice.json`,
+/// `alice.json.lock` and `alice.json.tmp-…`.
+fn inbox_of(path: &Path) -> Option<PathBuf> {
+    let name = path.file_name()?.to_str()?;
+    let end = name.find(".json")? + ".json".len();
+    Some(path.with_file_name(&name[..end]))
+}
+
+impl Watch {
+    /// The wake-up for `file`, its directory watched — `None` if it cannot be (the reader
+    /// polls then).
+    fn waker(&self, file: &Path) -> Option<Arc<Notify>> {
+        let dir = file.parent()?;
+        let mut guard = self.watcher.lock().unwrap_or_else(|e| e.into_inner());
+        if guard.is_none() {
+            let wakers = Arc::clone(&self.wakers);
+            let made = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                let all = wakers.lock().unwrap_or_else(|e| e.into_inner());
+                match event {
+                    Ok(e) if !e.need_rescan() => {
+                        for p in &e.paths {
+                            if let Some(n) = inbox_of(p).and_then(|f| all.get(&f)) {
+                                n.notify_waiters();
+                            }
+                        }
+                    }
+                    // Events were lost, or the watch failed: everyone looks.
+                    _ => all.values().for_each(|n| n.notify_waiters()),
+                }
+            });
+            match made {
+                Ok(w) => *guard = Some((w, HashSet::new())),
+                Err(e) => {
+                    tracing::warn!("file mailbox: cannot watch inboxes, polling instead: {e}");
+                    return None;
+                }
+            }
+        }
+        let (watcher, dirs) = guard.as_mut()?;
+        if !dirs.contains(dir) {
+            use notify::Watcher as _;
+            std::fs::create_dir_all(dir).ok()?;
+            if let Err(e) = watcher.watch(dir, notify::RecursiveMode::NonRecursive) {
+                tracing::warn!(dir = %dir.display(), "file mailbox: cannot watch, polling: {e}");
+                return None;
+            }
+            dirs.insert(dir.to_owned());
+        }
+        drop(guard);
+        let mut wakers = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
+        Some(Arc::clone(wakers.entry(file.to_owned()).or_default()))
+    }
+
+    /// Forgets that `file`'s directory is watched (it was removed, or the watch lapsed): the
+    /// next wait watches it again.
+    fn rewatch(&self, file: &Path) {
+        if let (Some(dir), Some((_, dirs))) = (
+            file.parent(),
+            self.watcher
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_mut(),
+        ) {
+            dirs.remove(dir);
+        }
+    }
 }
 
 impl FileMailbox {
     /// Inboxes under `<root>/teams/`.
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into() }
+        Self {
+            root: root.into(),
+            watch: Arc::default(),
+        }
+    }
+
+    /// Whether a reader of `inbox` is woken by the operating system (its directory is
+    /// watched) rather than looking every 50 ms — true once a wait has watched it, on every
+    /// platform `notify` supports.
+    pub fn is_watched(&self, inbox: &Inbox) -> bool {
+        let path = self.path(inbox);
+        self.watch
+            .watcher
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|(_, dirs)| path.parent().is_some_and(|d| dirs.contains(d)))
     }
 
     /// The file of `inbox`.
@@ -271,6 +388,13 @@ impl Mailbox for FileMailbox {
         let until = tokio::time::Instant::now() + timeout;
         let mut last = None;
         loop {
+            let waker = self.watch.waker(&path);
+            let changed = waker.as_ref().map(|n| n.notified());
+            let mut changed = changed.map(Box::pin);
+            if let Some(c) = changed.as_mut() {
+                // Registered before looking: a change after the look wakes this wait.
+                c.as_mut().enable();
+            }
             let now_seen = tokio::fs::metadata(&path)
                 .await
                 .ok()
@@ -285,7 +409,17 @@ impl Mailbox for FileMailbox {
             if now >= until {
                 return Ok(false);
             }
-            tokio::time::sleep((until - now).min(Duration::from_millis(50))).await;
+            match changed {
+                Some(c) => {
+                    tokio::select! {
+                        () = c => {}
+                        () = tokio::time::sleep((until - now).min(WATCHED_LOOK)) => {
+                            self.watch.rewatch(&path);
+                        }
+                    }
+                }
+                None => tokio::time::sleep((until - now).min(POLL)).await,
+            }
         }
     }
 }

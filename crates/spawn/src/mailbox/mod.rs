@@ -175,7 +175,7 @@ impl Delivered {
 }
 
 /// `&`, `<` and `>` escaped: text that cannot close or open an element.
-fn escape_text(s: &str) -> String {
+pub(crate) fn escape_text(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

@@ -298,6 +298,22 @@ impl SpawnStrategy for Subagent {
             own.model = Some(m.to_owned());
             def = Arc::new(own);
         }
+        // A teammate keeps the team's tool whatever its definition's allow list says: without
+        // `SendMessage` it could not answer its lead ("Claude Code Multi-Agent Internals — 6.4
+        // Teammates get team-aware prompts and tool injection").
+        if input.team_name.is_some()
+            && input.name.is_some()
+            && let Some(allowed) = &def.tools
+            && !allowed.iter().any(|t| {
+                t == crate::base::pending::SEND_MESSAGE || t == crate::definition::ALL_TOOLS
+            })
+        {
+            let mut own = (*def).clone();
+            if let Some(tools) = own.tools.as_mut() {
+                tools.push(crate::base::pending::SEND_MESSAGE.to_owned());
+            }
+            def = Arc::new(own);
+        }
         let source = if def.source == crate::definition::DefinitionSource::BuiltIn {
             QuerySource::builtin(&def.name)
         } else {

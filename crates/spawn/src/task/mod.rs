@@ -1230,6 +1230,7 @@ impl TaskService {
         claim.disarm();
         let promise = crate::base::pending::OwnedPromise::new(&parent_queue);
         let handle = promise.handle();
+        let held = promise.held();
         let mut guard = ChildGuard(Some(Owned {
             service: Arc::clone(self),
             record,
@@ -1272,6 +1273,7 @@ impl TaskService {
                 id: &id,
                 deadline,
                 grace,
+                held,
             };
             let ended = Box::pin(service.supervise(child, watch, guard.report_mut())).await;
             Box::pin(guard.finish(ended)).await;
@@ -1292,6 +1294,7 @@ impl TaskService {
             id,
             deadline,
             grace,
+            mut held,
         } = watch;
         let mut child = Box::pin(std::panic::AssertUnwindSafe(child).catch_unwind());
         // Timers only for what is configured: a child without a deadline or stall check
@@ -1309,16 +1312,50 @@ impl TaskService {
         let mut stalled = false;
         // The event count at the last check that saw it move, and when that was.
         let mut seen = (progress.events(), Instant::now());
+        // What is left of the deadline while the child waits for work (its promise set down).
+        let mut paused: Option<Duration> = None;
+        let mut watching_held = true;
         let joined = loop {
+            let working = paused.is_none();
             tokio::select! {
                 biased;
                 r = &mut child => break Ok(r),
-                () = until(sleep.as_mut()) => break Err(Why::Deadline(deadline.unwrap_or_default())),
+                () = until(sleep.as_mut()), if working => {
+                    break Err(Why::Deadline(deadline.unwrap_or_default()))
+                }
+                changed = held.changed(), if watching_held => {
+                    if changed.is_err() {
+                        // The owner is gone with its promise: nothing more to watch.
+                        watching_held = false;
+                        continue;
+                    }
+                    let now = tokio::time::Instant::now();
+                    match (*held.borrow_and_update(), paused) {
+                        // Set down: stop the clocks.
+                        (false, None) => {
+                            paused = Some(
+                                sleep
+                                    .as_ref()
+                                    .map_or(Duration::ZERO, |s| s.deadline().saturating_duration_since(now)),
+                            );
+                        }
+                        // Taken up: the deadline goes on with what was left, the stall check
+                        // from now.
+                        (true, Some(left)) => {
+                            paused = None;
+                            if let Some(s) = sleep.as_mut() {
+                                s.as_mut().reset(now + left);
+                            }
+                            seen = (progress.events(), Instant::now());
+                        }
+                        _ => {}
+                    }
+                }
                 () = closed(report.as_deref_mut()) => break Err(Why::Abandoned),
                 // Cancelled from outside (its parent, `TaskService::cancel`): the same grace,
                 // so a child that ignores its token is still dropped and reported.
                 () = cancel.cancelled() => break Err(Why::Cancelled),
-                () = tick(ticker.as_mut()), if !stalled => {
+                () = tick(ticker.as_mut()), if !stalled && working => {
                     let now = Instant::now();
                     let events = progress.events();
                     if events != seen.0 {
@@ -1386,6 +1423,9 @@ struct Watch<'a> {
     id: &'a TaskId,
     deadline: Option<Duration>,
     grace: Duration,
+    /// Whether the child holds its promise: while it has set it down (a teammate waiting for
+    /// work) its deadline and stall check stand still.
+    held: tokio::sync::watch::Receiver<bool>,
 }
 
 /// Waits for `sleep`, or forever when there is none.
