@@ -6,12 +6,19 @@
 //! `AgentToolConfig::with_teams_enabled(true)`. The lead's `Agent` call with `name` and
 //! `team_name` starts a teammate: a child under the task service, owned like any other, whose
 //! run is a loop — run its prompt, go idle (an `idle_notification` to the lead), wait for a
-//! letter, run again — until the lead's `shutdown_request` (it answers `shutdown_approved` and
-//! ends), its cancellation, or a run that does not complete. Letters reach a busy teammate at
-//! its next tool-round boundary; an idle one wakes on them. The lead's own letters reach it the
-//! same way, as `<teammate-message>`s. `SendMessage` addresses teammates by name (and
-//! `team-lead` from a teammate); a teammate that has shut down is an error to the sender,
-//! never a silent loss. The team is flat: teammates cannot start teammates.
+//! letter, run again — until a shutdown request ([`ShutdownPolicy`]: it finishes its current
+//! tool round, answers `shutdown_approved` and ends), its cancellation, or a run that does not
+//! complete. Letters reach a busy teammate at its next tool-round boundary; an idle one wakes
+//! on them. The lead's own letters reach it the same way, as `<teammate-message>`s.
+//!
+//! The lead's run returns once every teammate is idle or stopped and every letter sent
+//! through the team has been taken by its recipient: a teammate sets its promise on the lead's
+//! queue down while idle (and takes it up when a letter wakes it), and each letter holds one
+//! until its recipient's relay acknowledges it. `SendMessage` addresses teammates by name,
+//! `team-lead` from a teammate, and `*`; a teammate that has shut down is an error to the
+//! sender, never a silent loss. The team is flat: teammates cannot start teammates. A teammate
+//! started in plan mode is held to read-only tools by its permission check until the lead
+//! approves its plan.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -998,7 +1005,8 @@ pub fn shutdown_request(reason: Option<String>) -> Protocol {
     }
 }
 
-/// A teammate's permissions in plan mode ([`Team::in_plan_mode`]): until the lead approves its
+/// A teammate's permissions in plan mode ([`Team::in_plan_mode`]), on top of the lead's
+/// policy: until the lead approves its
 /// plan, only read-only tools and `SendMessage` run — whatever the model writes, the permission
 /// check holds it ("plan mode auto-approves before review" is a peer's reported bug).
 #[derive(Debug)]

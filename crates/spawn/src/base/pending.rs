@@ -284,7 +284,7 @@ impl Drop for OwnedPromise {
     }
 }
 
-/// A child's side of its promise on its parent's queue (see [`OwnedPromise`]): set it down
+/// A child's side of its promise on its parent's queue, which its owner holds: set it down
 /// while it waits for work, take it up again when it has some. While it is down the parent
 /// does not wait for the child, and the child's deadline and stall check do not run. Cheap to
 /// clone.

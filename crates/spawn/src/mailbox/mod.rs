@@ -124,7 +124,7 @@ impl Letter {
         }
     }
 
-    /// With an id the sender chose (unique; a UUID from [`new_id`] will do): the sender knows
+    /// With an id the sender chose (unique, such as a UUID): the sender knows
     /// the id before the letter is stored, and a send repeated after an error whose outcome
     /// is unknown stores the letter once, as long as the first copy is not yet acknowledged.
     pub fn with_id(mut self, id: impl Into<String>) -> Self {

@@ -1333,11 +1333,10 @@ impl TaskService {
                     match (*held.borrow_and_update(), paused) {
                         // Set down: stop the clocks.
                         (false, None) => {
-                            paused = Some(
-                                sleep
-                                    .as_ref()
-                                    .map_or(Duration::ZERO, |s| s.deadline().saturating_duration_since(now)),
-                            );
+                            let left = |s: &std::pin::Pin<Box<tokio::time::Sleep>>| {
+                                s.deadline().saturating_duration_since(now)
+                            };
+                            paused = Some(sleep.as_ref().map_or(Duration::ZERO, left));
                         }
                         // Taken up: the deadline goes on with what was left, the stall check
                         // from now.
