@@ -140,11 +140,22 @@ async fn measure(name: &str, mailbox: Arc<dyn Mailbox>, a: &Args) -> Result<(), 
     let before = cpu_time();
     let wall = Instant::now();
     tokio::time::sleep(Duration::from_secs(a.idle_secs)).await;
+    let idle_wall = wall.elapsed();
     let idle_cpu = match (before, cpu_time()) {
-        (Some(b), Some(e)) => format!("{:?}", e.saturating_sub(b)),
+        (Some(b), Some(e)) => {
+            let used = e.saturating_sub(b);
+            // Not a performance claim: a gross failure (something polling in a loop) that CI
+            // must not pass.
+            if used > idle_wall / 2 {
+                return Err(format!(
+                    "idle teammates used {used:?} of CPU over {idle_wall:.1?}: something is \
+                     busy-looping"
+                ));
+            }
+            format!("{used:?}")
+        }
         _ => "unknown (no /proc/self/stat)".into(),
     };
-    let idle_wall = wall.elapsed();
     let mut lat = Vec::with_capacity(a.rounds);
     for r in 0..a.rounds {
         let to = format!("t{}", r % n);

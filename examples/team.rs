@@ -1,7 +1,8 @@
 //! A lead and two teammates over a small git repository: `bob` reviews and writes to `alice`;
-//! `alice` asks the lead to approve her plan (rejected with feedback, then approved), works in
-//! her own worktree and commits; both go idle, and the lead shuts them down. A live view shows
-//! who is running, idle or stopped.
+//! `alice`, in plan mode, asks the lead to approve her plan (rejected with feedback, then
+//! approved; her tools that write are held until then), works in her own worktree and commits;
+//! both go idle, and the lead shuts them down. A live view shows who is running, idle or
+//! stopped.
 //!
 //! ```text
 //! cargo run --example team -- [--mailbox-dir DIR] [--delay-ms N]
@@ -80,7 +81,7 @@ fn lead(r: &Request) -> Response {
             call(
                 "Agent",
                 serde_json::json!({"description": "build", "name": "alice", "team_name": "demo",
-                    "subagent_type": "builder", "isolation": "worktree",
+                    "subagent_type": "builder", "isolation": "worktree", "mode": "plan",
                     "prompt": "Add `pub fn version() -> &'static str` to src/lib.rs."}),
             ),
             call(
@@ -105,7 +106,12 @@ fn lead(r: &Request) -> Response {
     }
     let alice_done = text.contains("committed");
     let bob_idle = text.contains("teammate_id=\\\"bob\\\" summary=\\\"idle_notification");
-    if alice_done && bob_idle && !text.contains("shutdown_request") {
+    // What the lead asked, in its own tool calls (its tool results mention shutdowns too).
+    let asked_stop = r.all_messages().iter().any(|m| {
+        m.tool_uses()
+            .any(|(_, _, input)| input.as_str().contains("shutdown_request"))
+    });
+    if alice_done && bob_idle && !asked_stop {
         return Response::tool_calls([
             call(
                 "SendMessage",
@@ -117,7 +123,7 @@ fn lead(r: &Request) -> Response {
             ),
         ]);
     }
-    if text.contains("shutdown_request") {
+    if asked_stop {
         return Response::say("Both teammates are shutting down; the work is on alice's branch.");
     }
     Response::say("Waiting for the team.")

@@ -129,8 +129,12 @@ impl Tool for TaskStopTool {
     }
 }
 
-/// Gives a message to a running task (its id), or to the agent that started the caller
-/// (`main`). The recipient reads it at its next tool-round boundary, or when it next waits.
+/// Gives a message to a running task (its id or name, resuming a finished background worker),
+/// to the agent that started the caller (`main`), or — in a team — to a teammate by name, to
+/// `team-lead` from a teammate, or to every teammate (`*`). The recipient reads it at its next
+/// tool-round boundary, or when it next waits. In a team the message may be structured:
+/// `shutdown_request` (lead), `shutdown_response` (teammate), `plan_approval_request`
+/// (teammate), `plan_approval_response` (lead); see `docs/teams.md`.
 #[derive(Debug, Clone)]
 pub struct SendMessageTool {
     definition: ToolDefinition,
@@ -326,7 +330,7 @@ impl Tool for SendMessageTool {
 }
 
 /// A letter to a teammate (or, from one, to the lead) through the team's mailbox: text, or a
-/// structured `shutdown_request` from the lead.
+/// structured control message (see [`SendMessageTool`]).
 async fn to_teammate(
     team: &crate::team::Team,
     mine: Option<String>,
@@ -370,7 +374,11 @@ async fn to_teammate(
                         "a teammate answers the lead's shutdown_request: send it to `team-lead`",
                     );
                 };
-                let Some(request_id) = o.get("request_id").and_then(|r| r.as_str()) else {
+                let Some(request_id) = o
+                    .get("request_id")
+                    .or_else(|| o.get("requestId"))
+                    .and_then(|r| r.as_str())
+                else {
                     return ToolOutput::error("a shutdown_response needs its `request_id`");
                 };
                 let Some(approve) = o.get("approve").and_then(serde_json::Value::as_bool) else {
@@ -388,7 +396,11 @@ async fn to_teammate(
                 };
             }
             Some("plan_approval_response") if mine.is_none() => {
-                let Some(request_id) = o.get("request_id").and_then(|r| r.as_str()) else {
+                let Some(request_id) = o
+                    .get("request_id")
+                    .or_else(|| o.get("requestId"))
+                    .and_then(|r| r.as_str())
+                else {
                     return ToolOutput::error("a plan_approval_response needs its `request_id`");
                 };
                 crate::mailbox::protocol::Protocol::PlanApprovalResponse {

@@ -101,8 +101,8 @@ struct Holds {
     lead: Option<PendingQueue>,
     /// Each live teammate's promise on the lead's queue.
     running: HashMap<String, PromiseHandle>,
-    /// Letters not yet taken by their recipients, by id: (recipient, the lead's promise).
-    letters: HashMap<String, (String, Expectation)>,
+    /// Letters not yet taken by their recipients, by (recipient, id): the lead's promise.
+    letters: HashMap<(String, String), Expectation>,
 }
 
 /// A live teammate's controls.
@@ -131,6 +131,8 @@ pub struct Team {
     plans: Mutex<std::collections::HashMap<String, PlanGate>>,
     /// Where the roster is kept (`config.json`), if anywhere.
     roster_file: Option<std::path::PathBuf>,
+    /// Held while the roster is written, so writes land in the order of the changes.
+    saving: Mutex<()>,
     /// What keeps the lead's run going.
     holds: Mutex<Holds>,
     /// Each live teammate's controls.
@@ -175,6 +177,7 @@ impl Team {
             lead_poller: Mutex::default(),
             plans: Mutex::default(),
             roster_file: None,
+            saving: Mutex::default(),
             holds: Mutex::default(),
             controls: Mutex::default(),
             planning: Mutex::default(),
@@ -281,6 +284,9 @@ impl Team {
         let Some(file) = &self.roster_file else {
             return;
         };
+        // The snapshot and its write under one lock: a later change is never overwritten by an
+        // earlier snapshot.
+        let _saving = self.saving.lock().unwrap_or_else(|e| e.into_inner());
         let members: Vec<serde_json::Value> = self
             .roster()
             .iter()
@@ -375,7 +381,7 @@ impl Team {
 
     /// Marks a teammate stopped (it could not start).
     pub(crate) fn leave(&self, name: &str) {
-        self.set_state(name, MemberState::Stopped);
+        self.stopped(name);
     }
 
     fn set_state(&self, name: &str, state: MemberState) {
@@ -410,7 +416,8 @@ impl Team {
         let inbox = self.inbox(to)?;
         let id = letter.id.clone().unwrap_or_else(crate::mailbox::new_id);
         let letter = letter.with_id(id.clone());
-        {
+        let key = (to.to_owned(), id);
+        let inserted = {
             // Checked and held under one lock with a teammate's stop (`stopped`), so no hold
             // outlives the teammate that would release it.
             let mut holds = self.holds();
@@ -430,19 +437,29 @@ impl Team {
                     Some(_) => {}
                 }
             }
-            if let Some(lead) = holds.lead.clone() {
-                holds
-                    .letters
-                    .insert(id.clone(), (to.to_owned(), lead.expect()));
+            match holds.lead.clone() {
+                // A repeated send of a letter already held keeps the one hold.
+                Some(lead) if !holds.letters.contains_key(&key) => {
+                    holds.letters.insert(key.clone(), lead.expect());
+                    true
+                }
+                _ => false,
             }
+        };
+        // Until the send has stored the letter, a hold this call made is this call's: if the
+        // send fails or this future is dropped (a tool timeout), it is released.
+        let mut unsent = inserted.then(|| Unsent {
+            team: self,
+            key: key.clone(),
+        });
+        let sent = self.mailbox.send(&inbox, letter).await;
+        if sent.is_ok()
+            && let Some(u) = unsent.as_mut()
+        {
+            u.key.1.clear();
         }
-        match self.mailbox.send(&inbox, letter).await {
-            Ok(id) => Ok(id),
-            Err(e) => {
-                drop(self.holds().letters.remove(&id));
-                Err(e)
-            }
-        }
+        drop(unsent);
+        sent
     }
 
     /// Sends text `letter` to every teammate that has not stopped but its sender — and to the
@@ -489,12 +506,12 @@ impl Team {
         }
     }
 
-    /// Letters their recipients took: they no longer hold the lead's run.
-    fn taken(&self, ids: &[String]) {
+    /// Letters `recipient` took: they no longer hold the lead's run.
+    fn taken(&self, recipient: &str, ids: &[String]) {
         let released: Vec<_> = {
             let mut holds = self.holds();
             ids.iter()
-                .filter_map(|id| holds.letters.remove(id))
+                .filter_map(|id| holds.letters.remove(&(recipient.to_owned(), id.clone())))
                 .collect()
         };
         drop(released);
@@ -514,7 +531,11 @@ impl Team {
     /// lead's run no longer waits for it. False if something does.
     fn rest(&self, name: &str, queue: &PendingQueue) -> bool {
         let holds = self.holds();
-        if !queue.is_empty() {
+        let stopping = self
+            .controls()
+            .get(name)
+            .is_some_and(|c| c.stop.borrow().is_some());
+        if !queue.is_empty() || stopping {
             return false;
         }
         if let Some(p) = holds.running.get(name) {
@@ -538,32 +559,38 @@ impl Team {
     fn stopped(&self, name: &str) {
         let released: Vec<_> = {
             let mut holds = self.holds();
-            self.set_state(name, MemberState::Stopped);
+            // Its controls and plan mode go before the name is free: a new teammate of the
+            // same name never has them removed under it.
+            self.controls().remove(name);
+            self.planning().remove(name);
             holds.running.remove(name);
-            let gone: Vec<String> = holds
+            let gone: Vec<(String, String)> = holds
                 .letters
-                .iter()
-                .filter(|(_, (to, _))| to == name)
-                .map(|(id, _)| id.clone())
+                .keys()
+                .filter(|(to, _)| to == name)
+                .cloned()
                 .collect();
-            gone.into_iter()
-                .filter_map(|id| holds.letters.remove(&id))
-                .collect()
+            let released: Vec<_> = gone
+                .into_iter()
+                .filter_map(|k| holds.letters.remove(&k))
+                .collect();
+            self.set_state(name, MemberState::Stopped);
+            released
         };
         drop(released);
-        self.controls().remove(name);
-        self.planning().remove(name);
     }
 
     /// Stops teammate `name` for request `request_id`: it ends its run at its next tool-round
     /// boundary (at once if idle) and answers `shutdown_approved`.
     fn stop_member(&self, name: &str, request_id: String) {
-        if let Some(p) = self.holds().running.get(name) {
+        let holds = self.holds();
+        if let Some(p) = holds.running.get(name) {
             p.take_up();
         }
         if let Some(c) = self.controls().get(name) {
-            c.halt.request();
+            // The stop first: a run the halt ends must find it set.
             c.stop.send_replace(Some(request_id));
+            c.halt.request();
         }
     }
 
@@ -740,6 +767,21 @@ impl Control {
     }
 }
 
+/// A hold [`Team::send`] made, released unless the send stored the letter (an emptied id).
+struct Unsent<'a> {
+    team: &'a Team,
+    key: (String, String),
+}
+
+impl Drop for Unsent<'_> {
+    fn drop(&mut self) {
+        if !self.key.1.is_empty() {
+            let released = self.team.holds().letters.remove(&self.key);
+            drop(released);
+        }
+    }
+}
+
 /// Moves one inbox's letters into an agent's pending queue, at least once on the wire and once
 /// into the conversation: a letter is acknowledged only after the queue it was put in has been
 /// drained into the conversation, and an id is never put in twice. Letters acknowledged no
@@ -751,8 +793,36 @@ struct Relay {
     team: Weak<Team>,
     /// The teammate it serves (`None`: the lead).
     teammate: Option<String>,
-    seen: HashSet<String>,
+    /// Ids already taken (the most recent [`SEEN`]): a copy delivered again is not put in twice.
+    seen: Recent,
     unacked: Vec<String>,
+}
+
+/// How many letter ids a relay remembers.
+const SEEN: usize = 4096;
+
+/// The most recent ids, at most [`SEEN`].
+#[derive(Default)]
+struct Recent {
+    set: HashSet<String>,
+    order: std::collections::VecDeque<String>,
+}
+
+impl Recent {
+    fn contains(&self, id: &str) -> bool {
+        self.set.contains(id)
+    }
+
+    fn insert(&mut self, id: String) {
+        if self.set.insert(id.clone()) {
+            self.order.push_back(id);
+            if self.order.len() > SEEN
+                && let Some(old) = self.order.pop_front()
+            {
+                self.set.remove(&old);
+            }
+        }
+    }
 }
 
 impl Relay {
@@ -769,7 +839,7 @@ impl Relay {
             queue,
             team,
             teammate,
-            seen: HashSet::new(),
+            seen: Recent::default(),
             unacked: Vec::new(),
         }
     }
@@ -777,20 +847,25 @@ impl Relay {
     async fn ack(&self, ids: &[String]) -> Result<()> {
         self.mailbox.ack(&self.inbox, ids).await?;
         if let Some(team) = self.team.upgrade() {
-            team.taken(ids);
+            team.taken(self.teammate.as_deref().unwrap_or(LEAD), ids);
         }
         Ok(())
     }
 
-    /// Waits for letters and relays the new ones; `intercept` takes a letter instead (a
-    /// shutdown request) when it returns true.
+    /// Acknowledges what the conversation has taken, waits for letters and relays the new
+    /// ones; `intercept` takes a letter instead (a shutdown request) when it returns true. An
+    /// error leaves everything unacknowledged to be tried again.
     async fn step(
         &mut self,
         mut intercept: impl FnMut(&crate::mailbox::Delivered) -> bool,
     ) -> Result<()> {
-        if self.queue.is_empty() && !self.unacked.is_empty() {
-            let done = std::mem::take(&mut self.unacked);
+        if !self.unacked.is_empty() {
+            // Until the conversation has taken what was put in its queue (no polling: the
+            // queue says when it is drained).
+            self.queue.drained().await;
+            let done = self.unacked.clone();
             self.ack(&done).await?;
+            self.unacked.clear();
         }
         if !self
             .mailbox
@@ -799,14 +874,21 @@ impl Relay {
         {
             return Ok(());
         }
+        let mut taken = Vec::new();
         let mut new = 0;
         for d in self.mailbox.receive(&self.inbox).await? {
-            if !self.seen.insert(d.id.clone()) {
+            if self.seen.contains(&d.id) {
+                // Taken before (a copy sent again after the first was acknowledged, or an
+                // acknowledgement that failed): acknowledge it, do not put it in again.
+                if !self.unacked.contains(&d.id) {
+                    taken.push(d.id);
+                }
                 continue;
             }
+            self.seen.insert(d.id.clone());
             new += 1;
             if intercept(&d) {
-                self.ack(&[d.id]).await?;
+                taken.push(d.id);
                 continue;
             }
             let message = PendingMessage::new(d.to_message(), MAILBOX_ORIGIN);
@@ -816,8 +898,11 @@ impl Relay {
             }
             self.unacked.push(d.id);
         }
-        if new == 0 {
-            // Letters read but not drained into the conversation yet: look again shortly.
+        if !taken.is_empty() {
+            self.ack(&taken).await?;
+        } else if new == 0 {
+            // Nothing new and nothing to acknowledge: another reader's view of the inbox.
+            // Look again shortly rather than spin.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Ok(())
@@ -848,6 +933,12 @@ impl Drop for StopOnDrop {
 
 /// The teammate loop for `name` in `team`, starting with `prompt` (see the module docs).
 pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> CustomRun {
+    // Made before the run exists: a teammate whose run is dropped before it starts (its start
+    // failed, or it was stopped behind a gate) is stopped on the roster all the same.
+    let stop_on_drop = StopOnDrop {
+        team: Arc::clone(&team),
+        name: name.clone(),
+    };
     Box::new(move |agent: &mut Agent, promise: PromiseHandle| {
         Box::pin(async move {
             let queue = agent.pending();
@@ -865,10 +956,6 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                     },
                 );
             }
-            let stop_on_drop = StopOnDrop {
-                team: Arc::clone(&team),
-                name: name.clone(),
-            };
             let relay = match team.inbox(&name) {
                 Ok(inbox) => {
                     let mut relay = Relay::new(
@@ -985,13 +1072,20 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
 /// task ("Claude Code Multi-Agent Internals — 6.4 Teammates get team-aware prompts and tool
 /// injection", "6.5 Teammate output is not automatically surfaced back to the leader"). In the
 /// message, not the system prompt, so every teammate of a type shares one cached prefix.
-pub(crate) fn teammate_prompt(team: &str, name: &str, task: &str) -> String {
+pub(crate) fn teammate_prompt(team: &str, name: &str, plan_mode: bool, task: &str) -> String {
+    let plan = if plan_mode {
+        " You are in plan mode: only read-only tools run until the lead approves your plan. \
+         Send it with SendMessage to `team-lead`, message {\"type\":\"plan_approval_request\",\
+         \"plan\":\"…\"}, and wait for the answer."
+    } else {
+        ""
+    };
     format!(
         "<teammate-context>You are `{name}`, a teammate in team `{team}`. Your lead is \
          `{LEAD}`. What you write is not shown to anyone: send what the lead or a teammate must \
          know with SendMessage (`to`: `{LEAD}`, a teammate's name, or `*` for everyone). \
          Letters reach you as <teammate-message> blocks. When you are done with a task, end \
-         your turn: you wait, idle, for the next letter.</teammate-context>\n\n{task}"
+         your turn: you wait, idle, for the next letter.{plan}</teammate-context>\n\n{task}"
     )
 }
 
@@ -1053,5 +1147,179 @@ impl crate::tool::PermissionPolicy for PlanMode {
                  \"plan\":\"…\"}}"
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::mailbox::{Delivered, MemoryMailbox};
+
+    /// A memory mailbox that fails or hangs on request, and counts reads.
+    #[derive(Debug, Default)]
+    struct Flaky {
+        inner: MemoryMailbox,
+        fail_acks: AtomicUsize,
+        fail_sends: AtomicBool,
+        hang_sends: AtomicBool,
+        receives: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl Mailbox for Flaky {
+        async fn send(&self, to: &Inbox, letter: Letter) -> Result<String> {
+            if self.hang_sends.load(Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
+            if self.fail_sends.load(Ordering::SeqCst) {
+                return Err(Error::MailboxBusy {
+                    path: "x".into(),
+                    attempts: 10,
+                });
+            }
+            self.inner.send(to, letter).await
+        }
+        async fn receive(&self, inbox: &Inbox) -> Result<Vec<Delivered>> {
+            self.receives.fetch_add(1, Ordering::SeqCst);
+            self.inner.receive(inbox).await
+        }
+        async fn ack(&self, inbox: &Inbox, ids: &[String]) -> Result<()> {
+            if self
+                .fail_acks
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                return Err(Error::Mailbox {
+                    inbox: inbox.to_string(),
+                    message: "ack failed".into(),
+                });
+            }
+            self.inner.ack(inbox, ids).await
+        }
+        async fn stored(&self, inbox: &Inbox) -> Result<usize> {
+            self.inner.stored(inbox).await
+        }
+        async fn wait(&self, inbox: &Inbox, timeout: Duration) -> Result<bool> {
+            self.inner.wait(inbox, timeout).await
+        }
+    }
+
+    /// A team over `Flaky` whose lead's queue is `lead`, with a member `alice` (idle).
+    fn team(mail: &Arc<Flaky>) -> (Arc<Team>, PendingQueue) {
+        let team = Arc::new(Team::new("t", Arc::clone(mail) as Arc<dyn Mailbox>).unwrap());
+        team.join(Member {
+            name: "alice".into(),
+            task: TaskId::generate(forkhive_core::TaskKind::Agent),
+            agent_type: "worker".into(),
+            state: MemberState::Idle,
+        })
+        .unwrap();
+        let lead = PendingQueue::new();
+        team.serve_lead(lead.clone());
+        (team, lead)
+    }
+
+    async fn until(what: &str, mut ok: impl FnMut() -> bool) {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while !ok() {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{what}"));
+    }
+
+    /// A send that fails, or whose future is dropped before it stored the letter, does not
+    /// leave a hold on the lead's run; a repeated send of one id holds once.
+    #[tokio::test]
+    async fn a_send_that_did_not_store_holds_nothing() {
+        let mail = Arc::new(Flaky::default());
+        let (team, lead) = team(&mail);
+        mail.fail_sends.store(true, Ordering::SeqCst);
+        assert!(team.send("alice", Letter::new(LEAD, "a")).await.is_err());
+        assert_eq!(lead.outstanding(), 0);
+        mail.fail_sends.store(false, Ordering::SeqCst);
+        mail.hang_sends.store(true, Ordering::SeqCst);
+        let dropped = tokio::time::timeout(
+            Duration::from_millis(20),
+            team.send("alice", Letter::new(LEAD, "b")),
+        )
+        .await;
+        assert!(dropped.is_err(), "the send hung and was dropped");
+        assert_eq!(lead.outstanding(), 0, "the dropped send released its hold");
+        mail.hang_sends.store(false, Ordering::SeqCst);
+        let letter = Letter::new(LEAD, "c").with_id("same");
+        team.send("alice", letter.clone()).await.unwrap();
+        team.send("alice", letter.clone()).await.unwrap();
+        assert_eq!(lead.outstanding(), 1, "one id, one hold");
+        // A failed repeat does not release the first copy's hold.
+        mail.fail_sends.store(true, Ordering::SeqCst);
+        assert!(team.send("alice", letter).await.is_err());
+        assert_eq!(lead.outstanding(), 1);
+        // Alice stops: what she will never take holds nothing.
+        team.stopped("alice");
+        assert_eq!(lead.outstanding(), 0);
+    }
+
+    /// The lead's relay acknowledges again after an acknowledgement failed, so the letter's
+    /// hold is released; a copy sent again after the first was acknowledged is acknowledged and
+    /// not put in twice.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_relay_recovers_from_a_failed_ack_and_a_resent_id() {
+        let mail = Arc::new(Flaky::default());
+        let (team, lead) = team(&mail);
+        mail.fail_acks.store(1, Ordering::SeqCst);
+        let letter = Letter::new("alice", "done").with_id("l1");
+        team.send(LEAD, letter.clone()).await.unwrap();
+        until("the letter reached the lead's queue", || lead.len() == 1).await;
+        assert_eq!(lead.drain().len(), 1);
+        until("the hold was released after the ack was retried", || {
+            lead.outstanding() == 0
+        })
+        .await;
+        // The same id again, after the first copy was acknowledged.
+        team.send(LEAD, letter).await.unwrap();
+        until("the copy was acknowledged", || lead.outstanding() == 0).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(lead.is_empty(), "the copy was not put in twice");
+        assert_eq!(mail.stored(&team.inbox(LEAD).unwrap()).await.unwrap(), 0);
+    }
+
+    /// Letters waiting in a lead's queue that no run drains cost no reads: the relay waits for
+    /// the queue, not the mailbox.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_relay_whose_queue_is_not_drained_does_not_poll() {
+        let mail = Arc::new(Flaky::default());
+        let (team, lead) = team(&mail);
+        team.send(LEAD, Letter::new("alice", "one")).await.unwrap();
+        until("the letter reached the lead's queue", || lead.len() == 1).await;
+        let before = mail.receives.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(mail.receives.load(Ordering::SeqCst), before);
+        lead.drain();
+        until("acknowledged once drained", || lead.outstanding() == 0).await;
+    }
+
+    /// A teammate whose run is dropped before it starts is stopped on the roster.
+    #[test]
+    fn a_teammate_run_dropped_unrun_is_stopped() {
+        let mail = Arc::new(Flaky::default());
+        let team = Arc::new(Team::new("t", Arc::clone(&mail) as Arc<dyn Mailbox>).unwrap());
+        team.join(Member {
+            name: "bob".into(),
+            task: TaskId::generate(forkhive_core::TaskKind::Agent),
+            agent_type: "worker".into(),
+            state: MemberState::Running,
+        })
+        .unwrap();
+        team.enter_plan_mode("bob");
+        drop(teammate_run(Arc::clone(&team), "bob".into(), "p".into()));
+        assert_eq!(team.member("bob").unwrap().state, MemberState::Stopped);
+        assert!(!team.in_plan_mode("bob"));
     }
 }

@@ -108,6 +108,8 @@ async fn a_file_reader_is_woken_by_a_change_it_did_not_make() {
     })
     .await
     .expect("the wait watches the inbox directory");
+    // Every handle on the root shares the watcher.
+    assert!(FileMailbox::new(dir.path()).is_watched(&inbox));
     let file = mail.path(&inbox);
     let tmp = file.with_extension("json.tmp-other");
     std::fs::write(

@@ -20,6 +20,19 @@ use forkhive_spawn::tool::{Tool, ToolFilter, ToolPool};
 use forkhive_transport::Request;
 use support::*;
 
+/// How many of the assistant's tool calls so far have `needle` in their input (what the agent
+/// has asked, as opposed to what it was told).
+fn called(r: &Request, needle: &str) -> usize {
+    r.all_messages()
+        .iter()
+        .flat_map(|m| {
+            m.tool_uses()
+                .map(|(_, _, input)| input.as_str().contains(needle))
+        })
+        .filter(|hit| *hit)
+        .count()
+}
+
 fn text_of(r: &Request) -> String {
     r.all_messages()
         .iter()
@@ -112,7 +125,7 @@ async fn a_lead_and_two_teammates_work_idle_wake_and_shut_down() {
         }
         let idles = text.matches("idle_notification").count();
         let sent_more = text.contains("one more thing");
-        let asked_stop = text.contains("shutdown_request");
+        let asked_stop = called(r, "shutdown_request") > 0;
         match all.len() {
             1 => Plan::Reply(calls(&[
                 ("a1", "Agent", &teammate("alice")),
@@ -377,7 +390,7 @@ async fn a_plan_is_rejected_then_approved_by_the_lead_only() {
         if r.all_messages().len() == 1 {
             return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
         }
-        if text.contains("implemented the plan") && !text.contains("shutdown_request") {
+        if text.contains("implemented the plan") && called(r, "shutdown_request") == 0 {
             return Plan::Reply(calls(&[(
                 "x1",
                 "SendMessage",
@@ -591,7 +604,7 @@ async fn a_teammate_may_reject_a_shutdown_with_a_reason() {
         if r.all_messages().len() == 1 {
             return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
         }
-        let asked = text.matches("shutdown_request").count();
+        let asked = called(r, "shutdown_request");
         if text.contains("idle_notification") && asked == 0 {
             return Plan::Reply(calls(&[(
                 "x1",
@@ -702,7 +715,7 @@ async fn plan_mode_holds_a_teammate_until_the_lead_approves() {
             )]));
         }
         if let Some(id) = last_plan_request(&text)
-            && !text.contains("plan_approval_response")
+            && called(r, "plan_approval_response") == 0
         {
             return Plan::Reply(calls(&[(
                 "r1",
@@ -712,7 +725,7 @@ async fn plan_mode_holds_a_teammate_until_the_lead_approves() {
                 ),
             )]));
         }
-        if text.contains("written") && !text.contains("shutdown_request") {
+        if text.contains("written") && called(r, "shutdown_request") == 0 {
             return Plan::Reply(calls(&[(
                 "x1",
                 "SendMessage",
@@ -894,7 +907,7 @@ async fn a_teammate_that_panics_is_stopped_and_its_name_is_free() {
                     r#"{"description":"alice","prompt":"task for alice, second alice","subagent_type":"worker","name":"alice","team_name":"review"}"#,
                 )]))
             }
-            _ if text.contains("second alice ready") && !text.contains("shutdown_request") => {
+            _ if text.contains("second alice ready") && called(r, "shutdown_request") == 0 => {
                 Plan::Reply(calls(&[(
                     "x",
                     "SendMessage",
@@ -1040,7 +1053,7 @@ async fn a_teammate_keeps_send_message_whatever_its_allow_list() {
                 r#"{"description":"carol","prompt":"task for carol","subagent_type":"narrow","name":"carol","team_name":"review"}"#,
             )]));
         }
-        if text.contains("idle_notification") && !text.contains("shutdown_request") {
+        if text.contains("idle_notification") && called(r, "shutdown_request") == 0 {
             return Plan::Reply(calls(&[(
                 "x",
                 "SendMessage",

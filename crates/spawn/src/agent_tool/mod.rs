@@ -2,8 +2,8 @@
 //! children ("Chapter 20: Agent Spawning and Orchestration — 20.1 AgentTool: The Unified Agent
 //! Spawning Entry Point").
 //!
-//! It routes a call to a strategy — a teammate when `name` and `team_name` are given (not yet
-//! available), a [`Fork`] when fork mode is on and `subagent_type` is omitted, otherwise a
+//! It routes a call to a strategy — a teammate when `name` and `team_name` are given (see
+//! [`team`](crate::team)), a [`Fork`] when fork mode is on and `subagent_type` is omitted, otherwise a
 //! [`Subagent`] of that type (default `general-purpose`) — enforces the depth and fan-out
 //! limits, decides foreground or background with [`should_run_async`], and reports: a
 //! foreground child's answer as the tool result, a background child's through exactly one
@@ -697,7 +697,7 @@ impl AgentTool {
             prepared.first = FirstInput::Custom(crate::team::teammate_run(
                 Arc::clone(team),
                 name.clone(),
-                crate::team::teammate_prompt(team.name(), name, &input.prompt),
+                crate::team::teammate_prompt(team.name(), name, plan_mode, &input.prompt),
             ));
         }
         let mode = if background {
@@ -743,6 +743,22 @@ impl AgentTool {
                 }
                 format!("could not start the agent: {e}")
             })?;
+        if let Some((team, name)) = &team {
+            let id = handle.id();
+            return Ok(format!(
+                "Teammate `{name}` started in team `{}` as task {id}. It works on its prompt, \
+                 then goes idle and you get an idle_notification; it stays until you send it a \
+                 shutdown_request. Write to it with SendMessage (`to`: `{name}`); its letters \
+                 reach you as <teammate-message> blocks.{}",
+                team.name(),
+                if plan_mode {
+                    " It is in plan mode: it sends you its plan, and changes nothing before you \
+                     answer with a plan_approval_response."
+                } else {
+                    ""
+                }
+            ));
+        }
         if background {
             let id = handle.id();
             let mut text = format!(

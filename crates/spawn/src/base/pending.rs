@@ -120,7 +120,12 @@ impl PendingQueue {
 
     /// Takes every queued message, oldest first.
     pub fn drain(&self) -> Vec<PendingMessage> {
-        self.lock().queue.drain(..).collect()
+        let taken: Vec<PendingMessage> = self.lock().queue.drain(..).collect();
+        if !taken.is_empty() {
+            // Whoever waits for the queue to be drained (a mailbox relay) goes on.
+            self.inner.changed.notify_waiters();
+        }
+        taken
     }
 
     /// How many messages are queued.
@@ -147,9 +152,17 @@ impl PendingQueue {
             .await
     }
 
+    /// Waits until nothing is queued (the agent took what was there).
+    pub(crate) async fn drained(&self) {
+        self.inner
+            .until(|st| st.queue.is_empty().then_some(()))
+            .await
+    }
+
     /// Waits until a message is queued (and drains them all) or nothing is expected any more.
     pub async fn wait(&self) -> Wake {
-        self.inner
+        let wake = self
+            .inner
             .until(|st| {
                 if !st.queue.is_empty() {
                     Some(Wake::Messages(st.queue.drain(..).collect()))
@@ -159,7 +172,11 @@ impl PendingQueue {
                     None
                 }
             })
-            .await
+            .await;
+        if matches!(wake, Wake::Messages(_)) {
+            self.inner.changed.notify_waiters();
+        }
+        wake
     }
 }
 
@@ -660,5 +677,30 @@ mod tests {
         assert_eq!(q.outstanding(), 0);
         assert_eq!(q.len(), 8);
         assert!(handles.iter().all(|h| !h.take_up() && !h.is_held()));
+    }
+
+    /// A waiter for the queue to be drained wakes when the agent drains it, by `drain` or by
+    /// `wait`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn drained_wakes_on_either_kind_of_drain() {
+        for by_wait in [false, true] {
+            let q = PendingQueue::new();
+            q.push(PendingMessage::new("a", "t"));
+            let waiter = {
+                let q = q.clone();
+                tokio::spawn(async move { q.drained().await })
+            };
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            assert!(!waiter.is_finished());
+            if by_wait {
+                assert!(matches!(q.wait().await, Wake::Messages(_)));
+            } else {
+                assert_eq!(q.drain().len(), 1);
+            }
+            tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+                .await
+                .expect("woken")
+                .expect("no panic");
+        }
     }
 }

@@ -51,11 +51,22 @@ pub struct FileMailbox {
 /// clones; the watcher is made on the first wait and lives as long as they do.
 #[derive(Default)]
 struct Watch {
-    /// The watcher and the directories it watches (`None`: not made yet, or it failed).
-    watcher: Mutex<Option<(notify::RecommendedWatcher, HashSet<PathBuf>)>>,
-    /// One wake-up per inbox file, woken by any event on that file or its lock or temporary
-    /// files (shared with the watcher's callback).
+    /// The watcher and the directories it watches, by the path readers use (`None`: not made
+    /// yet, or it failed).
+    watcher: Mutex<Option<(notify::RecommendedWatcher, HashMap<PathBuf, Watched>)>>,
+    /// One wake-up per inbox file (by its canonical path, as events name it), woken by any
+    /// event on that file or its lock or temporary files (shared with the watcher's callback).
     wakers: Arc<Mutex<HashMap<PathBuf, Arc<Notify>>>>,
+}
+
+/// A watched directory.
+struct Watched {
+    /// Its canonical path: what the watch was given and what events name (macOS reports
+    /// `/private/tmp/…` for `/tmp/…`).
+    canonical: PathBuf,
+    /// Which directory it is (device and inode where there are such): one removed and made
+    /// again is watched again.
+    identity: Option<(u64, u64)>,
 }
 
 impl std::fmt::Debug for Watch {
@@ -72,6 +83,21 @@ fn inbox_of(path: &Path) -> Option<PathBuf> {
     Some(path.with_file_name(&name[..end]))
 }
 
+/// Which directory `dir` is now (device and inode on Unix; elsewhere only that it exists).
+fn identity(dir: &Path) -> Option<Option<(u64, u64)>> {
+    let meta = std::fs::metadata(dir).ok()?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt as _;
+        Some(Some((meta.dev(), meta.ino())))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = meta;
+        Some(None)
+    }
+}
+
 impl Watch {
     /// The wake-up for `file`, its directory watched — `None` if it cannot be (the reader
     /// polls then).
@@ -83,6 +109,9 @@ impl Watch {
             let made = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
                 let all = wakers.lock().unwrap_or_else(|e| e.into_inner());
                 match event {
+                    // Opening, reading and closing a file change nothing (and readers do it
+                    // themselves: waking on it would loop).
+                    Ok(e) if matches!(e.kind, notify::EventKind::Access(_)) => {}
                     Ok(e) if !e.need_rescan() => {
                         for p in &e.paths {
                             if let Some(n) = inbox_of(p).and_then(|f| all.get(&f)) {
@@ -95,7 +124,7 @@ impl Watch {
                 }
             });
             match made {
-                Ok(w) => *guard = Some((w, HashSet::new())),
+                Ok(w) => *guard = Some((w, HashMap::new())),
                 Err(e) => {
                     tracing::warn!("file mailbox: cannot watch inboxes, polling instead: {e}");
                     return None;
@@ -103,47 +132,76 @@ impl Watch {
             }
         }
         let (watcher, dirs) = guard.as_mut()?;
-        if !dirs.contains(dir) {
-            use notify::Watcher as _;
-            std::fs::create_dir_all(dir).ok()?;
-            if let Err(e) = watcher.watch(dir, notify::RecursiveMode::NonRecursive) {
-                tracing::warn!(dir = %dir.display(), "file mailbox: cannot watch, polling: {e}");
-                return None;
+        let canonical = match dirs.get(dir) {
+            Some(w) => w.canonical.clone(),
+            None => {
+                use notify::Watcher as _;
+                std::fs::create_dir_all(dir).ok()?;
+                let canonical = std::fs::canonicalize(dir).ok()?;
+                let identity = identity(&canonical)?;
+                if let Err(e) = watcher.watch(&canonical, notify::RecursiveMode::NonRecursive) {
+                    tracing::warn!(dir = %dir.display(), "file mailbox: cannot watch, polling: {e}");
+                    return None;
+                }
+                dirs.insert(
+                    dir.to_owned(),
+                    Watched {
+                        canonical: canonical.clone(),
+                        identity,
+                    },
+                );
+                canonical
             }
-            dirs.insert(dir.to_owned());
-        }
+        };
         drop(guard);
+        let key = canonical.join(file.file_name()?);
         let mut wakers = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
-        Some(Arc::clone(wakers.entry(file.to_owned()).or_default()))
+        Some(Arc::clone(wakers.entry(key).or_default()))
     }
 
-    /// Forgets that `file`'s directory is watched (it was removed, or the watch lapsed): the
-    /// next wait watches it again.
-    fn rewatch(&self, file: &Path) {
-        if let (Some(dir), Some((_, dirs))) = (
-            file.parent(),
-            self.watcher
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_mut(),
-        ) {
-            dirs.remove(dir);
+    /// After a quiet look: if `file`'s directory is gone or is another directory now (removed
+    /// and made again), its watch has lapsed — drop it, and the next wait watches again. A
+    /// directory that is still the one watched is left alone (watching it again would drop
+    /// events on some platforms).
+    fn check(&self, file: &Path) {
+        let Some(dir) = file.parent() else { return };
+        let mut guard = self.watcher.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((watcher, dirs)) = guard.as_mut() else {
+            return;
+        };
+        let lapsed = dirs
+            .get(dir)
+            .is_some_and(|w| identity(&w.canonical) != Some(w.identity));
+        if lapsed && let Some(w) = dirs.remove(dir) {
+            use notify::Watcher as _;
+            let _ = watcher.unwatch(&w.canonical);
         }
     }
 }
 
 impl FileMailbox {
-    /// Inboxes under `<root>/teams/`.
+    /// Inboxes under `<root>/teams/`. Every handle on the same root in this process shares
+    /// one watcher (one inotify instance, of the 128 a Linux user has by default).
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self {
-            root: root.into(),
-            watch: Arc::default(),
-        }
+        static WATCHES: std::sync::LazyLock<Mutex<HashMap<PathBuf, std::sync::Weak<Watch>>>> =
+            std::sync::LazyLock::new(Mutex::default);
+        let root = root.into();
+        let mut all = WATCHES.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|_, w| w.strong_count() > 0);
+        let watch = match all.get(&root).and_then(std::sync::Weak::upgrade) {
+            Some(w) => w,
+            None => {
+                let w = Arc::new(Watch::default());
+                all.insert(root.clone(), Arc::downgrade(&w));
+                w
+            }
+        };
+        Self { root, watch }
     }
 
     /// Whether a reader of `inbox` is woken by the operating system (its directory is
-    /// watched) rather than looking every 50 ms — true once a wait has watched it, on every
-    /// platform `notify` supports.
+    /// watched) rather than looking every 50 ms — true once a wait on any handle on this root
+    /// in this process has watched it, on every platform `notify` supports.
     pub fn is_watched(&self, inbox: &Inbox) -> bool {
         let path = self.path(inbox);
         self.watch
@@ -151,7 +209,7 @@ impl FileMailbox {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
-            .is_some_and(|(_, dirs)| path.parent().is_some_and(|d| dirs.contains(d)))
+            .is_some_and(|(_, dirs)| path.parent().is_some_and(|d| dirs.contains_key(d)))
     }
 
     /// The file of `inbox`.
@@ -395,10 +453,18 @@ impl Mailbox for FileMailbox {
                 // Registered before looking: a change after the look wakes this wait.
                 c.as_mut().enable();
             }
-            let now_seen = tokio::fs::metadata(&path)
-                .await
-                .ok()
-                .map(|m| (m.len(), m.modified().ok()));
+            // Size, time and (on Unix) inode: a rename over the inbox is a new inode even when
+            // the size and a coarse time are the same.
+            let now_seen = tokio::fs::metadata(&path).await.ok().map(|m| {
+                #[cfg(unix)]
+                let ino = {
+                    use std::os::unix::fs::MetadataExt as _;
+                    m.ino()
+                };
+                #[cfg(not(unix))]
+                let ino = 0u64;
+                (m.len(), m.modified().ok(), ino)
+            });
             if now_seen != last {
                 last = now_seen;
                 if !self.receive(inbox).await?.is_empty() {
@@ -414,7 +480,7 @@ impl Mailbox for FileMailbox {
                     tokio::select! {
                         () = c => {}
                         () = tokio::time::sleep((until - now).min(WATCHED_LOOK)) => {
-                            self.watch.rewatch(&path);
+                            self.watch.check(&path);
                         }
                     }
                 }
