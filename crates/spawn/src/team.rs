@@ -139,6 +139,9 @@ pub struct Team {
     controls: Mutex<HashMap<String, Control>>,
     /// Teammates in plan mode whose plan the lead has not approved yet.
     planning: Mutex<HashSet<String>>,
+    /// When each teammate joined (ISO 8601): a control letter older than its teammate was
+    /// meant for an earlier teammate of the same name, and is not acted on.
+    joined: Mutex<HashMap<String, String>>,
     /// What teammates do with a shutdown request.
     shutdown: ShutdownPolicy,
 }
@@ -181,6 +184,7 @@ impl Team {
             holds: Mutex::default(),
             controls: Mutex::default(),
             planning: Mutex::default(),
+            joined: Mutex::default(),
             shutdown: ShutdownPolicy::default(),
         })
     }
@@ -373,27 +377,30 @@ impl Team {
                 self.name, m.name, m.state, m.task
             )));
         }
+        self.joined
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(member.name.clone(), crate::mailbox::timestamp_now());
         all.insert(member.name.clone(), member);
         drop(all);
         self.save();
         Ok(())
     }
 
-    /// Marks a teammate stopped (it could not start).
-    pub(crate) fn leave(&self, name: &str) {
-        self.stopped(name);
+    fn set_state(&self, name: &str, state: MemberState) {
+        if self.mark(name, state) {
+            self.save();
+        }
     }
 
-    fn set_state(&self, name: &str, state: MemberState) {
-        let changed = match self.lock().get_mut(name) {
+    /// Sets `name`'s state on the roster; whether it changed (the caller saves).
+    fn mark(&self, name: &str, state: MemberState) -> bool {
+        match self.lock().get_mut(name) {
             Some(m) if m.state != state => {
                 m.state = state;
                 true
             }
             _ => false,
-        };
-        if changed {
-            self.save();
         }
     }
 
@@ -448,15 +455,14 @@ impl Team {
         };
         // Until the send has stored the letter, a hold this call made is this call's: if the
         // send fails or this future is dropped (a tool timeout), it is released.
-        let mut unsent = inserted.then(|| Unsent {
+        let mut unsent = Unsent {
             team: self,
-            key: key.clone(),
-        });
+            key: inserted.then_some(key),
+        };
         let sent = self.mailbox.send(&inbox, letter).await;
-        if sent.is_ok()
-            && let Some(u) = unsent.as_mut()
-        {
-            u.key.1.clear();
+        if sent.is_ok() {
+            // Stored: the hold is the recipient's to release now.
+            unsent.key = None;
         }
         drop(unsent);
         sent
@@ -557,12 +563,13 @@ impl Team {
     /// Teammate `name` has ended: stopped on the roster, and the letters it will never take
     /// no longer hold the lead's run.
     fn stopped(&self, name: &str) {
-        let released: Vec<_> = {
+        let (released, changed) = {
             let mut holds = self.holds();
-            // Its controls and plan mode go before the name is free: a new teammate of the
-            // same name never has them removed under it.
+            // Its controls, plans and plan mode go before the name is free: a new teammate of
+            // the same name never has them removed under it, nor inherits them.
             self.controls().remove(name);
             self.planning().remove(name);
+            self.plans().remove(name);
             holds.running.remove(name);
             let gone: Vec<(String, String)> = holds
                 .letters
@@ -574,10 +581,23 @@ impl Team {
                 .into_iter()
                 .filter_map(|k| holds.letters.remove(&k))
                 .collect();
-            self.set_state(name, MemberState::Stopped);
-            released
+            (released, self.mark(name, MemberState::Stopped))
         };
         drop(released);
+        // The file is written outside the lock every relay and send takes.
+        if changed {
+            self.save();
+        }
+    }
+
+    /// Whether `letter` was sent before teammate `name` joined (to an earlier teammate of the
+    /// name): a control letter like that is acknowledged and not acted on.
+    fn stale(&self, name: &str, letter: &crate::mailbox::Delivered) -> bool {
+        self.joined
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .is_some_and(|joined| letter.timestamp.as_str() < joined.as_str())
     }
 
     /// Stops teammate `name` for request `request_id`: it ends its run at its next tool-round
@@ -767,16 +787,16 @@ impl Control {
     }
 }
 
-/// A hold [`Team::send`] made, released unless the send stored the letter (an emptied id).
+/// A hold [`Team::send`] made, released unless the send stored the letter (`key` taken).
 struct Unsent<'a> {
     team: &'a Team,
-    key: (String, String),
+    key: Option<(String, String)>,
 }
 
 impl Drop for Unsent<'_> {
     fn drop(&mut self) {
-        if !self.key.1.is_empty() {
-            let released = self.team.holds().letters.remove(&self.key);
+        if let Some(key) = self.key.take() {
+            let released = self.team.holds().letters.remove(&key);
             drop(released);
         }
     }
@@ -859,19 +879,29 @@ impl Relay {
         &mut self,
         mut intercept: impl FnMut(&crate::mailbox::Delivered) -> bool,
     ) -> Result<()> {
-        if !self.unacked.is_empty() {
-            // Until the conversation has taken what was put in its queue (no polling: the
-            // queue says when it is drained).
-            self.queue.drained().await;
-            let done = self.unacked.clone();
-            self.ack(&done).await?;
-            self.unacked.clear();
-        }
-        if !self
-            .mailbox
-            .wait(&self.inbox, Duration::from_secs(3600))
-            .await?
-        {
+        let woke = if self.unacked.is_empty() {
+            self.mailbox
+                .wait(&self.inbox, Duration::from_secs(3600))
+                .await?
+        } else {
+            // Until the conversation has taken what was put in its queue (the queue says when
+            // it is drained: no polling) — or a new letter comes, which may be one to act on
+            // now (a shutdown request for a teammate busy with a long tool).
+            tokio::select! {
+                () = self.queue.drained() => {
+                    let done = self.unacked.clone();
+                    self.ack(&done).await?;
+                    self.unacked.clear();
+                    return Ok(());
+                }
+                new = self.mailbox.wait_beyond(
+                    &self.inbox,
+                    &self.unacked,
+                    Duration::from_secs(3600),
+                ) => new?,
+            }
+        };
+        if !woke {
             return Ok(());
         }
         let mut taken = Vec::new();
@@ -971,6 +1001,12 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                             let r = relay
                                 .step(|d| match Protocol::parse(&d.text) {
                                     // Only the lead may stop a teammate.
+                                    // Control letters meant for an earlier teammate of this
+                                    // name are taken and not acted on.
+                                    Some(
+                                        Protocol::ShutdownRequest { .. }
+                                        | Protocol::PlanApprovalResponse { .. },
+                                    ) if team.stale(&name, d) => true,
                                     Some(request @ Protocol::ShutdownRequest { .. })
                                         if d.from == LEAD =>
                                     {
@@ -1204,8 +1240,13 @@ mod tests {
         async fn stored(&self, inbox: &Inbox) -> Result<usize> {
             self.inner.stored(inbox).await
         }
-        async fn wait(&self, inbox: &Inbox, timeout: Duration) -> Result<bool> {
-            self.inner.wait(inbox, timeout).await
+        async fn wait_beyond(
+            &self,
+            inbox: &Inbox,
+            known: &[String],
+            timeout: Duration,
+        ) -> Result<bool> {
+            self.inner.wait_beyond(inbox, known, timeout).await
         }
     }
 
@@ -1321,5 +1362,28 @@ mod tests {
         drop(teammate_run(Arc::clone(&team), "bob".into(), "p".into()));
         assert_eq!(team.member("bob").unwrap().state, MemberState::Stopped);
         assert!(!team.in_plan_mode("bob"));
+    }
+
+    /// A control letter sent before a teammate joined was meant for an earlier teammate of its
+    /// name: stale. One sent after is not.
+    #[tokio::test]
+    async fn control_letters_older_than_a_teammate_are_stale() {
+        let mail = Arc::new(Flaky::default());
+        let (team, _lead) = team(&mail);
+        let old = Delivered {
+            id: "1".into(),
+            from: LEAD.into(),
+            text: "{}".into(),
+            timestamp: "2020-01-01T00:00:00.000Z".into(),
+            summary: None,
+            color: None,
+        };
+        assert!(team.stale("alice", &old));
+        let fresh = Delivered {
+            timestamp: crate::mailbox::timestamp_now(),
+            ..old
+        };
+        assert!(!team.stale("alice", &fresh));
+        assert!(!team.stale("nobody", &fresh));
     }
 }

@@ -1089,3 +1089,53 @@ async fn a_teammate_keeps_send_message_whatever_its_allow_list() {
         "{all}"
     );
 }
+
+/// A shutdown that arrives behind another letter, while the teammate is busy with a long tool,
+/// still ends it after that tool round — the relay reads new letters while an earlier one waits
+/// in the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_behind_a_queued_letter_still_stops_at_the_next_round() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let requests = Arc::new(AtomicUsize::new(0));
+    let r2 = Arc::clone(&requests);
+    let b = brain(move |r| {
+        if !is_parent(r) {
+            r2.fetch_add(1, Ordering::SeqCst);
+            return Plan::Reply(calls(&[("s", "Slow", "{}")]));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[("a1", "Agent", &teammate("bob"))]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let slow = TestTool::sleeper("Slow", true, 400).arc();
+    let mut lead = lead_in(&team, b, lead_tools_with(vec![slow])).await;
+    let sender = {
+        let (team, requests) = (Arc::clone(&team), Arc::clone(&requests));
+        tokio::spawn(async move {
+            while requests.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+            // Bob is in his first slow tool round: a note, then the shutdown behind it.
+            team.send("bob", Letter::new("team-lead", "a note"))
+                .await
+                .unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            let stop = forkhive_spawn::team::shutdown_request(None);
+            team.send("bob", stop.to_letter("team-lead")).await.unwrap();
+        })
+    };
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+        .await
+        .expect("the lead's run returned");
+    sender.await.unwrap();
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    assert_eq!(
+        requests.load(Ordering::SeqCst),
+        1,
+        "bob stopped after the round he was in"
+    );
+    assert_eq!(team.member("bob").unwrap().state, MemberState::Stopped);
+    assert!(format!("{:?}", lead.params().messages()).contains("shutdown_approved"));
+}

@@ -736,13 +736,9 @@ impl AgentTool {
                 mode,
             )
             .await
-            .map_err(|e| {
-                // A teammate that never started is not on the team.
-                if let Some((team, name)) = &team {
-                    team.leave(name);
-                }
-                format!("could not start the agent: {e}")
-            })?;
+            // A teammate that never started is stopped on the roster by its run's guard,
+            // dropped with the launch.
+            .map_err(|e| format!("could not start the agent: {e}"))?;
         if let Some((team, name)) = &team {
             let id = handle.id();
             return Ok(format!(

@@ -2,7 +2,8 @@
 //! concurrent senders, nothing delivered again once acknowledged, unacknowledged letters
 //! delivered again to a reader that restarted, acknowledged letters pruned, acknowledgement
 //! idempotent, inboxes apart, a waiting reader woken by a letter from another handle, a
-//! sender's own id kept and a repeated send with it stored once.
+//! sender's own id kept and a repeated send with it stored once, a reader that holds letters
+//! woken only by a new one.
 //!
 //! `open` makes a new handle on the same store each time it is called — what a reader that
 //! crashed and came back would open. Call [`run`] from a test with a fresh store:
@@ -114,6 +115,45 @@ where
     // A letter already there: at once.
     check(op(reader.wait(&to, Duration::ZERO).await, "wait")?, || {
         "wait did not see a letter already in the inbox".into()
+    })?;
+    // A reader holding that letter unacknowledged waits for the next one only.
+    let held: Vec<String> = op(reader.receive(&to).await, "receive")?
+        .into_iter()
+        .map(|d| d.id)
+        .collect();
+    let quiet = op(
+        reader
+            .wait_beyond(&to, &held, Duration::from_millis(100))
+            .await,
+        "wait_beyond",
+    )?;
+    check(!quiet, || {
+        "wait_beyond returned for a letter the reader already holds".into()
+    })?;
+    let waiter = {
+        let (reader, to, held) = (Arc::clone(&reader), to.clone(), held.clone());
+        tokio::spawn(async move {
+            reader
+                .wait_beyond(&to, &held, Duration::from_secs(10))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    op(
+        open().send(&to, Letter::new("w", "and another")).await,
+        "send",
+    )?;
+    let woke = match tokio::time::timeout(Duration::from_secs(5), waiter).await {
+        Ok(Ok(r)) => op(r, "wait_beyond")?,
+        Ok(Err(e)) => return Err(ConformanceError(format!("a waiter panicked: {e}"))),
+        Err(_) => {
+            return Err(ConformanceError(
+                "a wait_beyond did not wake within 5 s".into(),
+            ));
+        }
+    };
+    check(woke, || {
+        "wait_beyond returned without the new letter".into()
     })
 }
 

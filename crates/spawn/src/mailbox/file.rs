@@ -441,7 +441,12 @@ impl Mailbox for FileMailbox {
 
     /// Looks at the inbox file's size and modification time every 50 ms (Claude Code polls
     /// every second) and reads it only when they change.
-    async fn wait(&self, inbox: &Inbox, timeout: Duration) -> Result<bool> {
+    async fn wait_beyond(
+        &self,
+        inbox: &Inbox,
+        known: &[String],
+        timeout: Duration,
+    ) -> Result<bool> {
         let path = self.path(inbox);
         let until = tokio::time::Instant::now() + timeout;
         let mut last = None;
@@ -467,7 +472,7 @@ impl Mailbox for FileMailbox {
             });
             if now_seen != last {
                 last = now_seen;
-                if !self.receive(inbox).await?.is_empty() {
+                if super::beyond(&self.receive(inbox).await?, known) {
                     return Ok(true);
                 }
             }

@@ -90,18 +90,29 @@ impl Mailbox for MemoryMailbox {
         Ok(self.lock().get(inbox).map_or(0, VecDeque::len))
     }
 
-    async fn wait(&self, inbox: &Inbox, timeout: Duration) -> Result<bool> {
+    async fn wait_beyond(
+        &self,
+        inbox: &Inbox,
+        known: &[String],
+        timeout: Duration,
+    ) -> Result<bool> {
         let arrivals = self.arrivals(inbox);
-        let arrived = arrivals.notified();
-        tokio::pin!(arrived);
-        // Registered before looking: a letter sent between the look and the wait wakes it.
-        arrived.as_mut().enable();
-        if self.lock().get(inbox).is_some_and(|q| !q.is_empty()) {
-            return Ok(true);
+        let until = tokio::time::Instant::now() + timeout;
+        loop {
+            let arrived = arrivals.notified();
+            tokio::pin!(arrived);
+            // Registered before looking: a letter sent between the look and the wait wakes it.
+            arrived.as_mut().enable();
+            let new = self
+                .lock()
+                .get(inbox)
+                .is_some_and(|q| q.iter().any(|d| !known.contains(&d.id)));
+            if new {
+                return Ok(true);
+            }
+            if tokio::time::timeout_at(until, arrived).await.is_err() {
+                return Ok(false);
+            }
         }
-        if tokio::time::timeout(timeout, arrived).await.is_err() {
-            return Ok(false);
-        }
-        Ok(self.lock().get(inbox).is_some_and(|q| !q.is_empty()))
     }
 }

@@ -219,13 +219,26 @@ pub trait Mailbox: Send + Sync + fmt::Debug + 'static {
     async fn stored(&self, inbox: &Inbox) -> Result<usize>;
 
     /// Waits until `inbox` holds an unacknowledged letter, or `timeout` passes; returns
-    /// whether it does. An idle reader waits here. The default looks every 50 ms; a backend
-    /// that can be told of a new letter overrides it (the in-memory one wakes at once and costs
-    /// nothing while it waits).
+    /// whether it does. An idle reader waits here. The same as
+    /// [`wait_beyond`](Self::wait_beyond) with nothing known.
     async fn wait(&self, inbox: &Inbox, timeout: std::time::Duration) -> Result<bool> {
+        self.wait_beyond(inbox, &[], timeout).await
+    }
+
+    /// Waits until `inbox` holds an unacknowledged letter whose id is not in `known` (a reader
+    /// that holds letters it has not acknowledged yet waits here for the next one), or
+    /// `timeout` passes; returns whether it does. The default looks every 50 ms; a backend
+    /// that can be told of a new letter overrides it (the in-memory one wakes at once, the
+    /// file one on the operating system's file events, and both cost nothing while they wait).
+    async fn wait_beyond(
+        &self,
+        inbox: &Inbox,
+        known: &[String],
+        timeout: std::time::Duration,
+    ) -> Result<bool> {
         let until = tokio::time::Instant::now() + timeout;
         loop {
-            if !self.receive(inbox).await?.is_empty() {
+            if beyond(&self.receive(inbox).await?, known) {
                 return Ok(true);
             }
             let now = tokio::time::Instant::now();
@@ -235,6 +248,11 @@ pub trait Mailbox: Send + Sync + fmt::Debug + 'static {
             tokio::time::sleep((until - now).min(std::time::Duration::from_millis(50))).await;
         }
     }
+}
+
+/// Whether `letters` holds one whose id is not in `known`.
+pub(crate) fn beyond(letters: &[Delivered], known: &[String]) -> bool {
+    letters.iter().any(|d| !known.contains(&d.id))
 }
 
 /// Now as ISO 8601 UTC with milliseconds (`2026-11-24T17:20:00.123Z`).
