@@ -365,6 +365,8 @@ impl Mailbox for FileMailbox {
                 .await
                 .map_err(|e| fail(to, format!("creating {}: {e}", dir.display())))?;
         }
+        // Only a sender's own id can repeat; a fresh one is unique.
+        let chosen = letter.id.is_some();
         let id = letter.id.unwrap_or_else(new_id);
         let mut entry = Map::new();
         entry.insert("from".into(), Value::String(letter.from));
@@ -383,7 +385,7 @@ impl Mailbox for FileMailbox {
         // Read under the lock: every entry written before it is kept.
         let mut entries = read(to, &path).await?;
         // A repeated send of a letter still unacknowledged stores it once.
-        if ids(&entries).contains(&id) {
+        if chosen && ids(&entries).contains(&id) {
             return Ok(id);
         }
         entries.push(Value::Object(entry));

@@ -45,11 +45,15 @@ impl MemoryMailbox {
 #[async_trait]
 impl Mailbox for MemoryMailbox {
     async fn send(&self, to: &Inbox, letter: Letter) -> Result<String> {
-        let id = letter.id.unwrap_or_else(new_id);
+        // Only a sender's own id can repeat; a fresh one is unique.
+        let (id, chosen) = match letter.id {
+            Some(id) => (id, true),
+            None => (new_id(), false),
+        };
         let mut all = self.lock();
         let queue = all.entry(to.clone()).or_default();
         // A repeated send of a letter still unacknowledged stores it once.
-        if queue.iter().any(|d| d.id == id) {
+        if chosen && queue.iter().any(|d| d.id == id) {
             return Ok(id);
         }
         let entry = Delivered {
