@@ -112,6 +112,11 @@ pub struct TimelineDocDoctests;
 #[doc = include_str!("../docs/teams.md")]
 pub struct TeamsDocDoctests;
 
+/// The code in `docs/hooks.md`, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/hooks.md")]
+pub struct HooksDocDoctests;
+
 /// The names a host program needs, in one import: building agents and tools, the `Agent`
 /// tool, the task service, events, scripted and simulated backends, usage and prices.
 pub mod prelude {

@@ -164,6 +164,11 @@ pub enum Error {
     /// An agent was configured inconsistently (a missing backend, a zero limit).
     #[error("invalid agent configuration: {0}")]
     Config(String),
+
+    /// A hook's configuration cannot be used (settings or frontmatter that are not in the
+    /// hooks format, a matcher that is not a pattern).
+    #[error("invalid hook: {0}")]
+    Hook(String),
 }
 
 /// `Result` with this crate's [`Error`].

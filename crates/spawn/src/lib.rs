@@ -82,6 +82,7 @@ pub mod control;
 pub mod coordinator;
 pub mod definition;
 pub mod error;
+pub mod hook;
 pub mod mailbox;
 pub mod runtime;
 pub mod strategy;

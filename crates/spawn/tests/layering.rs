@@ -9,6 +9,7 @@ use std::path::Path;
 const LAYERS: &[&[&str]] = &[
     &["error"],
     &["base", "definition", "worktree"],
+    &["hook"],
     &["tool", "transcript"],
     &["runtime", "timeline", "mailbox"],
     &["task"],

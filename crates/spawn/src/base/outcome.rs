@@ -48,6 +48,11 @@ pub enum StopReason {
     /// Its [`Halt`](crate::runtime::Halt) was requested: the run ended at a tool-round
     /// boundary, its tool results in the conversation (a teammate asked to shut down).
     Halted,
+    /// A `UserPromptSubmit` hook blocked the prompt: nothing was sent.
+    Blocked {
+        /// The hook's reason.
+        message: String,
+    },
     /// The backend failed; the error is in [`AgentRun::error`].
     Failed,
 }
@@ -73,6 +78,9 @@ impl fmt::Display for StopReason {
             StopReason::Refusal => f.write_str("the model refused"),
             StopReason::Cancelled => f.write_str("cancelled"),
             StopReason::Halted => f.write_str("halted at a tool-round boundary"),
+            StopReason::Blocked { message } => {
+                write!(f, "a UserPromptSubmit hook blocked the prompt: {message}")
+            }
             StopReason::Failed => f.write_str("failed"),
         }
     }
@@ -96,7 +104,9 @@ impl StopReason {
             | StopReason::OutputLimit { .. }
             | StopReason::PauseLimit { .. }
             | StopReason::Halted => TaskStatus::Completed,
-            StopReason::Refusal | StopReason::Failed => TaskStatus::Failed,
+            StopReason::Refusal | StopReason::Failed | StopReason::Blocked { .. } => {
+                TaskStatus::Failed
+            }
             StopReason::Cancelled => TaskStatus::Killed,
         }
     }
@@ -257,6 +267,12 @@ mod tests {
             (StopReason::Failed, Failed),
             (StopReason::Cancelled, Killed),
             (StopReason::Halted, Completed),
+            (
+                StopReason::Blocked {
+                    message: "no".into(),
+                },
+                Failed,
+            ),
         ];
         for (stop, want) in rows {
             assert_eq!(stop.task_status(), want, "{stop}");

@@ -187,9 +187,17 @@ impl TurnSnapshot {
 pub struct TreeState {
     live_agents: AtomicUsize,
     extensions: Extensions,
+    /// The tree's session id (its root agent's id): what hooks are told.
+    session: std::sync::OnceLock<String>,
 }
 
 impl TreeState {
+    /// The tree's session id: the id of the first agent that asked, which is its root (it runs
+    /// before anything it starts).
+    pub(crate) fn session(&self, asking: &forkhive_core::TaskId) -> &str {
+        self.session.get_or_init(|| asking.to_string())
+    }
+
     /// A new, empty tree state.
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())

@@ -68,6 +68,9 @@ pub(crate) struct Round<'a> {
     pub(crate) cx: &'a ToolContext,
     pub(crate) config: RoundConfig,
     pub(crate) emit: &'a Emitter,
+    /// The agent's hooks, and what their inputs start from (its identity).
+    pub(crate) hooks: &'a crate::hook::Hooks,
+    pub(crate) hook_base: &'a crate::hook::HookInput,
 }
 
 /// A call checked before it runs: either ready to run, or already answered.
@@ -189,7 +192,7 @@ impl Round<'_> {
         });
         let out = match prepared {
             Prepared::Answered(out) => out,
-            Prepared::Run(input) => self.permitted(call, input).await,
+            Prepared::Run(input) => self.hooked(call, input).await,
         };
         self.emit.emit(EventKind::ToolCallFinished {
             id: call.id.clone(),
@@ -201,9 +204,76 @@ impl Round<'_> {
         out
     }
 
-    async fn permitted(&self, call: &ToolCall, input: serde_json::Value) -> ToolOutput {
+    /// The call between its hooks: `PreToolUse` hooks may block it or rewrite its input
+    /// before the policy sees it; `PostToolUse` hooks see what a call that ran answered, and
+    /// may add to it.
+    async fn hooked(&self, call: &ToolCall, mut input: serde_json::Value) -> ToolOutput {
+        use crate::hook::HookEvent;
+        let hook_input = |event: HookEvent, input: &serde_json::Value| {
+            let mut i = self.hook_base.clone();
+            i.event = event;
+            i.tool_name = Some(call.name.to_string());
+            i.tool_use_id = Some(call.id.to_string());
+            i.tool_input = Some(input.clone());
+            i
+        };
+        if self.hooks.wants(HookEvent::PreToolUse, Some(&call.name)) {
+            let d = self
+                .hooks
+                .run(hook_input(HookEvent::PreToolUse, &input))
+                .await;
+            for message in d.warnings {
+                self.emit.emit(EventKind::Warning { message });
+            }
+            if let Some(reason) = d.blocked {
+                return ToolOutput::error(format!(
+                    "a PreToolUse hook blocked `{}`: {reason}",
+                    call.name
+                ));
+            }
+            if let Some(rewritten) = d.input {
+                if let Err(e) = self.pool.validate(&call.name, &rewritten) {
+                    return ToolOutput::error(format!(
+                        "a PreToolUse hook rewrote the input of `{}` into one that does not \
+                         match its schema: {e}",
+                        call.name
+                    ));
+                }
+                input = rewritten;
+            }
+        }
+        let post = self.hooks.wants(HookEvent::PostToolUse, Some(&call.name));
+        let kept = post.then(|| input.clone());
+        let (mut out, ran) = self.permitted(call, input).await;
+        if let (true, Some(input)) = (ran, kept) {
+            let mut i = hook_input(HookEvent::PostToolUse, &input);
+            i.tool_response = Some(serde_json::json!({
+                "content": out.text_content(),
+                "is_error": out.is_error,
+            }));
+            let d = self.hooks.run(i).await;
+            for message in d.warnings {
+                self.emit.emit(EventKind::Warning { message });
+            }
+            if let Some(reason) = d.blocked {
+                out.content.push(ContentBlock::text(format!(
+                    "A PostToolUse hook says: {reason}"
+                )));
+            }
+            for text in d.context {
+                out.content.push(ContentBlock::text(text));
+            }
+        }
+        out
+    }
+
+    /// Asks the policy and runs the tool; whether it ran.
+    async fn permitted(&self, call: &ToolCall, input: serde_json::Value) -> (ToolOutput, bool) {
         let Some(tool) = self.pool.get(&call.name) else {
-            return ToolOutput::error(format!("unknown tool `{}`", call.name));
+            return (
+                ToolOutput::error(format!("unknown tool `{}`", call.name)),
+                false,
+            );
         };
         let decision = AssertUnwindSafe(self.policy.check(PermissionRequest {
             tool: tool.as_ref(),
@@ -216,27 +286,34 @@ impl Round<'_> {
         let decision = match decision {
             Ok(d) => d,
             Err(panic) => {
-                return ToolOutput::error(format!(
-                    "the permission policy panicked while checking `{}`: {}; the call did not run",
-                    call.name,
-                    panic_message(panic.as_ref())
-                ));
+                return (
+                    ToolOutput::error(format!(
+                        "the permission policy panicked while checking `{}`: {}; the call did \
+                         not run",
+                        call.name,
+                        panic_message(panic.as_ref())
+                    )),
+                    false,
+                );
             }
         };
         let input = match decision {
             PermissionDecision::Allow => input,
-            PermissionDecision::Deny { reason } => return ToolOutput::error(reason),
+            PermissionDecision::Deny { reason } => return (ToolOutput::error(reason), false),
             PermissionDecision::AllowWithInput(rewritten) => {
                 if let Err(e) = self.pool.validate(&call.name, &rewritten) {
                     let problems = match e {
                         crate::Error::InvalidInput { problems, .. } => problems.join("\n"),
                         other => other.to_string(),
                     };
-                    return ToolOutput::error(format!(
-                        "the permission policy rewrote the input of `{}` into one that does not \
-                         match its schema:\n{problems}",
-                        call.name
-                    ));
+                    return (
+                        ToolOutput::error(format!(
+                            "the permission policy rewrote the input of `{}` into one that does \
+                             not match its schema:\n{problems}",
+                            call.name
+                        )),
+                        false,
+                    );
                 }
                 rewritten
             }
@@ -251,7 +328,7 @@ impl Round<'_> {
         let at = started
             .checked_add(limit)
             .unwrap_or_else(|| started + Duration::from_secs(30 * 365 * 86_400));
-        match tokio::time::timeout_at(at, run).await {
+        let out = match tokio::time::timeout_at(at, run).await {
             Ok(Ok(out)) => out,
             Ok(Err(panic)) => ToolOutput::error(format!(
                 "tool `{}` panicked: {}",
@@ -263,7 +340,8 @@ impl Round<'_> {
                 call.name,
                 crate::base::events::format_duration(limit)
             )),
-        }
+        };
+        (out, true)
     }
 }
 

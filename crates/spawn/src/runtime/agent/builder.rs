@@ -36,6 +36,8 @@ pub struct AgentBuilder {
     pub(super) keep_children: bool,
     pub(super) inherit_transcript: Option<usize>,
     pub(super) extensions: Vec<Extension>,
+    /// The host's hooks (a child's come from its parent, through its seed).
+    pub(super) hooks: crate::hook::Hooks,
 }
 
 /// A value for the tree's [`Extensions`], put there at build.
@@ -82,6 +84,7 @@ impl AgentBuilder {
             keep_children: false,
             inherit_transcript: None,
             extensions: Vec::new(),
+            hooks: crate::hook::Hooks::new(),
         }
     }
 
@@ -155,6 +158,13 @@ impl AgentBuilder {
         self
     }
 
+    /// The host's hooks ([`crate::hook`]): they run for this agent and every agent it starts,
+    /// before a definition's own (which run for that agent only).
+    pub fn hooks(mut self, hooks: crate::hook::Hooks) -> Self {
+        self.hooks = hooks;
+        self
+    }
+
     /// The permission policy (default: [`AllowAll`]).
     pub fn policy(mut self, policy: Arc<dyn PermissionPolicy>) -> Self {
         self.policy = policy;
@@ -187,6 +197,7 @@ impl AgentBuilder {
         self.tree = Some(seed.tree);
         self.cancel = Some(seed.cancel);
         self.parent_policy = Some(seed.parent_policy);
+        self.hooks = seed.hooks;
         self
     }
 
@@ -382,6 +393,18 @@ impl AgentBuilder {
                 (b.build(), pool)
             }
         };
+        // The host's hooks, then the definition's own (for this agent only).
+        let own_hooks = match def.and_then(|d| d.hooks.as_ref().map(|h| (d, h))) {
+            Some((d, h)) => {
+                let (own, notes) =
+                    crate::hook::Hooks::from_settings(h, &format!("agent `{}`", d.name))?;
+                warnings.extend(notes);
+                own
+            }
+            None => crate::hook::Hooks::new(),
+        };
+        let host_hooks = self.hooks;
+        let hooks = host_hooks.then(&own_hooks);
         let mut limits = self.limits;
         if let Some(n) = def.and_then(|d| d.max_turns) {
             limits.max_turns = Some(n);
@@ -491,6 +514,8 @@ impl AgentBuilder {
                 cancel: self.cancel.unwrap_or_default(),
                 pending: self.pending,
                 halt: crate::base::pending::Halt::new(),
+                host_hooks,
+                hooks,
                 events: self.events,
                 transcript_dir: self.transcript_dir,
                 wait_for_promises: !self.detach,

@@ -201,10 +201,63 @@ impl Agent {
 
     /// Adds `prompt` as a user message (with any pending messages after it) and runs the loop
     /// until the model stops, a limit is reached, or the agent is cancelled.
+    ///
+    /// `UserPromptSubmit` hooks see the prompt first: one that blocks ends the run at once
+    /// ([`StopReason::Blocked`]), context they give follows the prompt. A subagent's first run
+    /// also runs `SubagentStart` hooks, whose context follows too.
     pub async fn run(&mut self, prompt: impl Into<String>) -> AgentRun {
+        use crate::hook::HookEvent;
+        let prompt: String = prompt.into();
+        let mut extra = Vec::new();
+        if self.shared.hooks.wants(HookEvent::UserPromptSubmit, None) {
+            let mut input = self.hook_input(HookEvent::UserPromptSubmit);
+            input.prompt = Some(prompt.clone());
+            let d = self.shared.hooks.run(input).await;
+            for message in d.warnings {
+                self.emit.emit(EventKind::Warning { message });
+            }
+            if let Some(reason) = d.blocked {
+                let run = self.run_state();
+                return self
+                    .finish(run, StopReason::Blocked { message: reason })
+                    .await;
+            }
+            extra.extend(d.context);
+        }
+        let first_of_child = self.shared.cx.depth() > 0 && self.turn == 0;
+        if first_of_child
+            && self
+                .shared
+                .hooks
+                .wants(HookEvent::SubagentStart, self.shared.cx.agent_type())
+        {
+            let d = self
+                .shared
+                .hooks
+                .run(self.hook_input(HookEvent::SubagentStart))
+                .await;
+            for message in d.warnings {
+                self.emit.emit(EventKind::Warning { message });
+            }
+            extra.extend(d.context);
+        }
         let mut blocks = vec![ContentBlock::text(prompt)];
+        blocks.extend(extra.into_iter().map(ContentBlock::text));
         blocks.extend(self.drain_pending());
         self.run_with(Some(blocks)).await
+    }
+
+    /// A hook input for `event` about this agent.
+    pub(crate) fn hook_input(&self, event: crate::hook::HookEvent) -> crate::hook::HookInput {
+        let id = self.shared.cx.id();
+        let mut input = crate::hook::HookInput::new(
+            event,
+            self.shared.tree.session(id).to_owned(),
+            id.to_string(),
+        );
+        input.agent_type = self.shared.cx.agent_type().map(str::to_owned);
+        input.transcript_path = self.transcript_path().map(Path::to_path_buf);
+        input
     }
 
     /// Runs the loop on the conversation as it stands — it must end with a user message (or

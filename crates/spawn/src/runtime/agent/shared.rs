@@ -21,6 +21,8 @@ pub struct ChildSeed {
     pub cancel: CancellationToken,
     /// The parent's permission policy (for `permissionMode: bubble`).
     pub parent_policy: Arc<dyn PermissionPolicy>,
+    /// The host's hooks, which run for every agent of the tree.
+    pub hooks: crate::hook::Hooks,
 }
 
 /// The parts of an agent its tools may use — to spawn a child with the same backend, tools
@@ -49,6 +51,10 @@ pub(crate) struct AgentShared {
     pub(crate) pending: PendingQueue,
     /// A request to end the run at the next tool-round boundary.
     pub(crate) halt: crate::base::pending::Halt,
+    /// The host's hooks (passed on to children).
+    pub(crate) host_hooks: crate::hook::Hooks,
+    /// The hooks that run for this agent: the host's, then its definition's.
+    pub(crate) hooks: crate::hook::Hooks,
     /// Where the agent's events go.
     pub(crate) events: Option<Arc<dyn EventSink>>,
     /// Where the agent writes its transcript (children write theirs beside it).
@@ -92,6 +98,7 @@ impl AgentShared {
             tree: Arc::clone(&self.tree),
             cancel: self.cancel.child_token(),
             parent_policy: Arc::clone(&self.policy),
+            hooks: self.host_hooks.clone(),
         }
     }
 }

@@ -131,6 +131,8 @@ impl Agent {
             self.emit.emit(EventKind::Warning { message });
         }
         let mut run = self.run_state();
+        // How many times in a row stop hooks sent the agent on.
+        let mut stop_blocks = 0u32;
         if let Some(first) = first
             && let Err(e) = self.push(vec![Message::user(first)]).await
         {
@@ -174,7 +176,18 @@ impl Agent {
                     Some(Wake::Idle) if self.shared.halt.take() => {
                         return self.finish(run, StopReason::Halted).await;
                     }
-                    Some(Wake::Idle) => return self.finish(run, StopReason::Completed).await,
+                    Some(Wake::Idle) => {
+                        if let Some(reason) = self.stop_hooks(&run, &mut stop_blocks).await {
+                            // Sent on: the reason is its next message.
+                            let next = vec![Message::user(vec![ContentBlock::text(reason)])];
+                            if let Err(e) = self.push(next).await {
+                                run.error = Some(Arc::new(e));
+                                return self.finish(run, StopReason::Failed).await;
+                            }
+                            continue;
+                        }
+                        return self.finish(run, StopReason::Completed).await;
+                    }
                     Some(Wake::Messages(ms)) => {
                         let blocks = self.woken(ms).await;
                         if let Err(e) = self.push(vec![Message::user(blocks)]).await {
@@ -185,6 +198,39 @@ impl Agent {
                 },
             }
         }
+    }
+
+    /// `Stop` hooks (`SubagentStop` for a subagent) as the agent is about to end its run: the
+    /// reason of one that blocks, which sends the agent on — at most [`MAX_STOP_BLOCKS`](crate::hook::MAX_STOP_BLOCKS)
+    /// times in a row, after which the run ends with a warning.
+    async fn stop_hooks(&self, run: &RunState, blocks: &mut u32) -> Option<String> {
+        use crate::hook::HookEvent;
+        let (event, subject) = if self.shared.cx.depth() > 0 {
+            (HookEvent::SubagentStop, self.shared.cx.agent_type())
+        } else {
+            (HookEvent::Stop, None)
+        };
+        if !self.shared.hooks.wants(event, subject) {
+            return None;
+        }
+        if *blocks >= crate::hook::MAX_STOP_BLOCKS {
+            self.emit.emit(EventKind::Warning {
+                message: format!(
+                    "{event} hooks sent the agent on {blocks} times in a row; its run ends"
+                ),
+            });
+            return None;
+        }
+        let mut input = self.hook_input(event);
+        input.stop_hook_active = *blocks > 0;
+        input.last_assistant_message = Some(run.final_text.clone());
+        let d = self.shared.hooks.run(input).await;
+        for message in d.warnings {
+            self.emit.emit(EventKind::Warning { message });
+        }
+        let reason = d.blocked?;
+        *blocks += 1;
+        Some(reason)
     }
 
     /// One model turn and, if the model called tools, one tool round.
@@ -380,6 +426,8 @@ impl Agent {
                 timeout: self.shared.limits.tool_timeout,
             },
             emit: &self.emit,
+            hooks: &self.shared.hooks,
+            hook_base: &self.hook_input(crate::hook::HookEvent::PreToolUse),
         };
         if cut_off.is_empty() {
             return round.run(calls).await;

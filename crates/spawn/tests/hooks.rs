@@ -1,0 +1,510 @@
+//! Hooks with real shell scripts: a blocking one (exit 2), a rewriting one (JSON
+//! `updatedInput`), a slow one (past its timeout), one that exits 1 (Claude Code does not block
+//! on it), one that prints garbage, a JSON deny, `PostToolUse` context, `UserPromptSubmit`
+//! blocking and context, a `Stop` hook that sends the agent on once, a definition's hooks that
+//! apply to its agent only, the input a hook reads, and the settings format's refusals.
+#![cfg(unix)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use async_trait::async_trait;
+use forkhive_spawn::hook::{
+    CommandHook, Hook, HookEvent, HookInput, HookOutcome, Hooks, MAX_STOP_BLOCKS,
+};
+use forkhive_spawn::runtime::{Agent, EventKind, StopReason};
+use forkhive_spawn::tool::ToolPool;
+use support::*;
+
+/// Writes `body` as an executable script `name` in `dir`, returning its path as a command.
+fn script(dir: &Path, name: &str, body: &str) -> String {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path.display().to_string()
+}
+
+fn hooks(list: Vec<Arc<dyn Hook>>) -> Hooks {
+    Hooks::of(list)
+}
+
+fn pre(matcher: &str, command: &str) -> Arc<dyn Hook> {
+    Arc::new(CommandHook::new(HookEvent::PreToolUse, matcher, command).unwrap())
+}
+
+/// An agent with a `Write` tool that records what it was called with, and `hooks`.
+async fn agent_with(
+    b: Arc<Brain>,
+    hooks: Hooks,
+) -> (
+    Agent,
+    Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+    Arc<Events>,
+) {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s2 = Arc::clone(&seen);
+    let write = TestTool::new(
+        "Write",
+        r#"{"type":"object","properties":{"path":{"type":"string"}},"required":["path"]}"#,
+        false,
+        move |input, _| {
+            let s2 = Arc::clone(&s2);
+            async move {
+                s2.lock().unwrap().push(input.clone());
+                forkhive_spawn::tool::ToolOutput::text(format!("wrote {}", input["path"]))
+            }
+        },
+    )
+    .arc();
+    let events = Arc::new(Events::default());
+    let agent = Agent::builder(b)
+        .model("m")
+        .tools(ToolPool::new([write]).unwrap())
+        .hooks(hooks)
+        .events(events.clone())
+        .build()
+        .await
+        .unwrap();
+    (agent, seen, events)
+}
+
+/// The model writes `secret.txt` once, then answers with what it got back.
+fn writer() -> Arc<Brain> {
+    brain(|r| {
+        if !has_tool_result(r) {
+            return Plan::Reply(calls(&[("w1", "Write", r#"{"path":"secret.txt"}"#)]));
+        }
+        Plan::Reply(say(&results(r)
+            .into_iter()
+            .map(|(_, t, _)| t)
+            .collect::<Vec<_>>()
+            .join("|")))
+    })
+}
+
+fn warnings(events: &Events) -> Vec<String> {
+    events
+        .take()
+        .into_iter()
+        .filter_map(|e| match e.kind {
+            EventKind::Warning { message } => Some(message),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn an_exit_2_hook_blocks_the_call_with_its_standard_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let block = script(
+        dir.path(),
+        "block.sh",
+        "cat > /dev/null; echo 'secret files are off limits' >&2; exit 2",
+    );
+    let (mut a, seen, _) = agent_with(writer(), hooks(vec![pre("Write|Edit", &block)])).await;
+    let run = a.run("go").await;
+    assert_eq!(
+        run.final_text,
+        "a PreToolUse hook blocked `Write`: secret files are off limits"
+    );
+    assert!(seen.lock().unwrap().is_empty(), "the tool did not run");
+}
+
+#[tokio::test]
+async fn a_hook_rewrites_the_input_and_a_bad_rewrite_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let rewrite = script(
+        dir.path(),
+        "rewrite.sh",
+        r#"cat > /dev/null; echo '{"hookSpecificOutput":{"hookEventName":"PreToolUse","updatedInput":{"path":"safe.txt"}}}'"#,
+    );
+    let (mut a, seen, _) = agent_with(writer(), hooks(vec![pre("Write", &rewrite)])).await;
+    let run = a.run("go").await;
+    assert_eq!(run.final_text, "wrote \"safe.txt\"");
+    assert_eq!(seen.lock().unwrap()[0]["path"], "safe.txt");
+    let bad = script(
+        dir.path(),
+        "bad.sh",
+        r#"cat > /dev/null; echo '{"hookSpecificOutput":{"updatedInput":{"file":1}}}'"#,
+    );
+    let (mut a, seen, _) = agent_with(writer(), hooks(vec![pre("Write", &bad)])).await;
+    let run = a.run("go").await;
+    assert!(
+        run.final_text.starts_with(
+            "a PreToolUse hook rewrote the input of `Write` into one that does not match its schema"
+        ),
+        "{}",
+        run.final_text
+    );
+    assert!(seen.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_slow_hook_is_stopped_at_its_timeout_and_the_call_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let slow = script(dir.path(), "slow.sh", "sleep 30");
+    let hook = CommandHook::new(HookEvent::PreToolUse, "*", &slow)
+        .unwrap()
+        .with_timeout(std::time::Duration::from_millis(300));
+    let started = std::time::Instant::now();
+    let (mut a, seen, events) = agent_with(writer(), hooks(vec![Arc::new(hook)])).await;
+    let run = a.run("go").await;
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    assert_eq!(run.final_text, "wrote \"secret.txt\"");
+    assert_eq!(seen.lock().unwrap().len(), 1);
+    assert_eq!(
+        warnings(&events),
+        [format!(
+            "PreToolUse hook `{slow}` (matcher `*`) did not finish within 300ms; it was stopped and the agent went on"
+        )]
+    );
+}
+
+#[tokio::test]
+async fn exit_1_does_not_block_and_garbage_is_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    // The shape of a corpus agent's hook: it means to block, but exit 1 does not.
+    let one = "echo 'Blocked: read-only' && exit 1";
+    let garbage = script(
+        dir.path(),
+        "garbage.sh",
+        "cat > /dev/null; echo '{not json'",
+    );
+    let (mut a, seen, events) = agent_with(
+        writer(),
+        hooks(vec![pre("Write", one), pre("Write", &garbage)]),
+    )
+    .await;
+    let run = a.run("go").await;
+    assert_eq!(run.final_text, "wrote \"secret.txt\"");
+    assert_eq!(seen.lock().unwrap().len(), 1);
+    let w = warnings(&events);
+    assert_eq!(
+        w[0],
+        format!(
+            "PreToolUse hook `{one}` (matcher `Write`) exited with 1 (only exit 2 blocks); the agent went on"
+        )
+    );
+    assert!(
+        w[1].starts_with(&format!(
+            "PreToolUse hook `{garbage}` (matcher `Write`) printed output that is not valid JSON ("
+        )),
+        "{w:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_json_deny_blocks_and_post_tool_use_adds_to_the_result() {
+    let deny = r#"cat > /dev/null; echo '{"hookSpecificOutput":{"permissionDecision":"deny","permissionDecisionReason":"not today"}}'"#;
+    let (mut a, _, _) = agent_with(writer(), hooks(vec![pre("Write", deny)])).await;
+    assert_eq!(
+        a.run("go").await.final_text,
+        "a PreToolUse hook blocked `Write`: not today"
+    );
+    let post: Arc<dyn Hook> = Arc::new(
+        CommandHook::new(
+            HookEvent::PostToolUse,
+            "Write",
+            r#"cat > /dev/null; echo '{"decision":"block","reason":"run the formatter next"}'"#,
+        )
+        .unwrap(),
+    );
+    let (mut a, seen, _) = agent_with(writer(), hooks(vec![post])).await;
+    assert_eq!(
+        a.run("go").await.final_text,
+        "wrote \"secret.txt\"A PostToolUse hook says: run the formatter next"
+    );
+    assert_eq!(seen.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_prompt_hook_blocks_or_adds_context_and_reads_the_event_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("input.json");
+    let record = format!(
+        "cat > {}; case \"$(cat {})\" in *forbidden*) echo 'no forbidden prompts' >&2; exit 2;; esac; echo 'The repository is in Rust.'",
+        log.display(),
+        log.display()
+    );
+    let hook: Arc<dyn Hook> =
+        Arc::new(CommandHook::new(HookEvent::UserPromptSubmit, "", &record).unwrap());
+    let b = brain(|r| Plan::Reply(say(&last_texts(r).join("|"))));
+    let (mut a, _, _) = agent_with(b, hooks(vec![hook])).await;
+    let run = a.run("what language?").await;
+    assert_eq!(run.final_text, "what language?|The repository is in Rust.");
+    let input: serde_json::Value = serde_json::from_slice(&std::fs::read(&log).unwrap()).unwrap();
+    assert_eq!(input["hook_event_name"], "UserPromptSubmit");
+    assert_eq!(input["prompt"], "what language?");
+    assert_eq!(
+        input["agent_id"], input["session_id"],
+        "the root's own session"
+    );
+    assert!(input["cwd"].is_string());
+    let run = a.run("something forbidden").await;
+    assert_eq!(
+        run.stop,
+        StopReason::Blocked {
+            message: "no forbidden prompts".into()
+        }
+    );
+    assert!(run.turns.is_empty(), "nothing was sent");
+}
+
+/// A Stop hook that blocks while `stop_hook_active` is false sends the agent on once; one that
+/// always blocks is cut off after `MAX_STOP_BLOCKS`.
+#[tokio::test]
+async fn a_stop_hook_sends_the_agent_on_and_is_bounded() {
+    let once =
+        r#"if grep -q '"stop_hook_active":false'; then echo 'run the tests first' >&2; exit 2; fi"#;
+    let hook: Arc<dyn Hook> = Arc::new(CommandHook::new(HookEvent::Stop, "", once).unwrap());
+    let b = brain(|r| {
+        if last_texts(r).join("").contains("run the tests first") {
+            Plan::Reply(say("tests pass"))
+        } else {
+            Plan::Reply(say("done"))
+        }
+    });
+    let (mut a, _, _) = agent_with(b, hooks(vec![hook])).await;
+    let run = a.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    assert_eq!(run.final_text, "tests pass");
+    assert_eq!(run.turns.len(), 2);
+    let always: Arc<dyn Hook> = Arc::new(
+        CommandHook::new(
+            HookEvent::Stop,
+            "",
+            "cat >/dev/null; echo again >&2; exit 2",
+        )
+        .unwrap(),
+    );
+    let (mut a, _, events) =
+        agent_with(brain(|_| Plan::Reply(say("done"))), hooks(vec![always])).await;
+    let run = a.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    assert_eq!(run.turns.len() as u32, MAX_STOP_BLOCKS + 1);
+    assert_eq!(
+        warnings(&events),
+        [format!(
+            "Stop hooks sent the agent on {MAX_STOP_BLOCKS} times in a row; its run ends"
+        )]
+    );
+}
+
+/// In-process hooks compose in order: a rewrite is what the next hook sees, the first block
+/// ends the chain.
+#[tokio::test]
+async fn in_process_hooks_compose_in_order() {
+    #[derive(Debug)]
+    struct Rewrite;
+    #[async_trait]
+    impl Hook for Rewrite {
+        fn matches(&self, event: HookEvent, _: Option<&str>) -> bool {
+            event == HookEvent::PreToolUse
+        }
+        async fn run(&self, _: &HookInput) -> HookOutcome {
+            HookOutcome::Rewrite {
+                input: serde_json::json!({"path": "first.txt"}),
+            }
+        }
+    }
+    #[derive(Debug)]
+    struct Check(Arc<std::sync::atomic::AtomicUsize>);
+    #[async_trait]
+    impl Hook for Check {
+        fn matches(&self, event: HookEvent, _: Option<&str>) -> bool {
+            event == HookEvent::PreToolUse
+        }
+        async fn run(&self, input: &HookInput) -> HookOutcome {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            if input.tool_input.as_ref().unwrap()["path"] == "first.txt" {
+                HookOutcome::Block {
+                    reason: "saw the rewrite".into(),
+                }
+            } else {
+                HookOutcome::Continue
+            }
+        }
+    }
+    let after = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (mut a, seen, _) = agent_with(
+        writer(),
+        hooks(vec![
+            Arc::new(Rewrite),
+            Arc::new(Check(Arc::new(std::sync::atomic::AtomicUsize::new(0)))),
+            Arc::new(Check(Arc::clone(&after))),
+        ]),
+    )
+    .await;
+    assert_eq!(
+        a.run("go").await.final_text,
+        "a PreToolUse hook blocked `Write`: saw the rewrite"
+    );
+    assert_eq!(
+        after.load(Ordering::SeqCst),
+        0,
+        "the chain ended at the block"
+    );
+    assert!(seen.lock().unwrap().is_empty());
+}
+
+#[test]
+fn the_settings_format_is_read_and_what_cannot_be_used_is_said() {
+    let v = serde_json::json!({
+        "PreToolUse": [{"matcher": "Write|Edit", "hooks": [
+            {"type": "command", "command": "exit 0", "timeout": 5},
+            {"type": "prompt", "prompt": "is this safe?"}
+        ]}],
+        "Notification": [{"hooks": [{"type": "command", "command": "true"}]}],
+        "PostToolUse": [{"matcher": "(", "hooks": [{"type": "command", "command": "true"}]}]
+    });
+    let (h, warnings) = Hooks::from_settings(&v, "agent `auditor`").unwrap();
+    assert_eq!(h.len(), 1);
+    assert!(h.wants(HookEvent::PreToolUse, Some("Edit")));
+    assert!(!h.wants(HookEvent::PreToolUse, Some("Read")));
+    assert_eq!(warnings.len(), 3, "{warnings:?}");
+    assert!(warnings.contains(
+        &"hooks of agent `auditor`: `Notification` is not an event this host runs hooks for (it runs PreToolUse, PostToolUse, UserPromptSubmit, Stop, SubagentStart, SubagentStop); left out".to_owned()
+    ));
+    assert!(warnings.contains(
+        &"hooks of agent `auditor`: a `PreToolUse` hook of type `prompt` is not supported here (only `command`); left out".to_owned()
+    ));
+    assert!(
+        warnings.contains(
+            &"hooks of agent `auditor`: matcher `(` is not a valid pattern: unclosed group; left out"
+                .to_owned()
+        ),
+        "{warnings:?}"
+    );
+    for (bad, why) in [
+        (
+            serde_json::json!([]),
+            "hooks of agent `auditor`: expected an object of events",
+        ),
+        (
+            serde_json::json!({"Stop": {}}),
+            "hooks of agent `auditor`: `Stop` is not a list of matcher groups",
+        ),
+        (
+            serde_json::json!({"Stop": [{"matcher": ""}]}),
+            "hooks of agent `auditor`: a `Stop` group has no `hooks` list",
+        ),
+        (
+            serde_json::json!({"Stop": [{"hooks": [{"type": "command"}]}]}),
+            "hooks of agent `auditor`: a `Stop` command hook has no `command`",
+        ),
+    ] {
+        assert_eq!(
+            Hooks::from_settings(&bad, "agent `auditor`")
+                .unwrap_err()
+                .to_string(),
+            format!("invalid hook: {why}")
+        );
+    }
+}
+
+/// A definition's hooks (its frontmatter, in the corpus's shape) run for its agent only; the
+/// host's run for the whole tree, `SubagentStart` context reaches the subagent, and a
+/// `SubagentStop` hook sends it on once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_definitions_hooks_apply_to_its_agent_and_the_hosts_to_all() {
+    use forkhive_spawn::agent_tool::{AgentTool, AgentToolConfig};
+    use forkhive_spawn::definition::{AgentRegistry, parse_agent_markdown};
+    let md = "---\nname: auditor\ndescription: reads only\nhooks:\n  PreToolUse:\n    - matcher: \"Write|Edit\"\n      hooks:\n        - type: command\n          command: \"echo 'Blocked: read-only auditor' >&2; exit 2\"\n  SubagentStop:\n    - hooks:\n        - type: command\n          command: \"grep -q '\\\"stop_hook_active\\\":false' && { echo 'list what you checked' >&2; exit 2; }; exit 0\"\n---\nYou audit.\n";
+    let def = parse_agent_markdown(
+        Path::new("auditor.md"),
+        md,
+        forkhive_spawn::definition::DefinitionSource::Project,
+    )
+    .unwrap()
+    .definition;
+    let blocked = Arc::new(std::sync::Mutex::new(Vec::<(String, bool)>::new()));
+    let b2 = Arc::clone(&blocked);
+    let b = brain(move |r| {
+        let text = format!("{:?}", r.all_messages());
+        if !is_parent(r) {
+            b2.lock()
+                .unwrap()
+                .extend(results(r).into_iter().map(|(_, t, e)| (t, e)));
+            if text.contains("list what you checked") {
+                return Plan::Reply(say("checked auth.rs"));
+            }
+            if !has_tool_result(r) {
+                assert!(text.contains("audit context from the host"), "{text}");
+                return Plan::Reply(calls(&[("w", "Write", r#"{"path":"x"}"#)]));
+            }
+            return Plan::Reply(say(&results(r)[0].1));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[
+                (
+                    "a",
+                    "Agent",
+                    r#"{"description":"audit","prompt":"audit","subagent_type":"auditor"}"#,
+                ),
+                ("w", "Write", r#"{"path":"mine"}"#),
+            ]));
+        }
+        Plan::Reply(say(&results(r)
+            .into_iter()
+            .map(|(_, t, _)| t)
+            .collect::<Vec<_>>()
+            .join(" | ")))
+    });
+    let write = TestTool::new(
+        "Write",
+        r#"{"type":"object","properties":{"path":{"type":"string"}}}"#,
+        false,
+        |input, _| async move {
+            forkhive_spawn::tool::ToolOutput::text(format!("wrote {}", input["path"]))
+        },
+    )
+    .arc();
+    let start: Arc<dyn Hook> = Arc::new(
+        CommandHook::new(
+            HookEvent::SubagentStart,
+            "auditor",
+            "cat >/dev/null; echo 'audit context from the host'",
+        )
+        .unwrap(),
+    );
+    let tool = AgentTool::new(
+        AgentToolConfig::default()
+            .with_registry(AgentRegistry::from_definitions([def]))
+            .with_warm_fanout(None),
+    )
+    .unwrap();
+    let mut lead = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(ToolPool::new([tool.arc(), write]).unwrap())
+        .hooks(hooks(vec![start]))
+        .build()
+        .await
+        .unwrap();
+    let run = lead.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    // The subagent's Write was blocked by its own hook, its stop hook sent it on once, and the
+    // lead's Write ran.
+    assert!(
+        run.final_text.contains("checked auth.rs"),
+        "{}",
+        run.final_text
+    );
+    assert!(
+        run.final_text.contains("wrote \"mine\""),
+        "{}",
+        run.final_text
+    );
+    assert_eq!(
+        blocked.lock().unwrap().clone(),
+        [(
+            "a PreToolUse hook blocked `Write`: Blocked: read-only auditor".to_owned(),
+            true
+        )]
+    );
+}
