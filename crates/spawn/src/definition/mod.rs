@@ -43,6 +43,7 @@ mod frontmatter;
 mod loader;
 mod parse;
 mod registry;
+pub mod skills;
 mod yaml;
 
 use std::collections::BTreeMap;

@@ -40,7 +40,7 @@ fn changed(requested: &str) -> String {
 
 /// Whether `path`, as written, stays under `root`: no `..`, and an absolute path must start
 /// with `root`. Touches nothing on disk.
-fn lexically_inside(root: &Path, path: &Path) -> bool {
+pub(crate) fn lexically_inside(root: &Path, path: &Path) -> bool {
     if path.is_absolute() {
         path.starts_with(root) && !path.components().any(|c| matches!(c, Component::ParentDir))
     } else {
@@ -157,11 +157,11 @@ fn file_kind(meta: &std::fs::Metadata) -> &'static str {
     "a special file"
 }
 
-fn definition(name: &str, description: &str, schema: &str) -> Result<ToolDefinition> {
+pub(crate) fn definition(name: &str, description: &str, schema: &str) -> Result<ToolDefinition> {
     Ok(ToolDefinition::new(name, description, schema)?)
 }
 
-async fn canonical_root(root: impl Into<PathBuf>) -> Result<PathBuf> {
+pub(crate) async fn canonical_root(root: impl Into<PathBuf>) -> Result<PathBuf> {
     let root = root.into();
     let io = |path: &PathBuf| {
         let path = path.clone();

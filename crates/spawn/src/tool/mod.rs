@@ -17,6 +17,7 @@
 pub mod filter;
 pub mod fs;
 pub mod func;
+pub mod memory;
 pub mod orchestrate;
 pub mod permission;
 pub mod pool;

@@ -123,6 +123,12 @@ impl ToolPool {
         self.entries.is_empty()
     }
 
+    /// A new pool of these tools and then `more` (this pool is unchanged); a name already here
+    /// is an error, as in [`new`](Self::new).
+    pub fn with(&self, more: impl IntoIterator<Item = Arc<dyn Tool>>) -> Result<Self> {
+        Self::new(self.entries.iter().map(|e| Arc::clone(&e.tool)).chain(more))
+    }
+
     /// A new pool of the tools `keep` accepts, in the same relative order (this pool is
     /// unchanged).
     #[must_use]

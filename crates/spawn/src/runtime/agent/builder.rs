@@ -308,6 +308,27 @@ impl AgentBuilder {
                     Some(_) => ToolAudience::Foreground,
                 });
         let mut warnings = Vec::new();
+        let tree = self.tree.unwrap_or_default();
+        for Extension { type_name, put } in self.extensions {
+            // Stored by type: an `Arc` of an `Arc` (say `Arc::new(TaskService::new(..))`, whose
+            // `new` already returns one) would sit under a type nothing looks up.
+            if let Some(inner) = type_name
+                .strip_prefix("alloc::sync::Arc<")
+                .or_else(|| type_name.strip_prefix("std::sync::Arc<"))
+            {
+                let inner = inner.strip_suffix('>').unwrap_or(inner);
+                return Err(Error::Config(format!(
+                    "`.extension` was given an `Arc<Arc<{inner}>>`, which nothing looks up: \
+                     pass the `Arc<{inner}>` itself"
+                )));
+            }
+            if !put(tree.extensions()) {
+                return Err(Error::Config(format!(
+                    "the agent tree already holds a `{type_name}`; a tree has one of each \
+                     service, so configure that one instead of passing another to the builder"
+                )));
+            }
+        }
         let pool = match def {
             Some(d) if self.params.is_none() => {
                 static DEFAULT_FILTER: std::sync::LazyLock<ToolFilter> =
@@ -332,6 +353,18 @@ impl AgentBuilder {
             }
             _ => self.tools.clone(),
         };
+        // What a definition's `memory` and `skills` bring: tools (a fresh head only; a cached
+        // head already has them) and text for the first message.
+        let mut first_context = Vec::new();
+        let mut pool = pool;
+        if let Some(d) = def {
+            let (tools, context) =
+                definition_extras(d, &tree, self.params.is_none(), &mut warnings).await?;
+            if !tools.is_empty() {
+                pool = pool.with(tools)?;
+            }
+            first_context = context;
+        }
         let (params, pool) = match self.params {
             Some(p) => {
                 for t in p.tools() {
@@ -477,27 +510,6 @@ impl AgentBuilder {
             }
             None => None,
         };
-        let tree = self.tree.unwrap_or_default();
-        for Extension { type_name, put } in self.extensions {
-            // Stored by type: an `Arc` of an `Arc` (say `Arc::new(TaskService::new(..))`, whose
-            // `new` already returns one) would sit under a type nothing looks up.
-            if let Some(inner) = type_name
-                .strip_prefix("alloc::sync::Arc<")
-                .or_else(|| type_name.strip_prefix("std::sync::Arc<"))
-            {
-                let inner = inner.strip_suffix('>').unwrap_or(inner);
-                return Err(Error::Config(format!(
-                    "`.extension` was given an `Arc<Arc<{inner}>>`, which nothing looks up: \
-                     pass the `Arc<{inner}>` itself"
-                )));
-            }
-            if !put(tree.extensions()) {
-                return Err(Error::Config(format!(
-                    "the agent tree already holds a `{type_name}`; a tree has one of each \
-                     service, so configure that one instead of passing another to the builder"
-                )));
-            }
-        }
         let emit = Emitter::new(*cx.id(), self.events.clone());
         let mut settings = self.settings;
         settings.max_tokens = limits.max_output_tokens;
@@ -531,6 +543,7 @@ impl AgentBuilder {
             unsent: self.unsent,
             keep_children: self.keep_children,
             warnings,
+            first_context,
         })
     }
 }
@@ -543,4 +556,60 @@ fn audience_word(audience: ToolAudience) -> &'static str {
         ToolAudience::Background => "background",
         ToolAudience::Teammate => "teammate",
     }
+}
+
+/// A definition's memory ([`crate::tool::memory`]) and preloaded skills
+/// ([`crate::definition::skills`]): the memory tools (when `with_tools`: a fresh head) and the
+/// text its first message starts with — its initial prompt, its memory, its skills. What the
+/// host cannot give is a warning, and the agent runs without it.
+async fn definition_extras(
+    d: &AgentDefinition,
+    tree: &TreeState,
+    with_tools: bool,
+    warnings: &mut Vec<String>,
+) -> Result<(Vec<Arc<dyn crate::tool::Tool>>, Vec<String>)> {
+    let mut tools: Vec<Arc<dyn crate::tool::Tool>> = Vec::new();
+    let mut context = Vec::new();
+    if let Some(scope) = &d.memory {
+        let dir = match tree.extensions().get::<crate::tool::memory::MemoryRoots>() {
+            Some(roots) => roots.dir(scope, &d.name),
+            None => Err(format!(
+                "`memory: {scope}` needs the host's MemoryRoots in the agent tree, which it did \
+                 not give"
+            )),
+        };
+        match dir {
+            Ok(dir) => match crate::tool::memory::Memory::open(&dir).await {
+                Ok(memory) => {
+                    if with_tools {
+                        tools.extend(memory.tools()?);
+                    }
+                    context.push(memory.context().await);
+                }
+                Err(e) => warnings.push(format!(
+                    "agent `{}`: its memory at {} cannot be used ({e}); it runs without memory",
+                    d.name,
+                    dir.display()
+                )),
+            },
+            Err(why) => warnings.push(format!("agent `{}`: {why}; it runs without memory", d.name)),
+        }
+    }
+    if !d.skills.is_empty() {
+        let loaded = tree.extensions().get::<crate::definition::skills::Skills>();
+        for name in &d.skills {
+            match loaded.as_ref().and_then(|s| s.get(name)) {
+                Some(skill) => context.push(skill.context()),
+                None => warnings.push(format!(
+                    "agent `{}` preloads skill `{name}`, which this host has not loaded \
+                     (definition::skills::Skills in the agent tree); it runs without it",
+                    d.name
+                )),
+            }
+        }
+    }
+    if let Some(first) = d.initial_prompt.as_ref().filter(|p| !p.trim().is_empty()) {
+        context.push(first.clone());
+    }
+    Ok((tools, context))
 }

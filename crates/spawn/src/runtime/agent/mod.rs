@@ -97,6 +97,9 @@ pub struct Agent {
     /// Warnings from building it, emitted when it first runs (after its parent's
     /// `ChildStarted`).
     warnings: Vec<String>,
+    /// What the first run's message starts with (a definition's memory, skills and initial
+    /// prompt), taken by that run.
+    first_context: Vec<String>,
 }
 
 /// Dropping an agent stops everything it started that still runs: a run that ended at a limit
@@ -241,7 +244,11 @@ impl Agent {
             }
             extra.extend(d.context);
         }
-        let mut blocks = vec![ContentBlock::text(prompt)];
+        let mut blocks: Vec<ContentBlock> = std::mem::take(&mut self.first_context)
+            .into_iter()
+            .map(ContentBlock::text)
+            .collect();
+        blocks.push(ContentBlock::text(prompt));
         blocks.extend(extra.into_iter().map(ContentBlock::text));
         blocks.extend(self.drain_pending());
         self.run_with(Some(blocks)).await

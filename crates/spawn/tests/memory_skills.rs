@@ -1,0 +1,194 @@
+//! A definition's `memory`, `skills` and `initialPrompt`, used: the memory directory per agent
+//! type and scope with its two confined tools and its index in the first message (shared by
+//! two agents of the type), preloaded skills from `<dir>/skills/<name>/SKILL.md`, the initial
+//! prompt first — and what the host cannot give, said as a warning.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::sync::Arc;
+
+use forkhive_spawn::definition::skills::Skills;
+use forkhive_spawn::definition::{AgentDefinition, DefinitionSource};
+use forkhive_spawn::runtime::{Agent, EventKind};
+use forkhive_spawn::tool::memory::MemoryRoots;
+use support::*;
+
+fn notes() -> AgentDefinition {
+    let mut d = AgentDefinition::new("notes", "keeps notes", DefinitionSource::Project);
+    d.system_prompt = "You keep notes.".into();
+    d.model = Some("m".into());
+    d.memory = Some("project".into());
+    d
+}
+
+fn warnings(events: &Events) -> Vec<String> {
+    events
+        .take()
+        .into_iter()
+        .filter_map(|e| match e.kind {
+            EventKind::Warning { message } => Some(message),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn memory_is_kept_per_type_confined_and_in_the_first_message() {
+    let project = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let roots = Arc::new(MemoryRoots::new(None, Some(project.path().to_owned())));
+    // The first agent: its memory is empty; it writes its index, tries to leave, and reads.
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<(String, bool)>::new()));
+    let s2 = Arc::clone(&seen);
+    let first = brain(move |r| {
+        s2.lock()
+            .unwrap()
+            .extend(results(r).into_iter().map(|(_, t, e)| (t, e)));
+        if r.all_messages().len() == 1 {
+            let text = r.all_messages()[0].text();
+            assert!(text.contains("(empty: no MEMORY.md yet"), "{text}");
+            return Plan::Reply(calls(&[
+                (
+                    "w",
+                    "MemoryWrite",
+                    r#"{"path":"MEMORY.md","content":"- the user likes tests"}"#,
+                ),
+                (
+                    "x",
+                    "MemoryWrite",
+                    r#"{"path":"../escape.md","content":"out"}"#,
+                ),
+                ("r", "MemoryRead", r#"{"path":"."}"#),
+            ]));
+        }
+        Plan::Reply(say("noted"))
+    });
+    let mut a = Agent::builder(first)
+        .definition(notes())
+        .extension(Arc::clone(&roots))
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(a.run("remember this").await.final_text, "noted");
+    let dir = project.path().join(".claude/agent-memory/notes");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("MEMORY.md")).unwrap(),
+        "- the user likes tests"
+    );
+    assert_eq!(
+        seen.lock().unwrap().clone(),
+        [
+            ("Kept `MEMORY.md` (22 bytes).".to_owned(), false),
+            (
+                "path `../escape.md` is outside your memory directory".to_owned(),
+                true
+            ),
+            ("MEMORY.md".to_owned(), false),
+        ]
+    );
+    assert!(
+        !project
+            .path()
+            .join(".claude/agent-memory/escape.md")
+            .exists()
+    );
+    // A link out of the memory is refused both ways.
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(outside.path(), dir.join("out")).unwrap();
+    // A second agent of the type: the index is in its first message.
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<(String, bool)>::new()));
+    let s2 = Arc::clone(&seen);
+    let second = brain(move |r| {
+        s2.lock()
+            .unwrap()
+            .extend(results(r).into_iter().map(|(_, t, e)| (t, e)));
+        if r.all_messages().len() == 1 {
+            let text = r.all_messages()[0].text();
+            assert!(text.contains("- the user likes tests"), "{text}");
+            return Plan::Reply(calls(&[
+                ("r", "MemoryRead", r#"{"path":"out"}"#),
+                ("w", "MemoryWrite", r#"{"path":"out/x.md","content":"x"}"#),
+            ]));
+        }
+        Plan::Reply(say("I remember"))
+    });
+    let mut b = Agent::builder(second)
+        .definition(notes())
+        .extension(roots)
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(b.run("what do you know?").await.final_text, "I remember");
+    #[cfg(unix)]
+    {
+        assert_eq!(
+            seen.lock().unwrap().clone(),
+            [
+                (
+                    "path `out` is outside your memory directory".to_owned(),
+                    true
+                ),
+                (
+                    "path `out/x.md` is outside your memory directory".to_owned(),
+                    true
+                ),
+            ]
+        );
+        assert!(!outside.path().join("x.md").exists());
+    }
+}
+
+#[tokio::test]
+async fn skills_and_the_initial_prompt_come_first_and_what_is_missing_is_said() {
+    let home = tempfile::tempdir().unwrap();
+    let skill = home.path().join("skills/review");
+    std::fs::create_dir_all(&skill).unwrap();
+    std::fs::write(
+        skill.join("SKILL.md"),
+        "---\nname: review\ndescription: how we review\n---\nCheck tests first.\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(home.path().join("skills/broken")).unwrap();
+    std::fs::write(home.path().join("skills/broken/SKILL.md"), "no frontmatter").unwrap();
+    let (skills, problems) = Skills::load(&[home.path().to_owned()]);
+    assert_eq!(skills.len(), 1);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    let mut d = AgentDefinition::new("reviewer", "reviews", DefinitionSource::Project);
+    d.model = Some("m".into());
+    d.skills = vec!["review".into(), "deploy".into()];
+    d.memory = Some("user".into());
+    d.initial_prompt = Some("Read the diff first.".into());
+    let b = brain(|r| {
+        let blocks = &r.all_messages()[0];
+        let text = blocks.text();
+        let at = |needle: &str| {
+            text.find(needle)
+                .unwrap_or_else(|| panic!("{needle} in {text}"))
+        };
+        assert!(
+            at("<skill name=\"review\">\nCheck tests first.\n</skill>")
+                < at("Read the diff first.")
+        );
+        assert!(at("Read the diff first.") < at("review this"));
+        let tools: Vec<String> = r.prefix.tools().iter().map(|t| t.name.clone()).collect();
+        assert!(!tools.contains(&"MemoryRead".to_owned()), "{tools:?}");
+        Plan::Reply(say("ok"))
+    });
+    let events = Arc::new(Events::default());
+    let mut a = Agent::builder(b)
+        .definition(d)
+        .extension(Arc::new(skills))
+        .events(events.clone())
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(a.run("review this").await.final_text, "ok");
+    assert_eq!(
+        warnings(&events),
+        [
+            "agent `reviewer`: `memory: user` needs the host's MemoryRoots in the agent tree, which it did not give; it runs without memory".to_owned(),
+            "agent `reviewer` preloads skill `deploy`, which this host has not loaded (definition::skills::Skills in the agent tree); it runs without it".to_owned(),
+        ]
+    );
+}
