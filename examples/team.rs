@@ -235,6 +235,8 @@ async fn run(a: Args) -> Result<(), String> {
     let def = |name: &str, prompt: &str, tools: &[&str]| {
         let mut d = AgentDefinition::new(name, name, DefinitionSource::Host);
         d.system_prompt = prompt.to_owned();
+        // Each agent in its definition's colour in the live view.
+        d.color = Some(if name == "builder" { "green" } else { "cyan" }.to_owned());
         d.tools = Some(tools.iter().map(|t| (*t).to_owned()).collect());
         d
     };
@@ -246,6 +248,11 @@ async fn run(a: Args) -> Result<(), String> {
         ),
         def("reviewer", REVIEWER, &["Read", "LS", "SendMessage"]),
     ]);
+    let registry_colors: std::collections::HashMap<String, Option<String>> = registry
+        .list()
+        .into_iter()
+        .map(|d| (d.name.clone(), d.color.clone()))
+        .collect();
     let worker_tools = ToolPool::new([
         Arc::new(ReadFile::new(&repo).await.map_err(|e| chain(&e))?) as Arc<dyn Tool>,
         Arc::new(ListDir::new(&repo).await.map_err(|e| chain(&e))?) as _,
@@ -295,6 +302,7 @@ async fn run(a: Args) -> Result<(), String> {
         }
     );
     // The live view: each change of a teammate's state, as it happens.
+    let colors = registry_colors;
     let watcher = {
         let team = Arc::clone(&team);
         tokio::spawn(async move {
@@ -303,7 +311,12 @@ async fn run(a: Args) -> Result<(), String> {
                 for m in team.roster() {
                     let now = (m.name.clone(), m.state);
                     if !seen.contains(&now) {
-                        println!("  {:<6} {}", m.name, m.state);
+                        let color = colors.get(&m.agent_type).cloned().flatten();
+                        println!(
+                            "  {} {}",
+                            common::paint(&format!("{:<6}", m.name), color.as_deref()),
+                            m.state
+                        );
                         seen.retain(|(n, _)| *n != m.name);
                         seen.push(now);
                     }

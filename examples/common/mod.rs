@@ -11,6 +11,30 @@ use forkhive::core::ToolDefinition;
 use forkhive::spawn::tool::{Tool, ToolContext, ToolOutput};
 
 /// Runs `git -C dir args…` with a fixed identity; its trimmed stdout, or what it said.
+/// `text` in an agent definition's `color` (Claude Code's names: red, blue, green, yellow,
+/// purple, orange, pink, cyan) when standard output is a terminal; as it is otherwise, or for a
+/// colour it does not know.
+#[allow(dead_code)]
+pub(crate) fn paint(text: &str, color: Option<&str>) -> String {
+    use std::io::IsTerminal as _;
+    let code = match color {
+        Some("red") => "31",
+        Some("green") => "32",
+        Some("yellow") => "33",
+        Some("blue") => "34",
+        Some("purple") => "35",
+        Some("cyan") => "36",
+        Some("orange") => "38;5;208",
+        Some("pink") => "38;5;205",
+        _ => return text.to_owned(),
+    };
+    if std::io::stdout().is_terminal() {
+        format!("\x1b[{code}m{text}\x1b[0m")
+    } else {
+        text.to_owned()
+    }
+}
+
 pub(crate) fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
     let out = std::process::Command::new("git")
         .arg("-C")

@@ -192,3 +192,77 @@ async fn skills_and_the_initial_prompt_come_first_and_what_is_missing_is_said() 
         ]
     );
 }
+
+/// A definition's `effort` reaches each request's settings; a value that is no effort is a
+/// warning and the backend's default is used.
+#[tokio::test]
+async fn effort_reaches_the_request_and_an_unknown_one_is_said() {
+    for (written, want) in [
+        ("high", Some(forkhive_transport::Effort::High)),
+        ("turbo", None),
+    ] {
+        let mut d = AgentDefinition::new("thinker", "thinks", DefinitionSource::Project);
+        d.model = Some("m".into());
+        d.effort = Some(written.into());
+        let b = brain(move |r| {
+            assert_eq!(r.settings.effort, want);
+            Plan::Reply(say("ok"))
+        });
+        let events = Arc::new(Events::default());
+        let mut a = Agent::builder(b)
+            .definition(d)
+            .events(events.clone())
+            .build()
+            .await
+            .unwrap();
+        assert_eq!(a.run("think").await.final_text, "ok");
+        let w = warnings(&events);
+        if want.is_none() {
+            assert_eq!(
+                w,
+                [
+                    "agent `thinker`: effort `turbo` is not one of low, medium, high, max; the backend's default is used"
+                ]
+            );
+        } else {
+            assert!(w.is_empty(), "{w:?}");
+        }
+    }
+}
+
+/// MCP servers: a definition that requires one this host does not have is not started; one
+/// that only names some runs without them, and says so — never silently.
+#[tokio::test]
+async fn mcp_servers_this_host_lacks_are_said_or_refused() {
+    let mut d = AgentDefinition::new("searcher", "searches", DefinitionSource::Project);
+    d.model = Some("m".into());
+    d.mcp_servers = vec![
+        serde_json::json!("github"),
+        serde_json::json!({"docs": {"command": "docs-server"}}),
+    ];
+    let events = Arc::new(Events::default());
+    let mut a = Agent::builder(brain(|_| Plan::Reply(say("ok"))))
+        .definition(d.clone())
+        .events(events.clone())
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(a.run("go").await.final_text, "ok");
+    assert_eq!(
+        warnings(&events),
+        [
+            "agent `searcher` names MCP servers `github`, `docs`, which this host does not connect to; it runs without their tools"
+        ]
+    );
+    d.extra
+        .insert("requiredMcpServers".into(), serde_json::json!(["github"]));
+    let err = Agent::builder(brain(|_| Plan::Reply(say("ok"))))
+        .definition(d)
+        .build()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid agent configuration: agent `searcher` requires MCP servers `github`, which this host does not have; it was not started"
+    );
+}

@@ -67,7 +67,7 @@ pub use codec::{
 };
 pub use error::{Error, Result};
 pub use request::{
-    BlockStart, ModelStop, PartialUsage, Request, RequestSettings, Response, ResponseBuilder,
-    StreamEvent, Suffix, ToolChoice,
+    BlockStart, Effort, ModelStop, PartialUsage, Request, RequestSettings, Response,
+    ResponseBuilder, StreamEvent, Suffix, ToolChoice,
 };
 pub use scripted::ScriptedBackend;

@@ -45,6 +45,68 @@ pub struct RequestSettings {
     pub thinking: Option<ThinkingConfig>,
     /// OpenAI's optional `prompt_cache_key` routing hint.
     pub prompt_cache_key: Option<String>,
+    /// How hard the model should reason (an agent definition's `effort`), as each wire format
+    /// can say it: Anthropic, a thinking budget ([`Effort::thinking_budget`]) when no
+    /// thinking config is set; OpenAI-compatible, `reasoning_effort`.
+    pub effort: Option<Effort>,
+}
+
+/// Reasoning effort, as agent definitions write it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Effort {
+    /// `low`.
+    Low,
+    /// `medium`.
+    Medium,
+    /// `high`.
+    High,
+    /// `max`: more than `high` where the format can say so.
+    Max,
+}
+
+impl Effort {
+    /// Every effort, lowest first.
+    pub const ALL: [Effort; 4] = [Effort::Low, Effort::Medium, Effort::High, Effort::Max];
+
+    /// The effort named `name` (`low`, `medium`, `high`, `max`; any case).
+    pub fn from_name(name: &str) -> Option<Effort> {
+        let name = name.trim().to_ascii_lowercase();
+        Effort::ALL.into_iter().find(|e| e.as_str() == name)
+    }
+
+    /// Its name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Effort::Low => "low",
+            Effort::Medium => "medium",
+            Effort::High => "high",
+            Effort::Max => "max",
+        }
+    }
+
+    /// The Anthropic thinking budget it becomes: 2,048, 8,192, 16,384 or 32,768 tokens. The
+    /// request's `max_tokens` grows by the budget (the API wants it above the budget), so the
+    /// answer keeps its own limit.
+    pub fn thinking_budget(self) -> u32 {
+        match self {
+            Effort::Low => 2_048,
+            Effort::Medium => 8_192,
+            Effort::High => 16_384,
+            Effort::Max => 32_768,
+        }
+    }
+
+    /// The OpenAI `reasoning_effort` it becomes, and whether that says it exactly (`max` is
+    /// sent as `high`, the most the format has).
+    pub fn reasoning_effort(self) -> (&'static str, bool) {
+        match self {
+            Effort::Low => ("low", true),
+            Effort::Medium => ("medium", true),
+            Effort::High => ("high", true),
+            Effort::Max => ("high", false),
+        }
+    }
 }
 
 impl Default for RequestSettings {
@@ -56,6 +118,7 @@ impl Default for RequestSettings {
             tool_choice: None,
             thinking: None,
             prompt_cache_key: None,
+            effort: None,
         }
     }
 }

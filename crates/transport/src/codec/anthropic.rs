@@ -247,9 +247,20 @@ impl AnthropicCodec {
 
     fn push_tail(&self, out: &mut Vec<u8>, request: &Request, stream: bool) {
         let s = &request.settings;
+        // An effort without a thinking config becomes a thinking budget, on top of the
+        // answer's own limit (the API wants `max_tokens` above the budget).
+        let thinking = request.thinking().or_else(|| {
+            s.effort.map(|e| forkhive_core::ThinkingConfig::Enabled {
+                budget_tokens: e.thinking_budget(),
+            })
+        });
+        let max_tokens = match (request.thinking(), s.effort) {
+            (None, Some(e)) => s.max_tokens.saturating_add(e.thinking_budget()),
+            _ => s.max_tokens,
+        };
         out.extend_from_slice(br#"],"max_tokens":"#);
-        push_json(out, &s.max_tokens);
-        if let Some(t) = request.thinking() {
+        push_json(out, &max_tokens);
+        if let Some(t) = thinking {
             out.extend_from_slice(br#","thinking":"#);
             push_json(out, &t);
         }
@@ -637,6 +648,30 @@ mod tests {
 
     fn body(codec: &AnthropicCodec, r: &Request, stream: bool) -> String {
         String::from_utf8(codec.encode(r, stream).to_bytes().to_vec()).unwrap()
+    }
+
+    /// An effort without a thinking config is a thinking budget, on top of `max_tokens`; a
+    /// thinking config the caller set wins.
+    #[test]
+    fn effort_becomes_a_thinking_budget() {
+        let codec = AnthropicCodec::default();
+        let mut r = Request::new(params(), vec![Message::user_text("go")]).with_max_tokens(64);
+        r.settings.effort = Some(crate::request::Effort::High);
+        let b = body(&codec, &r, false);
+        assert!(
+            b.ends_with(
+                r#""max_tokens":16448,"thinking":{"type":"enabled","budget_tokens":16384}}"#
+            ),
+            "{b}"
+        );
+        r.settings.thinking = Some(forkhive_core::ThinkingConfig::Enabled {
+            budget_tokens: 1024,
+        });
+        let b = body(&codec, &r, false);
+        assert!(
+            b.ends_with(r#""max_tokens":64,"thinking":{"type":"enabled","budget_tokens":1024}}"#),
+            "{b}"
+        );
     }
 
     #[test]

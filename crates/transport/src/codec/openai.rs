@@ -315,6 +315,21 @@ impl OpenAiCodec {
                 }
             }
         }
+        if let Some(e) = s.effort {
+            let (said, exact) = e.reasoning_effort();
+            if !exact {
+                static ONCE: std::sync::Once = std::sync::Once::new();
+                ONCE.call_once(|| {
+                    tracing::warn!(
+                        "effort `{}` cannot be said in the OpenAI format; sent as \
+                         reasoning_effort `{said}`",
+                        e.as_str()
+                    );
+                });
+            }
+            out.extend_from_slice(br#","reasoning_effort":"#);
+            json::write_str(out, said);
+        }
         if let Some(k) = &s.prompt_cache_key {
             out.extend_from_slice(br#","prompt_cache_key":"#);
             json::write_str(out, k);
@@ -735,6 +750,30 @@ mod tests {
                 Message::user(vec![ContentBlock::tool_result_text("c1", "file")]),
             ])
             .build()
+    }
+
+    /// An effort is `reasoning_effort`; `max`, which the format cannot say, is `high`.
+    #[test]
+    fn effort_becomes_reasoning_effort() {
+        for (e, said) in [
+            (crate::request::Effort::Low, "low"),
+            (crate::request::Effort::High, "high"),
+            (crate::request::Effort::Max, "high"),
+        ] {
+            let mut r = Request::new(params(), vec![Message::user_text("go")]).with_max_tokens(8);
+            r.settings.effort = Some(e);
+            let body = String::from_utf8(OpenAiCodec::new().encode(&r, false).to_bytes().to_vec())
+                .unwrap();
+            assert!(
+                body.ends_with(&format!(r#""max_tokens":8,"reasoning_effort":"{said}"}}"#)),
+                "{body}"
+            );
+        }
+        assert_eq!(
+            crate::request::Effort::from_name(" High "),
+            Some(crate::request::Effort::High)
+        );
+        assert_eq!(crate::request::Effort::from_name("turbo"), None);
     }
 
     #[test]

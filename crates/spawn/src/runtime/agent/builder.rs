@@ -512,6 +512,19 @@ impl AgentBuilder {
         };
         let emit = Emitter::new(*cx.id(), self.events.clone());
         let mut settings = self.settings;
+        // A definition's `effort`, as each backend can say it (RequestSettings::effort).
+        if let Some(d) = def
+            && let Some(written) = &d.effort
+        {
+            match forkhive_transport::Effort::from_name(written) {
+                Some(e) => settings.effort = Some(e),
+                None => warnings.push(format!(
+                    "agent `{}`: effort `{written}` is not one of low, medium, high, max; the \
+                     backend's default is used",
+                    d.name
+                )),
+            }
+        }
         settings.max_tokens = limits.max_output_tokens;
         Ok(Agent {
             shared: Arc::new(AgentShared {
@@ -570,6 +583,52 @@ async fn definition_extras(
 ) -> Result<(Vec<Arc<dyn crate::tool::Tool>>, Vec<String>)> {
     let mut tools: Vec<Arc<dyn crate::tool::Tool>> = Vec::new();
     let mut context = Vec::new();
+    // MCP servers: this host connects to none yet. A definition that requires one is not
+    // started (it would run without what it needs); one that only names some runs without
+    // them, and says so.
+    let names = |v: &serde_json::Value| -> Vec<String> {
+        match v {
+            serde_json::Value::String(s) => vec![s.clone()],
+            serde_json::Value::Object(o) => o.keys().cloned().collect(),
+            serde_json::Value::Array(a) => a.iter().flat_map(names_of).collect(),
+            _ => Vec::new(),
+        }
+    };
+    fn names_of(v: &serde_json::Value) -> Vec<String> {
+        match v {
+            serde_json::Value::String(s) => vec![s.clone()],
+            serde_json::Value::Object(o) => o.keys().cloned().collect(),
+            _ => Vec::new(),
+        }
+    }
+    if let Some(required) = d.extra.get("requiredMcpServers") {
+        let missing = names(required);
+        if !missing.is_empty() {
+            return Err(Error::Config(format!(
+                "agent `{}` requires MCP servers {}, which this host does not have; it was not \
+                 started",
+                d.name,
+                missing
+                    .iter()
+                    .map(|m| format!("`{m}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+    }
+    let servers: Vec<String> = d.mcp_servers.iter().flat_map(names_of).collect();
+    if !servers.is_empty() {
+        warnings.push(format!(
+            "agent `{}` names MCP servers {}, which this host does not connect to; it runs \
+             without their tools",
+            d.name,
+            servers
+                .iter()
+                .map(|m| format!("`{m}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     if let Some(scope) = &d.memory {
         let dir = match tree.extensions().get::<crate::tool::memory::MemoryRoots>() {
             Some(roots) => roots.dir(scope, &d.name),
