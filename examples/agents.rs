@@ -1,8 +1,10 @@
 //! Load agent definitions from directories, merge them with the built-ins, and print the
-//! registry: a table, or one JSON object with `--json`.
+//! registry: a table, or one JSON object with `--json` that also says, per agent, which MCP
+//! servers, hooks, skills, memory and effort it needs and whether this host can give them
+//! (and, in `summary`, how many agents need each and how many can run as written).
 //!
 //! Run: `cargo run --example agents -- [--json] [--user DIR] [--project DIR] [--policy DIR]
-//! [--plugin DIR] [--flag DIR]`
+//! [--plugin DIR] [--flag DIR] [--skills DIR]`
 //!
 //! Each DIR is scanned recursively for `*.md` files; each flag may repeat. Bad files are
 //! reported (as warnings or errors) and the program still exits 0; it exits 2 only when it
@@ -11,9 +13,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use forkhive::spawn::definition::skills::Skills;
 use forkhive::spawn::definition::{
     AgentDefinition, AgentLoader, AgentRegistry, DefinitionSource, FileStatus,
 };
+use forkhive::spawn::hook::Hooks;
 use serde_json::{Value, json};
 
 /// Loads every *.md file under each DIR (recursively) as agent definitions of that source,
@@ -40,6 +44,9 @@ struct Args {
     /// Agents given on the command line at start-up (may repeat).
     #[arg(long, value_name = "DIR")]
     flag: Vec<PathBuf>,
+    /// A directory with `skills/<name>/SKILL.md` (may repeat): the skills this host loads.
+    #[arg(long, value_name = "DIR")]
+    skills: Vec<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -67,15 +74,105 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let (skills, _) = Skills::load(&args.skills);
     if args.json {
-        println!("{}", to_json(&registry));
+        println!("{}", to_json(&registry, &skills));
     } else {
         print_table(&registry);
     }
     ExitCode::SUCCESS
 }
 
-fn agent_json(def: &AgentDefinition) -> Value {
+/// The MCP servers `def` needs: those its `mcpServers` names or defines, and those its tool
+/// list names (`mcp__<server>__<tool>`).
+fn mcp_servers(def: &AgentDefinition) -> Vec<String> {
+    let mut out: Vec<String> = def
+        .mcp_servers
+        .iter()
+        .flat_map(|v| match v {
+            Value::String(s) => vec![s.clone()],
+            Value::Object(o) => o.keys().cloned().collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    for t in def.tools.iter().flatten() {
+        if let Some(server) = t.strip_prefix("mcp__").and_then(|r| r.split("__").next()) {
+            out.push(server.to_owned());
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Every `command` string in a hooks object.
+fn collect_commands(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Object(o) => {
+            for (k, x) in o {
+                match (k.as_str(), x) {
+                    ("command", Value::String(c)) => out.push(c.clone()),
+                    _ => collect_commands(x, out),
+                }
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|x| collect_commands(x, out)),
+        _ => {}
+    }
+}
+
+/// What `def` needs beyond tools, and whether this host (hooks, memory and effort supported;
+/// no MCP servers; the skills loaded with `--skills`) can give it.
+fn needs(def: &AgentDefinition, skills: &Skills) -> Value {
+    let servers = mcp_servers(def);
+    let hooks = def.hooks.as_ref().map(|h| {
+        match Hooks::from_settings(h, &format!("agent `{}`", def.name)) {
+            Ok((hooks, mut warnings)) => {
+                // Claude Code's own trap, found in real files: a hook that means to block but
+                // exits 1 (only exit 2 blocks).
+                let mut commands = Vec::new();
+                collect_commands(h, &mut commands);
+                for c in commands.iter().filter(|c| c.contains("exit 1")) {
+                    warnings.push(format!(
+                        "hook `{c}` exits 1, which does not block (only exit 2 does)"
+                    ));
+                }
+                json!({"hooks": hooks.len(), "warnings": warnings, "usable": warnings.is_empty()})
+            }
+            Err(e) => json!({"hooks": 0, "warnings": [e.to_string()], "usable": false}),
+        }
+    });
+    let missing_skills: Vec<&String> = def
+        .skills
+        .iter()
+        .filter(|s| skills.get(s).is_none())
+        .collect();
+    let effort_ok = def
+        .effort
+        .as_deref()
+        .is_none_or(|e| forkhive::transport::Effort::from_name(e).is_some());
+    let memory_ok = def
+        .memory
+        .as_deref()
+        .is_none_or(|m| matches!(m, "user" | "project" | "local"));
+    let runs_as_written = servers.is_empty()
+        && hooks.as_ref().is_none_or(|h| h["usable"] == true)
+        && missing_skills.is_empty()
+        && effort_ok
+        && memory_ok;
+    json!({
+        "mcp_servers": servers,
+        "hooks": hooks,
+        "skills": def.skills,
+        "missing_skills": missing_skills,
+        "memory": def.memory,
+        "effort": def.effort,
+        "effort_ok": effort_ok,
+        "runs_as_written": runs_as_written,
+    })
+}
+
+fn agent_json(def: &AgentDefinition, skills: &Skills) -> Value {
     json!({
         "name": def.name,
         "description": def.description,
@@ -85,12 +182,36 @@ fn agent_json(def: &AgentDefinition) -> Value {
         "source": def.source.as_str(),
         "path": def.path.as_ref().map(|p| p.to_string_lossy()),
         "system_prompt": def.system_prompt,
+        "needs": needs(def, skills),
     })
 }
 
-fn to_json(registry: &AgentRegistry) -> String {
+/// How many agents need each thing, and how many run as written here.
+fn summary(agents: &[Value]) -> Value {
+    let count = |f: &dyn Fn(&Value) -> bool| agents.iter().filter(|a| f(&a["needs"])).count();
+    json!({
+        "agents": agents.len(),
+        "runs_as_written": count(&|n| n["runs_as_written"] == true),
+        "need_mcp_servers": count(&|n| n["mcp_servers"].as_array().is_some_and(|a| !a.is_empty())),
+        "have_hooks": count(&|n| !n["hooks"].is_null()),
+        "hooks_usable": count(&|n| n["hooks"]["usable"] == true),
+        "preload_skills": count(&|n| n["skills"].as_array().is_some_and(|a| !a.is_empty())),
+        "missing_skills": count(&|n| n["missing_skills"].as_array().is_some_and(|a| !a.is_empty())),
+        "use_memory": count(&|n| !n["memory"].is_null()),
+        "set_effort": count(&|n| !n["effort"].is_null()),
+        "effort_unknown": count(&|n| n["effort_ok"] == false),
+    })
+}
+
+fn to_json(registry: &AgentRegistry, skills: &Skills) -> String {
+    let agents: Vec<Value> = registry
+        .list()
+        .into_iter()
+        .map(|d| agent_json(d, skills))
+        .collect();
     let value = json!({
-        "agents": registry.list().into_iter().map(agent_json).collect::<Vec<_>>(),
+        "summary": summary(&agents),
+        "agents": agents,
         "shadowed": registry.shadowed(),
         "errors": registry.errors(),
         "warnings": registry.warnings(),

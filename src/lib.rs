@@ -131,9 +131,13 @@ pub mod prelude {
     #[doc(inline)]
     pub use forkhive_spawn::agent_tool::{AgentTool, AgentToolConfig};
     #[doc(inline)]
+    pub use forkhive_spawn::definition::skills::Skills;
+    #[doc(inline)]
     pub use forkhive_spawn::definition::{
         AgentDefinition, AgentLoader, AgentRegistry, DefinitionSource,
     };
+    #[doc(inline)]
+    pub use forkhive_spawn::hook::{CommandHook, Hook, HookEvent, HookInput, HookOutcome, Hooks};
     #[doc(inline)]
     pub use forkhive_spawn::runtime::{
         Agent, AgentBuilder, AgentContext, AgentEvent, AgentRun, ChildReport, EventKind, EventSink,
@@ -141,6 +145,8 @@ pub mod prelude {
     };
     #[doc(inline)]
     pub use forkhive_spawn::task::{MemoryTaskRegistry, TaskConfig, TaskService};
+    #[doc(inline)]
+    pub use forkhive_spawn::tool::memory::MemoryRoots;
     #[doc(inline)]
     pub use forkhive_spawn::tool::{
         FnTool, InBackground, PermissionPolicy, Tool, ToolContext, ToolOutput, ToolPool,

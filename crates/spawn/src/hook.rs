@@ -325,14 +325,34 @@ impl Hooks {
     /// left out and said in the warnings (`where` names the source); a value that is not
     /// that shape at all is an error.
     pub fn from_settings(value: &Value, source: &str) -> Result<(Hooks, Vec<String>)> {
+        Self::read_settings(value, source, false)
+    }
+
+    /// [`from_settings`](Self::from_settings) for a subagent's definition: its `Stop` hooks
+    /// run when it stops, as `SubagentStop` (as Claude Code converts them).
+    pub fn from_subagent_definition(value: &Value, source: &str) -> Result<(Hooks, Vec<String>)> {
+        Self::read_settings(value, source, true)
+    }
+
+    fn read_settings(value: &Value, source: &str, subagent: bool) -> Result<(Hooks, Vec<String>)> {
         let bad = |why: String| Error::Hook(format!("hooks of {source}: {why}"));
-        let Some(events) = value.as_object() else {
+        let Some(mut events) = value.as_object() else {
             return Err(bad("expected an object of events".to_owned()));
         };
+        // A whole settings file: its `hooks`.
+        if let Some(inner) = events.get("hooks").and_then(Value::as_object)
+            && !events.keys().any(|k| HookEvent::from_name(k).is_some())
+        {
+            events = inner;
+        }
         let mut hooks: Vec<Arc<dyn Hook>> = Vec::new();
         let mut warnings = Vec::new();
         for (name, groups) in events {
-            let Some(event) = HookEvent::from_name(name) else {
+            let event = match HookEvent::from_name(name) {
+                Some(HookEvent::Stop) if subagent => Some(HookEvent::SubagentStop),
+                e => e,
+            };
+            let Some(event) = event else {
                 warnings.push(format!(
                     "hooks of {source}: `{name}` is not an event this host runs hooks for \
                      (it runs {}); left out",
@@ -494,6 +514,8 @@ impl CommandHook {
         {
             let mut c = tokio::process::Command::new("sh");
             c.arg("-c").arg(&self.command);
+            // A group of its own: what the command starts is stopped with it.
+            c.process_group(0);
             c
         }
     }
@@ -521,6 +543,10 @@ impl CommandHook {
         };
         let text = |k: &str, o: &Value| o.get(k).and_then(Value::as_str).map(str::to_owned);
         if v.get("continue").and_then(Value::as_bool) == Some(false) {
+            // For a stopping agent, "do not continue" is to let it stop.
+            if matches!(event, HookEvent::Stop | HookEvent::SubagentStop) {
+                return HookOutcome::Continue;
+            }
             return HookOutcome::Block {
                 reason: text("stopReason", &v).unwrap_or_else(|| format!("stopped by {self:?}")),
             };
@@ -547,6 +573,23 @@ impl CommandHook {
         match text("additionalContext", &specific) {
             Some(c) if !c.is_empty() => HookOutcome::Context(c),
             _ => HookOutcome::Continue,
+        }
+    }
+}
+
+/// Kills a command's process group when dropped (the shell and whatever it started; the
+/// group may be gone already).
+struct Group(Option<u32>);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        #[cfg(unix)]
+        if let Some(pid) = self
+            .0
+            .and_then(|p| i32::try_from(p).ok())
+            .and_then(rustix::process::Pid::from_raw)
+        {
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
         }
     }
 }
@@ -592,23 +635,30 @@ impl Hook for CommandHook {
                 };
             }
         };
+        // The one owner of the command's processes: however this call ends — an answer, a
+        // timeout, the agent no longer waiting — the whole group is killed.
+        let _group = Group(child.id());
         let stdin = child.stdin.take();
         let body = input.to_json().to_string();
         let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
         let talk = async {
-            if let Some(mut stdin) = stdin {
-                // A command that does not read its input closes the pipe: not an error.
-                let _ = stdin.write_all(body.as_bytes()).await;
-                drop(stdin);
-            }
-            let (out, err) = tokio::join!(read_capped(stdout), read_capped(stderr));
+            // Written while the output is read: a command that prints much before it reads (or
+            // never reads) cannot block on a full pipe while this call blocks on its input.
+            let write = async {
+                if let Some(mut stdin) = stdin {
+                    // A command that does not read its input closes the pipe: not an error.
+                    let _ = stdin.write_all(body.as_bytes()).await;
+                    drop(stdin);
+                }
+            };
+            let ((), out, err) = tokio::join!(write, read_capped(stdout), read_capped(stderr));
             let status = child.wait().await;
             (out, err, status)
         };
         let (out, err, status) = match tokio::time::timeout(self.timeout, talk).await {
             Ok(r) => r,
             Err(_) => {
-                // The child is killed as `talk` (which owns it) drops.
+                // Its process group is killed as `_group` drops.
                 return HookOutcome::Failed {
                     warning: format!(
                         "{self:?} did not finish within {}; it was stopped and the agent went on",

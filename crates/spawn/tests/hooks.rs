@@ -147,7 +147,12 @@ async fn a_hook_rewrites_the_input_and_a_bad_rewrite_is_refused() {
 #[tokio::test]
 async fn a_slow_hook_is_stopped_at_its_timeout_and_the_call_goes_on() {
     let dir = tempfile::tempdir().unwrap();
-    let slow = script(dir.path(), "slow.sh", "sleep 30");
+    let pidfile = dir.path().join("sleep.pid");
+    let slow = script(
+        dir.path(),
+        "slow.sh",
+        &format!("sleep 30 & echo $! > {}; wait", pidfile.display()),
+    );
     let hook = CommandHook::new(HookEvent::PreToolUse, "*", &slow)
         .unwrap()
         .with_timeout(std::time::Duration::from_millis(300));
@@ -163,6 +168,21 @@ async fn a_slow_hook_is_stopped_at_its_timeout_and_the_call_goes_on() {
             "PreToolUse hook `{slow}` (matcher `*`) did not finish within 300ms; it was stopped and the agent went on"
         )]
     );
+    // What the command started was stopped with it, not left to run on.
+    let pid = std::fs::read_to_string(&pidfile).unwrap().trim().to_owned();
+    let gone = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('Z'))
+        })
+    };
+    for _ in 0..100 {
+        if gone() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(gone(), "the hook's `sleep` (pid {pid}) still runs");
 }
 
 #[tokio::test]
@@ -414,7 +434,7 @@ fn the_settings_format_is_read_and_what_cannot_be_used_is_said() {
 async fn a_definitions_hooks_apply_to_its_agent_and_the_hosts_to_all() {
     use forkhive_spawn::agent_tool::{AgentTool, AgentToolConfig};
     use forkhive_spawn::definition::{AgentRegistry, parse_agent_markdown};
-    let md = "---\nname: auditor\ndescription: reads only\nhooks:\n  PreToolUse:\n    - matcher: \"Write|Edit\"\n      hooks:\n        - type: command\n          command: \"echo 'Blocked: read-only auditor' >&2; exit 2\"\n  SubagentStop:\n    - hooks:\n        - type: command\n          command: \"grep -q '\\\"stop_hook_active\\\":false' && { echo 'list what you checked' >&2; exit 2; }; exit 0\"\n---\nYou audit.\n";
+    let md = "---\nname: auditor\ndescription: reads only\nhooks:\n  PreToolUse:\n    - matcher: \"Write|Edit\"\n      hooks:\n        - type: command\n          command: \"echo 'Blocked: read-only auditor' >&2; exit 2\"\n  Stop:\n    - hooks:\n        - type: command\n          command: \"grep -q '\\\"stop_hook_active\\\":false' && { echo 'list what you checked' >&2; exit 2; }; exit 0\"\n---\nYou audit.\n";
     let def = parse_agent_markdown(
         Path::new("auditor.md"),
         md,
@@ -483,6 +503,7 @@ async fn a_definitions_hooks_apply_to_its_agent_and_the_hosts_to_all() {
         .system_prompt("You are the parent.")
         .tools(ToolPool::new([tool.arc(), write]).unwrap())
         .hooks(hooks(vec![start]))
+        .trust_definition_hooks(true)
         .build()
         .await
         .unwrap();
@@ -506,5 +527,40 @@ async fn a_definitions_hooks_apply_to_its_agent_and_the_hosts_to_all() {
             "a PreToolUse hook blocked `Write`: Blocked: read-only auditor".to_owned(),
             true
         )]
+    );
+}
+
+/// A project definition's hooks run shell commands: without the host's say-so they are left
+/// out, with a warning.
+#[tokio::test]
+async fn a_project_definitions_hooks_need_the_hosts_trust() {
+    let mut d = forkhive_spawn::definition::AgentDefinition::new(
+        "auditor",
+        "reads only",
+        forkhive_spawn::definition::DefinitionSource::Project,
+    );
+    d.model = Some("m".into());
+    d.hooks = Some(
+        serde_json::json!({"PreToolUse": [{"matcher": "Write", "hooks": [
+        {"type": "command", "command": "echo no >&2; exit 2"}]}]}),
+    );
+    let events = Arc::new(Events::default());
+    let write = TestTool::new("Write", r#"{"type":"object"}"#, false, |_, _| async {
+        forkhive_spawn::tool::ToolOutput::text("wrote")
+    })
+    .arc();
+    let mut a = Agent::builder(writer())
+        .definition(d)
+        .tools(ToolPool::new([write]).unwrap())
+        .events(events.clone())
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(a.run("go").await.final_text, "wrote");
+    assert_eq!(
+        warnings(&events),
+        [
+            "agent `auditor` has hooks, which run shell commands; this host does not run the hooks of project definitions (AgentBuilder::trust_definition_hooks), so they were left out"
+        ]
     );
 }

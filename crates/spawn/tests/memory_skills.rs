@@ -266,3 +266,55 @@ async fn mcp_servers_this_host_lacks_are_said_or_refused() {
         "invalid agent configuration: agent `searcher` requires MCP servers `github`, which this host does not have; it was not started"
     );
 }
+
+/// A memory directory that a repository made a symlink (to somewhere else) is refused, and an
+/// index that is a link is not read.
+#[cfg(unix)]
+#[tokio::test]
+async fn a_symlinked_memory_or_index_is_not_followed() {
+    let project = tempfile::tempdir().unwrap();
+    let secret = tempfile::tempdir().unwrap();
+    std::fs::write(secret.path().join("id_key"), "PRIVATE").unwrap();
+    let mem = project.path().join(".claude/agent-memory");
+    std::fs::create_dir_all(&mem).unwrap();
+    std::os::unix::fs::symlink(secret.path(), mem.join("notes")).unwrap();
+    let roots = Arc::new(MemoryRoots::new(None, Some(project.path().to_owned())));
+    let events = Arc::new(Events::default());
+    let b = brain(|r| {
+        let tools: Vec<String> = r.prefix.tools().iter().map(|t| t.name.clone()).collect();
+        assert!(!tools.contains(&"MemoryRead".to_owned()), "{tools:?}");
+        Plan::Reply(say("ok"))
+    });
+    let mut a = Agent::builder(b)
+        .definition(notes())
+        .extension(Arc::clone(&roots))
+        .events(events.clone())
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(a.run("go").await.final_text, "ok");
+    let w = warnings(&events);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].starts_with("agent `notes`: its memory at ")
+            && w[0].contains("is a symlink; a memory directory is a real directory"),
+        "{w:?}"
+    );
+    // A real directory whose index is a link out: the index is not read.
+    std::fs::remove_file(mem.join("notes")).unwrap();
+    std::fs::create_dir_all(mem.join("notes")).unwrap();
+    std::os::unix::fs::symlink(secret.path().join("id_key"), mem.join("notes/MEMORY.md")).unwrap();
+    let b = brain(|r| {
+        let text = r.all_messages()[0].text();
+        assert!(!text.contains("PRIVATE"), "{text}");
+        assert!(text.contains("(empty: no MEMORY.md yet"), "{text}");
+        Plan::Reply(say("ok"))
+    });
+    let mut a = Agent::builder(b)
+        .definition(notes())
+        .extension(roots)
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(a.run("go").await.final_text, "ok");
+}

@@ -51,6 +51,10 @@ pub struct RequestSettings {
     pub effort: Option<Effort>,
 }
 
+/// The most `max_tokens` an effort's thinking budget raises a request to (the output cap of
+/// the smallest thinking model): the budget is cut to fit under it.
+pub const EFFORT_MAX_TOKENS: u32 = 32_000;
+
 /// Reasoning effort, as agent definitions write it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -85,9 +89,11 @@ impl Effort {
         }
     }
 
-    /// The Anthropic thinking budget it becomes: 2,048, 8,192, 16,384 or 32,768 tokens. The
-    /// request's `max_tokens` grows by the budget (the API wants it above the budget), so the
-    /// answer keeps its own limit.
+    /// The Anthropic thinking budget it becomes: 2,048, 8,192, 16,384 or 32,768 tokens, cut so
+    /// that `max_tokens` plus the budget stays within [`EFFORT_MAX_TOKENS`] (no thinking when
+    /// less than 1,024 would be left, or when a temperature is set). The request's
+    /// `max_tokens` grows by the budget (the API wants it above the budget), so the answer
+    /// keeps its own limit.
     pub fn thinking_budget(self) -> u32 {
         match self {
             Effort::Low => 2_048,

@@ -30,17 +30,10 @@ impl Skill {
     pub fn context(&self) -> String {
         format!(
             "<skill name=\"{}\">\n{}\n</skill>",
-            escape(&self.name),
-            escape(&self.body)
+            self.name.replace(['"', '<', '>', '&'], "_"),
+            self.body.replace("</skill", "<\\/skill")
         )
     }
-}
-
-/// `&`, `<` and `>` escaped.
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
 }
 
 /// The skills a host loaded, by name.

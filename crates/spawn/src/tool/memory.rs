@@ -56,6 +56,26 @@ impl MemoryRoots {
 
     /// The directory of `agent_type`'s memory in `scope`, or why there is none.
     pub fn dir(&self, scope: &str, agent_type: &str) -> std::result::Result<PathBuf, String> {
+        self.locate(scope, agent_type).map(|(_, dir)| dir)
+    }
+
+    /// The scope's root (the user directory or the project) and the memory directory under
+    /// it.
+    pub fn locate(
+        &self,
+        scope: &str,
+        agent_type: &str,
+    ) -> std::result::Result<(PathBuf, PathBuf), String> {
+        let dir = self.dir_of(scope, agent_type)?;
+        let base = match scope {
+            "user" => self.user.clone(),
+            _ => self.project.clone(),
+        }
+        .ok_or_else(|| format!("`memory: {scope}` has no root"))?;
+        Ok((base, dir))
+    }
+
+    fn dir_of(&self, scope: &str, agent_type: &str) -> std::result::Result<PathBuf, String> {
         let safe = !agent_type.is_empty()
             && agent_type
                 .chars()
@@ -103,9 +123,33 @@ pub struct Memory {
 }
 
 impl Memory {
-    /// The memory in `dir`, made if it does not exist.
-    pub async fn open(dir: impl Into<PathBuf>) -> Result<Self> {
+    /// The memory in `dir`, made if it does not exist, which must lie under `base` (the
+    /// scope's root: the user directory or the project) with no symlink on the way — a
+    /// repository that commits `.claude/agent-memory/x -> ~/.ssh` does not get a memory there.
+    pub async fn open(base: &Path, dir: impl Into<PathBuf>) -> Result<Self> {
         let dir = dir.into();
+        let refuse = |why: String| Error::Io {
+            action: "opening the memory directory",
+            path: dir.clone(),
+            source: std::io::Error::new(std::io::ErrorKind::PermissionDenied, why),
+        };
+        let below = dir
+            .strip_prefix(base)
+            .map_err(|_| refuse(format!("it is not under {}", base.display())))?;
+        // No symlink between the base and the directory, before anything is made.
+        let mut at = base.to_path_buf();
+        for part in below.components() {
+            at.push(part);
+            match tokio::fs::symlink_metadata(&at).await {
+                Ok(m) if m.file_type().is_symlink() => {
+                    return Err(refuse(format!(
+                        "{} is a symlink; a memory directory is a real directory",
+                        at.display()
+                    )));
+                }
+                _ => {}
+            }
+        }
         tokio::fs::create_dir_all(&dir)
             .await
             .map_err(|source| Error::Io {
@@ -113,9 +157,12 @@ impl Memory {
                 path: dir.clone(),
                 source,
             })?;
-        Ok(Self {
-            dir: canonical_root(dir).await?,
-        })
+        let real = canonical_root(&dir).await?;
+        let real_base = canonical_root(base).await?;
+        if !real.starts_with(&real_base) {
+            return Err(refuse(format!("it resolves outside {}", base.display())));
+        }
+        Ok(Self { dir: real })
     }
 
     /// Its directory.
@@ -126,7 +173,21 @@ impl Memory {
     /// The first [`INDEX_LINES`] lines of its `MEMORY.md`, for the agent's first message
     /// (`None` when there is none yet).
     pub async fn index(&self) -> Option<String> {
-        let text = tokio::fs::read_to_string(self.dir.join(INDEX)).await.ok()?;
+        use tokio::io::AsyncReadExt as _;
+        let path = self.dir.join(INDEX);
+        // A regular file, not a link (to the process's environment, say), read up to the
+        // limit of a memory file.
+        let meta = tokio::fs::symlink_metadata(&path).await.ok()?;
+        if !meta.is_file() {
+            return None;
+        }
+        let file = tokio::fs::File::open(&path).await.ok()?;
+        let mut bytes = Vec::new();
+        file.take(FILE_LIMIT as u64)
+            .read_to_end(&mut bytes)
+            .await
+            .ok()?;
+        let text = String::from_utf8_lossy(&bytes);
         let lines: Vec<&str> = text.lines().take(INDEX_LINES).collect();
         Some(lines.join("\n"))
     }
@@ -155,11 +216,10 @@ impl Memory {
     }
 }
 
-/// `&`, `<` and `>` escaped: memory text cannot close the element it is put in.
+/// Memory text that cannot close the element it is put in (only `</agent-memory` is changed;
+/// everything else reaches the model as written).
 fn escape_text(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+    s.replace("</agent-memory", "<\\/agent-memory")
 }
 
 /// A name no other temporary file of this process has.
@@ -185,6 +245,23 @@ async fn writable(root: &Path, requested: &str) -> std::result::Result<PathBuf, 
     }
     let target = root.join(path);
     let parent = target.parent().ok_or_else(|| outside(requested))?;
+    // No symlink on the way, before anything is made (a link inside could point out).
+    let mut at = root.to_path_buf();
+    if let Ok(below) = parent.strip_prefix(root) {
+        for part in below.components() {
+            at.push(part);
+            match tokio::fs::symlink_metadata(&at).await {
+                Ok(m) if m.file_type().is_symlink() => return Err(outside(requested)),
+                Ok(m) if !m.is_dir() => {
+                    return Err(format!(
+                        "`{requested}`: {} is not a directory",
+                        at.display()
+                    ));
+                }
+                _ => {}
+            }
+        }
+    }
     tokio::fs::create_dir_all(parent)
         .await
         .map_err(|e| format!("cannot make the directory of `{requested}`: {e}"))?;
@@ -335,7 +412,16 @@ impl Tool for MemoryWrite {
         };
         let tmp = real.with_extension(format!("tmp-{}", unique()));
         let written = async {
-            tokio::fs::write(&tmp, content.as_bytes()).await?;
+            use tokio::io::AsyncWriteExt as _;
+            // A new file, never one already there (a link planted at the name).
+            let mut f = tokio::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)
+                .await?;
+            f.write_all(content.as_bytes()).await?;
+            f.flush().await?;
+            drop(f);
             tokio::fs::rename(&tmp, &real).await
         }
         .await;

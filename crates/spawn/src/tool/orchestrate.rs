@@ -255,13 +255,15 @@ impl Round<'_> {
             for message in d.warnings {
                 self.emit.emit(EventKind::Warning { message });
             }
+            // In the order the hooks ran: context first, the block (which ended the chain)
+            // last.
+            for text in d.context {
+                out.content.push(ContentBlock::text(text));
+            }
             if let Some(reason) = d.blocked {
                 out.content.push(ContentBlock::text(format!(
                     "A PostToolUse hook says: {reason}"
                 )));
-            }
-            for text in d.context {
-                out.content.push(ContentBlock::text(text));
             }
         }
         out

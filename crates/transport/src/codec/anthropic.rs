@@ -249,15 +249,20 @@ impl AnthropicCodec {
         let s = &request.settings;
         // An effort without a thinking config becomes a thinking budget, on top of the
         // answer's own limit (the API wants `max_tokens` above the budget).
-        let thinking = request.thinking().or_else(|| {
-            s.effort.map(|e| forkhive_core::ThinkingConfig::Enabled {
-                budget_tokens: e.thinking_budget(),
-            })
-        });
-        let max_tokens = match (request.thinking(), s.effort) {
-            (None, Some(e)) => s.max_tokens.saturating_add(e.thinking_budget()),
-            _ => s.max_tokens,
+        // Not with a set temperature (the API refuses thinking with one), and within
+        // `EFFORT_MAX_TOKENS` in all; a budget under the API's 1,024 is no thinking.
+        let budget = match (request.thinking(), s.effort, s.temperature) {
+            (None, Some(e), None) => Some(
+                e.thinking_budget()
+                    .min(crate::request::EFFORT_MAX_TOKENS.saturating_sub(s.max_tokens)),
+            )
+            .filter(|b| *b >= 1_024),
+            _ => None,
         };
+        let thinking =
+            request.thinking().or(budget
+                .map(|budget_tokens| forkhive_core::ThinkingConfig::Enabled { budget_tokens }));
+        let max_tokens = s.max_tokens.saturating_add(budget.unwrap_or(0));
         out.extend_from_slice(br#"],"max_tokens":"#);
         push_json(out, &max_tokens);
         if let Some(t) = thinking {
@@ -664,6 +669,26 @@ mod tests {
             ),
             "{b}"
         );
+        // `max` with the default 8,192 output tokens: cut to fit 32,000 in all.
+        r.settings.effort = Some(crate::request::Effort::Max);
+        r.settings.max_tokens = 8_192;
+        let b = body(&codec, &r, false);
+        assert!(
+            b.ends_with(
+                r#""max_tokens":32000,"thinking":{"type":"enabled","budget_tokens":23808}}"#
+            ),
+            "{b}"
+        );
+        // A set temperature: no thinking (the API refuses the two together).
+        r.settings.temperature = Some(0.5);
+        let b = body(&codec, &r, false);
+        assert!(
+            b.ends_with(r#""max_tokens":8192,"temperature":0.5}"#),
+            "{b}"
+        );
+        r.settings.temperature = None;
+        r.settings.max_tokens = 64;
+        r.settings.effort = Some(crate::request::Effort::High);
         r.settings.thinking = Some(forkhive_core::ThinkingConfig::Enabled {
             budget_tokens: 1024,
         });

@@ -38,6 +38,8 @@ pub struct AgentBuilder {
     pub(super) extensions: Vec<Extension>,
     /// The host's hooks (a child's come from its parent, through its seed).
     pub(super) hooks: crate::hook::Hooks,
+    /// Whether hooks of project, plugin and flag definitions run (a child's from its seed).
+    pub(super) trust_hooks: bool,
 }
 
 /// A value for the tree's [`Extensions`], put there at build.
@@ -85,6 +87,7 @@ impl AgentBuilder {
             inherit_transcript: None,
             extensions: Vec::new(),
             hooks: crate::hook::Hooks::new(),
+            trust_hooks: false,
         }
     }
 
@@ -124,8 +127,11 @@ impl AgentBuilder {
 
     /// Renders the agent from a definition: its system prompt (unless system blocks were
     /// given), its model (`inherit` or none: the builder's), its tools through the three
-    /// filtering layers, its `maxTurns` and its `permissionMode`. Takes an `AgentDefinition`
-    /// or an `Arc` of one (shared by every child of a definition, not copied per child).
+    /// filtering layers, its `maxTurns`, its `permissionMode`, its `effort`, its `hooks` (see
+    /// [`trust_definition_hooks`](Self::trust_definition_hooks)), and what its first message
+    /// starts with — its `memory` (with the memory tools), its preloaded `skills` and its
+    /// `initialPrompt` (`docs/definitions.md`). Takes an `AgentDefinition` or an `Arc` of one
+    /// (shared by every child of a definition, not copied per child).
     pub fn definition(mut self, definition: impl Into<Arc<AgentDefinition>>) -> Self {
         self.definition = Some(definition.into());
         self
@@ -165,6 +171,15 @@ impl AgentBuilder {
         self
     }
 
+    /// Whether the `hooks` of definitions from the project, a plugin or the command line run
+    /// (default: no — they run shell commands, and a repository's files are not the host's;
+    /// such hooks are left out with a warning). Hooks of built-in, host, user and policy
+    /// definitions always run. Children of this agent inherit the choice.
+    pub fn trust_definition_hooks(mut self, trust: bool) -> Self {
+        self.trust_hooks = trust;
+        self
+    }
+
     /// The permission policy (default: [`AllowAll`]).
     pub fn policy(mut self, policy: Arc<dyn PermissionPolicy>) -> Self {
         self.policy = policy;
@@ -198,6 +213,7 @@ impl AgentBuilder {
         self.cancel = Some(seed.cancel);
         self.parent_policy = Some(seed.parent_policy);
         self.hooks = seed.hooks;
+        self.trust_hooks = seed.trust_hooks;
         self
     }
 
@@ -426,11 +442,26 @@ impl AgentBuilder {
                 (b.build(), pool)
             }
         };
-        // The host's hooks, then the definition's own (for this agent only).
+        // The host's hooks, then the definition's own (for this agent only; a subagent's
+        // `Stop` hooks run when it stops, as `SubagentStop`).
+        let is_child = self.context.as_ref().is_some_and(|c| c.depth() > 0);
         let own_hooks = match def.and_then(|d| d.hooks.as_ref().map(|h| (d, h))) {
+            Some((d, _)) if !self.trust_hooks && !hooks_trusted(d.source) => {
+                warnings.push(format!(
+                    "agent `{}` has hooks, which run shell commands; this host does not run the \
+                     hooks of {} definitions (AgentBuilder::trust_definition_hooks), so they \
+                     were left out",
+                    d.name, d.source
+                ));
+                crate::hook::Hooks::new()
+            }
             Some((d, h)) => {
-                let (own, notes) =
-                    crate::hook::Hooks::from_settings(h, &format!("agent `{}`", d.name))?;
+                let source = format!("agent `{}`", d.name);
+                let (own, notes) = if is_child {
+                    crate::hook::Hooks::from_subagent_definition(h, &source)?
+                } else {
+                    crate::hook::Hooks::from_settings(h, &source)?
+                };
                 warnings.extend(notes);
                 own
             }
@@ -512,7 +543,11 @@ impl AgentBuilder {
         };
         let emit = Emitter::new(*cx.id(), self.events.clone());
         let mut settings = self.settings;
-        // A definition's `effort`, as each backend can say it (RequestSettings::effort).
+        // A definition's `effort`, as each backend can say it (RequestSettings::effort); an
+        // agent with a definition has its own effort, never its parent's.
+        if def.is_some() {
+            settings.effort = None;
+        }
         if let Some(d) = def
             && let Some(written) = &d.effort
         {
@@ -541,6 +576,7 @@ impl AgentBuilder {
                 halt: crate::base::pending::Halt::new(),
                 host_hooks,
                 hooks,
+                trust_hooks: self.trust_hooks,
                 events: self.events,
                 transcript_dir: self.transcript_dir,
                 wait_for_promises: !self.detach,
@@ -631,24 +667,31 @@ async fn definition_extras(
     }
     if let Some(scope) = &d.memory {
         let dir = match tree.extensions().get::<crate::tool::memory::MemoryRoots>() {
-            Some(roots) => roots.dir(scope, &d.name),
+            Some(roots) => roots.locate(scope, &d.name),
             None => Err(format!(
                 "`memory: {scope}` needs the host's MemoryRoots in the agent tree, which it did \
                  not give"
             )),
         };
         match dir {
-            Ok(dir) => match crate::tool::memory::Memory::open(&dir).await {
+            Ok((base, dir)) => match crate::tool::memory::Memory::open(&base, &dir).await {
                 Ok(memory) => {
                     if with_tools {
-                        tools.extend(memory.tools()?);
+                        // Its tools, unless the definition takes them away by name.
+                        let denied = |t: &Arc<dyn crate::tool::Tool>| {
+                            d.disallowed_tools
+                                .as_ref()
+                                .is_some_and(|l| l.contains(&t.definition().name))
+                        };
+                        tools.extend(memory.tools()?.into_iter().filter(|t| !denied(t)));
                     }
                     context.push(memory.context().await);
                 }
                 Err(e) => warnings.push(format!(
-                    "agent `{}`: its memory at {} cannot be used ({e}); it runs without memory",
+                    "agent `{}`: its memory at {} cannot be used ({}); it runs without memory",
                     d.name,
-                    dir.display()
+                    dir.display(),
+                    forkhive_core::error::chain(&e)
                 )),
             },
             Err(why) => warnings.push(format!("agent `{}`: {why}; it runs without memory", d.name)),
@@ -671,4 +714,11 @@ async fn definition_extras(
         context.push(first.clone());
     }
     Ok((tools, context))
+}
+
+/// Whether a definition's hooks run without the host's say-so: the built-ins', the host's own,
+/// the user's and an enterprise policy's — not a project's, a plugin's or the command line's.
+fn hooks_trusted(source: crate::definition::DefinitionSource) -> bool {
+    use crate::definition::DefinitionSource as S;
+    matches!(source, S::BuiltIn | S::Host | S::User | S::Policy)
 }

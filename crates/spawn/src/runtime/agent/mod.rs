@@ -212,10 +212,19 @@ impl Agent {
         use crate::hook::HookEvent;
         let prompt: String = prompt.into();
         let mut extra = Vec::new();
-        if self.shared.hooks.wants(HookEvent::UserPromptSubmit, None) {
+        // A user's prompt: the main agent's (a subagent's prompt is its parent's words).
+        if self.shared.cx.depth() == 0 && self.shared.hooks.wants(HookEvent::UserPromptSubmit, None)
+        {
             let mut input = self.hook_input(HookEvent::UserPromptSubmit);
             input.prompt = Some(prompt.clone());
-            let d = self.shared.hooks.run(input).await;
+            let d = tokio::select! {
+                biased;
+                () = self.shared.cancel.cancelled() => {
+                    let run = self.run_state();
+                    return self.finish(run, StopReason::Cancelled).await;
+                }
+                d = self.shared.hooks.run(input) => d,
+            };
             for message in d.warnings {
                 self.emit.emit(EventKind::Warning { message });
             }
@@ -234,11 +243,14 @@ impl Agent {
                 .hooks
                 .wants(HookEvent::SubagentStart, self.shared.cx.agent_type())
         {
-            let d = self
-                .shared
-                .hooks
-                .run(self.hook_input(HookEvent::SubagentStart))
-                .await;
+            let d = tokio::select! {
+                biased;
+                () = self.shared.cancel.cancelled() => {
+                    let run = self.run_state();
+                    return self.finish(run, StopReason::Cancelled).await;
+                }
+                d = self.shared.hooks.run(self.hook_input(HookEvent::SubagentStart)) => d,
+            };
             for message in d.warnings {
                 self.emit.emit(EventKind::Warning { message });
             }

@@ -23,6 +23,8 @@ pub struct ChildSeed {
     pub parent_policy: Arc<dyn PermissionPolicy>,
     /// The host's hooks, which run for every agent of the tree.
     pub hooks: crate::hook::Hooks,
+    /// Whether the hooks of project, plugin and flag definitions run.
+    pub trust_hooks: bool,
 }
 
 /// The parts of an agent its tools may use — to spawn a child with the same backend, tools
@@ -53,6 +55,8 @@ pub(crate) struct AgentShared {
     pub(crate) halt: crate::base::pending::Halt,
     /// The host's hooks (passed on to children).
     pub(crate) host_hooks: crate::hook::Hooks,
+    /// Whether definitions' hooks from untrusted sources run (passed on to children).
+    pub(crate) trust_hooks: bool,
     /// The hooks that run for this agent: the host's, then its definition's.
     pub(crate) hooks: crate::hook::Hooks,
     /// Where the agent's events go.
@@ -99,6 +103,7 @@ impl AgentShared {
             cancel: self.cancel.child_token(),
             parent_policy: Arc::clone(&self.policy),
             hooks: self.host_hooks.clone(),
+            trust_hooks: self.trust_hooks,
         }
     }
 }

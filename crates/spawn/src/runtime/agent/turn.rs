@@ -186,6 +186,9 @@ impl Agent {
                             }
                             continue;
                         }
+                        if self.shared.cancel.is_cancelled() {
+                            return self.finish(run, StopReason::Cancelled).await;
+                        }
                         return self.finish(run, StopReason::Completed).await;
                     }
                     Some(Wake::Messages(ms)) => {
@@ -224,7 +227,12 @@ impl Agent {
         let mut input = self.hook_input(event);
         input.stop_hook_active = *blocks > 0;
         input.last_assistant_message = Some(run.final_text.clone());
-        let d = self.shared.hooks.run(input).await;
+        // A cancelled agent does not wait for its stop hooks.
+        let d = tokio::select! {
+            biased;
+            () = self.shared.cancel.cancelled() => return None,
+            d = self.shared.hooks.run(input) => d,
+        };
         for message in d.warnings {
             self.emit.emit(EventKind::Warning { message });
         }
