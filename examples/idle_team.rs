@@ -12,6 +12,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,15 +45,6 @@ struct Args {
 }
 
 const LEAD_PROMPT: &str = "You lead a team of idle workers.";
-
-/// The process's user + system CPU time (Linux `/proc/self/stat`, in 10 ms ticks).
-fn cpu_time() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    let rest = stat.rsplit_once(')')?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    Some(Duration::from_millis(ticks * 10))
-}
 
 /// The number after `ping ` in the request's last message, if any.
 fn ping_of(r: &Request) -> Option<usize> {
@@ -137,11 +130,11 @@ async fn measure(name: &str, mailbox: Arc<dyn Mailbox>, a: &Args) -> Result<(), 
     let up = started.elapsed();
     // Let the relays settle into their waits, then measure nothing happening.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let before = cpu_time();
+    let before = common::cpu_time();
     let wall = Instant::now();
     tokio::time::sleep(Duration::from_secs(a.idle_secs)).await;
     let idle_wall = wall.elapsed();
-    let idle_cpu = match (before, cpu_time()) {
+    let idle_cpu = match (before, common::cpu_time()) {
         (Some(b), Some(e)) => {
             let used = e.saturating_sub(b);
             // Not a performance claim: a gross failure (something polling in a loop) that CI

@@ -10,6 +10,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,16 +32,6 @@ struct Args {
     /// Letters sent, one at a time, to measure wake latency.
     #[arg(long, default_value = "200")]
     rounds: usize,
-}
-
-/// The process's user + system CPU time (Linux `/proc/self/stat`, in 10 ms ticks).
-fn cpu_time() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command name (which is in parentheses and may hold spaces).
-    let rest = stat.rsplit_once(')')?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    Some(Duration::from_millis(ticks * 10))
 }
 
 async fn measure(name: &str, mail: Arc<dyn Mailbox>, a: &Args) -> Result<(), String> {
@@ -68,10 +60,10 @@ async fn measure(name: &str, mail: Arc<dyn Mailbox>, a: &Args) -> Result<(), Str
     }
     // Let every reader settle into its wait, then measure nothing happening.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let before = cpu_time();
+    let before = common::cpu_time();
     let wall = Instant::now();
     tokio::time::sleep(Duration::from_secs(a.idle_secs)).await;
-    let idle_cpu = match (before, cpu_time()) {
+    let idle_cpu = match (before, common::cpu_time()) {
         (Some(b), Some(e)) => format!("{:?}", e.saturating_sub(b)),
         _ => "unknown (no /proc/self/stat)".into(),
     };

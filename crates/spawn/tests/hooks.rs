@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use forkhive_spawn::hook::{
     CommandHook, Hook, HookEvent, HookInput, HookOutcome, Hooks, MAX_STOP_BLOCKS,
 };
-use forkhive_spawn::runtime::{Agent, EventKind, StopReason};
+use forkhive_spawn::runtime::{Agent, StopReason};
 use forkhive_spawn::tool::ToolPool;
 use support::*;
 
@@ -87,17 +87,6 @@ fn writer() -> Arc<Brain> {
     })
 }
 
-fn warnings(events: &Events) -> Vec<String> {
-    events
-        .take()
-        .into_iter()
-        .filter_map(|e| match e.kind {
-            EventKind::Warning { message } => Some(message),
-            _ => None,
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn an_exit_2_hook_blocks_the_call_with_its_standard_error() {
     let dir = tempfile::tempdir().unwrap();
@@ -163,7 +152,7 @@ async fn a_slow_hook_is_stopped_at_its_timeout_and_the_call_goes_on() {
     assert_eq!(run.final_text, "wrote \"secret.txt\"");
     assert_eq!(seen.lock().unwrap().len(), 1);
     assert_eq!(
-        warnings(&events),
+        events.warnings(),
         [format!(
             "PreToolUse hook `{slow}` (matcher `*`) did not finish within 300ms; it was stopped and the agent went on"
         )]
@@ -203,7 +192,7 @@ async fn exit_1_does_not_block_and_garbage_is_a_warning() {
     let run = a.run("go").await;
     assert_eq!(run.final_text, "wrote \"secret.txt\"");
     assert_eq!(seen.lock().unwrap().len(), 1);
-    let w = warnings(&events);
+    let w = events.warnings();
     assert_eq!(
         w[0],
         format!(
@@ -308,7 +297,7 @@ async fn a_stop_hook_sends_the_agent_on_and_is_bounded() {
     assert_eq!(run.stop, StopReason::Completed);
     assert_eq!(run.turns.len() as u32, MAX_STOP_BLOCKS + 1);
     assert_eq!(
-        warnings(&events),
+        events.warnings(),
         [format!(
             "Stop hooks sent the agent on {MAX_STOP_BLOCKS} times in a row; its run ends"
         )]
@@ -558,7 +547,7 @@ async fn a_project_definitions_hooks_need_the_hosts_trust() {
         .unwrap();
     assert_eq!(a.run("go").await.final_text, "wrote");
     assert_eq!(
-        warnings(&events),
+        events.warnings(),
         [
             "agent `auditor` has hooks, which run shell commands; this host does not run the hooks of project definitions (AgentBuilder::trust_definition_hooks), so they were left out"
         ]

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use forkhive_spawn::definition::skills::Skills;
 use forkhive_spawn::definition::{AgentDefinition, DefinitionSource};
-use forkhive_spawn::runtime::{Agent, EventKind};
+use forkhive_spawn::runtime::Agent;
 use forkhive_spawn::tool::memory::MemoryRoots;
 use support::*;
 
@@ -20,17 +20,6 @@ fn notes() -> AgentDefinition {
     d.model = Some("m".into());
     d.memory = Some("project".into());
     d
-}
-
-fn warnings(events: &Events) -> Vec<String> {
-    events
-        .take()
-        .into_iter()
-        .filter_map(|e| match e.kind {
-            EventKind::Warning { message } => Some(message),
-            _ => None,
-        })
-        .collect()
 }
 
 #[tokio::test]
@@ -185,7 +174,7 @@ async fn skills_and_the_initial_prompt_come_first_and_what_is_missing_is_said() 
         .unwrap();
     assert_eq!(a.run("review this").await.final_text, "ok");
     assert_eq!(
-        warnings(&events),
+        events.warnings(),
         [
             "agent `reviewer`: `memory: user` needs the host's MemoryRoots in the agent tree, which it did not give; it runs without memory".to_owned(),
             "agent `reviewer` preloads skill `deploy`, which this host has not loaded (definition::skills::Skills in the agent tree); it runs without it".to_owned(),
@@ -216,7 +205,7 @@ async fn effort_reaches_the_request_and_an_unknown_one_is_said() {
             .await
             .unwrap();
         assert_eq!(a.run("think").await.final_text, "ok");
-        let w = warnings(&events);
+        let w = events.warnings();
         if want.is_none() {
             assert_eq!(
                 w,
@@ -249,7 +238,7 @@ async fn mcp_servers_this_host_lacks_are_said_or_refused() {
         .unwrap();
     assert_eq!(a.run("go").await.final_text, "ok");
     assert_eq!(
-        warnings(&events),
+        events.warnings(),
         [
             "agent `searcher` names MCP servers `github`, `docs`, which this host does not connect to; it runs without their tools"
         ]
@@ -293,7 +282,7 @@ async fn a_symlinked_memory_or_index_is_not_followed() {
         .await
         .unwrap();
     assert_eq!(a.run("go").await.final_text, "ok");
-    let w = warnings(&events);
+    let w = events.warnings();
     assert_eq!(w.len(), 1, "{w:?}");
     assert!(
         w[0].starts_with("agent `notes`: its memory at ")

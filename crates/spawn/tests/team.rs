@@ -33,6 +33,16 @@ fn called(r: &Request, needle: &str) -> usize {
         .count()
 }
 
+/// The task notifications in `agent`'s conversation.
+fn notifications(agent: &Agent) -> Vec<forkhive_core::TaskNotification> {
+    agent
+        .params()
+        .messages()
+        .iter()
+        .flat_map(|m| find_notifications(m).unwrap())
+        .collect()
+}
+
 fn text_of(r: &Request) -> String {
     r.all_messages()
         .iter()
@@ -192,12 +202,7 @@ async fn a_lead_and_two_teammates_work_idle_wake_and_shut_down() {
         }
     }
     assert_eq!(approved.len(), 2, "{approved:?} {all}");
-    let ns: Vec<_> = lead
-        .params()
-        .messages()
-        .iter()
-        .flat_map(|m| find_notifications(m).unwrap())
-        .collect();
+    let ns = notifications(&lead);
     assert_eq!(ns.len(), 2, "one notification per teammate");
     let roster = team.roster();
     assert_eq!(roster.len(), 2);
@@ -539,12 +544,7 @@ async fn a_shutdown_reaches_a_busy_teammate_at_its_next_tool_round() {
     let all = format!("{:?}", lead.params().messages());
     // Her approval and her notification are both in the lead's conversation.
     assert!(all.contains("shutdown_approved"), "{all}");
-    let ns: Vec<_> = lead
-        .params()
-        .messages()
-        .iter()
-        .flat_map(|m| find_notifications(m).unwrap())
-        .collect();
+    let ns = notifications(&lead);
     assert_eq!(ns.len(), 1, "{all}");
     assert_eq!(ns[0].status, forkhive_core::TaskStatus::Completed);
     assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
@@ -1004,12 +1004,7 @@ async fn a_teammate_waiting_for_work_is_neither_stalled_nor_out_of_time() {
         .await
         .expect("the deadline stopped alice's work");
     assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
-    let ns: Vec<_> = lead
-        .params()
-        .messages()
-        .iter()
-        .flat_map(|m| find_notifications(m).unwrap())
-        .collect();
+    let ns = notifications(&lead);
     assert_eq!(ns.len(), 1);
     assert_eq!(
         ns[0].status,

@@ -119,6 +119,18 @@ impl Events {
     pub(crate) fn take(&self) -> Vec<AgentEvent> {
         std::mem::take(&mut *self.0.lock().unwrap())
     }
+
+    /// The warnings among the events so far (taking them all).
+    #[allow(dead_code)]
+    pub(crate) fn warnings(&self) -> Vec<String> {
+        self.take()
+            .into_iter()
+            .filter_map(|e| match e.kind {
+                forkhive_spawn::runtime::EventKind::Warning { message } => Some(message),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 type Behaviour = dyn Fn(serde_json::Value, ToolContext) -> futures::future::BoxFuture<'static, ToolOutput>
