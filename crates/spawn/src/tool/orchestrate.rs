@@ -70,7 +70,8 @@ pub(crate) struct Round<'a> {
     pub(crate) emit: &'a Emitter,
     /// The agent's hooks, and what their inputs start from (its identity).
     pub(crate) hooks: &'a crate::hook::Hooks,
-    pub(crate) hook_base: &'a crate::hook::HookInput,
+    /// (`None` when there are no hooks: a round without hooks builds no input.)
+    pub(crate) hook_base: Option<&'a crate::hook::HookInput>,
 }
 
 /// A call checked before it runs: either ready to run, or already answered.
@@ -209,8 +210,11 @@ impl Round<'_> {
     /// may add to it.
     async fn hooked(&self, call: &ToolCall, mut input: serde_json::Value) -> ToolOutput {
         use crate::hook::HookEvent;
+        let Some(base) = self.hook_base else {
+            return self.permitted(call, input).await.0;
+        };
         let hook_input = |event: HookEvent, input: &serde_json::Value| {
-            let mut i = self.hook_base.clone();
+            let mut i = base.clone();
             i.event = event;
             i.tool_name = Some(call.name.to_string());
             i.tool_use_id = Some(call.id.to_string());

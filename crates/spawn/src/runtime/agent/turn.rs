@@ -425,6 +425,9 @@ impl Agent {
             caller: Some(Arc::clone(&self.shared) as Arc<dyn crate::tool::Caller>),
             turn,
         };
+        // What hook inputs start from, only when there are hooks to give them to.
+        let hook_base = (!self.shared.hooks.is_empty())
+            .then(|| self.hook_input(crate::hook::HookEvent::PreToolUse));
         let round = Round {
             pool: &self.shared.pool,
             policy: &self.shared.policy,
@@ -435,7 +438,7 @@ impl Agent {
             },
             emit: &self.emit,
             hooks: &self.shared.hooks,
-            hook_base: &self.hook_input(crate::hook::HookEvent::PreToolUse),
+            hook_base: hook_base.as_ref(),
         };
         if cut_off.is_empty() {
             return round.run(calls).await;
