@@ -553,3 +553,87 @@ async fn a_project_definitions_hooks_need_the_hosts_trust() {
         ]
     );
 }
+
+/// A worker resumed by `SendMessage` keeps its definition's hooks: a guard that blocked a tool
+/// before it ended still blocks it after.
+#[tokio::test]
+async fn a_resumed_worker_keeps_its_definitions_hooks() {
+    use forkhive_spawn::agent_tool::{AgentTool, AgentToolConfig};
+    use forkhive_spawn::control::SendMessageTool;
+    use forkhive_spawn::definition::{AgentDefinition, AgentRegistry, DefinitionSource};
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = AgentDefinition::new("worker", "does one job", DefinitionSource::Host);
+    w.system_prompt = "You are a worker.".into();
+    w.hooks = Some(
+        serde_json::json!({"PreToolUse": [{"matcher": "Write", "hooks": [
+        {"type": "command", "command": "cat >/dev/null; echo 'no writes' >&2; exit 2"}]}]}),
+    );
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<(String, bool)>::new()));
+    let s2 = Arc::clone(&seen);
+    let b = brain(move |r| {
+        let all = r.all_messages();
+        if !is_parent(r) {
+            s2.lock()
+                .unwrap()
+                .extend(results(r).into_iter().map(|(_, t, e)| (t, e)));
+            if has_tool_result(r) && !last_texts(r).join("").contains("again") {
+                return Plan::Reply(say("answered"));
+            }
+            return Plan::Reply(calls(&[("w", "Write", r#"{"path":"x"}"#)]));
+        }
+        match all.len() {
+            1 => Plan::Reply(calls(&[(
+                "a1",
+                "Agent",
+                r#"{"description":"job","prompt":"p","subagent_type":"worker","run_in_background":true,"name":"alpha"}"#,
+            )])),
+            5 => Plan::Reply(calls(&[(
+                "m1",
+                "SendMessage",
+                r#"{"to":"alpha","message":"again"}"#,
+            )])),
+            _ => Plan::Reply(say("waiting")),
+        }
+    });
+    let write = TestTool::new("Write", r#"{"type":"object"}"#, false, |_, _| async {
+        forkhive_spawn::tool::ToolOutput::text("wrote")
+    })
+    .arc();
+    let tool = AgentTool::new(
+        AgentToolConfig::default()
+            .with_registry(AgentRegistry::from_definitions([w]))
+            .with_warm_fanout(None),
+    )
+    .unwrap();
+    let mut lead = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(
+            ToolPool::new([
+                tool.arc(),
+                Arc::new(SendMessageTool::new().unwrap()) as Arc<dyn forkhive_spawn::tool::Tool>,
+                write,
+            ])
+            .unwrap(),
+        )
+        .transcript_dir(dir.path())
+        .limits(forkhive_spawn::runtime::Limits::default().with_max_turns(Some(20)))
+        .build()
+        .await
+        .unwrap();
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+        .await
+        .expect("the run ended");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let blocked = (
+        "a PreToolUse hook blocked `Write`: no writes".to_owned(),
+        true,
+    );
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen.iter().filter(|s| **s == blocked).count(),
+        2,
+        "blocked before and after the resume: {seen:?}"
+    );
+    assert!(!seen.iter().any(|(t, _)| t == "wrote"), "{seen:?}");
+}

@@ -40,6 +40,10 @@ pub(super) struct Recipe {
     deadline: Option<Duration>,
     /// Its worktree (kept or removed when it ended): a resumed child works there again.
     worktree: Option<Worktree>,
+    /// Its definition's hooks (a guard that blocks writes keeps blocking after a resume).
+    own_hooks: crate::hook::Hooks,
+    /// Its agent type (what `SubagentStop` hooks match).
+    agent_type: Option<String>,
 }
 
 impl Recipe {
@@ -56,6 +60,8 @@ impl Recipe {
             name: None,
             deadline: None,
             worktree: None,
+            own_hooks: shared.own_hooks.clone(),
+            agent_type: shared.cx.agent_type().map(str::to_owned),
         }
     }
 
@@ -407,7 +413,14 @@ impl TaskService {
             .policy(Arc::clone(&recipe.policy))
             .limits(recipe.limits.clone())
             .settings(recipe.settings.clone())
-            .child_of(seed)
+            .child_of(match &recipe.agent_type {
+                Some(t) => crate::runtime::ChildSeed {
+                    context: seed.context.with_agent_type(t.clone()),
+                    ..seed
+                },
+                None => seed,
+            })
+            .resumed_hooks(recipe.own_hooks.clone())
             .pending(queue.clone())
             .events(Arc::new(ChildSink {
                 child: id,

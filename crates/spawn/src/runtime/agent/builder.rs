@@ -40,6 +40,8 @@ pub struct AgentBuilder {
     pub(super) hooks: crate::hook::Hooks,
     /// Whether hooks of project, plugin and flag definitions run (a child's from its seed).
     pub(super) trust_hooks: bool,
+    /// Own hooks given back to an agent built again without its definition (a resume).
+    pub(super) resumed_hooks: crate::hook::Hooks,
 }
 
 /// A value for the tree's [`Extensions`], put there at build.
@@ -88,6 +90,7 @@ impl AgentBuilder {
             extensions: Vec::new(),
             hooks: crate::hook::Hooks::new(),
             trust_hooks: false,
+            resumed_hooks: crate::hook::Hooks::new(),
         }
     }
 
@@ -177,6 +180,13 @@ impl AgentBuilder {
     /// definitions always run. Children of this agent inherit the choice.
     pub fn trust_definition_hooks(mut self, trust: bool) -> Self {
         self.trust_hooks = trust;
+        self
+    }
+
+    /// A resumed child's own hooks (its definition's), which run after the host's as they did
+    /// before it ended.
+    pub(crate) fn resumed_hooks(mut self, hooks: crate::hook::Hooks) -> Self {
+        self.resumed_hooks = hooks;
         self
     }
 
@@ -467,6 +477,7 @@ impl AgentBuilder {
             }
             None => crate::hook::Hooks::new(),
         };
+        let own_hooks = own_hooks.then(&self.resumed_hooks);
         let host_hooks = self.hooks;
         let hooks = host_hooks.then(&own_hooks);
         let mut limits = self.limits;
@@ -576,6 +587,7 @@ impl AgentBuilder {
                 halt: crate::base::pending::Halt::new(),
                 host_hooks,
                 hooks,
+                own_hooks,
                 trust_hooks: self.trust_hooks,
                 events: self.events,
                 transcript_dir: self.transcript_dir,

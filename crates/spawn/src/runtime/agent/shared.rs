@@ -59,6 +59,8 @@ pub(crate) struct AgentShared {
     pub(crate) trust_hooks: bool,
     /// The hooks that run for this agent: the host's, then its definition's.
     pub(crate) hooks: crate::hook::Hooks,
+    /// Its definition's own hooks (kept to build it again when it is resumed).
+    pub(crate) own_hooks: crate::hook::Hooks,
     /// Where the agent's events go.
     pub(crate) events: Option<Arc<dyn EventSink>>,
     /// Where the agent writes its transcript (children write theirs beside it).
