@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use forkhive::spawn::agent_tool::{AgentTool, AgentToolConfig};
 use forkhive::spawn::control::SendMessageTool;
 use forkhive::spawn::definition::{AgentDefinition, AgentRegistry, DefinitionSource};
-use forkhive::spawn::mailbox::{FileMailbox, Letter, Mailbox, MemoryMailbox};
+use forkhive::spawn::mailbox::{Letter, Mailbox};
 use forkhive::spawn::runtime::Agent;
 use forkhive::spawn::task::{MemoryTaskRegistry, TaskConfig, TaskService};
 use forkhive::spawn::team::{LEAD, MemberState, Team};
@@ -213,13 +213,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    for (name, mail) in [
-        ("memory", Arc::new(MemoryMailbox::new()) as Arc<dyn Mailbox>),
-        (
-            "file",
-            Arc::new(FileMailbox::new(dir.path())) as Arc<dyn Mailbox>,
-        ),
-    ] {
+    for (name, mail) in common::mailboxes(dir.path()) {
         if let Err(e) = measure(name, mail, &a).await {
             eprintln!("idle_team: {name}: {e}");
             return ExitCode::FAILURE;

@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use forkhive::spawn::mailbox::{FileMailbox, Inbox, Letter, Mailbox, MemoryMailbox};
+use forkhive::spawn::mailbox::{Inbox, Letter, Mailbox};
 use tokio::sync::mpsc;
 
 /// Idle readers' CPU time and their wake latency, for both mailboxes.
@@ -120,13 +120,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    for (name, mail) in [
-        ("memory", Arc::new(MemoryMailbox::new()) as Arc<dyn Mailbox>),
-        (
-            "file",
-            Arc::new(FileMailbox::new(dir.path())) as Arc<dyn Mailbox>,
-        ),
-    ] {
+    for (name, mail) in common::mailboxes(dir.path()) {
         if let Err(e) = measure(name, mail, &a).await {
             eprintln!("mailbox_wake: {name}: {e}");
             return ExitCode::FAILURE;

@@ -46,6 +46,22 @@ pub(crate) fn cpu_time() -> Option<std::time::Duration> {
     Some(std::time::Duration::from_millis(ticks * 10))
 }
 
+/// The two mailboxes the measuring examples compare: in memory, and Claude Code's inbox files
+/// under `dir`.
+#[allow(dead_code)]
+pub(crate) fn mailboxes(
+    dir: &Path,
+) -> [(
+    &'static str,
+    std::sync::Arc<dyn forkhive::spawn::mailbox::Mailbox>,
+); 2] {
+    use forkhive::spawn::mailbox::{FileMailbox, MemoryMailbox};
+    [
+        ("memory", std::sync::Arc::new(MemoryMailbox::new())),
+        ("file", std::sync::Arc::new(FileMailbox::new(dir))),
+    ]
+}
+
 pub(crate) fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
     let out = std::process::Command::new("git")
         .arg("-C")

@@ -80,15 +80,6 @@ async fn build_parent(
     (b.build().await.unwrap(), service)
 }
 
-fn notifications(agent: &Agent) -> Vec<forkhive_core::TaskNotification> {
-    agent
-        .params()
-        .messages()
-        .iter()
-        .flat_map(|m| find_notifications(m).unwrap())
-        .collect()
-}
-
 #[tokio::test]
 async fn task_stop_kills_a_running_child_once_and_refuses_the_rest() {
     let b = brain(|r| {

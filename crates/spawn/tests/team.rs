@@ -8,7 +8,6 @@ mod support;
 
 use std::sync::Arc;
 
-use forkhive_core::notification::find_notifications;
 use forkhive_spawn::agent_tool::{AgentTool, AgentToolConfig};
 use forkhive_spawn::control::SendMessageTool;
 use forkhive_spawn::definition::{AgentDefinition, AgentRegistry, DefinitionSource};
@@ -31,16 +30,6 @@ fn called(r: &Request, needle: &str) -> usize {
         })
         .filter(|hit| *hit)
         .count()
-}
-
-/// The task notifications in `agent`'s conversation.
-fn notifications(agent: &Agent) -> Vec<forkhive_core::TaskNotification> {
-    agent
-        .params()
-        .messages()
-        .iter()
-        .flat_map(|m| find_notifications(m).unwrap())
-        .collect()
 }
 
 fn text_of(r: &Request) -> String {

@@ -379,6 +379,19 @@ pub(crate) async fn start_child(
         .unwrap()
 }
 
+/// The task notifications in `agent`'s conversation, in order.
+#[allow(dead_code)]
+pub(crate) fn notifications(
+    agent: &forkhive_spawn::runtime::Agent,
+) -> Vec<forkhive_core::TaskNotification> {
+    agent
+        .params()
+        .messages()
+        .iter()
+        .flat_map(|m| forkhive_core::notification::find_notifications(m).unwrap())
+        .collect()
+}
+
 /// Whether `r` is the parent's request: the tests' parents all say "You are the parent.".
 pub(crate) fn is_parent(r: &Request) -> bool {
     r.prefix
