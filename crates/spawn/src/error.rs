@@ -169,6 +169,15 @@ pub enum Error {
     /// hooks format, a matcher that is not a pattern).
     #[error("invalid hook: {0}")]
     Hook(String),
+
+    /// An MCP server's configuration cannot be used.
+    #[error("MCP server `{server}`: {message}")]
+    Mcp {
+        /// The server's name (or, for a configuration file, where it came from).
+        server: String,
+        /// What is wrong.
+        message: String,
+    },
 }
 
 /// `Result` with this crate's [`Error`].

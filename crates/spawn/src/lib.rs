@@ -84,6 +84,8 @@ pub mod definition;
 pub mod error;
 pub mod hook;
 pub mod mailbox;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 pub mod runtime;
 pub mod strategy;
 pub mod task;

@@ -11,6 +11,7 @@ const LAYERS: &[&[&str]] = &[
     &["base", "definition", "worktree"],
     &["hook"],
     &["tool", "transcript"],
+    &["mcp"],
     &["runtime", "timeline", "mailbox"],
     &["task"],
     &["strategy", "team"],

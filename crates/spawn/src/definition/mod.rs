@@ -318,6 +318,29 @@ impl FromStr for PermissionMode {
     }
 }
 
+impl AgentDefinition {
+    /// Whether its `mcpServers` defines servers of its own (inline `{name: config}` entries),
+    /// which each of its agents connects for itself, rather than only naming the host's.
+    pub fn defines_mcp_servers(&self) -> bool {
+        fn inline(v: &serde_json::Value) -> bool {
+            match v {
+                serde_json::Value::Object(_) => true,
+                serde_json::Value::Array(a) => a.iter().any(inline),
+                _ => false,
+            }
+        }
+        self.mcp_servers.iter().any(inline)
+    }
+}
+
+/// Whether what a definition runs (its hooks' commands, its own MCP servers) runs without the
+/// host's say-so: the built-ins', the host's own, the user's and an enterprise policy's — not
+/// a project's, a plugin's or the command line's.
+pub(crate) fn trusted_source(source: DefinitionSource) -> bool {
+    use DefinitionSource as S;
+    matches!(source, S::BuiltIn | S::Host | S::User | S::Policy)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

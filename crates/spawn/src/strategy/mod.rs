@@ -339,7 +339,11 @@ impl SpawnStrategy for Subagent {
             background,
             pool: source.identity(),
         };
-        let cached = cx.heads.get(&key);
+        // A definition that starts MCP servers of its own is built afresh each time: each of
+        // its agents connects its own servers and closes them when it ends (Agent definitions,
+        // §9.6), which a head shared through the cache would keep open for its siblings.
+        let cacheable = !def.defines_mcp_servers();
+        let cached = cx.heads.get(&key).filter(|_| cacheable);
         let mut b = Agent::builder(Arc::clone(&cx.caller.backend))
             .model(model)
             .definition(def)
@@ -374,7 +378,7 @@ impl SpawnStrategy for Subagent {
             what: "agent",
             source: Box::new(e),
         })?;
-        if cached.is_none() {
+        if cached.is_none() && cacheable {
             cx.heads.put(
                 key,
                 Head {

@@ -141,7 +141,7 @@ fn pattern_matches(pattern: &str, name: &str) -> bool {
             .is_some_and(|rest| rest.starts_with("__"))
 }
 
-fn listed(list: &[String], name: &str) -> bool {
+pub(crate) fn listed(list: &[String], name: &str) -> bool {
     list.iter().any(|e| pattern_matches(parse(e).0, name))
 }
 

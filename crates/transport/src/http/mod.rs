@@ -32,6 +32,28 @@ use crate::error::{Error, Result};
 use crate::request::{Request, Response, StreamEvent};
 use crate::sse::{SseDecoder, SseEvent};
 
+/// The HTTP client set-up every forkhive connection starts from: rustls on the `ring`
+/// provider, trusting the Mozilla root store (`webpki-roots`), so no process-wide TLS
+/// provider has to be installed and the same roots are used on every machine. The model
+/// backends and the MCP client build on it; a host may add its own settings (proxies,
+/// timeouts) before `build()`.
+pub fn client_builder() -> reqwest::ClientBuilder {
+    let roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = reqwest::Client::builder();
+    match rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+    {
+        Ok(config) => builder
+            .tls_backend_preconfigured(config.with_root_certificates(roots).with_no_client_auth()),
+        // The ring provider supports the default protocol versions; were that ever not so,
+        // reqwest reports the missing TLS set-up when the client is built.
+        Err(_) => builder,
+    }
+}
+
 /// An API key. Its `Debug` shows only that it is set.
 #[derive(Clone)]
 pub struct ApiKey(String);
@@ -216,7 +238,7 @@ impl HttpBackend {
             v.set_sensitive(true);
             headers.insert(n, v);
         }
-        let client = reqwest::Client::builder()
+        let client = client_builder()
             .connect_timeout(config.connect_timeout)
             .build()
             .map_err(|e| Error::Config(format!("could not build the HTTP client: {e}")))?;
@@ -614,6 +636,12 @@ impl Backend for HttpBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_shared_client_builds_with_its_own_tls_set_up() {
+        // No process-wide rustls provider is installed: the builder brings its own.
+        assert!(client_builder().build().is_ok());
+    }
 
     #[test]
     fn endpoints_add_v1_once() {

@@ -42,6 +42,9 @@ pub struct AgentBuilder {
     pub(super) trust_hooks: bool,
     /// Own hooks given back to an agent built again without its definition (a resume).
     pub(super) resumed_hooks: crate::hook::Hooks,
+    /// The host's MCP servers, for the tree.
+    #[cfg(feature = "mcp")]
+    pub(super) mcp: Option<crate::mcp::McpHub>,
 }
 
 /// A value for the tree's [`Extensions`], put there at build.
@@ -91,6 +94,8 @@ impl AgentBuilder {
             hooks: crate::hook::Hooks::new(),
             trust_hooks: false,
             resumed_hooks: crate::hook::Hooks::new(),
+            #[cfg(feature = "mcp")]
+            mcp: None,
         }
     }
 
@@ -171,6 +176,18 @@ impl AgentBuilder {
     /// before a definition's own (which run for that agent only).
     pub fn hooks(mut self, hooks: crate::hook::Hooks) -> Self {
         self.hooks = hooks;
+        self
+    }
+
+    /// The host's MCP servers ([`crate::mcp`]): the hub goes into the agent tree (every agent
+    /// of it shares its connections, and definitions name its servers), and `build` connects
+    /// its servers, waiting until each is connected or has failed, and adds their tools to
+    /// this agent's pool. A server that failed is left out with a warning
+    /// ([`Agent::warnings`](super::Agent::warnings)). Give it to the main agent; a tree holds
+    /// one hub.
+    #[cfg(feature = "mcp")]
+    pub fn mcp(mut self, hub: crate::mcp::McpHub) -> Self {
+        self.mcp = Some(hub);
         self
     }
 
@@ -324,7 +341,9 @@ impl AgentBuilder {
     }
 
     /// Renders the parameters and tools, opens the transcript, and returns the agent.
-    pub async fn build(self) -> Result<Agent> {
+    // `mut`: the MCP hub's tools join `self.tools` (feature `mcp`).
+    #[cfg_attr(not(feature = "mcp"), allow(unused_mut))]
+    pub async fn build(mut self) -> Result<Agent> {
         let def = self.definition.as_deref();
         let audience =
             self.audience
@@ -354,6 +373,27 @@ impl AgentBuilder {
                      service, so configure that one instead of passing another to the builder"
                 )));
             }
+        }
+        #[cfg(feature = "mcp")]
+        if let Some(hub) = self.mcp.take() {
+            if tree.extensions().get::<crate::mcp::McpHub>().is_some() {
+                return Err(Error::Config(
+                    "the agent tree already holds an McpHub; a tree has one, given to its main \
+                     agent's builder"
+                        .to_owned(),
+                ));
+            }
+            tree.extensions().insert(Arc::new(hub.clone()));
+            let tools = hub.tools().await;
+            for (name, status) in hub.status() {
+                if let crate::mcp::McpStatus::Failed(why) = status {
+                    warnings.push(format!(
+                        "MCP server `{name}` cannot be used ({why}); the agent runs without its \
+                         tools"
+                    ));
+                }
+            }
+            self.tools = self.tools.with(tools)?;
         }
         let pool = match def {
             Some(d) if self.params.is_none() => {
@@ -456,7 +496,7 @@ impl AgentBuilder {
         // `Stop` hooks run when it stops, as `SubagentStop`).
         let is_child = self.context.as_ref().is_some_and(|c| c.depth() > 0);
         let own_hooks = match def.and_then(|d| d.hooks.as_ref().map(|h| (d, h))) {
-            Some((d, _)) if !self.trust_hooks && !hooks_trusted(d.source) => {
+            Some((d, _)) if !self.trust_hooks && !crate::definition::trusted_source(d.source) => {
                 warnings.push(format!(
                     "agent `{}` has hooks, which run shell commands; this host does not run the \
                      hooks of {} definitions (AgentBuilder::trust_definition_hooks), so they \
@@ -631,51 +671,62 @@ async fn definition_extras(
 ) -> Result<(Vec<Arc<dyn crate::tool::Tool>>, Vec<String>)> {
     let mut tools: Vec<Arc<dyn crate::tool::Tool>> = Vec::new();
     let mut context = Vec::new();
-    // MCP servers: this host connects to none yet. A definition that requires one is not
-    // started (it would run without what it needs); one that only names some runs without
-    // them, and says so.
-    let names = |v: &serde_json::Value| -> Vec<String> {
-        match v {
-            serde_json::Value::String(s) => vec![s.clone()],
-            serde_json::Value::Object(o) => o.keys().cloned().collect(),
-            serde_json::Value::Array(a) => a.iter().flat_map(names_of).collect(),
-            _ => Vec::new(),
-        }
-    };
-    fn names_of(v: &serde_json::Value) -> Vec<String> {
-        match v {
-            serde_json::Value::String(s) => vec![s.clone()],
-            serde_json::Value::Object(o) => o.keys().cloned().collect(),
-            _ => Vec::new(),
+    // MCP servers: the host's hub (in the tree) and the definition's own.
+    #[cfg(feature = "mcp")]
+    {
+        let hub = tree.extensions().get::<crate::mcp::McpHub>();
+        let mcp = crate::mcp::for_definition(d, hub.as_deref(), warnings).await?;
+        if with_tools {
+            tools.extend(mcp);
         }
     }
-    if let Some(required) = d.extra.get("requiredMcpServers") {
-        let missing = names(required);
-        if !missing.is_empty() {
-            return Err(Error::Config(format!(
-                "agent `{}` requires MCP servers {}, which this host does not have; it was not \
-                 started",
-                d.name,
-                missing
+    #[cfg(not(feature = "mcp"))]
+    {
+        let names = |v: &serde_json::Value| -> Vec<String> {
+            match v {
+                serde_json::Value::String(s) => vec![s.clone()],
+                serde_json::Value::Object(o) => o.keys().cloned().collect(),
+                serde_json::Value::Array(a) => a
                     .iter()
-                    .map(|m| format!("`{m}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )));
-        }
-    }
-    let servers: Vec<String> = d.mcp_servers.iter().flat_map(names_of).collect();
-    if !servers.is_empty() {
-        warnings.push(format!(
-            "agent `{}` names MCP servers {}, which this host does not connect to; it runs \
-             without their tools",
-            d.name,
-            servers
-                .iter()
+                    .flat_map(|v| match v {
+                        serde_json::Value::String(s) => vec![s.clone()],
+                        serde_json::Value::Object(o) => o.keys().cloned().collect(),
+                        _ => Vec::new(),
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            }
+        };
+        let list = |v: &[String]| {
+            v.iter()
                 .map(|m| format!("`{m}`"))
                 .collect::<Vec<_>>()
                 .join(", ")
-        ));
+        };
+        if let Some(required) = d.extra.get("requiredMcpServers") {
+            let missing = names(required);
+            if !missing.is_empty() {
+                return Err(Error::Config(format!(
+                    "agent `{}` requires MCP servers that are not available: {}; it was not \
+                     started",
+                    d.name,
+                    missing
+                        .iter()
+                        .map(|m| format!("`{m}` (this build has no MCP: feature `mcp`)"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+        }
+        let servers: Vec<String> = d.mcp_servers.iter().flat_map(names).collect();
+        if !servers.is_empty() {
+            warnings.push(format!(
+                "agent `{}` names MCP servers {}, but this build has no MCP (feature `mcp`); it \
+                 runs without their tools",
+                d.name,
+                list(&servers)
+            ));
+        }
     }
     if let Some(scope) = &d.memory {
         let dir = match tree.extensions().get::<crate::tool::memory::MemoryRoots>() {
@@ -726,11 +777,4 @@ async fn definition_extras(
         context.push(first.clone());
     }
     Ok((tools, context))
-}
-
-/// Whether a definition's hooks run without the host's say-so: the built-ins', the host's own,
-/// the user's and an enterprise policy's — not a project's, a plugin's or the command line's.
-fn hooks_trusted(source: crate::definition::DefinitionSource) -> bool {
-    use crate::definition::DefinitionSource as S;
-    matches!(source, S::BuiltIn | S::Host | S::User | S::Policy)
 }
