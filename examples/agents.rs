@@ -4,7 +4,7 @@
 //! (and, in `summary`, how many agents need each and how many can run as written).
 //!
 //! Run: `cargo run --example agents -- [--json] [--user DIR] [--project DIR] [--policy DIR]
-//! [--plugin DIR] [--flag DIR] [--skills DIR]`
+//! [--plugin DIR] [--flag DIR] [--skills DIR] [--mcp-config FILE] [--trust-definition-servers]`
 //!
 //! Each DIR is scanned recursively for `*.md` files; each flag may repeat. Bad files are
 //! reported (as warnings or errors) and the program still exits 0; it exits 2 only when it
@@ -18,6 +18,7 @@ use forkhive::spawn::definition::{
     AgentDefinition, AgentLoader, AgentRegistry, DefinitionSource, FileStatus,
 };
 use forkhive::spawn::hook::Hooks;
+use forkhive::spawn::mcp::{McpHub, normalize};
 use serde_json::{Value, json};
 
 /// Loads every *.md file under each DIR (recursively) as agent definitions of that source,
@@ -47,6 +48,21 @@ struct Args {
     /// A directory with `skills/<name>/SKILL.md` (may repeat): the skills this host loads.
     #[arg(long, value_name = "DIR")]
     skills: Vec<PathBuf>,
+    /// A Claude Code `.mcp.json` (may repeat): the MCP servers this host configures (read,
+    /// not connected).
+    #[arg(long = "mcp-config", value_name = "FILE")]
+    mcp_config: Vec<PathBuf>,
+    /// Let project, plugin and command-line definitions start MCP servers of their own.
+    #[arg(long)]
+    trust_definition_servers: bool,
+}
+
+/// What this host can give an agent: its skills and its MCP servers.
+struct Host {
+    skills: Skills,
+    /// The configured servers' names, normalized as tool names use them.
+    servers: Vec<String>,
+    trust_definition_servers: bool,
 }
 
 fn main() -> ExitCode {
@@ -75,34 +91,75 @@ fn main() -> ExitCode {
         }
     };
     let (skills, _) = Skills::load(&args.skills);
+    let mut mcp = McpHub::builder();
+    for file in &args.mcp_config {
+        let read = std::fs::read_to_string(file)
+            .map_err(|e| e.to_string())
+            .and_then(|text| {
+                mcp.servers_json(&text, &file.display().to_string())
+                    .map_err(|e| e.to_string())
+            });
+        match read {
+            Ok(b) => mcp = b,
+            Err(e) => {
+                eprintln!("agents: --mcp-config {}: {e}", file.display());
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let servers = match mcp.build() {
+        Ok(hub) => hub.names().iter().map(|n| normalize(n)).collect(),
+        Err(e) => {
+            eprintln!("agents: --mcp-config: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let host = Host {
+        skills,
+        servers,
+        trust_definition_servers: args.trust_definition_servers,
+    };
     if args.json {
-        println!("{}", to_json(&registry, &skills));
+        println!("{}", to_json(&registry, &host));
     } else {
         print_table(&registry);
     }
     ExitCode::SUCCESS
 }
 
-/// The MCP servers `def` needs: those its `mcpServers` names or defines, and those its tool
-/// list names (`mcp__<server>__<tool>`).
-fn mcp_servers(def: &AgentDefinition) -> Vec<String> {
-    let mut out: Vec<String> = def
-        .mcp_servers
-        .iter()
-        .flat_map(|v| match v {
-            Value::String(s) => vec![s.clone()],
-            Value::Object(o) => o.keys().cloned().collect(),
-            _ => Vec::new(),
-        })
-        .collect();
-    for t in def.tools.iter().flatten() {
-        if let Some(server) = t.strip_prefix("mcp__").and_then(|r| r.split("__").next()) {
-            out.push(server.to_owned());
+/// The MCP servers `def` needs from the host — those its `mcpServers` and
+/// `requiredMcpServers` name, and those its tool list names (`mcp__<server>__<tool>`) — and
+/// those it defines itself (inline `mcpServers` entries).
+fn mcp_servers(def: &AgentDefinition) -> (Vec<String>, Vec<String>) {
+    fn walk(v: &Value, named: &mut Vec<String>, own: &mut Vec<String>) {
+        match v {
+            Value::String(s) => named.push(s.clone()),
+            Value::Object(o) => own.extend(o.keys().cloned()),
+            Value::Array(a) => a.iter().for_each(|x| walk(x, named, own)),
+            _ => {}
         }
     }
-    out.sort();
-    out.dedup();
-    out
+    let (mut named, mut own) = (Vec::new(), Vec::new());
+    def.mcp_servers
+        .iter()
+        .for_each(|v| walk(v, &mut named, &mut own));
+    if let Some(required) = def.extra.get("requiredMcpServers") {
+        walk(required, &mut named, &mut Vec::new());
+    }
+    for t in def.tools.iter().flatten() {
+        if let Some(server) = t.strip_prefix("mcp__").and_then(|r| r.split("__").next())
+            && !server.is_empty()
+            && server != "*"
+        {
+            named.push(server.to_owned());
+        }
+    }
+    named.retain(|n| !own.contains(n));
+    for list in [&mut named, &mut own] {
+        list.sort();
+        list.dedup();
+    }
+    (named, own)
 }
 
 /// Every `command` string in a hooks object.
@@ -122,9 +179,23 @@ fn collect_commands(v: &Value, out: &mut Vec<String>) {
 }
 
 /// What `def` needs beyond tools, and whether this host (hooks, memory and effort supported;
-/// no MCP servers; the skills loaded with `--skills`) can give it.
-fn needs(def: &AgentDefinition, skills: &Skills) -> Value {
-    let servers = mcp_servers(def);
+/// the MCP servers of `--mcp-config`; the skills loaded with `--skills`) can give it.
+fn needs(def: &AgentDefinition, host: &Host) -> Value {
+    let skills = &host.skills;
+    let (servers, own) = mcp_servers(def);
+    let missing_servers: Vec<&String> = servers
+        .iter()
+        .filter(|s| !host.servers.contains(&normalize(s)))
+        .collect();
+    let trusted = host.trust_definition_servers
+        || matches!(
+            def.source,
+            DefinitionSource::BuiltIn
+                | DefinitionSource::Host
+                | DefinitionSource::User
+                | DefinitionSource::Policy
+        );
+    let own_ok = own.is_empty() || trusted;
     let hooks = def.hooks.as_ref().map(|h| {
         match Hooks::from_settings(h, &format!("agent `{}`", def.name)) {
             Ok((hooks, mut warnings)) => {
@@ -155,13 +226,17 @@ fn needs(def: &AgentDefinition, skills: &Skills) -> Value {
         .memory
         .as_deref()
         .is_none_or(|m| matches!(m, "user" | "project" | "local"));
-    let runs_as_written = servers.is_empty()
+    let runs_as_written = missing_servers.is_empty()
+        && own_ok
         && hooks.as_ref().is_none_or(|h| h["usable"] == true)
         && missing_skills.is_empty()
         && effort_ok
         && memory_ok;
     json!({
         "mcp_servers": servers,
+        "missing_mcp_servers": missing_servers,
+        "own_mcp_servers": own,
+        "own_mcp_servers_started": own_ok,
         "hooks": hooks,
         "skills": def.skills,
         "missing_skills": missing_skills,
@@ -172,7 +247,7 @@ fn needs(def: &AgentDefinition, skills: &Skills) -> Value {
     })
 }
 
-fn agent_json(def: &AgentDefinition, skills: &Skills) -> Value {
+fn agent_json(def: &AgentDefinition, host: &Host) -> Value {
     json!({
         "name": def.name,
         "description": def.description,
@@ -182,7 +257,7 @@ fn agent_json(def: &AgentDefinition, skills: &Skills) -> Value {
         "source": def.source.as_str(),
         "path": def.path.as_ref().map(|p| p.to_string_lossy()),
         "system_prompt": def.system_prompt,
-        "needs": needs(def, skills),
+        "needs": needs(def, host),
     })
 }
 
@@ -193,6 +268,8 @@ fn summary(agents: &[Value]) -> Value {
         "agents": agents.len(),
         "runs_as_written": count(&|n| n["runs_as_written"] == true),
         "need_mcp_servers": count(&|n| n["mcp_servers"].as_array().is_some_and(|a| !a.is_empty())),
+        "missing_mcp_servers": count(&|n| n["missing_mcp_servers"].as_array().is_some_and(|a| !a.is_empty())),
+        "define_own_mcp_servers": count(&|n| n["own_mcp_servers"].as_array().is_some_and(|a| !a.is_empty())),
         "have_hooks": count(&|n| !n["hooks"].is_null()),
         "hooks_usable": count(&|n| n["hooks"]["usable"] == true),
         "preload_skills": count(&|n| n["skills"].as_array().is_some_and(|a| !a.is_empty())),
@@ -203,11 +280,11 @@ fn summary(agents: &[Value]) -> Value {
     })
 }
 
-fn to_json(registry: &AgentRegistry, skills: &Skills) -> String {
+fn to_json(registry: &AgentRegistry, host: &Host) -> String {
     let agents: Vec<Value> = registry
         .list()
         .into_iter()
-        .map(|d| agent_json(d, skills))
+        .map(|d| agent_json(d, host))
         .collect();
     let value = json!({
         "summary": summary(&agents),

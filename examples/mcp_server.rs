@@ -34,8 +34,9 @@ struct Args {
     broken: bool,
 }
 
+/// The server: its tools work in `dir`.
 #[derive(Clone)]
-struct Files {
+pub(crate) struct Files {
     dir: Arc<PathBuf>,
 }
 
@@ -209,7 +210,30 @@ fn broken() -> std::io::Result<()> {
     Ok(())
 }
 
-async fn serve_http(addr: &str, files: Files) -> std::io::Result<()> {
+impl Files {
+    /// A server over `dir` (which must exist).
+    pub(crate) fn new(dir: &Path) -> std::io::Result<Self> {
+        Ok(Self {
+            dir: Arc::new(std::fs::canonicalize(dir)?),
+        })
+    }
+
+    /// Serves MCP on standard input and output until the client goes away.
+    pub(crate) async fn serve_stdio(self) -> std::io::Result<()> {
+        let running = self
+            .serve(rmcp::transport::stdio())
+            .await
+            .map_err(std::io::Error::other)?;
+        running.waiting().await.map_err(std::io::Error::other)?;
+        Ok(())
+    }
+}
+
+/// Serves streamable HTTP on `listener` (at `/mcp`, or any path) until the process ends.
+pub(crate) async fn serve_http_on(
+    listener: tokio::net::TcpListener,
+    files: Files,
+) -> std::io::Result<()> {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
     use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
     let service = StreamableHttpService::new(
@@ -217,17 +241,17 @@ async fn serve_http(addr: &str, files: Files) -> std::io::Result<()> {
         Arc::new(LocalSessionManager::default()),
         StreamableHttpServerConfig::default(),
     );
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    println!("listening on http://{}/mcp", listener.local_addr()?);
-    std::io::stdout().flush()?;
     loop {
         let (stream, _) = listener.accept().await?;
         let service = hyper_util::service::TowerToHyperService::new(service.clone());
         tokio::spawn(async move {
             let io = hyper_util::rt::TokioIo::new(stream);
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
+            let served = hyper::server::conn::http1::Builder::new()
                 .serve_connection(io, service)
-                .await
+                .await;
+            // A client that hangs up on its event stream is not an error worth printing.
+            if let Err(e) = served
+                && !e.is_incomplete_message()
             {
                 eprintln!("connection: {e}");
             }
@@ -236,6 +260,7 @@ async fn serve_http(addr: &str, files: Files) -> std::io::Result<()> {
 }
 
 #[tokio::main]
+#[allow(dead_code)] // also compiled into examples/mcp.rs, whose own `main` runs instead
 async fn main() -> ExitCode {
     let args: Args = clap::Parser::parse();
     if args.broken {
@@ -247,27 +272,24 @@ async fn main() -> ExitCode {
             }
         };
     }
-    let dir = match std::fs::canonicalize(&args.dir) {
-        Ok(d) => d,
+    let files = match Files::new(&args.dir) {
+        Ok(f) => f,
         Err(e) => {
             eprintln!("mcp_server: --dir {}: {e}", args.dir.display());
             return ExitCode::from(2);
         }
     };
-    let files = Files { dir: Arc::new(dir) };
     let result = match &args.http {
-        Some(addr) => serve_http(addr, files).await,
-        None => {
+        Some(addr) => {
             async {
-                let running = files
-                    .serve(rmcp::transport::stdio())
-                    .await
-                    .map_err(std::io::Error::other)?;
-                running.waiting().await.map_err(std::io::Error::other)?;
-                Ok(())
+                let listener = tokio::net::TcpListener::bind(addr).await?;
+                println!("listening on http://{}/mcp", listener.local_addr()?);
+                std::io::stdout().flush()?;
+                serve_http_on(listener, files).await
             }
             .await
         }
+        None => files.serve_stdio().await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -117,6 +117,11 @@ pub struct TeamsDocDoctests;
 #[doc = include_str!("../docs/hooks.md")]
 pub struct HooksDocDoctests;
 
+/// The code in `docs/mcp.md`, compiled and run as a doctest.
+#[cfg(all(doctest, feature = "mcp"))]
+#[doc = include_str!("../docs/mcp.md")]
+pub struct McpDocDoctests;
+
 /// The names a host program needs, in one import: building agents and tools, the `Agent`
 /// tool, the task service, events, scripted and simulated backends, usage and prices.
 pub mod prelude {
@@ -138,6 +143,9 @@ pub mod prelude {
     };
     #[doc(inline)]
     pub use forkhive_spawn::hook::{CommandHook, Hook, HookEvent, HookInput, HookOutcome, Hooks};
+    #[cfg(feature = "mcp")]
+    #[doc(inline)]
+    pub use forkhive_spawn::mcp::{McpHub, McpServer, McpStatus};
     #[doc(inline)]
     pub use forkhive_spawn::runtime::{
         Agent, AgentBuilder, AgentContext, AgentEvent, AgentRun, ChildReport, EventKind, EventSink,

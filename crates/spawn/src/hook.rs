@@ -505,19 +505,28 @@ impl CommandHook {
 
     fn shell(&self) -> tokio::process::Command {
         #[cfg(windows)]
-        {
+        let mut c = {
             let mut c = tokio::process::Command::new("cmd");
             c.arg("/C").arg(&self.command);
             c
-        }
+        };
         #[cfg(not(windows))]
-        {
+        let mut c = {
             let mut c = tokio::process::Command::new("sh");
             c.arg("-c").arg(&self.command);
             // A group of its own: what the command starts is stopped with it.
             c.process_group(0);
             c
+        };
+        // Claude Code's hooks find the project through `$CLAUDE_PROJECT_DIR` (its hooks
+        // reference): the host's own value when it set one, else the directory the agent
+        // runs in (the `cwd` of the hook's input).
+        if std::env::var_os("CLAUDE_PROJECT_DIR").is_none()
+            && let Ok(dir) = std::env::current_dir()
+        {
+            c.env("CLAUDE_PROJECT_DIR", dir);
         }
+        c
     }
 
     /// Reads a decision from what the command printed after exiting 0.

@@ -87,6 +87,24 @@ fn writer() -> Arc<Brain> {
     })
 }
 
+/// Hook scripts written for Claude Code find the project through `$CLAUDE_PROJECT_DIR`.
+#[tokio::test]
+async fn a_hook_command_gets_the_project_directory() {
+    let block = "cat > /dev/null; echo \"project: $CLAUDE_PROJECT_DIR\" >&2; exit 2";
+    let (mut a, _, _) = agent_with(writer(), hooks(vec![pre("Write", block)])).await;
+    let run = a.run("go").await;
+    let expected = std::env::var("CLAUDE_PROJECT_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| std::env::current_dir().unwrap());
+    assert_eq!(
+        run.final_text,
+        format!(
+            "a PreToolUse hook blocked `Write`: project: {}",
+            expected.display()
+        )
+    );
+}
+
 #[tokio::test]
 async fn an_exit_2_hook_blocks_the_call_with_its_standard_error() {
     let dir = tempfile::tempdir().unwrap();

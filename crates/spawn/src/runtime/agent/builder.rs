@@ -182,8 +182,9 @@ impl AgentBuilder {
     /// The host's MCP servers ([`crate::mcp`]): the hub goes into the agent tree (every agent
     /// of it shares its connections, and definitions name its servers), and `build` connects
     /// its servers, waiting until each is connected or has failed, and adds their tools to
-    /// this agent's pool. A server that failed is left out with a warning
-    /// ([`Agent::warnings`](super::Agent::warnings)). Give it to the main agent; a tree holds
+    /// this agent's pool. A server that failed is left out with a warning (an
+    /// [`EventKind::Warning`](crate::runtime::EventKind::Warning) when the run starts, and the
+    /// hub's [`status`](crate::mcp::McpHub::status)). Give it to the main agent; a tree holds
     /// one hub.
     #[cfg(feature = "mcp")]
     pub fn mcp(mut self, hub: crate::mcp::McpHub) -> Self {
