@@ -157,12 +157,29 @@ pub fn coordinator(builder: AgentBuilder, config: CoordinatorConfig) -> Result<A
     } else {
         names.join(", ")
     };
+    // The MCP servers workers reach too (Chapter 20: the coordinator's user context lists
+    // the tools and MCP servers available to workers), when the hub was given first.
+    #[cfg(feature = "mcp")]
+    let servers = builder
+        .mcp_hub()
+        .map(|hub| hub.names())
+        .filter(|n| !n.is_empty())
+        .map(|names| {
+            format!(
+                " They can also use the tools of these MCP servers (named \
+                 mcp__<server>__<tool>): {}.",
+                names.join(", ")
+            )
+        })
+        .unwrap_or_default();
+    #[cfg(not(feature = "mcp"))]
+    let servers = String::new();
     let mut builder = builder
         .system_prompt(COORDINATOR_PROMPT)
         .tools(tools)
         .user_context(
             "workerTools",
-            format!("Workers you start can use these tools: {listed}."),
+            format!("Workers you start can use these tools: {listed}.{servers}"),
         );
     if let Some(dir) = &scratchpad {
         builder = builder.user_context(

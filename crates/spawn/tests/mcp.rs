@@ -593,3 +593,296 @@ async fn closing_or_dropping_the_hub_stops_its_servers() {
     drop(dropped);
     assert!(gone(pid).await, "server {pid} outlived its hub");
 }
+
+/// A coordinator's workers draw their tools from `worker_tools`, and get the hub's MCP tools
+/// too (MCP tools are always available); the coordinator is told which servers they have.
+#[tokio::test]
+async fn a_coordinators_workers_get_the_hubs_tools() {
+    use forkhive_spawn::coordinator::{COORDINATOR_PROMPT, CoordinatorConfig, coordinator};
+    let dir = files_dir();
+    let h = hub(vec![files("files", dir.path())]);
+    let seen: Seen = Arc::default();
+    let (s2, context) = (Arc::clone(&seen), Arc::new(Mutex::new(String::new())));
+    let c2 = Arc::clone(&context);
+    let b = brain(move |r| {
+        let coordinating = r
+            .prefix
+            .system_prompt()
+            .first()
+            .is_some_and(|s| s == COORDINATOR_PROMPT);
+        if coordinating {
+            if r.all_messages().len() == 1 {
+                *c2.lock().unwrap() = r.all_messages()[0].text();
+                return Plan::Reply(calls(&[(
+                    "w",
+                    "Agent",
+                    r#"{"description":"ls","prompt":"list the files","subagent_type":"worker"}"#,
+                )]));
+            }
+            return Plan::Reply(say("coordinated"));
+        }
+        let names: Vec<_> = r.prefix.tools().iter().map(|t| t.name.clone()).collect();
+        assert!(names.contains(&"Lookup".to_owned()), "{names:?}");
+        if !has_tool_result(r) {
+            return Plan::Reply(calls(&[("l", "mcp__files__list_files", "{}")]));
+        }
+        recording(&s2, r);
+        Plan::Reply(say("listed"))
+    });
+    let workers = ToolPool::new([TestTool::sleeper("Lookup", true, 0).arc()]).unwrap();
+    let mut w = AgentDefinition::new("worker", "does one job", DefinitionSource::Host);
+    w.model = Some("m".into());
+    let config = CoordinatorConfig::new(workers).with_agent_tool(
+        AgentToolConfig::default()
+            .with_registry(AgentRegistry::from_definitions([w]))
+            .with_warm_fanout(None),
+    );
+    let mut c = coordinator(Agent::builder(b).model("m").mcp(h.clone()), config)
+        .unwrap()
+        .build()
+        .await
+        .unwrap();
+    let run = c.run("list them").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    assert_eq!(
+        seen.lock().unwrap().clone(),
+        [("a.txt\nb.txt".to_owned(), false)]
+    );
+    let _ = context;
+    let context = format!("{:?}", c.params().user_context());
+    assert!(
+        context.contains(
+            "Workers you start can use these tools: Lookup. They can also use the tools of these \
+             MCP servers (named mcp__<server>__<tool>): files."
+        ),
+        "{context}"
+    );
+    h.close().await;
+}
+
+/// A definition that names the host's server (the YAML of docs/mcp.md) uses the parent's
+/// connection — the pool has its tools once — in a child and in a main agent alike.
+#[tokio::test]
+async fn a_definition_naming_the_hosts_server_shares_it() {
+    let dir = files_dir();
+    let h = hub(vec![files("files", dir.path())]);
+    let mut named = worker(DefinitionSource::Project);
+    named.mcp_servers = vec![serde_json::json!("files")];
+    let seen: Seen = Arc::default();
+    let s2 = Arc::clone(&seen);
+    let b = brain(move |r| {
+        if is_parent(r) {
+            if !has_tool_result(r) {
+                return Plan::Reply(calls(&[(
+                    "f",
+                    "Agent",
+                    r#"{"description":"ls","prompt":"ls","subagent_type":"worker"}"#,
+                )]));
+            }
+            recording(&s2, r);
+            return Plan::Reply(say("parent done"));
+        }
+        if !has_tool_result(r) {
+            return Plan::Reply(calls(&[("l", "mcp__files__list_files", "{}")]));
+        }
+        Plan::Reply(say(&results(r)[0].1))
+    });
+    let mut a = lead(b, vec![named.clone()])
+        .mcp(h.clone())
+        .build()
+        .await
+        .unwrap();
+    let run = a.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        !seen[0].1 && seen[0].0.starts_with("a.txt\nb.txt"),
+        "{seen:?}"
+    );
+    // A main agent of that definition, given the hub: the same tools, once.
+    named.tools = None;
+    let main = Agent::builder(brain(|_| Plan::Reply(say("ok"))))
+        .definition(named)
+        .mcp(h.clone())
+        .build()
+        .await
+        .unwrap();
+    assert!(main.tools().get("mcp__files__read_file").is_some());
+    h.close().await;
+}
+
+/// `disallowedTools: ["*"]` takes the built-ins away and spares MCP tools, the definition's
+/// own servers' too.
+#[tokio::test]
+async fn disallowing_star_keeps_a_definitions_own_mcp_tools() {
+    let dir = files_dir();
+    let mut d = with_own_server(dir.path());
+    d.tools = None;
+    d.disallowed_tools = Some(vec!["*".into()]);
+    let read = TestTool::sleeper("Read", true, 0).arc();
+    let a = Agent::builder(brain(|_| Plan::Reply(say("ok"))))
+        .definition(d)
+        .tools(ToolPool::new([read]).unwrap())
+        .build()
+        .await
+        .unwrap();
+    let names = a.tools().names();
+    assert!(!names.contains(&"Read"), "{names:?}");
+    assert!(names.contains(&"mcp__own__list_files"), "{names:?}");
+}
+
+/// A server started through a shell leaves nothing behind: dropping the hub (no `close`)
+/// kills its whole process group, the grandchild included.
+#[tokio::test]
+async fn dropping_the_hub_kills_a_servers_grandchildren() {
+    let dir = files_dir();
+    // `; true` keeps the shell as the parent: the server is its child, our grandchild.
+    let line = format!(
+        "{} --dir {}; true",
+        server_bin().display(),
+        dir.path().display()
+    );
+    let h = hub(vec![
+        McpServer::stdio("sh", "sh").args(["-c".to_owned(), line]),
+    ]);
+    let pid = server_pid(&h, "mcp__sh__pid").await;
+    assert!(alive(pid));
+    drop(h);
+    assert!(gone(pid).await, "the shell's child {pid} outlived the hub");
+}
+
+/// A server that exits is reported as failed, with its last words, not as connected.
+#[tokio::test]
+async fn a_crashed_server_is_no_longer_connected() {
+    let dir = files_dir();
+    let h = hub(vec![files("files", dir.path())]);
+    let seen: Seen = Arc::default();
+    let s2 = Arc::clone(&seen);
+    let b = brain(move |r| {
+        recording(&s2, r);
+        if !has_tool_result(r) {
+            return Plan::Reply(calls(&[("c", "mcp__files__crash", "{}")]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let mut a = Agent::builder(b)
+        .model("m")
+        .mcp(h.clone())
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(a.run("go").await.stop, StopReason::Completed);
+    assert_eq!(
+        h.status()["files"],
+        McpStatus::Failed(
+            "its connection closed (did its process exit?); its standard error ends: crashing \
+             on request"
+                .to_owned()
+        )
+    );
+}
+
+/// A resumed agent whose transcript names MCP tools of a server that is not connected now
+/// keeps them in its request (same bytes) and gets an error result when it calls one.
+#[tokio::test]
+async fn an_mcp_tool_whose_server_is_gone_answers_with_an_error() {
+    let def =
+        forkhive_core::ToolDefinition::new("mcp__gone__lookup", "Looks up", r#"{"type":"object"}"#)
+            .unwrap();
+    let params = forkhive_core::CacheSafeParams::builder("m")
+        .tool(def)
+        .build();
+    let seen: Seen = Arc::default();
+    let s2 = Arc::clone(&seen);
+    let b = brain(move |r| {
+        recording(&s2, r);
+        assert_eq!(r.prefix.tools()[0].name, "mcp__gone__lookup");
+        if !has_tool_result(r) {
+            return Plan::Reply(calls(&[("l", "mcp__gone__lookup", "{}")]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let mut a = Agent::builder(b).params(params).build().await.unwrap();
+    assert_eq!(a.run("go").await.final_text, "ok");
+    assert_eq!(
+        seen.lock().unwrap().clone(),
+        [(
+            "`mcp__gone__lookup` belongs to an MCP server that is not connected now; it did not \
+             run"
+            .to_owned(),
+            true
+        )]
+    );
+}
+
+/// A background child with a transcript stays resumable after it ends (its tools kept for a
+/// `SendMessage`), but its own server is stopped when it ends — and started again when a
+/// message resumes it.
+#[tokio::test]
+async fn a_resumable_childs_own_server_stops_with_it_and_restarts_with_it() {
+    let dir = files_dir();
+    let transcripts = tempfile::tempdir().unwrap();
+    let pids: Seen = Arc::default();
+    let p2 = Arc::clone(&pids);
+    let b = brain(move |r| {
+        if is_parent(r) {
+            return Plan::Reply(match r.all_messages().len() {
+                1 => calls(&[(
+                    "g",
+                    "Agent",
+                    r#"{"description":"bg","prompt":"pid?","subagent_type":"worker","run_in_background":true,"name":"alpha"}"#,
+                )]),
+                5 => calls(&[(
+                    "m",
+                    "SendMessage",
+                    r#"{"to":"alpha","message":"pid again?"}"#,
+                )]),
+                _ => say("waiting"),
+            });
+        }
+        if results(r).is_empty() {
+            return Plan::Reply(calls(&[("c", "mcp__own__pid", "{}")]));
+        }
+        recording(&p2, r);
+        Plan::Reply(say("child done"))
+    });
+    let tool = AgentTool::new(
+        AgentToolConfig::default()
+            .with_registry(AgentRegistry::from_definitions([with_own_server(
+                dir.path(),
+            )]))
+            .with_warm_fanout(None),
+    )
+    .unwrap();
+    let send = Arc::new(forkhive_spawn::control::SendMessageTool::new().unwrap());
+    let mut a = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(ToolPool::new([tool.arc(), send as Arc<dyn forkhive_spawn::tool::Tool>]).unwrap())
+        .transcript_dir(transcripts.path())
+        .build()
+        .await
+        .unwrap();
+    let run = tokio::time::timeout(Duration::from_secs(60), a.run("go"))
+        .await
+        .expect("the run ended");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let pids: Vec<(u32, bool)> = pids
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(p, e)| (p.parse().unwrap(), *e))
+        .collect();
+    assert_eq!(pids.len(), 2, "asked before and after the resume: {pids:?}");
+    assert_ne!(
+        pids[0].0, pids[1].0,
+        "a new server process for the resumed child"
+    );
+    for (pid, err) in pids {
+        assert!(!err);
+        assert!(
+            gone(pid).await,
+            "a resumable child's own MCP server {pid} outlived it"
+        );
+    }
+}

@@ -240,7 +240,8 @@ async fn mcp_servers_this_host_lacks_are_said_or_refused() {
     assert_eq!(
         events.warnings(),
         [
-            "agent `searcher` names MCP servers `github`, `docs`, which this host does not connect to; it runs without their tools"
+            "agent `searcher` names MCP server `github`, which this host has not configured (McpHub); it runs without its tools",
+            "agent `searcher` defines its own MCP server `docs`; this host does not start the servers of project definitions (McpHubBuilder::trust_definition_servers), so it runs without it"
         ]
     );
     d.extra
@@ -252,7 +253,7 @@ async fn mcp_servers_this_host_lacks_are_said_or_refused() {
         .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "invalid agent configuration: agent `searcher` requires MCP servers `github`, which this host does not have; it was not started"
+        "invalid agent configuration: agent `searcher` requires MCP servers that are not available: `github` (not configured); it was not started"
     );
 }
 

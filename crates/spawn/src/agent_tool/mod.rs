@@ -280,6 +280,18 @@ pub struct AgentTool {
     definition: ToolDefinition,
     filter: Arc<ToolFilter>,
     heads: Arc<HeadCache>,
+    /// `subagent_tools` with the caller's MCP tools, for the last caller pool seen (one pool
+    /// object per caller pool, so the head cache, keyed by pool, keeps hitting).
+    with_mcp: Arc<std::sync::Mutex<Option<WithMcp>>>,
+}
+
+/// `subagent_tools` joined by the MCP tools of one caller pool (whose identity the guard
+/// reserves, so it cannot be reused by another pool while this entry exists).
+#[derive(Debug)]
+struct WithMcp {
+    caller: usize,
+    _guard: crate::tool::pool::PoolIdentity,
+    pool: ToolPool,
 }
 
 impl AgentTool {
@@ -326,6 +338,7 @@ impl AgentTool {
         Ok(Self {
             filter: Arc::new(config.filter.clone()),
             heads: Arc::new(HeadCache::new()),
+            with_mcp: Arc::default(),
             config: Arc::new(config),
             definition,
         })
@@ -345,6 +358,41 @@ impl AgentTool {
     /// The configuration.
     pub fn config(&self) -> &AgentToolConfig {
         &self.config
+    }
+
+    /// The pool a child's tools are drawn from: the caller's, or `subagent_tools` (a
+    /// coordinator's workers) joined by the caller's MCP tools — MCP tools are always
+    /// available (Agent definitions, §9.5 layer 3; Chapter 20: workers get
+    /// `assembleToolPool(…, appState.mcp.tools)`).
+    fn subagent_base(&self, caller: &ToolPool) -> ToolPool {
+        let Some(tools) = &self.config.subagent_tools else {
+            return caller.clone();
+        };
+        let missing: Vec<Arc<dyn Tool>> = caller
+            .names()
+            .into_iter()
+            .filter(|name| crate::tool::filter::is_mcp_tool(name) && tools.get(name).is_none())
+            .filter_map(|name| caller.get(name).cloned())
+            .collect();
+        if missing.is_empty() {
+            return tools.clone();
+        }
+        let mut memo = self.with_mcp.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = memo.as_ref().filter(|m| m.caller == caller.identity()) {
+            return m.pool.clone();
+        }
+        match tools.with(missing) {
+            Ok(pool) => {
+                *memo = Some(WithMcp {
+                    caller: caller.identity(),
+                    _guard: caller.identity_guard(),
+                    pool: pool.clone(),
+                });
+                pool
+            }
+            // Names are unique by construction (only names `tools` lacks are added).
+            Err(_) => tools.clone(),
+        }
     }
 
     /// When the agent list is not in the description: the text to put in the conversation
@@ -538,7 +586,7 @@ impl AgentTool {
             if def.isolation.as_deref() == Some("worktree") {
                 return true;
             }
-            let base = self.config.subagent_tools.as_ref().unwrap_or(&caller.pool);
+            let base = &self.subagent_base(&caller.pool);
             self.config.coordinator_mode
                 && self
                     .filter
@@ -594,7 +642,7 @@ impl AgentTool {
                         .map_err(|e| chain(&e))?,
                 );
                 // The tools it will have (its definition's, through the layers), moved there.
-                let base = self.config.subagent_tools.as_ref().unwrap_or(&caller.pool);
+                let base = &self.subagent_base(&caller.pool);
                 let audience = if background {
                     crate::tool::ToolAudience::Background
                 } else {
@@ -644,6 +692,11 @@ impl AgentTool {
             }
             None => &self.config.subagent_user_context,
         };
+        let subagent_base = self
+            .config
+            .subagent_tools
+            .as_ref()
+            .map(|_| self.subagent_base(&caller.pool));
         let prepared = strategy
             .prepare(
                 &input,
@@ -652,7 +705,7 @@ impl AgentTool {
                     turn,
                     policy,
                     registry: &self.config.registry,
-                    subagent_tools: rooted.as_ref().or(self.config.subagent_tools.as_ref()),
+                    subagent_tools: rooted.as_ref().or(subagent_base.as_ref()),
                     filter: &self.filter,
                     heads: &self.heads,
                     child_limits: &self.config.child_limits,

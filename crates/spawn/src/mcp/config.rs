@@ -46,13 +46,14 @@ impl fmt::Debug for McpTransport {
             } => f
                 .debug_struct("Stdio")
                 .field("command", command)
-                .field("args", args)
+                // Arguments may carry tokens (`--token x`): only how many there are.
+                .field("args", &args.len())
                 .field("env", &env.keys().collect::<Vec<_>>())
                 .field("cwd", cwd)
                 .finish(),
             McpTransport::Http { url, headers } => f
                 .debug_struct("Http")
-                .field("url", url)
+                .field("url", &redacted_url(url))
                 .field("headers", &headers.keys().collect::<Vec<_>>())
                 .finish(),
         }
@@ -266,6 +267,27 @@ impl McpServer {
     }
 }
 
+/// A URL without what may carry a secret: its user information and its query.
+pub(crate) fn redacted_url(url: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, _)) => (b, "?…"),
+        None => (url, ""),
+    };
+    match base.split_once("://") {
+        Some((scheme, rest)) => {
+            let host = match rest.split_once('/') {
+                Some((authority, path)) => {
+                    let authority = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+                    format!("{authority}/{path}")
+                }
+                None => rest.rsplit_once('@').map_or(rest, |(_, h)| h).to_owned(),
+            };
+            format!("{scheme}://{host}{query}")
+        }
+        None => format!("{base}{query}"),
+    }
+}
+
 /// Expands `${VAR}` and `${VAR:-default}` from the environment, as Claude Code does in
 /// `.mcp.json`; a variable that is not set and has no default is an error.
 fn expand(s: &str) -> std::result::Result<String, String> {
@@ -297,25 +319,34 @@ fn expand(s: &str) -> std::result::Result<String, String> {
     Ok(out)
 }
 
-/// Every server of a `.mcp.json` text (`{"mcpServers": {...}}` or the bare map), in name order.
-pub(super) fn parse_file(text: &str, origin: &str) -> Result<Vec<McpServer>> {
-    let value: Value = serde_json::from_str(text).map_err(|e| Error::Mcp {
-        server: origin.to_owned(),
-        message: format!("not JSON: {e}"),
-    })?;
+/// Every server of a `.mcp.json` text (`{"mcpServers": {...}}` or the bare map), in name
+/// order: each one's configuration, or why it cannot be used (one bad entry does not take the
+/// others down). Err only when the text is not such a file at all.
+pub(super) fn parse_file(
+    text: &str,
+    origin: &str,
+) -> Result<Vec<(String, std::result::Result<McpServer, String>)>> {
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| Error::Config(format!("MCP configuration {origin}: not JSON: {e}")))?;
     let map = match value.get("mcpServers") {
         Some(m) => m,
         None => &value,
     };
     let Some(map) = map.as_object() else {
-        return Err(Error::Mcp {
-            server: origin.to_owned(),
-            message: "`mcpServers` should be an object of servers by name".to_owned(),
-        });
+        return Err(Error::Config(format!(
+            "MCP configuration {origin}: `mcpServers` should be an object of servers by name"
+        )));
     };
-    map.iter()
-        .map(|(n, v)| McpServer::from_json(n, v))
-        .collect()
+    Ok(map
+        .iter()
+        .map(|(n, v)| {
+            let server = McpServer::from_json(n, v).map_err(|e| match e {
+                Error::Mcp { message, .. } => message,
+                other => other.to_string(),
+            });
+            (n.clone(), server)
+        })
+        .collect())
 }
 
 /// The servers one entry of a definition's `mcpServers` (or `requiredMcpServers`) names: a
@@ -417,14 +448,55 @@ mod tests {
 
     #[test]
     fn debug_hides_secret_values() {
-        let s = McpServer::http("api", "https://x").header("Authorization", "Bearer secret");
+        let s = McpServer::http("api", "https://me:pw@x/mcp?key=k1")
+            .header("Authorization", "Bearer secret");
         let shown = format!("{s:?}");
         assert!(
-            shown.contains("Authorization") && !shown.contains("secret"),
+            shown.contains("Authorization") && shown.contains("https://x/mcp?…"),
             "{shown}"
         );
-        let s = McpServer::stdio("fs", "x").env("TOKEN", "hunter2");
-        assert!(!format!("{s:?}").contains("hunter2"));
+        for secret in ["secret", "pw", "k1"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        let s = McpServer::stdio("fs", "x")
+            .env("TOKEN", "hunter2")
+            .args(["--token", "hunter3"]);
+        let shown = format!("{s:?}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("hunter3"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn urls_lose_their_credentials() {
+        assert_eq!(redacted_url("https://u:p@h:1/a?b=c"), "https://h:1/a?…");
+        assert_eq!(redacted_url("http://h"), "http://h");
+        assert_eq!(redacted_url("http://u@h"), "http://h");
+    }
+
+    #[test]
+    fn one_bad_entry_of_a_file_leaves_the_others() {
+        let text =
+            r#"{"mcpServers": {"ok": {"command": "x"}, "bad": {"type": "sse", "url": "u"}}}"#;
+        let parsed = parse_file(text, ".mcp.json").unwrap();
+        assert_eq!(parsed.len(), 2);
+        assert_eq!(parsed[0].0, "bad");
+        assert!(
+            parsed[0]
+                .1
+                .as_ref()
+                .is_err_and(|e| e.starts_with("transport `sse`"))
+        );
+        assert!(parsed[1].1.is_ok());
+        assert_eq!(
+            parse_file("[", "f.json")
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default(),
+            "invalid agent configuration: MCP configuration f.json: not JSON: EOF while parsing \
+             a list at line 1 column 1"
+        );
     }
 
     #[test]

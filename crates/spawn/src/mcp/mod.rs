@@ -35,6 +35,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{McpServer, McpTransport};
+pub(crate) use tool::{Holder, Unavailable, holders};
 
 use crate::error::{Error, Result};
 use crate::tool::Tool;
@@ -46,9 +47,9 @@ pub const REQUIRED_WAIT: Duration = Duration::from_secs(30);
 /// How long a server may take to start and answer `initialize` and `tools/list`.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The longest tool name a provider accepts; a server's tool whose full name is longer is left
-/// out, as Claude Code leaves it out.
-pub const MAX_TOOL_NAME: usize = 128;
+/// The longest tool name every backend accepts (Anthropic's and OpenAI's limit is 64); a
+/// server's tool whose full name is longer is left out, with a warning in the log.
+pub const MAX_TOOL_NAME: usize = 64;
 
 /// The most text one MCP call gives the model (about Claude Code's 25,000-token default);
 /// the rest is cut with a note.
@@ -88,6 +89,7 @@ impl State {
         match self {
             State::NotStarted => McpStatus::NotStarted,
             State::Connecting => McpStatus::Connecting,
+            State::Connected(c) if !c.endpoint.is_open() => McpStatus::Failed(gone(c)),
             State::Connected(c) => McpStatus::Connected {
                 tools: c.tools.len(),
             },
@@ -95,6 +97,16 @@ impl State {
             State::Closed => McpStatus::Closed,
         }
     }
+}
+
+/// Why a server that was connected is not any more.
+fn gone(c: &tool::Connected) -> String {
+    let tail = c.endpoint.stderr_tail();
+    let mut why = "its connection closed (did its process exit?)".to_owned();
+    if !tail.is_empty() {
+        why.push_str(&format!("; its standard error ends: {tail}"));
+    }
+    why
 }
 
 /// One configured server and where it stands.
@@ -138,6 +150,8 @@ impl fmt::Debug for McpHub {
 #[derive(Debug, Default)]
 pub struct McpHubBuilder {
     servers: Vec<McpServer>,
+    /// Entries of a configuration file that cannot be used: name and why.
+    invalid: Vec<(String, String)>,
     required_wait: Option<Duration>,
     trust_definition_servers: bool,
 }
@@ -151,9 +165,16 @@ impl McpHubBuilder {
 
     /// Adds every server of a Claude Code `.mcp.json` text (`{"mcpServers": {name: config}}`,
     /// or the bare `{name: config}` map); `${VAR}` and `${VAR:-default}` are expanded from the
-    /// environment. `origin` names the text in errors (a path, say).
+    /// environment. An entry that cannot be used (an unknown transport, an unset variable) is
+    /// that server's [`McpStatus::Failed`], and the others still connect; a text that is not
+    /// such a file is an error. `origin` names the text in errors (a path, say).
     pub fn servers_json(mut self, text: &str, origin: &str) -> Result<Self> {
-        self.servers.extend(config::parse_file(text, origin)?);
+        for (name, server) in config::parse_file(text, origin)? {
+            match server {
+                Ok(server) => self.servers.push(server),
+                Err(why) => self.invalid.push((name, why)),
+            }
+        }
         Ok(self)
     }
 
@@ -173,11 +194,24 @@ impl McpHubBuilder {
         self
     }
 
-    /// The hub. Fails when two servers share a name once normalized (`a.b` and `a_b` would
-    /// share their tools' names).
+    /// The hub. Fails when a name is empty or holds `__` (tool names are
+    /// `mcp__<server>__<tool>`), or two servers share a name once normalized (`a.b` and `a_b`
+    /// would share their tools' names).
     pub fn build(self) -> Result<McpHub> {
         let mut slots = BTreeMap::new();
-        for server in self.servers {
+        let invalid = self.invalid.into_iter().map(|(name, why)| {
+            // A placeholder that never connects: its state is already `Failed`.
+            (McpServer::stdio(name, String::new()), Some(why))
+        });
+        for (server, failed) in self.servers.into_iter().map(|s| (s, None)).chain(invalid) {
+            if server.name().is_empty() || server.name().contains("__") {
+                return Err(Error::Mcp {
+                    server: server.name().to_owned(),
+                    message: "a server's name must not be empty or hold `__` (its tools are \
+                              named `mcp__<server>__<tool>`)"
+                        .to_owned(),
+                });
+            }
             let key = normalize(server.name());
             if let Some(other) = slots
                 .get(&key)
@@ -192,7 +226,10 @@ impl McpHubBuilder {
                     ),
                 });
             }
-            let (state, _) = watch::channel(State::NotStarted);
+            let (state, _) = watch::channel(match failed {
+                Some(why) => State::Failed(why),
+                None => State::NotStarted,
+            });
             slots.insert(key, Arc::new(Slot { server, state }));
         }
         Ok(McpHub {
@@ -213,6 +250,8 @@ impl McpHub {
     }
 
     /// Starts connecting every server not started yet, in the background; returns at once.
+    /// Outside a Tokio runtime nothing can run: each server not started yet is
+    /// [`McpStatus::Failed`] saying so.
     pub fn connect(&self) {
         for slot in self.inner.slots.values() {
             self.start(slot);
@@ -220,6 +259,16 @@ impl McpHub {
     }
 
     fn start(&self, slot: &Arc<Slot>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            slot.state.send_if_modified(|s| match s {
+                State::NotStarted => {
+                    *s = State::Failed("it was asked to connect outside a Tokio runtime".into());
+                    true
+                }
+                _ => false,
+            });
+            return;
+        };
         let started = slot.state.send_if_modified(|s| match s {
             State::NotStarted => {
                 *s = State::Connecting;
@@ -234,24 +283,19 @@ impl McpHub {
         let cancel = self.inner.cancel.clone();
         // Owned by the hub: its token ends it when the hub is closed or dropped; otherwise it
         // ends within the server's connect timeout.
-        tokio::spawn(async move {
-            let timeout = slot.server.connect_timeout_value();
+        runtime.spawn(async move {
             let outcome = tokio::select! {
-                _ = cancel.cancelled() => Err("the hub was closed while it was connecting".to_owned()),
-                r = tokio::time::timeout(timeout, tool::connect(&slot.server)) => match r {
-                    Ok(r) => r,
-                    Err(_) => Err(format!(
-                        "did not finish starting (initialize and tools/list) within {}",
-                        crate::base::events::format_duration(timeout)
-                    )),
-                },
+                biased;
+                _ = cancel.cancelled() => None,
+                r = tool::connect(&slot.server, false) => Some(r),
             };
             let state = match outcome {
-                Ok(c) => State::Connected(Arc::new(c)),
-                Err(why) => {
+                Some(Ok(c)) => State::Connected(Arc::new(c)),
+                Some(Err(why)) => {
                     tracing::warn!(server = %slot.server.name(), "MCP server failed: {why}");
                     State::Failed(why)
                 }
+                None => State::Closed,
             };
             slot.state.send_modify(|s| {
                 if !matches!(s, State::Closed) {
@@ -303,6 +347,7 @@ impl McpHub {
         let slot = self.slot(name)?;
         self.start(slot);
         Some(match settled(slot).await {
+            State::Connected(c) if !c.endpoint.is_open() => Err(gone(&c)),
             State::Connected(c) => Ok(Arc::clone(&c.tools)),
             State::Failed(why) => Err(why),
             _ => Err("the hub was closed".to_owned()),
@@ -333,9 +378,11 @@ impl McpHub {
                     .iter()
                     .filter_map(|(_, rx)| rx.as_ref().map(|rx| rx.borrow().clone()))
                     .collect();
-                let failed = states
-                    .iter()
-                    .any(|s| matches!(s, State::Failed(_) | State::Closed));
+                let failed = states.iter().any(|s| match s {
+                    State::Failed(_) | State::Closed => true,
+                    State::Connected(c) => !c.endpoint.is_open(),
+                    _ => false,
+                });
                 let waiting = states
                     .iter()
                     .any(|s| matches!(s, State::NotStarted | State::Connecting));
@@ -360,6 +407,9 @@ impl McpHub {
             .filter_map(|(name, rx)| {
                 let why = match rx.map(|rx| rx.borrow().clone()) {
                     None => "not configured".to_owned(),
+                    Some(State::Connected(c)) if !c.endpoint.is_open() => {
+                        format!("failed: {}", gone(&c))
+                    }
                     Some(State::Connected(_)) => return None,
                     Some(State::Failed(why)) => format!("failed: {why}"),
                     Some(State::Closed) => "the hub was closed".to_owned(),
@@ -378,16 +428,41 @@ impl McpHub {
         self.inner.trust_definition_servers
     }
 
-    /// Closes every connection and stops those still starting. Agents holding a closed
-    /// server's tools get an error result naming it when they call one.
+    /// Closes every connection, all at once, and stops those still starting: a stdio
+    /// server's process group is killed once its connection is closed (or after 2 s). Agents
+    /// holding a closed server's tools get an error result naming it when they call one.
+    /// Definitions' own servers are their agents', not the hub's: they are left alone.
     pub async fn close(&self) {
         self.inner.cancel.cancel();
-        for slot in self.inner.slots.values() {
-            let before = slot.state.send_replace(State::Closed);
-            if let State::Connected(c) = before {
-                c.close().await;
+        let closing = self.inner.slots.values().filter_map(|slot| {
+            match slot.state.send_replace(State::Closed) {
+                State::Connected(c) => Some(async move { c.endpoint.close().await }),
+                _ => None,
             }
-        }
+        });
+        futures::future::join_all(closing).await;
+    }
+
+    /// The tools each connected server offered that were left out (a name too long or taken
+    /// twice, a schema too large or not a JSON Schema), as `(server, why)`.
+    pub fn left_out(&self) -> Vec<(String, String)> {
+        self.inner
+            .slots
+            .values()
+            .flat_map(|slot| match &*slot.state.borrow() {
+                State::Connected(c) => c
+                    .left_out
+                    .iter()
+                    .map(|why| (slot.server.name().to_owned(), why.clone()))
+                    .collect(),
+                _ => Vec::new(),
+            })
+            .collect()
+    }
+
+    /// Whether two handles are the same hub.
+    pub(crate) fn same(&self, other: &McpHub) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 }
 
@@ -461,22 +536,20 @@ pub(crate) async fn for_definition(
                     ));
                 }
                 Some(cfg) => {
-                    let server = McpServer::from_json(&name, &cfg);
-                    let connected = match server {
-                        Ok(server) => {
-                            let timeout = server.connect_timeout_value();
-                            match tokio::time::timeout(timeout, tool::connect(&server)).await {
-                                Ok(r) => r,
-                                Err(_) => Err(format!(
-                                    "did not finish starting within {}",
-                                    crate::base::events::format_duration(timeout)
-                                )),
-                            }
-                        }
-                        Err(e) => Err(forkhive_core::error::chain(&e)),
+                    let connected = match McpServer::from_json(&name, &cfg) {
+                        Ok(server) => tool::connect(&server, true).await,
+                        Err(Error::Mcp { message, .. }) => Err(message),
+                        Err(e) => Err(e.to_string()),
                     };
                     match connected {
                         Ok(c) => {
+                            for why in &c.left_out {
+                                warnings.push(format!(
+                                    "agent `{}`: MCP server `{name}` offers a tool that was left \
+                                     out: {why}",
+                                    d.name
+                                ));
+                            }
                             tools.extend(c.tools.iter().cloned());
                             own_ok.push(name);
                         }
@@ -521,7 +594,7 @@ pub(crate) async fn for_definition(
     }
     // The definition's disallow list applies to the servers it brings, as to the pool's.
     if let Some(denied) = &d.disallowed_tools {
-        tools.retain(|t| !crate::tool::filter::listed(denied, &t.definition().name));
+        tools.retain(|t| !crate::tool::filter::denied(denied, &t.definition().name));
     }
     tools.sort_by(|a, b| a.definition().name.cmp(&b.definition().name));
     tools.dedup_by(|a, b| a.definition().name == b.definition().name);

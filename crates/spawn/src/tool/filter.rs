@@ -146,7 +146,7 @@ pub(crate) fn listed(list: &[String], name: &str) -> bool {
 }
 
 /// Whether `disallowed` denies `name`: like [`listed`], except that `*` spares MCP tools.
-fn denied(disallowed: &[String], name: &str) -> bool {
+pub(crate) fn denied(disallowed: &[String], name: &str) -> bool {
     disallowed.iter().any(|e| match parse(e).0 {
         "*" => !is_mcp_tool(name),
         pattern => pattern_matches(pattern, name),

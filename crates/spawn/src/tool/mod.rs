@@ -265,6 +265,12 @@ pub trait Tool: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// The tool as `Any`, for code that recognises its own tool types (the crate's MCP tools
+    /// do, to own their connections; default: `None`).
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
+
     /// Runs the call. `input` has already been validated against the tool's schema and
     /// approved by the permission policy. Failures are returned as [`ToolOutput::error`].
     async fn call(&self, input: serde_json::Value, cx: &ToolContext) -> ToolOutput;
@@ -292,6 +298,9 @@ impl<T: Tool + ?Sized> Tool for Arc<T> {
     }
     async fn rooted(&self, root: &std::path::Path) -> Option<Arc<dyn Tool>> {
         (**self).rooted(root).await
+    }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        (**self).as_any()
     }
     async fn call(&self, input: serde_json::Value, cx: &ToolContext) -> ToolOutput {
         (**self).call(input, cx).await

@@ -192,6 +192,12 @@ impl AgentBuilder {
         self
     }
 
+    /// The MCP hub given to [`mcp`](Self::mcp), if any.
+    #[cfg(feature = "mcp")]
+    pub(crate) fn mcp_hub(&self) -> Option<&crate::mcp::McpHub> {
+        self.mcp.as_ref()
+    }
+
     /// Whether the `hooks` of definitions from the project, a plugin or the command line run
     /// (default: no — they run shell commands, and a repository's files are not the host's;
     /// such hooks are left out with a warning). Hooks of built-in, host, user and policy
@@ -377,14 +383,15 @@ impl AgentBuilder {
         }
         #[cfg(feature = "mcp")]
         if let Some(hub) = self.mcp.take() {
-            if tree.extensions().get::<crate::mcp::McpHub>().is_some() {
+            // One hub per tree (a second would split the tree's connections).
+            let held = tree.extensions().get_or_insert_with(|| hub.clone());
+            if !held.same(&hub) {
                 return Err(Error::Config(
                     "the agent tree already holds an McpHub; a tree has one, given to its main \
                      agent's builder"
                         .to_owned(),
                 ));
             }
-            tree.extensions().insert(Arc::new(hub.clone()));
             let tools = hub.tools().await;
             for (name, status) in hub.status() {
                 if let crate::mcp::McpStatus::Failed(why) = status {
@@ -393,6 +400,11 @@ impl AgentBuilder {
                          tools"
                     ));
                 }
+            }
+            for (name, why) in hub.left_out() {
+                warnings.push(format!(
+                    "MCP server `{name}` offers a tool that was left out: {why}"
+                ));
             }
             self.tools = self.tools.with(tools)?;
         }
@@ -425,8 +437,11 @@ impl AgentBuilder {
         let mut first_context = Vec::new();
         let mut pool = pool;
         if let Some(d) = def {
-            let (tools, context) =
+            let (mut tools, context) =
                 definition_extras(d, &tree, self.params.is_none(), &mut warnings).await?;
+            // A server the definition names that the pool already has (the parent's, shared)
+            // is not added twice.
+            tools.retain(|t| pool.get(&t.definition().name).is_none());
             if !tools.is_empty() {
                 pool = pool.with(tools)?;
             }
@@ -434,6 +449,25 @@ impl AgentBuilder {
         }
         let (params, pool) = match self.params {
             Some(p) => {
+                // A resumed agent's MCP tools whose server is not connected now keep their
+                // place in the request (its bytes, its cache) and answer with an error.
+                #[cfg(feature = "mcp")]
+                {
+                    let gone: Vec<Arc<dyn crate::tool::Tool>> = p
+                        .tools()
+                        .iter()
+                        .filter(|t| {
+                            crate::tool::filter::is_mcp_tool(&t.name) && pool.get(&t.name).is_none()
+                        })
+                        .map(|t| {
+                            Arc::new(crate::mcp::Unavailable(t.clone()))
+                                as Arc<dyn crate::tool::Tool>
+                        })
+                        .collect();
+                    if !gone.is_empty() {
+                        pool = pool.with(gone)?;
+                    }
+                }
                 for t in p.tools() {
                     if pool.get(&t.name).is_none() {
                         return Err(Error::Config(format!(
@@ -613,6 +647,10 @@ impl AgentBuilder {
             }
         }
         settings.max_tokens = limits.max_output_tokens;
+        // Its holds on the definitions' own MCP servers among its tools: the last agent
+        // holding one stops it (Agent definitions, §9.6).
+        #[cfg(feature = "mcp")]
+        let mcp_holds = crate::mcp::holders(pool.names().into_iter().filter_map(|n| pool.get(n)));
         Ok(Agent {
             shared: Arc::new(AgentShared {
                 backend: self.backend,
@@ -634,6 +672,8 @@ impl AgentBuilder {
                 transcript_dir: self.transcript_dir,
                 wait_for_promises: !self.detach,
                 children: ChildLedger::default(),
+                #[cfg(feature = "mcp")]
+                _mcp_holds: mcp_holds,
             }),
             params,
             emit,

@@ -69,6 +69,9 @@ pub(crate) struct AgentShared {
     pub(crate) wait_for_promises: bool,
     /// The children it started.
     pub(crate) children: ChildLedger,
+    /// Its holds on its definition's own MCP servers (released when it ends).
+    #[cfg(feature = "mcp")]
+    pub(crate) _mcp_holds: Vec<crate::mcp::Holder>,
 }
 
 impl crate::tool::Caller for AgentShared {
