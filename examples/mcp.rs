@@ -134,7 +134,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()
         .await?;
     for (name, status) in hub.status() {
-        println!("server {name}: {status:?}");
+        println!("server {name}: {status}");
     }
     let run = lead.run("Look at the project's notes.").await;
     println!("lead: {} ({:?})", run.final_text, run.stop);

@@ -19,6 +19,7 @@
 //! | feature | default | what it enables |
 //! | --- | --- | --- |
 //! | `http` | yes | the Anthropic and OpenAI-compatible HTTP backends (reqwest + rustls) |
+//! | `mcp` | yes | MCP servers (stdio and streamable HTTP, on `rmcp`) as agents' tools: `spawn::mcp`, `AgentBuilder::mcp` (`docs/mcp.md`) |
 //!
 //! ## Example
 //!

@@ -205,8 +205,8 @@ async fn failures_are_error_results_and_the_agent_goes_on() {
     assert_eq!(
         seen[4],
         (
-            "MCP server `files` closed its connection before answering `list_files` (did its \
-             process exit?); its standard error ends: crashing on request"
+            "MCP server `files` is not connected any more (did its process exit?); \
+             `list_files` did not run; its standard error ends: crashing on request"
                 .to_owned(),
             true
         )

@@ -74,6 +74,19 @@ pub enum McpStatus {
     Closed,
 }
 
+impl fmt::Display for McpStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            McpStatus::NotStarted => f.write_str("not started"),
+            McpStatus::Connecting => f.write_str("connecting"),
+            McpStatus::Connected { tools: 1 } => f.write_str("connected, 1 tool"),
+            McpStatus::Connected { tools } => write!(f, "connected, {tools} tools"),
+            McpStatus::Failed(why) => write!(f, "failed: {why}"),
+            McpStatus::Closed => f.write_str("closed"),
+        }
+    }
+}
+
 /// The state behind a status: a connection's tools when connected.
 #[derive(Clone)]
 enum State {

@@ -690,8 +690,18 @@ impl Tool for McpTool {
             Ok(link) => link,
             Err(why) => return ToolOutput::error(format!("{why}; `{}` did not run", self.remote)),
         };
-        if link.peer.is_transport_closed() {
-            return self.failure(&link, ServiceError::TransportClosed).await;
+        if link.peer.is_transport_closed() && !self.endpoint.closed.load(Ordering::SeqCst) {
+            let mut text = format!(
+                "MCP server `{}` is not connected any more (did its process exit?); `{}` did \
+                 not run",
+                self.server(),
+                self.remote
+            );
+            let tail = link.stderr.final_tail().await;
+            if !tail.is_empty() {
+                text.push_str(&format!("; its standard error ends: {tail}"));
+            }
+            return ToolOutput::error(text);
         }
         match link.peer.call_tool(params).await {
             Ok(result) => self.output(result),
