@@ -1,5 +1,6 @@
 //! Mailbox throughput: letters per second into one inbox, from 1 and from 10 writers at once,
-//! for the in-memory and the file mailbox (Claude Code's inbox files, lock file and all).
+//! for the in-memory and the file mailbox (Claude Code's inbox files, lock file and all), and —
+//! built with `--features redis` and given `FORKHIVE_REDIS_URL` — the Redis mailbox.
 //!
 //! Each iteration sends `LETTERS` letters in all (split among the writers) into a fresh inbox,
 //! then the reader receives and acknowledges them. `python3 scripts/bench-report.py mailbox`
@@ -56,8 +57,16 @@ fn bench(c: &mut Criterion) {
     group.sample_size(10);
     group.measurement_time(Duration::from_secs(10));
     let mut n = 0u64;
+    let redis_url = std::env::var("FORKHIVE_REDIS_URL")
+        .ok()
+        .filter(|_| cfg!(feature = "redis"));
+    let backends: &[&str] = if redis_url.is_some() {
+        &["memory", "file", "redis"]
+    } else {
+        &["memory", "file"]
+    };
     for writers in [1usize, 10] {
-        for backend in ["memory", "file"] {
+        for &backend in backends {
             group.bench_with_input(BenchmarkId::new(backend, writers), &writers, |b, &w| {
                 b.iter_custom(|iters| {
                     let mut total = Duration::ZERO;
@@ -65,6 +74,14 @@ fn bench(c: &mut Criterion) {
                         n += 1;
                         let mail: Arc<dyn Mailbox> = match backend {
                             "memory" => Arc::new(MemoryMailbox::new()),
+                            #[cfg(feature = "redis")]
+                            "redis" => Arc::new(
+                                forkhive::spawn::mailbox::RedisMailbox::with_prefix(
+                                    redis_url.as_deref().unwrap_or_default(),
+                                    &format!("bench{}", std::process::id()),
+                                )
+                                .unwrap(),
+                            ),
                             _ => Arc::new(FileMailbox::new(dir.path())),
                         };
                         let inbox = Inbox::new("bench", format!("r{n}")).unwrap();

@@ -2,7 +2,8 @@
 //! inboxes; the process's CPU time is measured over `--idle-secs` of nothing happening; then
 //! `--rounds` letters are sent one at a time, each to one waiting reader, and the time from
 //! `send` to that reader's `wait` returning is taken (p50, p99). For the in-memory mailbox and
-//! the file mailbox (Claude Code's inbox files in a temporary directory).
+//! the file mailbox (Claude Code's inbox files in a temporary directory), and, built with
+//! `--features redis` and given `FORKHIVE_REDIS_URL`, the Redis mailbox.
 //!
 //! ```text
 //! cargo run --release --example mailbox_wake -- [--waiters 100] [--idle-secs 10] [--rounds 200]

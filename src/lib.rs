@@ -20,6 +20,7 @@
 //! | --- | --- | --- |
 //! | `http` | yes | the Anthropic and OpenAI-compatible HTTP backends (reqwest + rustls) |
 //! | `mcp` | yes | MCP servers (stdio and streamable HTTP, on `rmcp`) as agents' tools: `spawn::mcp`, `AgentBuilder::mcp` (`docs/mcp.md`) |
+//! | `redis` | no | mailboxes on Redis Streams (`spawn::mailbox::RedisMailbox`), for teams across hosts (`docs/distributed.md`) |
 //!
 //! ## Example
 //!
@@ -122,6 +123,11 @@ pub struct HooksDocDoctests;
 #[cfg(all(doctest, feature = "mcp"))]
 #[doc = include_str!("../docs/mcp.md")]
 pub struct McpDocDoctests;
+
+/// The code in `docs/distributed.md`, compiled as a doctest.
+#[cfg(all(doctest, feature = "redis"))]
+#[doc = include_str!("../docs/distributed.md")]
+pub struct DistributedDocDoctests;
 
 /// The names a host program needs, in one import: building agents and tools, the `Agent`
 /// tool, the task service, events, scripted and simulated backends, usage and prices.

@@ -46,20 +46,37 @@ pub(crate) fn cpu_time() -> Option<std::time::Duration> {
     Some(std::time::Duration::from_millis(ticks * 10))
 }
 
-/// The two mailboxes the measuring examples compare: in memory, and Claude Code's inbox files
-/// under `dir`.
+/// The mailboxes the measuring examples compare: in memory, Claude Code's inbox files under
+/// `dir`, and — built with the `redis` feature and given `FORKHIVE_REDIS_URL`
+/// (`scripts/redis-server.sh start`) — Redis streams, under a key prefix of this run's own.
 #[allow(dead_code)]
 pub(crate) fn mailboxes(
     dir: &Path,
-) -> [(
+) -> Vec<(
     &'static str,
     std::sync::Arc<dyn forkhive::spawn::mailbox::Mailbox>,
-); 2] {
+)> {
     use forkhive::spawn::mailbox::{FileMailbox, MemoryMailbox};
-    [
+    #[allow(unused_mut)]
+    let mut all: Vec<(
+        &'static str,
+        std::sync::Arc<dyn forkhive::spawn::mailbox::Mailbox>,
+    )> = vec![
         ("memory", std::sync::Arc::new(MemoryMailbox::new())),
         ("file", std::sync::Arc::new(FileMailbox::new(dir))),
-    ]
+    ];
+    #[cfg(feature = "redis")]
+    if let Ok(url) = std::env::var("FORKHIVE_REDIS_URL") {
+        let run = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or_default();
+        match forkhive::spawn::mailbox::RedisMailbox::with_prefix(&url, &format!("ex{run}")) {
+            Ok(m) => all.push(("redis", std::sync::Arc::new(m))),
+            Err(e) => eprintln!("FORKHIVE_REDIS_URL: {e}"),
+        }
+    }
+    all
 }
 
 pub(crate) fn git(dir: &Path, args: &[&str]) -> Result<String, String> {

@@ -103,6 +103,30 @@ fn teammate(name: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lead_and_two_teammates_work_idle_wake_and_shut_down() {
+    lead_and_two_teammates(Arc::new(MemoryMailbox::new())).await;
+}
+
+/// The same team, its letters through a real Redis (`scripts/redis-server.sh start`): the
+/// lead, the relays and `SendMessage` work unchanged on another mailbox.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_team_works_over_redis() {
+    let url = match std::env::var("FORKHIVE_REDIS_URL") {
+        Ok(url) => url,
+        Err(_) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("CI=true but FORKHIVE_REDIS_URL is not set")
+        }
+        Err(_) => {
+            eprintln!("skipped: no FORKHIVE_REDIS_URL (run scripts/redis-server.sh start)");
+            return;
+        }
+    };
+    let prefix = format!("team{}", std::process::id());
+    let mail = forkhive_spawn::mailbox::RedisMailbox::with_prefix(&url, &prefix).unwrap();
+    lead_and_two_teammates(Arc::new(mail)).await;
+}
+
+async fn lead_and_two_teammates(mailbox: Arc<dyn forkhive_spawn::mailbox::Mailbox>) {
     let b = brain(|r| {
         let all = r.all_messages();
         let text = text_of(r);
@@ -154,7 +178,7 @@ async fn a_lead_and_two_teammates_work_idle_wake_and_shut_down() {
     let dir = tempfile::tempdir().unwrap();
     let roster_file = dir.path().join("teams/review/config.json");
     let team = Arc::new(
-        Team::new("review", Arc::new(MemoryMailbox::new()))
+        Team::new("review", mailbox)
             .unwrap()
             .with_roster_file(&roster_file)
             .unwrap(),

@@ -29,6 +29,8 @@ pub mod conformance;
 mod file;
 mod memory;
 pub mod protocol;
+#[cfg(feature = "redis")]
+mod redis;
 
 use std::fmt;
 
@@ -36,6 +38,8 @@ use async_trait::async_trait;
 
 use crate::error::{Error, Result};
 
+#[cfg(feature = "redis")]
+pub use self::redis::{DEFAULT_PREFIX, RedisMailbox};
 pub use file::{FileMailbox, LOCK_ATTEMPTS};
 pub use memory::MemoryMailbox;
 

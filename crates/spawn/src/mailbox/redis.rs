@@ -1,0 +1,354 @@
+//! Mailboxes in Redis (feature `redis`), for agents on several hosts: one stream per inbox.
+//!
+//! - An inbox is the stream `<prefix>:{<team>}:inbox:<agent>`; the hash
+//!   `<prefix>:{<team>}:ids:<agent>` maps each unacknowledged letter's id to its stream entry.
+//!   The team is the key's hash tag, so a Redis Cluster keeps a team's inboxes in one slot.
+//! - `send` is one script: a letter whose id is still unacknowledged is not stored again;
+//!   otherwise `XADD` and the id's entry in the hash, together.
+//! - `receive` reads the whole stream (`XRANGE`): every letter not acknowledged, oldest first,
+//!   again and again until acknowledged — a reader that crashed reads them again.
+//! - `ack` is one script: `XDEL` and `HDEL` for each id (unknown ids are ignored). An
+//!   acknowledged letter is gone, so an inbox holds only what is unread.
+//! - An idle reader blocks in `XREAD BLOCK` after the last entry it has seen, on a connection
+//!   of its own: a blocking read on the shared multiplexed connection would meet the client's
+//!   response timeout and hold the shared socket (redis-rs#1236). It costs the server nothing
+//!   while it waits, and wakes when a letter is added.
+//!
+//! The stream is read whole rather than through a consumer group: an inbox has one reader,
+//! and the trait's promise — everything unacknowledged, every time — is exactly what the
+//! stream holds once acknowledged entries are deleted. (Consumer groups serve the worker pool,
+//! where many consumers share one stream.)
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::AsyncCommands as _;
+use redis::aio::ConnectionManager;
+use tokio::sync::OnceCell;
+
+use super::{Delivered, Inbox, Letter, Mailbox, beyond, new_id, timestamp_now};
+use crate::error::{Error, Result};
+
+/// The default key prefix.
+pub const DEFAULT_PREFIX: &str = "forkhive";
+
+/// Stores the letter unless its id is still unacknowledged; returns its id.
+/// KEYS: stream, ids. ARGV: id, then field/value pairs.
+const SEND: &str = r"
+local known = redis.call('HGET', KEYS[2], ARGV[1])
+if known then return ARGV[1] end
+local fields = {}
+for i = 2, #ARGV do fields[#fields + 1] = ARGV[i] end
+local entry = redis.call('XADD', KEYS[1], '*', unpack(fields))
+redis.call('HSET', KEYS[2], ARGV[1], entry)
+return ARGV[1]
+";
+
+/// Deletes each acknowledged letter's entry. KEYS: stream, ids. ARGV: ids.
+const ACK: &str = r"
+for i = 1, #ARGV do
+  local entry = redis.call('HGET', KEYS[2], ARGV[i])
+  if entry then
+    redis.call('XDEL', KEYS[1], entry)
+    redis.call('HDEL', KEYS[2], ARGV[i])
+  end
+end
+return #ARGV
+";
+
+/// Mailboxes in Redis streams. Clones share one connection (multiplexed, reconnecting);
+/// [`reopen`](Self::reopen) makes a handle with a connection of its own, as a reader on
+/// another host would have.
+#[derive(Clone)]
+pub struct RedisMailbox {
+    client: redis::Client,
+    prefix: String,
+    /// Connected on first use.
+    conn: std::sync::Arc<OnceCell<ConnectionManager>>,
+    /// The URL without its password, for messages.
+    shown: String,
+}
+
+impl fmt::Debug for RedisMailbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisMailbox")
+            .field("url", &self.shown)
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+/// A Redis URL with its password replaced by `***`.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "(not a URL)".to_owned();
+    };
+    let (authority, path) = match rest.split_once('/') {
+        Some((a, p)) => (a, format!("/{p}")),
+        None => (rest, String::new()),
+    };
+    match authority.rsplit_once('@') {
+        Some((user, host)) => {
+            let user = user.split_once(':').map_or(user, |(u, _)| u);
+            if user.is_empty() {
+                format!("{scheme}://***@{host}{path}")
+            } else {
+                format!("{scheme}://{user}:***@{host}{path}")
+            }
+        }
+        None => format!("{scheme}://{authority}{path}"),
+    }
+}
+
+impl RedisMailbox {
+    /// Mailboxes at `url` (`redis://[user:password@]host:port[/db]`, or `rediss://` for TLS
+    /// when the `redis` crate was built with it), under the key prefix [`DEFAULT_PREFIX`].
+    /// Nothing connects until first use. The URL's password never appears in `Debug`, logs or
+    /// errors.
+    pub fn new(url: &str) -> Result<Self> {
+        Self::with_prefix(url, DEFAULT_PREFIX)
+    }
+
+    /// The same, under `prefix` (1 to 64 of `[A-Za-z0-9_-]`): hosts that share a Redis keep
+    /// their teams apart by prefix.
+    pub fn with_prefix(url: &str, prefix: &str) -> Result<Self> {
+        let shown = redact(url);
+        super::check_name("key prefix", prefix)?;
+        let client = redis::Client::open(url).map_err(|e| Error::Mailbox {
+            inbox: shown.clone(),
+            message: format!("not a Redis URL ({:?})", e.kind()),
+        })?;
+        Ok(Self {
+            client,
+            prefix: prefix.to_owned(),
+            conn: Default::default(),
+            shown,
+        })
+    }
+
+    /// A handle on the same store with connections of its own.
+    pub fn reopen(&self) -> Self {
+        Self {
+            conn: Default::default(),
+            ..self.clone()
+        }
+    }
+
+    fn keys(&self, inbox: &Inbox) -> (String, String) {
+        let (p, t, a) = (&self.prefix, inbox.team(), inbox.agent());
+        (
+            format!("{p}:{{{t}}}:inbox:{a}"),
+            format!("{p}:{{{t}}}:ids:{a}"),
+        )
+    }
+
+    fn fail(&self, inbox: &Inbox, what: &str, e: redis::RedisError) -> Error {
+        // A Redis error names the server's reply, never the URL it was given.
+        Error::Mailbox {
+            inbox: inbox.to_string(),
+            message: format!("Redis at {}: {what}: {e}", self.shown),
+        }
+    }
+
+    async fn conn(&self, inbox: &Inbox) -> Result<ConnectionManager> {
+        self.conn
+            .get_or_try_init(|| async {
+                // Fails within seconds when nothing answers (the default retries for ~10 s),
+                // and gives a slow server 10 s per command (the default is 500 ms).
+                let config = redis::aio::ConnectionManagerConfig::new()
+                    .set_number_of_retries(2)
+                    .set_max_delay(Duration::from_millis(500))
+                    .set_connection_timeout(Some(Duration::from_secs(5)))
+                    .set_response_timeout(Some(Duration::from_secs(10)));
+                ConnectionManager::new_with_config(self.client.clone(), config)
+                    .await
+                    .map_err(|e| self.fail(inbox, "could not connect", e))
+            })
+            .await
+            .cloned()
+    }
+
+    /// The last entry id of `inbox`'s stream, and its unacknowledged letters.
+    async fn read(&self, inbox: &Inbox) -> Result<(String, Vec<Delivered>)> {
+        let (stream, _) = self.keys(inbox);
+        let mut conn = self.conn(inbox).await?;
+        let reply: redis::streams::StreamRangeReply = conn
+            .xrange_all(&stream)
+            .await
+            .map_err(|e| self.fail(inbox, "XRANGE", e))?;
+        let last = reply
+            .ids
+            .last()
+            .map_or_else(|| "0-0".to_owned(), |e| e.id.clone());
+        let letters = reply
+            .ids
+            .iter()
+            .filter_map(|e| {
+                let text = |k: &str| e.get::<String>(k);
+                Some(Delivered {
+                    id: text("id")?,
+                    from: text("from").unwrap_or_default(),
+                    text: text("text").unwrap_or_default(),
+                    timestamp: text("ts").unwrap_or_default(),
+                    summary: text("summary"),
+                    color: text("color"),
+                })
+            })
+            .collect();
+        Ok((last, letters))
+    }
+}
+
+#[async_trait]
+impl Mailbox for RedisMailbox {
+    async fn send(&self, to: &Inbox, letter: Letter) -> Result<String> {
+        let (stream, ids) = self.keys(to);
+        let id = letter.id.unwrap_or_else(new_id);
+        let mut fields = vec![
+            ("id", id.clone()),
+            ("from", letter.from),
+            ("text", letter.text),
+            ("ts", timestamp_now()),
+        ];
+        fields.extend(letter.summary.map(|s| ("summary", s)));
+        fields.extend(letter.color.map(|c| ("color", c)));
+        let mut conn = self.conn(to).await?;
+        let script = redis::Script::new(SEND);
+        let mut call = script.key(&stream);
+        call.key(&ids).arg(&id);
+        for (k, v) in &fields {
+            call.arg(*k).arg(v);
+        }
+        call.invoke_async::<String>(&mut conn)
+            .await
+            .map_err(|e| self.fail(to, "send", e))
+    }
+
+    async fn receive(&self, inbox: &Inbox) -> Result<Vec<Delivered>> {
+        Ok(self.read(inbox).await?.1)
+    }
+
+    async fn ack(&self, inbox: &Inbox, ids: &[String]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let (stream, map) = self.keys(inbox);
+        let mut conn = self.conn(inbox).await?;
+        let script = redis::Script::new(ACK);
+        let mut call = script.key(&stream);
+        call.key(&map);
+        for id in ids {
+            call.arg(id);
+        }
+        call.invoke_async::<i64>(&mut conn)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.fail(inbox, "ack", e))
+    }
+
+    async fn stored(&self, inbox: &Inbox) -> Result<usize> {
+        let (stream, _) = self.keys(inbox);
+        let mut conn = self.conn(inbox).await?;
+        conn.xlen(&stream)
+            .await
+            .map_err(|e| self.fail(inbox, "XLEN", e))
+    }
+
+    async fn wait_beyond(
+        &self,
+        inbox: &Inbox,
+        known: &[String],
+        timeout: Duration,
+    ) -> Result<bool> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let (stream, _) = self.keys(inbox);
+        // A connection of its own, without a response timeout: it blocks in XREAD.
+        let mut blocking: Option<redis::aio::MultiplexedConnection> = None;
+        loop {
+            let (last, letters) = self.read(inbox).await?;
+            if beyond(&letters, known) {
+                return Ok(true);
+            }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            let conn = match &mut blocking {
+                Some(c) => c,
+                None => {
+                    let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+                    let c = self
+                        .client
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await
+                        .map_err(|e| self.fail(inbox, "could not connect", e))?;
+                    blocking.insert(c)
+                }
+            };
+            // BLOCK 0 would wait for ever: at least 1 ms.
+            let ms = usize::try_from(left.as_millis())
+                .unwrap_or(usize::MAX)
+                .max(1);
+            let options = redis::streams::StreamReadOptions::default()
+                .block(ms)
+                .count(1);
+            let _: Option<redis::streams::StreamReadReply> = conn
+                .xread_options(&[&stream], &[&last], &options)
+                .await
+                .map_err(|e| self.fail(inbox, "XREAD", e))?;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(redact("redis://:hunter2@h:6379/0"), "redis://***@h:6379/0");
+        assert_eq!(redact("redis://me:hunter2@h"), "redis://me:***@h");
+        assert_eq!(redact("redis://h:6379"), "redis://h:6379");
+        let m = RedisMailbox::new("redis://me:hunter2@127.0.0.1:1/0");
+        let shown = format!("{m:?}");
+        assert!(
+            !shown.contains("hunter2") && shown.contains("me:***@127.0.0.1:1/0"),
+            "{shown}"
+        );
+        let e = RedisMailbox::new("http://:hunter2@x")
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            e.as_deref().is_some_and(|e| !e.contains("hunter2")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn prefixes_and_keys() {
+        let Ok(m) = RedisMailbox::with_prefix("redis://h", "hostA") else {
+            panic!()
+        };
+        let Ok(inbox) = Inbox::new("review", "alice") else {
+            panic!()
+        };
+        assert_eq!(
+            m.keys(&inbox),
+            (
+                "hostA:{review}:inbox:alice".to_owned(),
+                "hostA:{review}:ids:alice".to_owned()
+            )
+        );
+        assert_eq!(
+            RedisMailbox::with_prefix("redis://h", "a:b")
+                .err()
+                .map(|e| e.to_string()),
+            Some(
+                "mailbox a:b: `a:b` cannot be a key prefix name: use 1-64 letters, digits, `_` \
+                 and `-`"
+                    .to_owned()
+            )
+        );
+    }
+}
