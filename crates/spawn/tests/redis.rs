@@ -5,6 +5,8 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -87,4 +89,109 @@ async fn no_server_is_an_error_that_hides_the_password() {
         "{err}"
     );
     assert!(!err.contains("hunter2"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_redis_task_registry_conforms() {
+    use forkhive_spawn::task::{RedisTaskRegistry, TaskRegistry};
+    let Some(url) = url() else { return };
+    let store = RedisTaskRegistry::new(&url, &prefix("reg")).unwrap();
+    forkhive_spawn::task::conformance::run(|| {
+        Arc::new(store.reopen_handle()) as Arc<dyn TaskRegistry>
+    })
+    .await
+    .unwrap();
+}
+
+/// An ended task is kept while a task below it runs, then expires after the retention age;
+/// a revived one is kept again.
+#[tokio::test]
+async fn ended_records_expire_once_nothing_below_runs() {
+    use forkhive_core::{TaskId, TaskKind};
+    use forkhive_spawn::task::{RedisTaskRegistry, Retention, TaskRecord, TaskRegistry, TaskState};
+    let Some(url) = url() else { return };
+    let r = RedisTaskRegistry::new(&url, &prefix("ttl"))
+        .unwrap()
+        .with_retention(Retention {
+            max_ended: usize::MAX,
+            max_age: Some(Duration::from_millis(300)),
+        });
+    let base = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let id = |n: u64| TaskId::from_entropy(TaskKind::Agent, base + n);
+    let (root, parent, child) = (id(1), id(2), id(3));
+    r.create(TaskRecord::new(parent, root, "p")).await.unwrap();
+    r.create(TaskRecord::new(child, parent, "c")).await.unwrap();
+    r.transition(&parent, TaskState::Completed).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(r.get(&parent).await.is_some(), "kept while its child runs");
+    r.transition(&child, TaskState::Completed).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(r.get(&child).await.is_none(), "the child expired");
+    assert!(
+        r.get(&parent).await.is_none(),
+        "the parent expired once nothing below ran"
+    );
+}
+
+/// A lead's background children, their lives recorded in Redis: every child ends once, with
+/// one notification, its record terminal and its usage rolled up to the lead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_children_on_a_redis_registry_notify_once() {
+    use forkhive_spawn::agent_tool::{AgentTool, AgentToolConfig};
+    use forkhive_spawn::definition::{AgentDefinition, AgentRegistry, DefinitionSource};
+    use forkhive_spawn::runtime::{Agent, StopReason};
+    use forkhive_spawn::task::{
+        RedisTaskRegistry, TaskConfig, TaskRegistry, TaskService, TaskState,
+    };
+    use forkhive_spawn::tool::ToolPool;
+    use support::*;
+    let Some(url) = url() else { return };
+    let registry = Arc::new(RedisTaskRegistry::new(&url, &prefix("bg")).unwrap());
+    let service = TaskService::new(registry.clone(), TaskConfig::default());
+    let mut w = AgentDefinition::new("worker", "works", DefinitionSource::Host);
+    w.model = Some("m".into());
+    let tool = AgentTool::new(
+        AgentToolConfig::default()
+            .with_registry(AgentRegistry::from_definitions([w]))
+            .with_warm_fanout(None),
+    )
+    .unwrap();
+    let b = brain(|r| {
+        if is_parent(r) {
+            if r.all_messages().len() == 1 {
+                let call = r#"{"description":"job","prompt":"p","subagent_type":"worker","run_in_background":true}"#;
+                return Plan::Reply(calls(&[
+                    ("a", "Agent", call),
+                    ("b", "Agent", call),
+                    ("c", "Agent", call),
+                ]));
+            }
+            return Plan::Reply(say("waiting"));
+        }
+        Plan::Reply(say("done"))
+    });
+    let mut lead = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(ToolPool::new([tool.arc()]).unwrap())
+        .extension(Arc::clone(&service))
+        .build()
+        .await
+        .unwrap();
+    let run = tokio::time::timeout(Duration::from_secs(30), lead.run("go"))
+        .await
+        .expect("the run ended");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    assert_eq!(notifications(&lead).len(), 3, "one notification per child");
+    let me = *lead.context().id();
+    let children = registry.children(&me).await;
+    assert_eq!(children.len(), 3);
+    assert!(
+        children.iter().all(|c| c.state == TaskState::Completed),
+        "{children:?}"
+    );
+    assert_eq!(registry.descendants_usage(&me).await.output_tokens, 15);
 }

@@ -39,6 +39,8 @@ use async_trait::async_trait;
 use crate::error::{Error, Result};
 
 #[cfg(feature = "redis")]
+pub(crate) use self::redis::redact as redact_url;
+#[cfg(feature = "redis")]
 pub use self::redis::{DEFAULT_PREFIX, RedisMailbox};
 pub use file::{FileMailbox, LOCK_ATTEMPTS};
 pub use memory::MemoryMailbox;
@@ -49,7 +51,7 @@ pub const MAX_NAME: usize = 64;
 /// Checks a team or agent name: 1 to [`MAX_NAME`] of `[A-Za-z0-9_-]` — what Claude Code
 /// sanitises names to, so a valid name is the same file name in both. Anything else is refused
 /// rather than rewritten: two names must never share an inbox.
-fn check_name(what: &str, name: &str) -> Result<()> {
+pub(crate) fn check_name(what: &str, name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME
         && name

@@ -18,7 +18,10 @@
 //! - a child's capacity slot is freed the moment it ends; a child that shows no progress for
 //!   a while is reported as stalled before its deadline.
 
+pub mod conformance;
 pub mod output;
+#[cfg(feature = "redis")]
+mod redis;
 pub mod registry;
 mod revive;
 
@@ -43,6 +46,8 @@ use crate::error::{Error, Result};
 use crate::tool::orchestrate::panic_message;
 use crate::transcript;
 
+#[cfg(feature = "redis")]
+pub use self::redis::RedisTaskRegistry;
 pub use output::{OutputConfig, OutputFile, scratchpad};
 use registry::IdMap;
 pub use registry::{MemoryTaskRegistry, Retention, TaskRecord, TaskRegistry, TaskState};

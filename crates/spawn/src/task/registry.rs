@@ -539,6 +539,14 @@ mod tests {
         }
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_memory_registry_conforms() {
+        let store = Arc::new(MemoryTaskRegistry::new());
+        crate::task::conformance::run(|| Arc::clone(&store) as Arc<dyn TaskRegistry>)
+            .await
+            .unwrap();
+    }
+
     #[tokio::test]
     async fn a_task_that_is_its_own_parent_or_in_a_cycle_rolls_up_once() {
         let r = MemoryTaskRegistry::new();
