@@ -64,6 +64,12 @@ running_pid() {
     local pid
     pid="$(tr -dc '0-9' <"$PIDFILE")"
     [[ -n "$pid" ]] && alive "$pid" || return 1
+    # A stale pid file must not make us signal an unrelated process that took its pid.
+    if [[ -r "/proc/$pid/cmdline" ]]; then
+        local cmd
+        cmd="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" || return 1
+        [[ "$cmd" == *redis* ]] || return 1
+    fi
     echo "$pid"
 }
 
@@ -81,8 +87,8 @@ locate() {
         ln -sf "$local_root/usr/bin/redis-check-rdb" "$DIR/bin/redis-server"
         SERVER="$DIR/bin/redis-server"
         local libs
-        libs="$(find "$local_root/usr/lib" -maxdepth 2 -type d 2>/dev/null | tr '\n' ':')"
-        SERVER_ENV=("LD_LIBRARY_PATH=${libs}${LD_LIBRARY_PATH:-}")
+        libs="$(find "$local_root/usr/lib" -maxdepth 2 -type d 2>/dev/null | paste -sd: -)"
+        SERVER_ENV=("LD_LIBRARY_PATH=${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
         return 0
     fi
     return 1

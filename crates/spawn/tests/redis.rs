@@ -85,7 +85,9 @@ async fn no_server_is_an_error_that_hides_the_password() {
     let inbox = Inbox::new("team", "bob").unwrap();
     let err = m.receive(&inbox).await.unwrap_err().to_string();
     assert!(
-        err.starts_with("mailbox team/bob: Redis at redis://***@127.0.0.1:9/0: could not connect:"),
+        err.starts_with(
+            "mailbox team/bob: Redis at redis://:***@127.0.0.1:9/0: could not connect:"
+        ),
         "{err}"
     );
     assert!(!err.contains("hunter2"), "{err}");
@@ -134,6 +136,57 @@ async fn ended_records_expire_once_nothing_below_runs() {
         r.get(&parent).await.is_none(),
         "the parent expired once nothing below ran"
     );
+    // The unregistered root's keys too: a long-running host's roots do not pile up.
+    assert!(r.children(&root).await.is_empty());
+    r.create(TaskRecord::new(id(4), root, "late"))
+        .await
+        .unwrap();
+    let three = forkhive_core::Usage {
+        output_tokens: 3,
+        ..Default::default()
+    };
+    r.roll_up(&id(4), three).await.unwrap();
+    r.transition(&id(4), TaskState::Failed).await.unwrap();
+    assert_eq!(r.descendants_usage(&root).await.output_tokens, 3);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        r.descendants_usage(&root).await.output_tokens,
+        0,
+        "the root's usage expired"
+    );
+}
+
+/// A malformed cycle above a task ends the ancestor walk at its first repeat: usage reaches
+/// each ancestor once.
+#[tokio::test]
+async fn a_cycle_of_parents_is_walked_once() {
+    use forkhive_core::{TaskId, TaskKind, Usage};
+    use forkhive_spawn::task::{RedisTaskRegistry, TaskRecord, TaskRegistry};
+    let Some(url) = url() else { return };
+    let r = RedisTaskRegistry::new(&url, &prefix("cycle")).unwrap();
+    let base = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let id = |n: u64| TaskId::from_entropy(TaskKind::Agent, base + n);
+    let (x, y, z, w) = (id(1), id(2), id(3), id(4));
+    r.create(TaskRecord::new(x, y, "x")).await.unwrap();
+    r.create(TaskRecord::new(y, x, "y")).await.unwrap();
+    r.create(TaskRecord::new(z, x, "z")).await.unwrap();
+    r.create(TaskRecord::new(w, z, "w")).await.unwrap();
+    let started = std::time::Instant::now();
+    let one = Usage {
+        output_tokens: 1,
+        ..Usage::default()
+    };
+    r.roll_up(&w, one).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(r.descendants_usage(&x).await.output_tokens, 1);
+    assert_eq!(r.descendants_usage(&y).await.output_tokens, 1);
 }
 
 /// A lead's background children, their lives recorded in Redis: every child ends once, with

@@ -45,7 +45,8 @@ redis.call('HSET', KEYS[2], ARGV[1], entry)
 return ARGV[1]
 ";
 
-/// Deletes each acknowledged letter's entry. KEYS: stream, ids. ARGV: ids.
+/// Deletes each acknowledged letter's entry, and an emptied inbox. KEYS: stream, ids. ARGV:
+/// ids.
 const ACK: &str = r"
 for i = 1, #ARGV do
   local entry = redis.call('HGET', KEYS[2], ARGV[i])
@@ -54,8 +55,13 @@ for i = 1, #ARGV do
     redis.call('HDEL', KEYS[2], ARGV[i])
   end
 end
+if redis.call('XLEN', KEYS[1]) == 0 then redis.call('DEL', KEYS[1]) end
 return #ARGV
 ";
+
+/// The longest a blocking read waits before it is asked again: a connection that died in
+/// silence (a failover, a NAT that dropped it) is noticed within this much.
+const BLOCK_SLICE: Duration = Duration::from_secs(30);
 
 /// Mailboxes in Redis streams. Clones share one connection (multiplexed, reconnecting);
 /// [`reopen`](Self::reopen) makes a handle with a connection of its own, as a reader on
@@ -79,31 +85,37 @@ impl fmt::Debug for RedisMailbox {
     }
 }
 
-/// A Redis URL with its password replaced by `***`.
+/// A Redis URL with its password (in the authority or as a `pass` query parameter) replaced
+/// by `***`; anything that does not parse as a URL is shown as `(invalid Redis URL)`, with
+/// nothing of it.
 pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return "(not a URL)".to_owned();
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        return "(invalid Redis URL)".to_owned();
     };
-    let (authority, path) = match rest.split_once('/') {
-        Some((a, p)) => (a, format!("/{p}")),
-        None => (rest, String::new()),
-    };
-    match authority.rsplit_once('@') {
-        Some((user, host)) => {
-            let user = user.split_once(':').map_or(user, |(u, _)| u);
-            if user.is_empty() {
-                format!("{scheme}://***@{host}{path}")
-            } else {
-                format!("{scheme}://{user}:***@{host}{path}")
-            }
-        }
-        None => format!("{scheme}://{authority}{path}"),
+    if parsed.password().is_some() {
+        let _ = parsed.set_password(Some("***"));
     }
+    if parsed.query().is_some() {
+        let pairs: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = if k == "pass" || k == "password" {
+                    "***".to_owned()
+                } else {
+                    v.into_owned()
+                };
+                (k.into_owned(), v)
+            })
+            .collect();
+        parsed.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    parsed.to_string()
 }
 
 impl RedisMailbox {
-    /// Mailboxes at `url` (`redis://[user:password@]host:port[/db]`, or `rediss://` for TLS
-    /// when the `redis` crate was built with it), under the key prefix [`DEFAULT_PREFIX`].
+    /// Mailboxes at `url` (`redis://[user:password@]host:port[/db]`; TLS is not built in:
+    /// reach a remote Redis through a tunnel or a private network), under the key prefix
+    /// [`DEFAULT_PREFIX`].
     /// Nothing connects until first use. The URL's password never appears in `Debug`, logs or
     /// errors.
     pub fn new(url: &str) -> Result<Self> {
@@ -261,7 +273,11 @@ impl Mailbox for RedisMailbox {
         known: &[String],
         timeout: Duration,
     ) -> Result<bool> {
-        let deadline = tokio::time::Instant::now() + timeout;
+        let now = tokio::time::Instant::now();
+        // A timeout too far to represent is thirty years.
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 86_400));
         let (stream, _) = self.keys(inbox);
         // A connection of its own, without a response timeout: it blocks in XREAD.
         let mut blocking: Option<redis::aio::MultiplexedConnection> = None;
@@ -286,17 +302,39 @@ impl Mailbox for RedisMailbox {
                     blocking.insert(c)
                 }
             };
-            // BLOCK 0 would wait for ever: at least 1 ms.
-            let ms = usize::try_from(left.as_millis())
+            // In slices (BLOCK 0 would wait for ever, and a dead connection must be noticed),
+            // each also bounded here: the server's BLOCK alone cannot end a read whose
+            // connection died in silence.
+            let slice = left.min(BLOCK_SLICE);
+            let ms = usize::try_from(slice.as_millis())
                 .unwrap_or(usize::MAX)
                 .max(1);
             let options = redis::streams::StreamReadOptions::default()
                 .block(ms)
                 .count(1);
-            let _: Option<redis::streams::StreamReadReply> = conn
-                .xread_options(&[&stream], &[&last], &options)
-                .await
-                .map_err(|e| self.fail(inbox, "XREAD", e))?;
+            let started = tokio::time::Instant::now();
+            let read = tokio::time::timeout(
+                slice + Duration::from_secs(2),
+                conn.xread_options::<_, _, Option<redis::streams::StreamReadReply>>(
+                    &[&stream],
+                    &[&last],
+                    &options,
+                ),
+            )
+            .await;
+            match read {
+                Ok(Ok(Some(_))) => {}
+                Ok(Ok(None)) => {
+                    // An empty answer long before its time (an old server reading after a
+                    // deleted entry): do not spin.
+                    if started.elapsed() < slice / 2 {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+                Ok(Err(e)) => return Err(self.fail(inbox, "XREAD", e)),
+                // The connection is presumed dead: a new one for the next slice.
+                Err(_) => blocking = None,
+            }
         }
     }
 }
@@ -307,9 +345,15 @@ mod tests {
 
     #[test]
     fn passwords_never_show() {
-        assert_eq!(redact("redis://:hunter2@h:6379/0"), "redis://***@h:6379/0");
+        assert_eq!(redact("redis://:hunter2@h:6379/0"), "redis://:***@h:6379/0");
         assert_eq!(redact("redis://me:hunter2@h"), "redis://me:***@h");
+        assert_eq!(redact("redis://me@h"), "redis://me@h");
         assert_eq!(redact("redis://h:6379"), "redis://h:6379");
+        assert_eq!(
+            redact("redis+unix:///run/redis.sock?db=1&pass=hunter2"),
+            "redis+unix:///run/redis.sock?db=1&pass=***"
+        );
+        assert_eq!(redact("redis://:ab/cd@h:6379"), "(invalid Redis URL)");
         let m = RedisMailbox::new("redis://me:hunter2@127.0.0.1:1/0");
         let shown = format!("{m:?}");
         assert!(
