@@ -59,8 +59,22 @@ alive() {
     fi
 }
 
+# The server this checkout started on the port, found by its command line (Redis shows
+# `<binary> <host>:<port>`) when the pid file is gone or stale.
+find_ours() {
+    command -v pgrep >/dev/null 2>&1 || return 1
+    local pid
+    pid="$(pgrep -f "^$DIR/bin/redis-server $HOST:$PORT" | head -n 1)"
+    [[ -n "$pid" ]] && alive "$pid" || return 1
+    echo "$pid" >"$PIDFILE"
+    echo "$pid"
+}
+
 running_pid() {
-    [[ -f "$PIDFILE" ]] || return 1
+    [[ -f "$PIDFILE" ]] || {
+        find_ours
+        return
+    }
     local pid
     pid="$(tr -dc '0-9' <"$PIDFILE")"
     [[ -n "$pid" ]] && alive "$pid" || return 1

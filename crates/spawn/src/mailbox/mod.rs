@@ -39,9 +39,9 @@ use async_trait::async_trait;
 use crate::error::{Error, Result};
 
 #[cfg(feature = "redis")]
-pub(crate) use self::redis::redact as redact_url;
-#[cfg(feature = "redis")]
 pub use self::redis::{DEFAULT_PREFIX, RedisMailbox};
+#[cfg(feature = "redis")]
+pub(crate) use self::redis::{manager as redis_manager, redact as redact_url};
 pub use file::{FileMailbox, LOCK_ATTEMPTS};
 pub use memory::MemoryMailbox;
 

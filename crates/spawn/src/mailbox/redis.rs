@@ -59,6 +59,18 @@ if redis.call('XLEN', KEYS[1]) == 0 then redis.call('DEL', KEYS[1]) end
 return #ARGV
 ";
 
+/// The shared, reconnecting connection of a handle (mailboxes and the task registry): gives
+/// up connecting after three tries of 5 s (the default retries for longer), and gives a slow
+/// server 10 s per command (the default is 500 ms).
+pub(crate) async fn manager(client: &redis::Client) -> redis::RedisResult<ConnectionManager> {
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500))
+        .set_connection_timeout(Some(Duration::from_secs(5)))
+        .set_response_timeout(Some(Duration::from_secs(10)));
+    ConnectionManager::new_with_config(client.clone(), config).await
+}
+
 /// The longest a blocking read waits before it is asked again: a connection that died in
 /// silence (a failover, a NAT that dropped it) is noticed within this much.
 const BLOCK_SLICE: Duration = Duration::from_secs(30);
@@ -166,14 +178,7 @@ impl RedisMailbox {
     async fn conn(&self, inbox: &Inbox) -> Result<ConnectionManager> {
         self.conn
             .get_or_try_init(|| async {
-                // Fails within seconds when nothing answers (the default retries for ~10 s),
-                // and gives a slow server 10 s per command (the default is 500 ms).
-                let config = redis::aio::ConnectionManagerConfig::new()
-                    .set_number_of_retries(2)
-                    .set_max_delay(Duration::from_millis(500))
-                    .set_connection_timeout(Some(Duration::from_secs(5)))
-                    .set_response_timeout(Some(Duration::from_secs(10)));
-                ConnectionManager::new_with_config(self.client.clone(), config)
+                manager(&self.client)
                     .await
                     .map_err(|e| self.fail(inbox, "could not connect", e))
             })

@@ -296,12 +296,7 @@ impl RedisTaskRegistry {
     async fn conn(&self, id: &TaskId) -> Result<ConnectionManager> {
         self.conn
             .get_or_try_init(|| async {
-                let config = redis::aio::ConnectionManagerConfig::new()
-                    .set_number_of_retries(2)
-                    .set_max_delay(Duration::from_millis(500))
-                    .set_connection_timeout(Some(Duration::from_secs(5)))
-                    .set_response_timeout(Some(Duration::from_secs(10)));
-                ConnectionManager::new_with_config(self.client.clone(), config)
+                crate::mailbox::redis_manager(&self.client)
                     .await
                     .map_err(|e| self.fail(id, "could not connect", e))
             })
