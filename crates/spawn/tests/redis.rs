@@ -248,3 +248,15 @@ async fn background_children_on_a_redis_registry_notify_once() {
     );
     assert_eq!(registry.descendants_usage(&me).await.output_tokens, 15);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_redis_notification_queue_conforms() {
+    use forkhive_spawn::task::{NotificationQueue, RedisNotificationQueue};
+    let Some(url) = url() else { return };
+    let store = RedisNotificationQueue::new(&url, &prefix("queue")).unwrap();
+    forkhive_spawn::task::queue::conformance::run(|| {
+        Arc::new(store.reopen()) as Arc<dyn NotificationQueue>
+    })
+    .await
+    .unwrap();
+}

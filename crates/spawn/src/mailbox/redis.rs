@@ -71,6 +71,82 @@ pub(crate) async fn manager(client: &redis::Client) -> redis::RedisResult<Connec
     ConnectionManager::new_with_config(client.clone(), config).await
 }
 
+/// Waits until `look` finds what it waits for (it returns the stream's last entry id and
+/// whether it found it), or `timeout` passes. Between looks it blocks in `XREAD` after that
+/// last id on a connection of its own, without a response timeout (a blocking read on the
+/// shared multiplexed connection would meet its response timeout and hold the shared socket,
+/// redis-rs#1236), in slices bounded on this side too, so a connection that died in silence
+/// is replaced.
+pub(crate) async fn wait_on_stream<L, Fut>(
+    client: &redis::Client,
+    stream: &str,
+    timeout: Duration,
+    mut look: L,
+    fail: impl Fn(&str, redis::RedisError) -> Error,
+) -> Result<bool>
+where
+    L: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(String, bool)>>,
+{
+    let now = tokio::time::Instant::now();
+    // A timeout too far to represent is thirty years.
+    let deadline = now
+        .checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 86_400));
+    let mut blocking: Option<redis::aio::MultiplexedConnection> = None;
+    loop {
+        let (last, found) = look().await?;
+        if found {
+            return Ok(true);
+        }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return Ok(false);
+        }
+        let conn = match &mut blocking {
+            Some(c) => c,
+            None => {
+                let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+                let c = client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+                    .map_err(|e| fail("could not connect", e))?;
+                blocking.insert(c)
+            }
+        };
+        let slice = left.min(BLOCK_SLICE);
+        let ms = usize::try_from(slice.as_millis())
+            .unwrap_or(usize::MAX)
+            .max(1);
+        let options = redis::streams::StreamReadOptions::default()
+            .block(ms)
+            .count(1);
+        let started = tokio::time::Instant::now();
+        let read = tokio::time::timeout(
+            slice + Duration::from_secs(2),
+            conn.xread_options::<_, _, Option<redis::streams::StreamReadReply>>(
+                &[stream],
+                &[&last],
+                &options,
+            ),
+        )
+        .await;
+        match read {
+            Ok(Ok(Some(_))) => {}
+            Ok(Ok(None)) => {
+                // An empty answer long before its time (an old server reading after a
+                // deleted entry): do not spin.
+                if started.elapsed() < slice / 2 {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            Ok(Err(e)) => return Err(fail("XREAD", e)),
+            // The connection is presumed dead: a new one for the next slice.
+            Err(_) => blocking = None,
+        }
+    }
+}
+
 /// The longest a blocking read waits before it is asked again: a connection that died in
 /// silence (a failover, a NAT that dropped it) is noticed within this much.
 const BLOCK_SLICE: Duration = Duration::from_secs(30);
@@ -278,69 +354,18 @@ impl Mailbox for RedisMailbox {
         known: &[String],
         timeout: Duration,
     ) -> Result<bool> {
-        let now = tokio::time::Instant::now();
-        // A timeout too far to represent is thirty years.
-        let deadline = now
-            .checked_add(timeout)
-            .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 86_400));
         let (stream, _) = self.keys(inbox);
-        // A connection of its own, without a response timeout: it blocks in XREAD.
-        let mut blocking: Option<redis::aio::MultiplexedConnection> = None;
-        loop {
-            let (last, letters) = self.read(inbox).await?;
-            if beyond(&letters, known) {
-                return Ok(true);
-            }
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if left.is_zero() {
-                return Ok(false);
-            }
-            let conn = match &mut blocking {
-                Some(c) => c,
-                None => {
-                    let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
-                    let c = self
-                        .client
-                        .get_multiplexed_async_connection_with_config(&config)
-                        .await
-                        .map_err(|e| self.fail(inbox, "could not connect", e))?;
-                    blocking.insert(c)
-                }
-            };
-            // In slices (BLOCK 0 would wait for ever, and a dead connection must be noticed),
-            // each also bounded here: the server's BLOCK alone cannot end a read whose
-            // connection died in silence.
-            let slice = left.min(BLOCK_SLICE);
-            let ms = usize::try_from(slice.as_millis())
-                .unwrap_or(usize::MAX)
-                .max(1);
-            let options = redis::streams::StreamReadOptions::default()
-                .block(ms)
-                .count(1);
-            let started = tokio::time::Instant::now();
-            let read = tokio::time::timeout(
-                slice + Duration::from_secs(2),
-                conn.xread_options::<_, _, Option<redis::streams::StreamReadReply>>(
-                    &[&stream],
-                    &[&last],
-                    &options,
-                ),
-            )
-            .await;
-            match read {
-                Ok(Ok(Some(_))) => {}
-                Ok(Ok(None)) => {
-                    // An empty answer long before its time (an old server reading after a
-                    // deleted entry): do not spin.
-                    if started.elapsed() < slice / 2 {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                }
-                Ok(Err(e)) => return Err(self.fail(inbox, "XREAD", e)),
-                // The connection is presumed dead: a new one for the next slice.
-                Err(_) => blocking = None,
-            }
-        }
+        wait_on_stream(
+            &self.client,
+            &stream,
+            timeout,
+            || async {
+                let (last, letters) = self.read(inbox).await?;
+                Ok((last, beyond(&letters, known)))
+            },
+            |what, e| self.fail(inbox, what, e),
+        )
+        .await
     }
 }
 

@@ -20,8 +20,11 @@
 
 pub mod conformance;
 pub mod output;
+pub mod queue;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redis")]
+mod redis_queue;
 pub mod registry;
 mod revive;
 
@@ -48,7 +51,10 @@ use crate::transcript;
 
 #[cfg(feature = "redis")]
 pub use self::redis::RedisTaskRegistry;
+#[cfg(feature = "redis")]
+pub use self::redis_queue::RedisNotificationQueue;
 pub use output::{OutputConfig, OutputFile, scratchpad};
+pub use queue::{MemoryNotificationQueue, NotificationQueue, Queued};
 use registry::IdMap;
 pub use registry::{MemoryTaskRegistry, Retention, TaskRecord, TaskRegistry, TaskState};
 pub use revive::{Address, Recipient};
