@@ -20,7 +20,7 @@
 //! | --- | --- | --- |
 //! | `http` | yes | the Anthropic and OpenAI-compatible HTTP backends (reqwest + rustls) |
 //! | `mcp` | yes | MCP servers (stdio and streamable HTTP, on `rmcp`) as agents' tools: `spawn::mcp`, `AgentBuilder::mcp` (`docs/mcp.md`) |
-//! | `redis` | no | mailboxes on Redis Streams (`spawn::mailbox::RedisMailbox`), for teams across hosts (`docs/distributed.md`) |
+//! | `redis` | no | mailboxes, the task registry and notification queues on Redis (`RedisMailbox`, `RedisTaskRegistry`, `RedisNotificationQueue`; `docs/distributed.md`) |
 //!
 //! ## Example
 //!
