@@ -8,6 +8,7 @@
 //! public path is [`crate::runtime`], which re-exports them.
 
 pub mod children;
+pub(crate) mod conformance;
 pub mod context;
 pub mod events;
 pub mod outcome;

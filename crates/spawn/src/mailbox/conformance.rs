@@ -18,37 +18,18 @@
 //! ```
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::Arc;
 
 use super::{Inbox, Letter, Mailbox};
 
-/// A conformance check that did not hold.
-#[derive(Debug)]
-pub struct ConformanceError(String);
+pub use crate::base::conformance::ConformanceError;
+use crate::base::conformance::Suite;
 
-impl fmt::Display for ConformanceError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "mailbox conformance: {}", self.0)
-    }
-}
-
-impl std::error::Error for ConformanceError {}
-
-fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), ConformanceError> {
-    if ok {
-        Ok(())
-    } else {
-        Err(ConformanceError(what()))
-    }
-}
-
-fn op<T>(r: crate::Result<T>, what: &str) -> Result<T, ConformanceError> {
-    r.map_err(|e| ConformanceError(format!("{what} failed: {e}")))
-}
+/// This suite, named in its errors.
+const S: Suite = Suite("mailbox");
 
 fn inbox(agent: &str) -> Result<Inbox, ConformanceError> {
-    op(Inbox::new("conformance", agent), "Inbox::new")
+    S.op(Inbox::new("conformance", agent), "Inbox::new")
 }
 
 /// Runs every check (each on inboxes of its own). Needs a multi-threaded runtime for the
@@ -74,17 +55,17 @@ where
     let to = inbox("ids")?;
     let id = super::new_id();
     let letter = Letter::new("w", "once").with_id(id.clone());
-    let first = op(open().send(&to, letter.clone()).await, "send")?;
-    check(first == id, || {
+    let first = S.op(open().send(&to, letter.clone()).await, "send")?;
+    S.check(first == id, || {
         format!("a letter sent with id {id} was stored as {first}")
     })?;
     // The sender did not learn the outcome and sends again, through another handle.
-    let again = op(open().send(&to, letter).await, "send again")?;
-    check(again == id, || {
+    let again = S.op(open().send(&to, letter).await, "send again")?;
+    S.check(again == id, || {
         format!("the repeated send returned {again}")
     })?;
-    let got = op(open().receive(&to).await, "receive")?;
-    check(got.len() == 1 && got[0].id == id, || {
+    let got = S.op(open().receive(&to).await, "receive")?;
+    S.check(got.len() == 1 && got[0].id == id, || {
         format!("a letter sent twice with one id was delivered as {got:?}")
     })
 }
@@ -96,8 +77,8 @@ where
     use std::time::Duration;
     let to = inbox("wait")?;
     let reader = open();
-    let quiet = op(reader.wait(&to, Duration::from_millis(100)).await, "wait")?;
-    check(!quiet, || {
+    let quiet = S.op(reader.wait(&to, Duration::from_millis(100)).await, "wait")?;
+    S.check(!quiet, || {
         "wait on an empty inbox said a letter came".into()
     })?;
     let waiter = {
@@ -105,29 +86,31 @@ where
         tokio::spawn(async move { reader.wait(&to, Duration::from_secs(10)).await })
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
-    op(open().send(&to, Letter::new("w", "wake up")).await, "send")?;
+    S.op(open().send(&to, Letter::new("w", "wake up")).await, "send")?;
     let woke = match tokio::time::timeout(Duration::from_secs(5), waiter).await {
-        Ok(Ok(r)) => op(r, "wait")?,
-        Ok(Err(e)) => return Err(ConformanceError(format!("a waiter panicked: {e}"))),
-        Err(_) => return Err(ConformanceError("a waiter did not wake within 5 s".into())),
+        Ok(Ok(r)) => S.op(r, "wait")?,
+        Ok(Err(e)) => return Err(S.fail(format!("a waiter panicked: {e}"))),
+        Err(_) => return Err(S.fail("a waiter did not wake within 5 s".into())),
     };
-    check(woke, || "wait returned without the letter".into())?;
+    S.check(woke, || "wait returned without the letter".into())?;
     // A letter already there: at once.
-    check(op(reader.wait(&to, Duration::ZERO).await, "wait")?, || {
-        "wait did not see a letter already in the inbox".into()
-    })?;
+    S.check(
+        S.op(reader.wait(&to, Duration::ZERO).await, "wait")?,
+        || "wait did not see a letter already in the inbox".into(),
+    )?;
     // A reader holding that letter unacknowledged waits for the next one only.
-    let held: Vec<String> = op(reader.receive(&to).await, "receive")?
+    let held: Vec<String> = S
+        .op(reader.receive(&to).await, "receive")?
         .into_iter()
         .map(|d| d.id)
         .collect();
-    let quiet = op(
+    let quiet = S.op(
         reader
             .wait_beyond(&to, &held, Duration::from_millis(100))
             .await,
         "wait_beyond",
     )?;
-    check(!quiet, || {
+    S.check(!quiet, || {
         "wait_beyond returned for a letter the reader already holds".into()
     })?;
     let waiter = {
@@ -139,32 +122,30 @@ where
         })
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
-    op(
+    S.op(
         open().send(&to, Letter::new("w", "and another")).await,
         "send",
     )?;
     let woke = match tokio::time::timeout(Duration::from_secs(5), waiter).await {
-        Ok(Ok(r)) => op(r, "wait_beyond")?,
-        Ok(Err(e)) => return Err(ConformanceError(format!("a waiter panicked: {e}"))),
+        Ok(Ok(r)) => S.op(r, "wait_beyond")?,
+        Ok(Err(e)) => return Err(S.fail(format!("a waiter panicked: {e}"))),
         Err(_) => {
-            return Err(ConformanceError(
-                "a wait_beyond did not wake within 5 s".into(),
-            ));
+            return Err(S.fail("a wait_beyond did not wake within 5 s".into()));
         }
     };
-    check(woke, || {
+    S.check(woke, || {
         "wait_beyond returned without the new letter".into()
     })
 }
 
 async fn order_per_sender(m: Arc<dyn Mailbox>) -> Result<(), ConformanceError> {
     let to = inbox("order")?;
-    check(op(m.receive(&to).await, "receive")?.is_empty(), || {
+    S.check(S.op(m.receive(&to).await, "receive")?.is_empty(), || {
         "an inbox nobody wrote to is not empty".into()
     })?;
     for i in 0..5 {
         for from in ["a", "b"] {
-            op(
+            S.op(
                 m.send(
                     &to,
                     Letter::new(from, format!("{from}{i}")).with_summary("s"),
@@ -174,8 +155,8 @@ async fn order_per_sender(m: Arc<dyn Mailbox>) -> Result<(), ConformanceError> {
             )?;
         }
     }
-    let got = op(m.receive(&to).await, "receive")?;
-    check(got.len() == 10, || {
+    let got = S.op(m.receive(&to).await, "receive")?;
+    S.check(got.len() == 10, || {
         format!("10 sent, {} received", got.len())
     })?;
     for from in ["a", "b"] {
@@ -185,17 +166,17 @@ async fn order_per_sender(m: Arc<dyn Mailbox>) -> Result<(), ConformanceError> {
             .map(|d| d.text.as_str())
             .collect();
         let want: Vec<String> = (0..5).map(|i| format!("{from}{i}")).collect();
-        check(texts == want, || {
+        S.check(texts == want, || {
             format!("{from}'s letters out of order: {texts:?}")
         })?;
     }
-    check(
+    S.check(
         got.iter()
             .all(|d| d.summary.as_deref() == Some("s") && d.timestamp.ends_with('Z')),
         || "a letter lost its summary or timestamp".into(),
     )?;
     let ids: std::collections::HashSet<&str> = got.iter().map(|d| d.id.as_str()).collect();
-    check(ids.len() == 10, || "two letters share an id".into())
+    S.check(ids.len() == 10, || "two letters share an id".into())
 }
 
 async fn redelivery_until_acknowledged<F>(open: &F) -> Result<(), ConformanceError>
@@ -205,30 +186,30 @@ where
     let to = inbox("redelivery")?;
     let writer = open();
     for i in 0..3 {
-        op(
+        S.op(
             writer.send(&to, Letter::new("w", format!("m{i}"))).await,
             "send",
         )?;
     }
     // A reader reads, then crashes before acknowledging: a new one gets the same letters.
-    let first = op(open().receive(&to).await, "receive")?;
-    let again = op(open().receive(&to).await, "receive")?;
-    check(first == again, || {
+    let first = S.op(open().receive(&to).await, "receive")?;
+    let again = S.op(open().receive(&to).await, "receive")?;
+    S.check(first == again, || {
         format!("unacknowledged letters changed between readers: {first:?} then {again:?}")
     })?;
-    check(first.len() == 3, || {
+    S.check(first.len() == 3, || {
         format!("3 sent, {} received", first.len())
     })?;
     // The new reader acknowledges the first two; only the third comes again.
     let reader = open();
-    op(
+    S.op(
         reader
             .ack(&to, &[first[0].id.clone(), first[1].id.clone()])
             .await,
         "ack",
     )?;
-    let rest = op(open().receive(&to).await, "receive")?;
-    check(rest.len() == 1 && rest[0].text == "m2", || {
+    let rest = S.op(open().receive(&to).await, "receive")?;
+    S.check(rest.len() == 1 && rest[0].text == "m2", || {
         format!("after acknowledging 2 of 3, got {rest:?}")
     })
 }
@@ -236,22 +217,22 @@ where
 async fn pruned_and_idempotent(m: Arc<dyn Mailbox>) -> Result<(), ConformanceError> {
     let to = inbox("prune")?;
     for round in 0..20 {
-        op(
+        S.op(
             m.send(&to, Letter::new("w", format!("r{round}"))).await,
             "send",
         )?;
-        let got = op(m.receive(&to).await, "receive")?;
+        let got = S.op(m.receive(&to).await, "receive")?;
         let ids: Vec<String> = got.iter().map(|d| d.id.clone()).collect();
-        op(m.ack(&to, &ids).await, "ack")?;
+        S.op(m.ack(&to, &ids).await, "ack")?;
         // Acknowledging again, or an id never issued, changes nothing.
-        op(m.ack(&to, &ids).await, "ack again")?;
-        op(m.ack(&to, &["no-such-id".to_owned()]).await, "ack unknown")?;
+        S.op(m.ack(&to, &ids).await, "ack again")?;
+        S.op(m.ack(&to, &["no-such-id".to_owned()]).await, "ack unknown")?;
     }
-    let stored = op(m.stored(&to).await, "stored")?;
-    check(stored == 0, || {
+    let stored = S.op(m.stored(&to).await, "stored")?;
+    S.check(stored == 0, || {
         format!("{stored} acknowledged letters are still stored: an inbox must be pruned")
     })?;
-    check(op(m.receive(&to).await, "receive")?.is_empty(), || {
+    S.check(S.op(m.receive(&to).await, "receive")?.is_empty(), || {
         "an acknowledged letter came back".into()
     })
 }
@@ -284,22 +265,22 @@ async fn concurrent_senders_lose_nothing(m: Arc<dyn Mailbox>) -> Result<(), Conf
     for t in tasks {
         match t.await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(ConformanceError(format!("a sender failed: {e}"))),
-            Err(e) => return Err(ConformanceError(format!("a sender panicked: {e}"))),
+            Ok(Err(e)) => return Err(S.fail(format!("a sender failed: {e}"))),
+            Err(e) => return Err(S.fail(format!("a sender panicked: {e}"))),
         }
     }
-    let got = op(m.receive(&to).await, "receive")?;
+    let got = S.op(m.receive(&to).await, "receive")?;
     let mut per: HashMap<&str, Vec<usize>> = HashMap::new();
     for d in &got {
         per.entry(d.from.as_str())
             .or_default()
             .push(d.text.parse().unwrap_or(usize::MAX));
     }
-    check(got.len() == SENDERS * EACH, || {
+    S.check(got.len() == SENDERS * EACH, || {
         format!("{} sent at once, {} received", SENDERS * EACH, got.len())
     })?;
     for (from, seq) in per {
-        check(seq == (0..EACH).collect::<Vec<_>>(), || {
+        S.check(seq == (0..EACH).collect::<Vec<_>>(), || {
             format!("{from}'s letters lost, doubled or reordered")
         })?;
     }
@@ -308,18 +289,18 @@ async fn concurrent_senders_lose_nothing(m: Arc<dyn Mailbox>) -> Result<(), Conf
 
 async fn inboxes_are_apart(m: Arc<dyn Mailbox>) -> Result<(), ConformanceError> {
     let (a, b) = (inbox("apart-a")?, inbox("apart-b")?);
-    let other_team = op(Inbox::new("conformance-2", "apart-a"), "Inbox::new")?;
-    op(m.send(&a, Letter::new("w", "for a")).await, "send")?;
+    let other_team = S.op(Inbox::new("conformance-2", "apart-a"), "Inbox::new")?;
+    S.op(m.send(&a, Letter::new("w", "for a")).await, "send")?;
     let (in_b, in_other) = (
-        op(m.receive(&b).await, "receive")?,
-        op(m.receive(&other_team).await, "receive")?,
+        S.op(m.receive(&b).await, "receive")?,
+        S.op(m.receive(&other_team).await, "receive")?,
     );
-    check(in_b.is_empty() && in_other.is_empty(), || {
+    S.check(in_b.is_empty() && in_other.is_empty(), || {
         "a letter reached another inbox".into()
     })?;
-    let got = op(m.receive(&a).await, "receive")?;
-    op(m.ack(&b, &[got[0].id.clone()]).await, "ack")?;
-    check(op(m.receive(&a).await, "receive")?.len() == 1, || {
+    let got = S.op(m.receive(&a).await, "receive")?;
+    S.op(m.ack(&b, &[got[0].id.clone()]).await, "ack")?;
+    S.check(S.op(m.receive(&a).await, "receive")?.len() == 1, || {
         "acknowledging in one inbox removed a letter from another".into()
     })
 }

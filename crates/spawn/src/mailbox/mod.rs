@@ -42,7 +42,7 @@ use crate::error::{Error, Result};
 pub use self::redis::{DEFAULT_PREFIX, RedisMailbox};
 #[cfg(feature = "redis")]
 pub(crate) use self::redis::{
-    manager as redis_manager, redact as redact_url, wait_on_stream as redis_wait_on_stream,
+    Handle as RedisHandle, redact as redact_url, wait_on_stream as redis_wait_on_stream,
 };
 pub use file::{FileMailbox, LOCK_ATTEMPTS};
 pub use memory::MemoryMailbox;

@@ -147,6 +147,46 @@ where
     }
 }
 
+/// What each of the crate's Redis backends holds: the client, one shared reconnecting
+/// connection made on first use ([`manager`]), and the URL as it may be shown ([`redact`]).
+#[derive(Clone)]
+pub(crate) struct Handle {
+    pub(crate) client: redis::Client,
+    conn: std::sync::Arc<OnceCell<ConnectionManager>>,
+    /// The URL without its password, for messages.
+    pub(crate) shown: String,
+}
+
+impl Handle {
+    /// A handle on `url`; nothing connects until first use. Err: why the URL cannot be used
+    /// (without the URL, which may hold a password).
+    pub(crate) fn open(url: &str) -> std::result::Result<Self, String> {
+        let client =
+            redis::Client::open(url).map_err(|e| format!("not a Redis URL ({:?})", e.kind()))?;
+        Ok(Self {
+            client,
+            conn: Default::default(),
+            shown: redact(url),
+        })
+    }
+
+    /// The same server, with a connection of its own (another host's).
+    pub(crate) fn fresh(&self) -> Self {
+        Self {
+            conn: Default::default(),
+            ..self.clone()
+        }
+    }
+
+    /// The shared connection, made now if it is not yet.
+    pub(crate) async fn conn(&self) -> redis::RedisResult<ConnectionManager> {
+        self.conn
+            .get_or_try_init(|| manager(&self.client))
+            .await
+            .cloned()
+    }
+}
+
 /// The longest a blocking read waits before it is asked again: a connection that died in
 /// silence (a failover, a NAT that dropped it) is noticed within this much.
 const BLOCK_SLICE: Duration = Duration::from_secs(30);
@@ -156,18 +196,14 @@ const BLOCK_SLICE: Duration = Duration::from_secs(30);
 /// another host would have.
 #[derive(Clone)]
 pub struct RedisMailbox {
-    client: redis::Client,
+    h: Handle,
     prefix: String,
-    /// Connected on first use.
-    conn: std::sync::Arc<OnceCell<ConnectionManager>>,
-    /// The URL without its password, for messages.
-    shown: String,
 }
 
 impl fmt::Debug for RedisMailbox {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisMailbox")
-            .field("url", &self.shown)
+            .field("url", &self.h.shown)
             .field("prefix", &self.prefix)
             .finish()
     }
@@ -213,25 +249,22 @@ impl RedisMailbox {
     /// The same, under `prefix` (1 to 64 of `[A-Za-z0-9_-]`): hosts that share a Redis keep
     /// their teams apart by prefix.
     pub fn with_prefix(url: &str, prefix: &str) -> Result<Self> {
-        let shown = redact(url);
         super::check_name("key prefix", prefix)?;
-        let client = redis::Client::open(url).map_err(|e| Error::Mailbox {
-            inbox: shown.clone(),
-            message: format!("not a Redis URL ({:?})", e.kind()),
+        let h = Handle::open(url).map_err(|message| Error::Mailbox {
+            inbox: redact(url),
+            message,
         })?;
         Ok(Self {
-            client,
+            h,
             prefix: prefix.to_owned(),
-            conn: Default::default(),
-            shown,
         })
     }
 
     /// A handle on the same store with connections of its own.
     pub fn reopen(&self) -> Self {
         Self {
-            conn: Default::default(),
-            ..self.clone()
+            h: self.h.fresh(),
+            prefix: self.prefix.clone(),
         }
     }
 
@@ -247,19 +280,15 @@ impl RedisMailbox {
         // A Redis error names the server's reply, never the URL it was given.
         Error::Mailbox {
             inbox: inbox.to_string(),
-            message: format!("Redis at {}: {what}: {e}", self.shown),
+            message: format!("Redis at {}: {what}: {e}", self.h.shown),
         }
     }
 
     async fn conn(&self, inbox: &Inbox) -> Result<ConnectionManager> {
-        self.conn
-            .get_or_try_init(|| async {
-                manager(&self.client)
-                    .await
-                    .map_err(|e| self.fail(inbox, "could not connect", e))
-            })
+        self.h
+            .conn()
             .await
-            .cloned()
+            .map_err(|e| self.fail(inbox, "could not connect", e))
     }
 
     /// The last entry id of `inbox`'s stream, and its unacknowledged letters.
@@ -356,7 +385,7 @@ impl Mailbox for RedisMailbox {
     ) -> Result<bool> {
         let (stream, _) = self.keys(inbox);
         wait_on_stream(
-            &self.client,
+            &self.h.client,
             &stream,
             timeout,
             || async {

@@ -15,7 +15,6 @@
 //! # Ok::<(), conformance::ConformanceError>(()) }).unwrap();
 //! ```
 
-use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -23,29 +22,11 @@ use forkhive_core::{TaskId, TaskKind, Usage};
 
 use super::{TaskRecord, TaskRegistry, TaskState};
 
-/// A conformance check that did not hold.
-#[derive(Debug)]
-pub struct ConformanceError(String);
+pub use crate::base::conformance::ConformanceError;
+use crate::base::conformance::Suite;
 
-impl fmt::Display for ConformanceError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "task registry conformance: {}", self.0)
-    }
-}
-
-impl std::error::Error for ConformanceError {}
-
-fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), ConformanceError> {
-    if ok {
-        Ok(())
-    } else {
-        Err(ConformanceError(what()))
-    }
-}
-
-fn op<T>(r: crate::Result<T>, what: &str) -> Result<T, ConformanceError> {
-    r.map_err(|e| ConformanceError(format!("{what} failed: {e}")))
-}
+/// This suite, named in its errors.
+const S: Suite = Suite("task registry");
 
 /// Fresh ids for one run: stores shared between runs (a Redis) never see the same id twice.
 struct Ids(u64);
@@ -101,40 +82,40 @@ async fn records_are_kept(r: Arc<dyn TaskRegistry>, ids: &mut Ids) -> Result<(),
     record.agent_type = "Explore".into();
     record.transcript = Some(PathBuf::from("/t/agent-1.jsonl"));
     record.output = Some(PathBuf::from("/t/tasks/1.output"));
-    op(r.create(record.clone()).await, "create")?;
+    S.op(r.create(record.clone()).await, "create")?;
     let got = r.get(&id).await;
-    check(got.as_ref() == Some(&record), || {
+    S.check(got.as_ref() == Some(&record), || {
         format!("get returned {got:?} for the record created as {record:?}")
     })?;
-    check(
+    S.check(
         r.create(TaskRecord::new(id, parent, "again"))
             .await
             .is_err(),
         || "a second create with a taken id succeeded".into(),
     )?;
-    op(r.mark_stalled(&id).await, "mark_stalled")?;
+    S.op(r.mark_stalled(&id).await, "mark_stalled")?;
     let stalled = r.get(&id).await.is_some_and(|t| t.stalled);
-    check(stalled, || "mark_stalled did not mark the task".into())
+    S.check(stalled, || "mark_stalled did not mark the task".into())
 }
 
 async fn lifecycle_moves(r: Arc<dyn TaskRegistry>, ids: &mut Ids) -> Result<(), ConformanceError> {
     let (id, parent) = (ids.next(), ids.next());
-    op(r.create(TaskRecord::new(id, parent, "t")).await, "create")?;
-    let from = op(
+    S.op(r.create(TaskRecord::new(id, parent, "t")).await, "create")?;
+    let from = S.op(
         r.transition(&id, TaskState::Running).await,
         "created → running",
     )?;
-    check(from == TaskState::Created, || {
+    S.check(from == TaskState::Created, || {
         format!("created → running returned {from}")
     })?;
-    check(r.transition(&id, TaskState::Created).await.is_err(), || {
+    S.check(r.transition(&id, TaskState::Created).await.is_err(), || {
         "running → created succeeded".into()
     })?;
-    let from = op(
+    let from = S.op(
         r.transition(&id, TaskState::Completed).await,
         "running → completed",
     )?;
-    check(from == TaskState::Running, || {
+    S.check(from == TaskState::Running, || {
         format!("running → completed returned {from}")
     })?;
     for to in [
@@ -143,49 +124,49 @@ async fn lifecycle_moves(r: Arc<dyn TaskRegistry>, ids: &mut Ids) -> Result<(), 
         TaskState::Killed,
         TaskState::Completed,
     ] {
-        check(r.transition(&id, to).await.is_err(), || {
+        S.check(r.transition(&id, to).await.is_err(), || {
             format!("completed → {to} succeeded: an end must be final")
         })?;
     }
     let state = r.get(&id).await.map(|t| t.state);
-    check(state == Some(TaskState::Completed), || {
+    S.check(state == Some(TaskState::Completed), || {
         format!("the task is {state:?} after refused moves")
     })?;
     // Created may end without running (a spawn that failed to start).
     let other = ids.next();
-    op(
+    S.op(
         r.create(TaskRecord::new(other, parent, "t")).await,
         "create",
     )?;
-    let from = op(
+    let from = S.op(
         r.transition(&other, TaskState::Killed).await,
         "created → killed",
     )?;
-    check(from == TaskState::Created, || {
+    S.check(from == TaskState::Created, || {
         format!("created → killed returned {from}")
     })?;
     // Reopen: only an ended task, back to running and no longer stalled.
     let live = ids.next();
-    op(r.create(TaskRecord::new(live, parent, "t")).await, "create")?;
-    check(r.reopen(&live).await.is_err(), || {
+    S.op(r.create(TaskRecord::new(live, parent, "t")).await, "create")?;
+    S.check(r.reopen(&live).await.is_err(), || {
         "reopen of a created task succeeded".into()
     })?;
-    op(r.mark_stalled(&id).await, "mark_stalled")?;
-    let from = op(r.reopen(&id).await, "reopen")?;
-    check(from == TaskState::Completed, || {
+    S.op(r.mark_stalled(&id).await, "mark_stalled")?;
+    let from = S.op(r.reopen(&id).await, "reopen")?;
+    S.check(from == TaskState::Completed, || {
         format!("reopen returned {from}")
     })?;
     let t = r.get(&id).await;
-    check(
+    S.check(
         t.as_ref()
             .is_some_and(|t| t.state == TaskState::Running && !t.stalled),
         || format!("after reopen the task is {t:?}"),
     )?;
-    let from = op(
+    let from = S.op(
         r.transition(&id, TaskState::Failed).await,
         "reopened → failed",
     )?;
-    check(from == TaskState::Running, || {
+    S.check(from == TaskState::Running, || {
         format!("reopened → failed returned {from}")
     })
 }
@@ -197,8 +178,8 @@ where
     for round in 0..5 {
         let (id, parent) = (ids.next(), ids.next());
         let r = open();
-        op(r.create(TaskRecord::new(id, parent, "t")).await, "create")?;
-        op(r.transition(&id, TaskState::Running).await, "start")?;
+        S.op(r.create(TaskRecord::new(id, parent, "t")).await, "create")?;
+        S.op(r.transition(&id, TaskState::Running).await, "start")?;
         let ends = [TaskState::Completed, TaskState::Failed, TaskState::Killed];
         let racers: Vec<_> = (0..16)
             .map(|i| {
@@ -211,12 +192,12 @@ where
         for racer in racers {
             if racer
                 .await
-                .map_err(|e| ConformanceError(format!("a racer panicked: {e}")))?
+                .map_err(|e| S.fail(format!("a racer panicked: {e}")))?
             {
                 won += 1;
             }
         }
-        check(won == 1, || {
+        S.check(won == 1, || {
             format!("round {round}: {won} of 16 racing ends succeeded; exactly one must")
         })?;
     }
@@ -229,8 +210,8 @@ where
 {
     let (id, parent) = (ids.next(), ids.next());
     let r = open();
-    op(r.create(TaskRecord::new(id, parent, "t")).await, "create")?;
-    op(r.transition(&id, TaskState::Completed).await, "end")?;
+    S.op(r.create(TaskRecord::new(id, parent, "t")).await, "create")?;
+    S.op(r.transition(&id, TaskState::Completed).await, "end")?;
     let racers: Vec<_> = (0..16)
         .map(|_| {
             let r = open();
@@ -241,12 +222,12 @@ where
     for racer in racers {
         if racer
             .await
-            .map_err(|e| ConformanceError(format!("a racer panicked: {e}")))?
+            .map_err(|e| S.fail(format!("a racer panicked: {e}")))?
         {
             won += 1;
         }
     }
-    check(won == 1, || {
+    S.check(won == 1, || {
         format!("{won} of 16 racing reopens succeeded; exactly one may revive a task")
     })
 }
@@ -254,46 +235,46 @@ where
 async fn usage_rolls_up(r: Arc<dyn TaskRegistry>, ids: &mut Ids) -> Result<(), ConformanceError> {
     // root (not registered) → parent → child → grandchild.
     let (root, parent, child, grandchild) = (ids.next(), ids.next(), ids.next(), ids.next());
-    op(r.create(TaskRecord::new(parent, root, "p")).await, "create")?;
-    op(
+    S.op(r.create(TaskRecord::new(parent, root, "p")).await, "create")?;
+    S.op(
         r.create(TaskRecord::new(child, parent, "c")).await,
         "create",
     )?;
-    op(
+    S.op(
         r.create(TaskRecord::new(grandchild, child, "g")).await,
         "create",
     )?;
-    op(r.roll_up(&grandchild, tokens(5, 1)).await, "roll_up")?;
-    op(r.roll_up(&child, tokens(3, 0)).await, "roll_up")?;
-    op(r.roll_up(&parent, tokens(2, 0)).await, "roll_up")?;
+    S.op(r.roll_up(&grandchild, tokens(5, 1)).await, "roll_up")?;
+    S.op(r.roll_up(&child, tokens(3, 0)).await, "roll_up")?;
+    S.op(r.roll_up(&parent, tokens(2, 0)).await, "roll_up")?;
     let usage =
         |t: Option<TaskRecord>| t.map(|t| (t.usage.output_tokens, t.tree_usage.output_tokens));
     let g = usage(r.get(&grandchild).await);
-    check(g == Some((5, 5)), || {
+    S.check(g == Some((5, 5)), || {
         format!("grandchild (own, tree) = {g:?}, want (5, 5)")
     })?;
     let c = usage(r.get(&child).await);
-    check(c == Some((3, 8)), || {
+    S.check(c == Some((3, 8)), || {
         format!("child (own, tree) = {c:?}, want (3, 8)")
     })?;
     let p = usage(r.get(&parent).await);
-    check(p == Some((2, 10)), || {
+    S.check(p == Some((2, 10)), || {
         format!("parent (own, tree) = {p:?}, want (2, 10)")
     })?;
     let below = r.descendants_usage(&root).await;
-    check(below.output_tokens == 10 && below.input_tokens == 1, || {
+    S.check(below.output_tokens == 10 && below.input_tokens == 1, || {
         format!("the unregistered root's descendants' usage is {below:?}, want 10 out, 1 in")
     })?;
     let below = r.descendants_usage(&parent).await;
-    check(below.output_tokens == 8, || {
+    S.check(below.output_tokens == 8, || {
         format!("the parent's descendants' usage is {below:?}, want 8")
     })?;
     // A resumed task's next run adds to what it had.
-    op(r.transition(&child, TaskState::Completed).await, "end")?;
-    op(r.reopen(&child).await, "reopen")?;
-    op(r.roll_up(&child, tokens(4, 0)).await, "roll_up")?;
+    S.op(r.transition(&child, TaskState::Completed).await, "end")?;
+    S.op(r.reopen(&child).await, "reopen")?;
+    S.op(r.roll_up(&child, tokens(4, 0)).await, "roll_up")?;
     let c = usage(r.get(&child).await);
-    check(c == Some((7, 12)), || {
+    S.check(c == Some((7, 12)), || {
         format!("after a second run the child is {c:?}, want (7, 12)")
     })?;
     let every = Usage {
@@ -306,10 +287,10 @@ async fn usage_rolls_up(r: Arc<dyn TaskRegistry>, ids: &mut Ids) -> Result<(), C
         duration_ms: 7,
     };
     let solo = ids.next();
-    op(r.create(TaskRecord::new(solo, root, "s")).await, "create")?;
-    op(r.roll_up(&solo, every).await, "roll_up")?;
+    S.op(r.create(TaskRecord::new(solo, root, "s")).await, "create")?;
+    S.op(r.roll_up(&solo, every).await, "roll_up")?;
     let got = r.get(&solo).await.map(|t| t.usage);
-    check(got == Some(every), || {
+    S.check(got == Some(every), || {
         format!("every usage field kept: {got:?}, want {every:?}")
     })
 }
@@ -322,7 +303,7 @@ async fn children_in_order(
     let mut made = Vec::new();
     for i in 0..5 {
         let id = ids.next();
-        op(
+        S.op(
             r.create(TaskRecord::new(id, parent, format!("child {i}")))
                 .await,
             "create",
@@ -330,34 +311,34 @@ async fn children_in_order(
         made.push(id);
     }
     let got: Vec<TaskId> = r.children(&parent).await.iter().map(|t| t.id).collect();
-    check(got == made, || {
+    S.check(got == made, || {
         format!("children {got:?}, want creation order {made:?}")
     })?;
     let none = r.children(&ids.next()).await;
-    check(none.is_empty(), || {
+    S.check(none.is_empty(), || {
         format!("an unknown parent has children {none:?}")
     })
 }
 
 async fn unknown_ids(r: Arc<dyn TaskRegistry>, ids: &mut Ids) -> Result<(), ConformanceError> {
     let id = ids.next();
-    check(r.get(&id).await.is_none(), || {
+    S.check(r.get(&id).await.is_none(), || {
         "get of an unknown id found a task".into()
     })?;
-    check(r.transition(&id, TaskState::Running).await.is_err(), || {
+    S.check(r.transition(&id, TaskState::Running).await.is_err(), || {
         "transition of an unknown id succeeded".into()
     })?;
-    check(r.reopen(&id).await.is_err(), || {
+    S.check(r.reopen(&id).await.is_err(), || {
         "reopen of an unknown id succeeded".into()
     })?;
-    check(r.roll_up(&id, tokens(1, 0)).await.is_err(), || {
+    S.check(r.roll_up(&id, tokens(1, 0)).await.is_err(), || {
         "roll_up of an unknown id succeeded".into()
     })?;
-    check(r.mark_stalled(&id).await.is_err(), || {
+    S.check(r.mark_stalled(&id).await.is_err(), || {
         "mark_stalled of an unknown id succeeded".into()
     })?;
     let below = r.descendants_usage(&id).await;
-    check(below == Usage::default(), || {
+    S.check(below == Usage::default(), || {
         format!("an unknown id's descendants' usage is {below:?}")
     })
 }

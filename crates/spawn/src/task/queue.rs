@@ -217,7 +217,6 @@ pub mod conformance {
     //! # Ok::<(), conformance::ConformanceError>(()) }).unwrap();
     //! ```
 
-    use std::fmt;
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -225,29 +224,11 @@ pub mod conformance {
 
     use super::NotificationQueue;
 
-    /// A conformance check that did not hold.
-    #[derive(Debug)]
-    pub struct ConformanceError(String);
+    pub use crate::base::conformance::ConformanceError;
+    use crate::base::conformance::Suite;
 
-    impl fmt::Display for ConformanceError {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            write!(f, "notification queue conformance: {}", self.0)
-        }
-    }
-
-    impl std::error::Error for ConformanceError {}
-
-    fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), ConformanceError> {
-        if ok {
-            Ok(())
-        } else {
-            Err(ConformanceError(what()))
-        }
-    }
-
-    fn op<T>(r: crate::Result<T>, what: &str) -> Result<T, ConformanceError> {
-        r.map_err(|e| ConformanceError(format!("{what} failed: {e}")))
-    }
+    /// This suite, named in its errors.
+    const S: Suite = Suite("notification queue");
 
     fn note(task: TaskId, summary: &str) -> TaskNotification {
         let n = TaskNotification::new(
@@ -277,15 +258,15 @@ pub mod conformance {
         // Order, content, and redelivery until delivered.
         let (parent, a, b) = (id(), id(), id());
         let q = open();
-        op(q.push(&parent, "a#1", &note(a, "first")).await, "push")?;
-        op(q.push(&parent, "b#1", &note(b, "second")).await, "push")?;
+        S.op(q.push(&parent, "a#1", &note(a, "first")).await, "push")?;
+        S.op(q.push(&parent, "b#1", &note(b, "second")).await, "push")?;
         for _ in 0..2 {
-            let got = op(open().pending(&parent).await, "pending")?;
+            let got = S.op(open().pending(&parent).await, "pending")?;
             let ids: Vec<&str> = got.iter().map(|g| g.id.as_str()).collect();
-            check(ids == ["a#1", "b#1"], || {
+            S.check(ids == ["a#1", "b#1"], || {
                 format!("pending ids {ids:?}, want a#1, b#1")
             })?;
-            check(got[0].notification == note(a, "first"), || {
+            S.check(got[0].notification == note(a, "first"), || {
                 format!(
                     "stored {:?}, got back {:?}",
                     note(a, "first"),
@@ -294,33 +275,34 @@ pub mod conformance {
             })?;
         }
         // Stored once however often pushed; refused once delivered.
-        let again = op(open().push(&parent, "a#1", &note(a, "first")).await, "push")?;
-        check(!again, || "a second push of a pending id was stored".into())?;
-        op(
+        let again = S.op(open().push(&parent, "a#1", &note(a, "first")).await, "push")?;
+        S.check(!again, || "a second push of a pending id was stored".into())?;
+        S.op(
             q.delivered(&parent, &["a#1".to_owned(), "nope".to_owned()])
                 .await,
             "delivered",
         )?;
-        let ids: Vec<String> = op(q.pending(&parent).await, "pending")?
+        let ids: Vec<String> = S
+            .op(q.pending(&parent).await, "pending")?
             .into_iter()
             .map(|g| g.id)
             .collect();
-        check(ids == ["b#1"], || {
+        S.check(ids == ["b#1"], || {
             format!("after delivering a#1, pending {ids:?}")
         })?;
-        let late = op(open().push(&parent, "a#1", &note(a, "first")).await, "push")?;
-        check(!late, || "a push of a delivered id was stored".into())?;
+        let late = S.op(open().push(&parent, "a#1", &note(a, "first")).await, "push")?;
+        S.check(!late, || "a push of a delivered id was stored".into())?;
         // A task resumed for another run reports again, under another id.
-        let next = op(open().push(&parent, "a#2", &note(a, "again")).await, "push")?;
-        check(next, || "a new run's report was refused".into())?;
-        op(
+        let next = S.op(open().push(&parent, "a#2", &note(a, "again")).await, "push")?;
+        S.check(next, || "a new run's report was refused".into())?;
+        S.op(
             q.delivered(&parent, &["a#1".to_owned()]).await,
             "delivered again",
         )?;
         // Parents apart.
         let other = id();
-        let theirs = op(q.pending(&other).await, "pending")?;
-        check(theirs.is_empty(), || {
+        let theirs = S.op(q.pending(&other).await, "pending")?;
+        S.check(theirs.is_empty(), || {
             format!("another parent sees {theirs:?}")
         })?;
         // Nothing lost or doubled under concurrent pushers (each id pushed twice).
@@ -345,14 +327,14 @@ pub mod conformance {
         for p in pushers {
             let ok = p
                 .await
-                .map_err(|e| ConformanceError(format!("a pusher panicked: {e}")))?;
-            check(ok, || "a concurrent push failed".into())?;
+                .map_err(|e| S.fail(format!("a pusher panicked: {e}")))?;
+            S.check(ok, || "a concurrent push failed".into())?;
         }
-        let got = op(q.pending(&busy).await, "pending")?;
+        let got = S.op(q.pending(&busy).await, "pending")?;
         let mut keys: Vec<String> = got.iter().map(|g| g.id.clone()).collect();
         keys.sort();
         keys.dedup();
-        check(got.len() == 200 && keys.len() == 200, || {
+        S.check(got.len() == 200 && keys.len() == 200, || {
             format!(
                 "8 pushers × 25 reports, each pushed twice: {} stored, {} distinct",
                 got.len(),
@@ -368,20 +350,20 @@ pub mod conformance {
                 .await
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
-        op(open().push(&waiter, "w#1", &note(a, "wake")).await, "push")?;
+        S.op(open().push(&waiter, "w#1", &note(a, "wake")).await, "push")?;
         let woke = waiting
             .await
-            .map_err(|e| ConformanceError(format!("the waiter panicked: {e}")))?;
-        check(matches!(woke, Ok(true)), || {
+            .map_err(|e| S.fail(format!("the waiter panicked: {e}")))?;
+        S.check(matches!(woke, Ok(true)), || {
             format!("the waiting parent got {woke:?}")
         })?;
-        let quiet = op(
+        let quiet = S.op(
             open()
                 .wait_beyond(&waiter, &["w#1".to_owned()], Duration::from_millis(150))
                 .await,
             "wait_beyond",
         )?;
-        check(!quiet, || {
+        S.check(!quiet, || {
             "a parent that knows every pending id was woken".into()
         })
     }

@@ -25,7 +25,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use forkhive_core::{TaskId, Usage};
 use redis::aio::ConnectionManager;
-use tokio::sync::OnceCell;
 
 use super::registry::{Retention, TaskRecord, TaskRegistry, TaskState};
 use crate::error::{Error, Result};
@@ -224,17 +223,15 @@ fn transient(e: &redis::RedisError) -> bool {
 /// The task registry in Redis. Clones share one connection (multiplexed, reconnecting).
 #[derive(Clone)]
 pub struct RedisTaskRegistry {
-    client: redis::Client,
+    h: crate::mailbox::RedisHandle,
     prefix: String,
     retention: Retention,
-    conn: std::sync::Arc<OnceCell<ConnectionManager>>,
-    shown: String,
 }
 
 impl fmt::Debug for RedisTaskRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisTaskRegistry")
-            .field("url", &self.shown)
+            .field("url", &self.h.shown)
             .field("prefix", &self.prefix)
             .field("retention", &self.retention)
             .finish()
@@ -246,24 +243,21 @@ impl RedisTaskRegistry {
     /// records for [`Retention::max_age`] (its count limit is not applied: Redis expires by
     /// age). Nothing connects until first use; the URL's password never shows.
     pub fn new(url: &str, prefix: &str) -> Result<Self> {
-        let shown = crate::mailbox::redact_url(url);
         crate::mailbox::check_name("key prefix", prefix).map_err(|_| {
             Error::Config(format!(
                 "task registry prefix `{prefix}`: use 1-64 letters, digits, `_` and `-`"
             ))
         })?;
-        let client = redis::Client::open(url).map_err(|e| {
+        let h = crate::mailbox::RedisHandle::open(url).map_err(|why| {
             Error::Config(format!(
-                "task registry at {shown}: not a Redis URL ({:?})",
-                e.kind()
+                "task registry at {}: {why}",
+                crate::mailbox::redact_url(url)
             ))
         })?;
         Ok(Self {
-            client,
+            h,
             prefix: format!("{{{prefix}}}"),
             retention: Retention::default(),
-            conn: Default::default(),
-            shown,
         })
     }
 
@@ -277,7 +271,7 @@ impl RedisTaskRegistry {
     /// A handle on the same store with a connection of its own (another host's).
     pub fn reopen_handle(&self) -> Self {
         Self {
-            conn: Default::default(),
+            h: self.h.fresh(),
             ..self.clone()
         }
     }
@@ -289,19 +283,15 @@ impl RedisTaskRegistry {
     fn fail(&self, id: &TaskId, what: &str, e: redis::RedisError) -> Error {
         Error::Task {
             id: *id,
-            message: format!("task registry at {}: {what}: {e}", self.shown),
+            message: format!("task registry at {}: {what}: {e}", self.h.shown),
         }
     }
 
     async fn conn(&self, id: &TaskId) -> Result<ConnectionManager> {
-        self.conn
-            .get_or_try_init(|| async {
-                crate::mailbox::redis_manager(&self.client)
-                    .await
-                    .map_err(|e| self.fail(id, "could not connect", e))
-            })
+        self.h
+            .conn()
             .await
-            .cloned()
+            .map_err(|e| self.fail(id, "could not connect", e))
     }
 
     /// Runs one script; `!message` is a refusal ([`Error::Task`]). An error that leaves the
@@ -321,7 +311,7 @@ impl RedisTaskRegistry {
             match call.invoke_async(&mut conn).await {
                 Ok(out) => break out,
                 Err(e) if transient(&e) && attempt < 4 => {
-                    tracing::warn!(task = %id, "task registry at {}: {e}; retrying", self.shown);
+                    tracing::warn!(task = %id, "task registry at {}: {e}; retrying", self.h.shown);
                     tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
                 }
                 Err(e) => return Err(self.fail(id, "script", e)),
@@ -494,7 +484,7 @@ impl TaskRegistry for RedisTaskRegistry {
         match self.record(&mut conn, id).await {
             Ok(r) => r,
             Err(e) => {
-                tracing::warn!(task = %id, "task registry at {}: {e}", self.shown);
+                tracing::warn!(task = %id, "task registry at {}: {e}", self.h.shown);
                 None
             }
         }
@@ -517,7 +507,7 @@ impl TaskRegistry for RedisTaskRegistry {
         {
             Ok(ids) => ids,
             Err(e) => {
-                tracing::warn!(task = %parent, "task registry at {}: {e}", self.shown);
+                tracing::warn!(task = %parent, "task registry at {}: {e}", self.h.shown);
                 return Vec::new();
             }
         };
@@ -527,7 +517,7 @@ impl TaskRegistry for RedisTaskRegistry {
             match self.record(&mut conn, &id).await {
                 Ok(Some(r)) => out.push(r),
                 Ok(None) => {}
-                Err(e) => tracing::warn!(task = %id, "task registry at {}: {e}", self.shown),
+                Err(e) => tracing::warn!(task = %id, "task registry at {}: {e}", self.h.shown),
             }
         }
         out
@@ -549,7 +539,7 @@ impl TaskRegistry for RedisTaskRegistry {
         match got {
             Ok(values) => usage_of(&values),
             Err(e) => {
-                tracing::warn!(task = %id, "task registry at {}: {e}", self.shown);
+                tracing::warn!(task = %id, "task registry at {}: {e}", self.h.shown);
                 Usage::default()
             }
         }

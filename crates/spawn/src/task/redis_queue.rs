@@ -15,7 +15,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use forkhive_core::{TaskId, TaskNotification};
 use redis::aio::ConnectionManager;
-use tokio::sync::OnceCell;
 
 use super::queue::{DELIVERED_KEPT, DELIVERED_TTL, NotificationQueue, Queued};
 use crate::error::{Error, Result};
@@ -51,16 +50,14 @@ return 1
 /// Parents' notification queues in Redis streams. Clones share one connection.
 #[derive(Clone)]
 pub struct RedisNotificationQueue {
-    client: redis::Client,
+    h: crate::mailbox::RedisHandle,
     prefix: String,
-    conn: std::sync::Arc<OnceCell<ConnectionManager>>,
-    shown: String,
 }
 
 impl fmt::Debug for RedisNotificationQueue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisNotificationQueue")
-            .field("url", &self.shown)
+            .field("url", &self.h.shown)
             .field("prefix", &self.prefix)
             .finish()
     }
@@ -70,30 +67,27 @@ impl RedisNotificationQueue {
     /// The queues at `url` under `prefix` (1 to 64 of `[A-Za-z0-9_-]`). Nothing connects
     /// until first use; the URL's password never shows.
     pub fn new(url: &str, prefix: &str) -> Result<Self> {
-        let shown = crate::mailbox::redact_url(url);
         crate::mailbox::check_name("key prefix", prefix).map_err(|_| {
             Error::Config(format!(
                 "notification queue prefix `{prefix}`: use 1-64 letters, digits, `_` and `-`"
             ))
         })?;
-        let client = redis::Client::open(url).map_err(|e| {
+        let h = crate::mailbox::RedisHandle::open(url).map_err(|why| {
             Error::Config(format!(
-                "notification queue at {shown}: not a Redis URL ({:?})",
-                e.kind()
+                "notification queue at {}: {why}",
+                crate::mailbox::redact_url(url)
             ))
         })?;
         Ok(Self {
-            client,
+            h,
             prefix: prefix.to_owned(),
-            conn: Default::default(),
-            shown,
         })
     }
 
     /// A handle on the same store with connections of its own (another host's).
     pub fn reopen(&self) -> Self {
         Self {
-            conn: Default::default(),
+            h: self.h.fresh(),
             ..self.clone()
         }
     }
@@ -110,19 +104,15 @@ impl RedisNotificationQueue {
     fn fail(&self, parent: &TaskId, what: &str, e: redis::RedisError) -> Error {
         Error::Task {
             id: *parent,
-            message: format!("notification queue at {}: {what}: {e}", self.shown),
+            message: format!("notification queue at {}: {what}: {e}", self.h.shown),
         }
     }
 
     async fn conn(&self, parent: &TaskId) -> Result<ConnectionManager> {
-        self.conn
-            .get_or_try_init(|| async {
-                crate::mailbox::redis_manager(&self.client)
-                    .await
-                    .map_err(|e| self.fail(parent, "could not connect", e))
-            })
+        self.h
+            .conn()
             .await
-            .cloned()
+            .map_err(|e| self.fail(parent, "could not connect", e))
     }
 
     /// The stream's last entry id and its pending notifications.
@@ -227,7 +217,7 @@ impl NotificationQueue for RedisNotificationQueue {
     ) -> Result<bool> {
         let [stream, _, _] = self.keys(parent);
         crate::mailbox::redis_wait_on_stream(
-            &self.client,
+            &self.h.client,
             &stream,
             timeout,
             || async {
