@@ -86,6 +86,8 @@ pub mod hook;
 pub mod mailbox;
 #[cfg(feature = "mcp")]
 pub mod mcp;
+#[cfg(feature = "redis")]
+pub mod pool;
 pub mod runtime;
 pub mod strategy;
 pub mod task;

@@ -354,3 +354,41 @@ async fn a_resumed_agent_keeps_its_definitions_restrictions() {
         "unknown tool `Danger`; available tools: Look"
     );
 }
+
+/// A message with a receipt is answered `true` only once the transcript holds it (what a
+/// networked notification queue acknowledges on), and `false` when the agent drops it unread.
+#[tokio::test]
+async fn a_receipt_is_answered_after_the_transcript_holds_the_message() {
+    use forkhive_spawn::runtime::PendingMessage;
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(say("first")),
+        Ok(say("second")),
+    ]));
+    let mut agent = Agent::builder(backend)
+        .model("m")
+        .transcript_dir(dir.path())
+        .build()
+        .await
+        .unwrap();
+    let path = dir.path().join(format!("{}.jsonl", agent.id()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = path.clone();
+    agent.pending().push(
+        PendingMessage::new("<note>a marker 7f3a</note>", "host").with_receipt(move |recorded| {
+            let on_disk = std::fs::read_to_string(&p).unwrap_or_default();
+            let _ = tx.send((recorded, on_disk.contains("a marker 7f3a")));
+        }),
+    );
+    assert_eq!(agent.run("hello").await.stop, StopReason::Completed);
+    assert_eq!(rx.try_recv().unwrap(), (true, true));
+    // Dropped unread: answered false.
+    let (tx, rx) = std::sync::mpsc::channel();
+    agent.pending().push(
+        PendingMessage::new("never read", "host").with_receipt(move |recorded| {
+            let _ = tx.send(recorded);
+        }),
+    );
+    drop(agent);
+    assert!(!rx.try_recv().unwrap());
+}

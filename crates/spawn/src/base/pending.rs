@@ -25,12 +25,15 @@ pub const SEND_MESSAGE_ORIGIN: &str = "send-message";
 
 /// One message waiting for an agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PendingMessage {
     /// The text, added to the conversation verbatim as one text block. Build it with trusted
     /// code (a `<task-notification>` envelope escapes what a worker wrote).
     pub text: String,
     /// Where it came from (`task-notification`, `mailbox:alice`, `host`), for logs.
     pub origin: String,
+    /// Told once whether the message reached the conversation (see [`Receipt`]).
+    pub receipt: Option<Receipt>,
 }
 
 impl PendingMessage {
@@ -39,9 +42,72 @@ impl PendingMessage {
         Self {
             text: text.into(),
             origin: origin.into(),
+            receipt: None,
+        }
+    }
+
+    /// The same message, with a receipt: `recorded(true)` once the conversation holds it —
+    /// after the transcript has it, when the agent keeps one — or `recorded(false)` if it is
+    /// dropped first (the agent stopped between taking it and recording it).
+    pub fn with_receipt(mut self, recorded: impl FnOnce(bool) + Send + 'static) -> Self {
+        self.receipt = Some(Receipt::new(recorded));
+        self
+    }
+}
+
+type ReceiptFn = Box<dyn FnOnce(bool) + Send>;
+
+/// Tells a message's sender, once, whether the agent's conversation took the message in: what
+/// a sender that must not lose it across a crash acknowledges on (a networked notification
+/// queue marks it delivered then, not when it was merely queued). Clones share one answer;
+/// the last clone dropped unanswered answers `false`.
+#[derive(Clone)]
+pub struct Receipt(Arc<ReceiptInner>);
+
+/// The answer, given at most once: by [`Receipt::answer`], or `false` when the last clone goes.
+struct ReceiptInner(Mutex<Option<ReceiptFn>>);
+
+impl ReceiptInner {
+    fn answer(&self, recorded: bool) {
+        let f = self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(f) = f {
+            f(recorded);
         }
     }
 }
+
+impl Drop for ReceiptInner {
+    fn drop(&mut self) {
+        self.answer(false);
+    }
+}
+
+impl Receipt {
+    /// A receipt that calls `recorded` once.
+    pub fn new(recorded: impl FnOnce(bool) + Send + 'static) -> Self {
+        Self(Arc::new(ReceiptInner(Mutex::new(Some(Box::new(recorded))))))
+    }
+
+    /// Answers: the conversation holds the message (`true`) or never will (`false`). Only the
+    /// first answer counts.
+    pub fn answer(&self, recorded: bool) {
+        self.0.answer(recorded);
+    }
+}
+
+impl fmt::Debug for Receipt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Receipt")
+    }
+}
+
+impl PartialEq for Receipt {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Receipt {}
 
 #[derive(Debug, Default)]
 struct State {
@@ -410,6 +476,51 @@ impl Halt {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn receipt_log() -> (Arc<Mutex<Vec<bool>>>, impl FnOnce(bool) + Send + 'static) {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let l = Arc::clone(&log);
+        (log, move |recorded| {
+            l.lock().unwrap_or_else(|e| e.into_inner()).push(recorded)
+        })
+    }
+
+    #[test]
+    fn a_receipt_answers_once_and_false_when_its_last_clone_goes() {
+        let (log, f) = receipt_log();
+        let m = PendingMessage::new("a", "host").with_receipt(f);
+        let copy = m.clone();
+        drop(m);
+        assert!(log.lock().unwrap_or_else(|e| e.into_inner()).is_empty());
+        drop(copy);
+        assert_eq!(*log.lock().unwrap_or_else(|e| e.into_inner()), [false]);
+        let (log, f) = receipt_log();
+        let m = PendingMessage::new("a", "host").with_receipt(f);
+        if let Some(r) = &m.receipt {
+            r.answer(true);
+            r.answer(false);
+        }
+        drop(m);
+        assert_eq!(*log.lock().unwrap_or_else(|e| e.into_inner()), [true]);
+    }
+
+    #[test]
+    fn receipts_dropped_on_many_threads_answer_once() {
+        for _ in 0..200 {
+            let (log, f) = receipt_log();
+            let m = PendingMessage::new("a", "host").with_receipt(f);
+            let copies: Vec<_> = (0..4).map(|_| m.clone()).collect();
+            drop(m);
+            let threads: Vec<_> = copies
+                .into_iter()
+                .map(|c| std::thread::spawn(move || drop(c)))
+                .collect();
+            for t in threads {
+                let _ = t.join();
+            }
+            assert_eq!(*log.lock().unwrap_or_else(|e| e.into_inner()), [false]);
+        }
+    }
 
     #[tokio::test]
     async fn wait_returns_idle_when_nothing_is_expected() {

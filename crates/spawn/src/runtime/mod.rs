@@ -18,5 +18,5 @@ pub use children::{ChildLedger, ChildReport};
 pub use context::{AgentContext, AgentKind, QuerySource};
 pub use events::{AgentEvent, EventKind, EventSink, FnSink};
 pub use outcome::{AgentRun, Limits, StopReason, TurnRecord};
-pub use pending::{Expectation, Halt, PendingMessage, PendingQueue, PromiseHandle, Wake};
+pub use pending::{Expectation, Halt, PendingMessage, PendingQueue, PromiseHandle, Receipt, Wake};
 pub use state::{AgentState, Extensions, FileStamp, TreeState, TurnSnapshot};

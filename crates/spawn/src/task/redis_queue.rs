@@ -92,7 +92,7 @@ impl RedisNotificationQueue {
         }
     }
 
-    fn keys(&self, parent: &TaskId) -> [String; 3] {
+    pub(crate) fn keys(&self, parent: &TaskId) -> [String; 3] {
         let p = &self.prefix;
         [
             format!("{p}:{{{parent}}}:notify"),

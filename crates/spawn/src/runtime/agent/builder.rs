@@ -684,6 +684,7 @@ impl AgentBuilder {
             turn: 0,
             unsent: self.unsent,
             keep_children: self.keep_children,
+            receipts: Vec::new(),
             warnings,
             first_context,
         })

@@ -92,6 +92,9 @@ pub struct Agent {
     /// Messages already in the conversation but sent as the next request's suffix (a fork
     /// child's first message, so that its boilerplate block gets a cache breakpoint).
     unsent: Vec<Message>,
+    /// Receipts of injected messages not recorded yet: answered by the next `push`, or
+    /// (dropped) answered `false`.
+    receipts: Vec<crate::base::pending::Receipt>,
     /// Leave running children alone when dropped.
     keep_children: bool,
     /// Warnings from building it, emitted when it first runs (after its parent's

@@ -68,16 +68,25 @@ impl Agent {
 
     /// The text blocks of the next user message for `ms` (the one place pending messages
     /// enter the conversation), and the event that tells hosts.
-    fn inject(&self, ms: Vec<PendingMessage>) -> Vec<ContentBlock> {
+    ///
+    /// Their receipts are answered when the message carrying them is recorded ([`Self::push`]).
+    fn inject(&mut self, ms: Vec<PendingMessage>) -> Vec<ContentBlock> {
         if !ms.is_empty() {
             self.emit
                 .emit(EventKind::MessagesInjected { count: ms.len() });
         }
-        ms.into_iter().map(|m| ContentBlock::text(m.text)).collect()
+        ms.into_iter()
+            .map(|m| {
+                if let Some(r) = m.receipt {
+                    self.receipts.push(r);
+                }
+                ContentBlock::text(m.text)
+            })
+            .collect()
     }
 
     /// Whatever is queued now, as blocks for the next user message.
-    pub(super) fn drain_pending(&self) -> Vec<ContentBlock> {
+    pub(super) fn drain_pending(&mut self) -> Vec<ContentBlock> {
         self.inject(self.shared.pending.drain())
     }
 
@@ -105,7 +114,7 @@ impl Agent {
 
     /// The blocks for messages that woke the agent, with those that arrive within the
     /// notification window.
-    pub(super) async fn woken(&self, mut ms: Vec<PendingMessage>) -> Vec<ContentBlock> {
+    pub(super) async fn woken(&mut self, mut ms: Vec<PendingMessage>) -> Vec<ContentBlock> {
         self.coalesce(&mut ms).await;
         self.inject(ms)
     }
@@ -482,6 +491,10 @@ impl Agent {
             .await?;
         }
         self.params = self.params.append(messages);
+        // What was injected is in the conversation (and the transcript) now.
+        for r in self.receipts.drain(..) {
+            r.answer(true);
+        }
         Ok(())
     }
 

@@ -1,0 +1,359 @@
+//! The parent's side of a pool: its notifications into its conversation, exactly once.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use forkhive_core::{TaskId, ToolDefinition};
+use serde::Deserialize;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+
+use super::{Job, Pool};
+use crate::base::pending::{Expectation, PendingMessage, PendingQueue};
+use crate::error::Result;
+use crate::task::queue::NotificationQueue;
+use crate::tool::{InBackground, Tool, ToolContext, ToolOutput};
+
+type Expected = Arc<Mutex<HashMap<TaskId, Expectation>>>;
+
+/// Feeds one parent agent's notifications from the pool into its conversation, and
+/// acknowledges each — marks it delivered, in the same store the workers report into — only
+/// once the agent has recorded the message that carries it (its transcript written, when it
+/// keeps one; see [`PendingMessage::with_receipt`]). A parent whose process dies between the
+/// two gets the notification again when it comes back, and [`attach`](Self::attach) skips it
+/// there because the resumed conversation already holds it: exactly once into the
+/// conversation.
+///
+/// While the parent has tasks on the pool it has not heard from, it waits for them at the end
+/// of its turn, as for local background children. Cancelling the parent cancels them,
+/// wherever they run ([`Pool::cancel`]).
+///
+/// Clones share one delivery; the last one dropped stops it (the agent's tree holds one for
+/// as long as the agent lives).
+#[derive(Clone)]
+pub struct Delivery {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    parent: TaskId,
+    pool: Pool,
+    queue: PendingQueue,
+    expected: Expected,
+    _loop: AbortOnDropHandle<()>,
+}
+
+impl fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Delivery")
+            .field("parent", &self.inner.parent)
+            .field("pool", &self.inner.pool.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Each parent's delivery, in its agent tree's extensions (where [`PoolAgentTool`] finds it).
+#[derive(Default)]
+struct Deliveries(Mutex<HashMap<TaskId, Delivery>>);
+
+impl Delivery {
+    /// Starts delivering `pool`'s notifications to `agent`, which may be a resumed one: the
+    /// notifications its conversation already holds are acknowledged and not given again, and
+    /// every task the pool still has for it is waited for. [`PoolAgentTool`] calls it lazily
+    /// for an agent that was not attached; attach before a resumed agent's first run.
+    pub async fn attach(pool: &Pool, agent: &crate::runtime::Agent) -> Result<Delivery> {
+        let parent = *agent.id();
+        let mut held = HashSet::new();
+        for m in agent.params().messages().iter() {
+            // A malformed envelope in its own conversation is not a pool notification.
+            if let Ok(found) = forkhive_core::notification::find_notifications(m) {
+                held.extend(found.into_iter().map(|n| n.task_id.to_string()));
+            }
+        }
+        let waiting: Vec<TaskId> = pool
+            .outstanding(&parent)
+            .await?
+            .into_iter()
+            .filter(|t| !held.contains(&t.to_string()))
+            .collect();
+        let d = Self::start(
+            pool.clone(),
+            parent,
+            agent.pending(),
+            agent.cancellation().clone(),
+            held,
+        );
+        for t in waiting {
+            d.expect(t);
+        }
+        agent
+            .tree()
+            .extensions()
+            .get_or_insert_with(Deliveries::default)
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(parent, d.clone());
+        Ok(d)
+    }
+
+    fn start(
+        pool: Pool,
+        parent: TaskId,
+        queue: PendingQueue,
+        cancel: CancellationToken,
+        held: HashSet<String>,
+    ) -> Delivery {
+        let expected: Expected = Arc::default();
+        let task = tokio::spawn(deliver(
+            pool.clone(),
+            parent,
+            queue.clone(),
+            Arc::clone(&expected),
+            held,
+            cancel,
+        ));
+        Delivery {
+            inner: Arc::new(Inner {
+                parent,
+                pool,
+                queue,
+                expected,
+                _loop: AbortOnDropHandle::new(task),
+            }),
+        }
+    }
+
+    /// The parent it delivers to.
+    pub fn parent(&self) -> TaskId {
+        self.inner.parent
+    }
+
+    /// Makes the parent wait for `task`'s notification (as [`PoolAgentTool`] does for each
+    /// task it submits).
+    pub fn expect(&self, task: TaskId) {
+        self.inner
+            .expected
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(task)
+            .or_insert_with(|| self.inner.queue.expect());
+    }
+
+    fn withdraw(&self, task: &TaskId) {
+        self.inner
+            .expected
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(task);
+    }
+}
+
+/// The loop: pending notifications into the parent's queue; receipts into acknowledgements.
+///
+/// `held`: ids the conversation holds that are not acknowledged yet (from a resumed
+/// conversation, or recorded since): never given again, acknowledged until that succeeds.
+async fn deliver(
+    pool: Pool,
+    parent: TaskId,
+    queue: PendingQueue,
+    expected: Expected,
+    mut held: HashSet<String>,
+    cancel: CancellationToken,
+) {
+    let q = pool.queue().clone();
+    let (tx, mut rx) = mpsc::unbounded_channel::<(String, bool)>();
+    let mut in_flight: HashSet<String> = HashSet::new();
+    loop {
+        match q.pending(&parent).await {
+            Ok(items) => {
+                let mut done = Vec::new();
+                for item in items {
+                    if in_flight.contains(&item.id) {
+                        continue;
+                    }
+                    if held.contains(&item.id) {
+                        done.push(item.id);
+                        continue;
+                    }
+                    let (tx, id) = (tx.clone(), item.id.clone());
+                    let msg = PendingMessage::new(item.notification.to_xml(), "task-notification")
+                        .with_receipt(move |recorded| {
+                            let _ = tx.send((id, recorded));
+                        });
+                    let promised = expected
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&item.notification.task_id);
+                    match promised {
+                        Some(p) => p.deliver(msg),
+                        None => queue.push(msg),
+                    }
+                    in_flight.insert(item.id);
+                }
+                acknowledge(&pool, &parent, done, &mut held).await;
+            }
+            Err(e) => {
+                tracing::warn!(parent = %parent, "reading the pool's notifications: {e}");
+                tokio::select! {
+                    () = cancel.cancelled() => {}
+                    () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                }
+            }
+        }
+        let known: Vec<String> = in_flight.iter().cloned().collect();
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => {
+                // The parent is cancelled: so are its tasks, wherever they run.
+                if let Err(e) = pool.cancel_children(&parent).await {
+                    tracing::warn!(parent = %parent, "cancelling its tasks on the pool: {e}");
+                }
+                return;
+            }
+            Some((id, recorded)) = rx.recv() => {
+                let mut done = Vec::new();
+                let mut settle = |id: String, recorded: bool| {
+                    in_flight.remove(&id);
+                    // Not recorded (the agent stopped first): given again on the next look.
+                    if recorded {
+                        held.insert(id.clone());
+                        done.push(id);
+                    }
+                };
+                settle(id, recorded);
+                while let Ok((id, recorded)) = rx.try_recv() {
+                    settle(id, recorded);
+                }
+                acknowledge(&pool, &parent, done, &mut held).await;
+            }
+            r = q.wait_beyond(&parent, &known, Duration::from_secs(30)) => {
+                if let Err(e) = r {
+                    tracing::warn!(parent = %parent, "waiting for the pool's notifications: {e}");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+    }
+}
+
+/// Marks notifications delivered and forgets their tasks; acknowledged ids leave `held`. A
+/// failure is logged and the ids stay held: acknowledged on a later look, never given twice.
+async fn acknowledge(pool: &Pool, parent: &TaskId, ids: Vec<String>, held: &mut HashSet<String>) {
+    if ids.is_empty() {
+        return;
+    }
+    let r = async {
+        pool.queue().delivered(parent, &ids).await?;
+        pool.forget(parent, &ids).await
+    }
+    .await;
+    match r {
+        Ok(()) => {
+            for id in &ids {
+                held.remove(id);
+            }
+        }
+        Err(e) => {
+            tracing::warn!(parent = %parent, "acknowledging {} notification(s): {e}; again later", ids.len());
+        }
+    }
+}
+
+/// The `Agent` tool of a coordinator whose workers run on a [`Pool`]: every child it starts is
+/// a background task some worker process runs, reporting through one `<task-notification>`.
+/// Its input is the local `Agent` tool's (`description`, `prompt`, `subagent_type`) plus
+/// `idempotent`.
+#[derive(Debug, Clone)]
+pub struct PoolAgentTool {
+    definition: ToolDefinition,
+    pool: Pool,
+}
+
+#[derive(Deserialize)]
+struct Input {
+    description: String,
+    prompt: String,
+    #[serde(default)]
+    subagent_type: Option<String>,
+    #[serde(default)]
+    idempotent: bool,
+}
+
+impl PoolAgentTool {
+    /// The tool, named `Agent`, starting children on `pool`.
+    pub fn new(pool: Pool) -> Result<Self> {
+        Ok(Self {
+            definition: ToolDefinition::new(
+                "Agent",
+                "Launch an agent on a worker to handle a task in the background. You will be \
+                 notified with its result when it completes; do not wait or poll.",
+                r#"{"type":"object","properties":{"description":{"type":"string","description":"A short (3-5 word) description of the task"},"prompt":{"type":"string","description":"The task for the agent to perform"},"subagent_type":{"type":"string","description":"The type of agent to use"},"idempotent":{"type":"boolean","description":"Whether running the task twice is harmless (then it runs again if its worker dies)"}},"required":["description","prompt"],"additionalProperties":false}"#,
+            )?,
+            pool,
+        })
+    }
+}
+
+#[async_trait]
+impl Tool for PoolAgentTool {
+    fn definition(&self) -> &ToolDefinition {
+        &self.definition
+    }
+    fn is_concurrency_safe(&self, _input: &serde_json::Value) -> bool {
+        true
+    }
+    fn is_read_only(&self) -> bool {
+        false
+    }
+    fn in_background(&self) -> InBackground {
+        InBackground::ByFilter
+    }
+    async fn call(&self, input: serde_json::Value, cx: &ToolContext) -> ToolOutput {
+        let input: Input = match serde_json::from_value(input) {
+            Ok(i) => i,
+            Err(e) => return ToolOutput::error(format!("invalid Agent input: {e}")),
+        };
+        let Some(caller) = cx.caller() else {
+            return ToolOutput::error("the pool's Agent tool runs only inside an agent loop");
+        };
+        let parent = *cx.agent().id();
+        let delivery = {
+            let all = caller
+                .tree()
+                .extensions()
+                .get_or_insert_with(Deliveries::default);
+            let mut map = all.0.lock().unwrap_or_else(|e| e.into_inner());
+            map.entry(parent)
+                .or_insert_with(|| {
+                    Delivery::start(
+                        self.pool.clone(),
+                        parent,
+                        caller.pending().clone(),
+                        cx.cancellation().clone(),
+                        HashSet::new(),
+                    )
+                })
+                .clone()
+        };
+        let mut job =
+            Job::new(parent, input.description, input.prompt).idempotent(input.idempotent);
+        job.agent_type = input.subagent_type;
+        // Expected before it is submitted: a fast worker's report finds the promise.
+        delivery.expect(job.task);
+        if let Err(e) = self.pool.submit(&job).await {
+            delivery.withdraw(&job.task);
+            return ToolOutput::error(format!("could not start the agent: {e}"));
+        }
+        ToolOutput::text(format!(
+            "Async agent launched successfully on pool `{}`.\nagentId: {} (its notification \
+             carries this id)\nThe agent is working in the background. You will be notified \
+             automatically when it completes.",
+            self.pool.name, job.task
+        ))
+    }
+}

@@ -1,0 +1,515 @@
+//! Workers in other processes (feature `redis`): a pool of worker processes, anywhere that
+//! reaches one Redis, runs the agents a coordinator hands it, and every task's
+//! `<task-notification>` reaches its parent's conversation exactly once — across a worker
+//! killed mid-task and a coordinator killed and restarted.
+//!
+//! "Chapter 20: Agent Spawning and Orchestration — 20.9 Bridge": workers poll for work, sleep
+//! when full and wake when a slot frees, hold each session to a timeout enforced by a
+//! watchdog. "Coordinator Mode: A Working Multi-Agent System, From the Source — 6. gotchas":
+//! a worker that never reports is the failure to design out; here a worker that dies is
+//! noticed by its lease, and its parent hears `killed` with the work the worker had streamed.
+//!
+//! - [`Pool`] is the handle both sides hold: [`submit`](Pool::submit) a [`Job`],
+//!   [`cancel`](Pool::cancel) a task and its remote descendants, read the
+//!   [`dead_letters`](Pool::dead_letters).
+//! - [`Worker`] runs in each worker process: it takes jobs through a Redis consumer group,
+//!   builds each agent with the host's [`AgentFactory`] (any backend), and reports.
+//! - [`Delivery`] runs beside the parent agent (the coordinator): it feeds the parent's
+//!   notifications into its conversation and acknowledges each once the conversation — and its
+//!   transcript — holds it. [`PoolAgentTool`] is the `Agent` tool whose children run on the
+//!   pool.
+//!
+//! Delivery: at least once on the wire (a consumer group; a restarted worker drains its own
+//! pending entries first; entries idle past the lease are reclaimed from dead workers with
+//! `XAUTOCLAIM`; after [`PoolConfig::max_deliveries`] an entry is dead-lettered and its parent
+//! told), exactly once into the conversation (one notification id per task, refused once
+//! pending or delivered; the parent skips what its resumed conversation already holds).
+//!
+//! Layout, under `<prefix>:{<pool>}:` (one hash tag: the pool's keys share a cluster slot):
+//! `jobs` (the stream; group `workers`), `dead` (dead letters), `lease:<task>` (the running
+//! worker, expiring), `run:<task>` (that the task started, where), `out:<task>` (its latest
+//! output, refreshed with each lease renewal), `cancel:<task>`, `kids:<parent>` (a parent's
+//! tasks not yet delivered), `worker:<name>` (a live worker's claim on its name). Cancels are
+//! published on `<prefix>:{<pool>}:cancels`. Notifications use the notification queue's keys
+//! ([`RedisNotificationQueue`]) under the same prefix.
+
+mod delivery;
+mod worker;
+
+use std::fmt;
+use std::time::Duration;
+
+use forkhive_core::{TaskId, TaskNotification};
+use redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::mailbox::{RedisHandle, check_name};
+use crate::task::RedisNotificationQueue;
+
+pub use self::delivery::{Delivery, PoolAgentTool};
+pub use self::worker::{AgentFactory, Worker, WorkerReport};
+
+/// The consumer group every worker reads the job stream through.
+pub const GROUP: &str = "workers";
+
+/// The largest job a coordinator may submit (its JSON): a prompt is text, not a payload.
+pub const MAX_JOB_BYTES: usize = 1024 * 1024;
+
+/// How much of a task's latest output is kept for its parent should its worker die (the last
+/// this many bytes, cut at a character boundary).
+pub const PARTIAL_OUTPUT_BYTES: usize = 64 * 1024;
+
+/// How a pool behaves. Build it from [`PoolConfig::default`] with the `with_*` setters; both
+/// sides of a pool should use the same lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PoolConfig {
+    /// Agents a worker runs at once (default 32). A full worker reads no more jobs, and wakes
+    /// when a slot frees or it is shut down.
+    pub capacity: usize,
+    /// How long a task's lease lasts without renewal (default 15 s; renewed every third of
+    /// it). A worker that dies loses its leases within this; its tasks are then reclaimed.
+    pub lease: Duration,
+    /// Deliveries of one job before it is dead-lettered and its parent told (default 3).
+    pub max_deliveries: u32,
+    /// The longest one task may run; a watchdog stops it then and its parent hears `killed`
+    /// (default 24 h).
+    pub session_timeout: Duration,
+    /// How long a worker shutting down lets its running tasks finish before it stops them
+    /// (default 30 s).
+    pub drain: Duration,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            capacity: 32,
+            lease: Duration::from_secs(15),
+            max_deliveries: 3,
+            session_timeout: Duration::from_secs(24 * 60 * 60),
+            drain: Duration::from_secs(30),
+        }
+    }
+}
+
+impl PoolConfig {
+    /// Sets [`capacity`](Self::capacity) (at least 1).
+    pub fn with_capacity(mut self, capacity: usize) -> Self {
+        self.capacity = capacity.max(1);
+        self
+    }
+
+    /// Sets [`lease`](Self::lease) (at least 300 ms).
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease.max(Duration::from_millis(300));
+        self
+    }
+
+    /// Sets [`max_deliveries`](Self::max_deliveries) (at least 1).
+    pub fn with_max_deliveries(mut self, n: u32) -> Self {
+        self.max_deliveries = n.max(1);
+        self
+    }
+
+    /// Sets [`session_timeout`](Self::session_timeout).
+    pub fn with_session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
+    /// Sets [`drain`](Self::drain).
+    pub fn with_drain(mut self, drain: Duration) -> Self {
+        self.drain = drain;
+        self
+    }
+}
+
+/// One task handed to the pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Job {
+    /// The task's id: the agent's id on the worker, and its notification's.
+    pub task: TaskId,
+    /// Whose conversation its notification goes to.
+    pub parent: TaskId,
+    /// The `description` (3–5 words) its notification names it by.
+    pub description: String,
+    /// The prompt it runs.
+    pub prompt: String,
+    /// The agent type the worker builds (`None`: its default), as the worker's
+    /// [`AgentFactory`] reads it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_type: Option<String>,
+    /// Whether running it twice is harmless: a task whose worker died then runs again
+    /// elsewhere instead of being reported `killed`.
+    #[serde(default)]
+    pub idempotent: bool,
+}
+
+impl Job {
+    /// A job for `parent` with a fresh task id.
+    pub fn new(parent: TaskId, description: impl Into<String>, prompt: impl Into<String>) -> Self {
+        Self {
+            task: TaskId::generate(forkhive_core::TaskKind::Agent),
+            parent,
+            description: description.into(),
+            prompt: prompt.into(),
+            agent_type: None,
+            idempotent: false,
+        }
+    }
+
+    /// The same job, run by `agent_type`.
+    pub fn with_agent_type(mut self, agent_type: impl Into<String>) -> Self {
+        self.agent_type = Some(agent_type.into());
+        self
+    }
+
+    /// The same job, marked idempotent (see [`Job::idempotent`]).
+    pub fn idempotent(mut self, idempotent: bool) -> Self {
+        self.idempotent = idempotent;
+        self
+    }
+}
+
+/// A job the pool gave up on, as its dead-letter stream keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// The job stream's entry id.
+    pub entry: String,
+    /// Why it was given up on.
+    pub reason: String,
+    /// The job's JSON as it was submitted (possibly not a job at all).
+    pub job: String,
+}
+
+/// KEYS: jobs, kids. ARGV: task, job JSON. The job, and its parent's record of it.
+const SUBMIT: &str = r"
+local entry = redis.call('XADD', KEYS[1], '*', 'task', ARGV[1], 'job', ARGV[2])
+redis.call('SADD', KEYS[2], ARGV[1])
+return entry
+";
+
+/// KEYS: cancel key of a task. ARGV: prefix of kids/cancel keys, ttl ms, channel, task.
+/// Marks the task and every descendant recorded in `kids:` sets cancelled, and publishes each.
+const CANCEL: &str = r"
+local base, ttl, channel = ARGV[1], ARGV[2], ARGV[3]
+local todo, seen, n = {ARGV[4]}, {}, 0
+while #todo > 0 and n < 100000 do
+  local id = table.remove(todo)
+  if not seen[id] then
+    seen[id] = true
+    n = n + 1
+    redis.call('SET', base .. 'cancel:' .. id, '1', 'PX', ttl)
+    redis.call('PUBLISH', channel, id)
+    for _, kid in ipairs(redis.call('SMEMBERS', base .. 'kids:' .. id)) do
+      todo[#todo + 1] = kid
+    end
+  end
+end
+return n
+";
+
+/// The handle both sides of a pool hold. Clones share one connection.
+#[derive(Clone)]
+pub struct Pool {
+    h: RedisHandle,
+    prefix: String,
+    name: String,
+    queue: RedisNotificationQueue,
+    config: PoolConfig,
+}
+
+impl fmt::Debug for Pool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool")
+            .field("url", &self.h.shown)
+            .field("prefix", &self.prefix)
+            .field("name", &self.name)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+/// How long a cancel mark is kept.
+const CANCEL_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+impl Pool {
+    /// The pool `name` at `url`, keys under `prefix` (each 1 to 64 of `[A-Za-z0-9_-]`).
+    /// Nothing connects until first use; the URL's password never shows.
+    pub fn new(url: &str, prefix: &str, name: &str, config: PoolConfig) -> Result<Self> {
+        for (what, v) in [("key prefix", prefix), ("pool name", name)] {
+            check_name(what, v).map_err(|_| {
+                Error::Config(format!(
+                    "pool {what} `{v}`: use 1-64 letters, digits, `_` and `-`"
+                ))
+            })?;
+        }
+        let h = RedisHandle::open(url).map_err(|why| {
+            Error::Config(format!(
+                "pool `{name}` at {}: {why}",
+                crate::mailbox::redact_url(url)
+            ))
+        })?;
+        let queue = RedisNotificationQueue::new(url, prefix)?;
+        Ok(Self {
+            h,
+            prefix: prefix.to_owned(),
+            name: name.to_owned(),
+            queue,
+            config,
+        })
+    }
+
+    /// A handle on the same pool with connections of its own (another process's).
+    pub fn reopen(&self) -> Self {
+        Self {
+            h: self.h.fresh(),
+            queue: self.queue.reopen(),
+            ..self.clone()
+        }
+    }
+
+    /// The pool's configuration.
+    pub fn config(&self) -> &PoolConfig {
+        &self.config
+    }
+
+    /// The pool's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The notification queue parents read (the same store workers report into).
+    pub fn queue(&self) -> &RedisNotificationQueue {
+        &self.queue
+    }
+
+    /// `<prefix>:{<pool>}:`
+    fn base(&self) -> String {
+        format!("{}:{{{}}}:", self.prefix, self.name)
+    }
+
+    fn key(&self, what: &str) -> String {
+        format!("{}{what}", self.base())
+    }
+
+    fn task_key(&self, what: &str, task: &TaskId) -> String {
+        format!("{}{what}:{task}", self.base())
+    }
+
+    fn fail(&self, what: &str, e: redis::RedisError) -> Error {
+        Error::Config(format!(
+            "pool `{}` at {}: {what}: {e}",
+            self.name, self.h.shown
+        ))
+    }
+
+    async fn conn(&self) -> Result<ConnectionManager> {
+        self.h
+            .conn()
+            .await
+            .map_err(|e| self.fail("could not connect", e))
+    }
+
+    /// Hands `job` to the pool: some worker runs it, and its parent's queue receives its
+    /// notification once. Returns the job stream's entry id.
+    pub async fn submit(&self, job: &Job) -> Result<String> {
+        let json = serde_json::to_string(job).map_err(|e| Error::Task {
+            id: job.task,
+            message: format!("the job cannot be written as JSON: {e}"),
+        })?;
+        if json.len() > MAX_JOB_BYTES {
+            return Err(Error::Task {
+                id: job.task,
+                message: format!(
+                    "the job is {} bytes of JSON, over the pool's limit of {MAX_JOB_BYTES}",
+                    json.len()
+                ),
+            });
+        }
+        let mut conn = self.conn().await?;
+        redis::Script::new(SUBMIT)
+            .key(self.key("jobs"))
+            .key(self.task_key("kids", &job.parent))
+            .arg(job.task.to_string())
+            .arg(&json)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.fail("submit", e))
+    }
+
+    /// Cancels `task` and every descendant the pool ran for it, wherever they run: each is
+    /// marked cancelled (a worker checks before it starts one, and with every lease renewal)
+    /// and announced on the pool's channel (a running one stops at its next turn boundary or
+    /// tool round). Its parent hears `killed`. Returns how many tasks were marked.
+    pub async fn cancel(&self, task: &TaskId) -> Result<u64> {
+        let mut conn = self.conn().await?;
+        redis::Script::new(CANCEL)
+            .key(self.task_key("cancel", task))
+            .arg(self.base())
+            .arg(CANCEL_TTL.as_millis().to_string())
+            .arg(self.key("cancels"))
+            .arg(task.to_string())
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.fail("cancel", e))
+    }
+
+    /// Cancels every task `parent` has on the pool that it was not told of yet (see
+    /// [`cancel`](Self::cancel)). Returns how many tasks were marked, descendants included.
+    pub async fn cancel_children(&self, parent: &TaskId) -> Result<u64> {
+        let mut n = 0;
+        for kid in self.outstanding(parent).await? {
+            n += self.cancel(&kid).await?;
+        }
+        Ok(n)
+    }
+
+    /// The tasks submitted for `parent` whose notification its conversation does not hold
+    /// yet (running, queued, or reported and not yet delivered).
+    pub async fn outstanding(&self, parent: &TaskId) -> Result<Vec<TaskId>> {
+        let mut conn = self.conn().await?;
+        let ids: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(self.task_key("kids", parent))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.fail("SMEMBERS", e))?;
+        let mut out: Vec<TaskId> = ids.iter().filter_map(|s| s.parse().ok()).collect();
+        out.sort();
+        Ok(out)
+    }
+
+    /// Forgets tasks whose notifications `parent`'s conversation holds.
+    async fn forget(&self, parent: &TaskId, tasks: &[String]) -> Result<()> {
+        if tasks.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.conn().await?;
+        redis::cmd("SREM")
+            .arg(self.task_key("kids", parent))
+            .arg(tasks)
+            .query_async::<i64>(&mut conn)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.fail("SREM", e))
+    }
+
+    /// The jobs the pool gave up on, oldest first (at most `count`).
+    pub async fn dead_letters(&self, count: usize) -> Result<Vec<DeadLetter>> {
+        let mut conn = self.conn().await?;
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(self.key("dead"))
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(count)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.fail("XRANGE", e))?;
+        Ok(reply
+            .ids
+            .iter()
+            .map(|e| DeadLetter {
+                entry: e.get("entry").unwrap_or_default(),
+                reason: e.get("reason").unwrap_or_default(),
+                job: e.get("job").unwrap_or_default(),
+            })
+            .collect())
+    }
+
+    /// Jobs waiting in the stream or running (entries not yet acknowledged included).
+    pub async fn backlog(&self) -> Result<u64> {
+        let mut conn = self.conn().await?;
+        redis::cmd("XLEN")
+            .arg(self.key("jobs"))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.fail("XLEN", e))
+    }
+
+    /// The notification queue's keys for `parent` (stream, ids, done), for scripts that
+    /// report and acknowledge in one step.
+    fn notify_keys(&self, parent: &TaskId) -> [String; 3] {
+        self.queue.keys(parent)
+    }
+}
+
+/// A notification as JSON, for the scripts.
+fn notification_json(n: &TaskNotification) -> Result<String> {
+    serde_json::to_string(n).map_err(|e| Error::Task {
+        id: n.task_id,
+        message: format!("the notification cannot be written as JSON: {e}"),
+    })
+}
+
+/// The last `max` bytes of `text`, cut at a character boundary.
+fn tail(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut from = text.len() - max;
+    while !text.is_char_boundary(from) {
+        from += 1;
+    }
+    &text[from..]
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn names_are_checked_and_passwords_never_show() {
+        let e = Pool::new(
+            "redis://u:hunter2@127.0.0.1:1",
+            "fh",
+            "a:b",
+            PoolConfig::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "configuration: pool pool name `a:b`: use 1-64 letters, digits, `_` and `-`"
+        );
+        let p = Pool::new(
+            "redis://u:hunter2@127.0.0.1:1",
+            "fh",
+            "p1",
+            PoolConfig::default(),
+        )
+        .unwrap();
+        let shown = format!("{p:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert_eq!(p.key("jobs"), "fh:{p1}:jobs");
+    }
+
+    #[test]
+    fn tails_cut_at_characters() {
+        assert_eq!(tail("abc", 5), "abc");
+        assert_eq!(tail("aéé", 3), "é");
+        assert_eq!(tail("abcdef", 2), "ef");
+    }
+
+    #[test]
+    fn config_setters_clamp() {
+        let c = PoolConfig::default()
+            .with_capacity(0)
+            .with_lease(Duration::ZERO)
+            .with_max_deliveries(0);
+        assert_eq!(
+            (c.capacity, c.lease, c.max_deliveries),
+            (1, Duration::from_millis(300), 1)
+        );
+    }
+}

@@ -1,0 +1,975 @@
+//! A worker process's side of a pool: take jobs, run agents, hold leases, report once.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use forkhive_core::{TaskId, TaskNotification, TaskStatus};
+use futures::StreamExt;
+use redis::aio::{ConnectionManager, MultiplexedConnection};
+use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+
+use super::{GROUP, Job, PARTIAL_OUTPUT_BYTES, Pool, notification_json, now_ms, tail};
+use crate::base::context::{AgentContext, AgentKind, QuerySource};
+use crate::base::events::EventSink;
+use crate::error::{Error, Result};
+use crate::runtime::AgentBuilder;
+use crate::task::{ChildSink, Progress};
+
+/// Builds the agent for a job, on any backend: the worker then gives it the job's id, its
+/// cancellation and its event sink, and runs the job's prompt. An `Err` is reported to the
+/// job's parent as `failed`.
+pub type AgentFactory = Arc<dyn Fn(&Job) -> Result<AgentBuilder> + Send + Sync>;
+
+/// What a worker did, returned when it shuts down.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WorkerReport {
+    /// Jobs it ran.
+    pub ran: u64,
+    /// Notifications it stored (each task's only one).
+    pub reported: u64,
+    /// Tasks of dead workers it reported `killed`.
+    pub reclaimed_killed: u64,
+    /// Idempotent tasks of dead workers it ran again.
+    pub reclaimed_rerun: u64,
+    /// Jobs it dead-lettered.
+    pub dead_lettered: u64,
+    /// Runs it stopped because another worker took their lease (not reported by it).
+    pub lost_leases: u64,
+}
+
+/// One worker process's membership in a pool. [`run`](Self::run) until shut down.
+pub struct Worker {
+    pool: Pool,
+    name: String,
+    factory: AgentFactory,
+    events: Option<Arc<dyn EventSink>>,
+}
+
+impl fmt::Debug for Worker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Worker")
+            .field("pool", &self.pool)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// KEYS: worker key. ARGV: me, lease ms. Claims the worker's name.
+const CLAIM_NAME: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v and v ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+";
+
+/// KEYS: worker key. ARGV: me. Lets the name go, if still ours.
+const RELEASE_NAME: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 1
+";
+
+/// KEYS: jobs, run, lease, cancel. ARGV: group, entry, consumer, me, lease ms, most
+/// deliveries, now ms, idempotent, my name prefix. Decides, atomically, what to do with an
+/// entry this worker just read or claimed.
+const START: &str = r"
+local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+if #p == 0 or p[1][2] ~= ARGV[3] then return {'gone', 0, ''} end
+local n = tonumber(p[1][4])
+if redis.call('EXISTS', KEYS[4]) == 1 then return {'cancelled', n, ''} end
+local holder = redis.call('GET', KEYS[3])
+if holder and holder ~= ARGV[4] and string.sub(holder, 1, #ARGV[9]) ~= ARGV[9] then
+  return {'held', n, holder}
+end
+local started = redis.call('HGET', KEYS[2], 'worker')
+if started and ARGV[8] ~= '1' then return {'killed', n, started} end
+if n > tonumber(ARGV[6]) then return {'dead', n, started or ''} end
+redis.call('HSET', KEYS[2], 'worker', ARGV[4], 'started', ARGV[7], 'entry', ARGV[2])
+redis.call('HINCRBY', KEYS[2], 'runs', 1)
+redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5])
+if started then return {'rerun', n, started} end
+return {'run', n, ''}
+";
+
+/// KEYS: lease, jobs, out, cancel. ARGV: me, group, entry, lease ms, output, output ttl ms,
+/// consumer. 0: the lease is lost; 1: renewed; 2: renewed, and the task is cancelled.
+const RENEW: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('XCLAIM', KEYS[2], ARGV[2], ARGV[7], 0, ARGV[3], 'JUSTID')
+if ARGV[5] ~= '' then redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[6]) end
+if redis.call('EXISTS', KEYS[4]) == 1 then return 2 end
+return 1
+";
+
+/// KEYS: lease, jobs, run, out, notify stream, notify ids, notify done, dead. ARGV: me (or ''
+/// for a report that needs no lease), group, entry, notification id, notification JSON,
+/// output ttl ms, dead-letter reason ('' for none), job JSON.
+///
+/// The report and the acknowledgement in one step: the parent's notification is stored
+/// (unless that id is pending or delivered already), the entry acknowledged and deleted, the
+/// lease and run record dropped. With a lease to check, nothing happens unless it is ours.
+/// -1: not ours; 0: acknowledged, the notification was there already; 1: reported.
+const FINISH: &str = r"
+if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+local pushed = 0
+if ARGV[4] ~= '' and redis.call('HEXISTS', KEYS[6], ARGV[4]) == 0
+   and not redis.call('ZSCORE', KEYS[7], ARGV[4]) then
+  local e = redis.call('XADD', KEYS[5], '*', 'id', ARGV[4], 'n', ARGV[5])
+  redis.call('HSET', KEYS[6], ARGV[4], e)
+  pushed = 1
+end
+if ARGV[7] ~= '' then
+  redis.call('XADD', KEYS[8], '*', 'entry', ARGV[3], 'reason', ARGV[7], 'job', ARGV[8])
+end
+redis.call('XACK', KEYS[2], ARGV[2], ARGV[3])
+redis.call('XDEL', KEYS[2], ARGV[3])
+if ARGV[1] == '' or redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+redis.call('DEL', KEYS[3])
+redis.call('PEXPIRE', KEYS[4], ARGV[6])
+return pushed
+";
+
+/// How long a task's last output is kept after it ended.
+const OUTPUT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The running tasks' tokens, by task: where a cancel from the pool's channel lands.
+type Running = Arc<Mutex<HashMap<TaskId, (CancellationToken, Arc<AtomicBool>)>>>;
+
+/// What one entry turned out to be.
+struct Entry {
+    id: String,
+    task: Option<String>,
+    job: Option<String>,
+}
+
+impl Entry {
+    fn from_stream(e: &StreamId) -> Self {
+        Self {
+            id: e.id.clone(),
+            task: e.get("task"),
+            job: e.get("job"),
+        }
+    }
+}
+
+/// Why a run stopped early, as its notification's note says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Cancelled,
+    Watchdog,
+    Shutdown,
+    LostLease,
+}
+
+impl Worker {
+    /// A worker named `name` (1 to 64 of `[A-Za-z0-9_-]`, unique among the pool's live
+    /// workers; a restarted worker takes its name back and first drains the jobs it held)
+    /// that builds its agents with `factory`.
+    pub fn new(
+        pool: Pool,
+        name: &str,
+        factory: impl Fn(&Job) -> Result<AgentBuilder> + Send + Sync + 'static,
+    ) -> Result<Self> {
+        crate::mailbox::check_name("worker name", name).map_err(|_| {
+            Error::Config(format!(
+                "worker name `{name}`: use 1-64 letters, digits, `_` and `-`"
+            ))
+        })?;
+        Ok(Self {
+            pool,
+            name: name.to_owned(),
+            factory: Arc::new(factory),
+            events: None,
+        })
+    }
+
+    /// Also sends every agent's events to `sink`.
+    pub fn events(mut self, sink: Arc<dyn EventSink>) -> Self {
+        self.events = Some(sink);
+        self
+    }
+
+    fn fail(&self, what: &str, e: redis::RedisError) -> Error {
+        Error::Config(format!(
+            "worker `{}` of pool `{}` at {}: {what}: {e}",
+            self.name, self.pool.name, self.pool.h.shown
+        ))
+    }
+
+    /// Runs until `shutdown` is cancelled: takes jobs while it has a free slot (its own
+    /// pending ones first, then those of dead workers, then new ones), runs each under a
+    /// renewed lease and the session watchdog, and reports each once. On shutdown it takes no
+    /// more jobs, lets running ones finish for [`PoolConfig::drain`](super::PoolConfig::drain),
+    /// then stops the rest (their parents hear `killed`) and lets its name go.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<WorkerReport> {
+        let me = format!("{}:{}", self.name, crate::mailbox::new_id());
+        let config = self.pool.config.clone();
+        let mut conn = self.pool.conn().await?;
+        self.claim_name(&mut conn, &me, &shutdown).await?;
+        // The group, reading from the stream's start: jobs submitted before any worker existed
+        // are read too.
+        let made: redis::RedisResult<()> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(self.pool.key("jobs"))
+            .arg(GROUP)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut conn)
+            .await;
+        if let Err(e) = made
+            && e.code() != Some("BUSYGROUP")
+        {
+            return Err(self.fail("XGROUP CREATE", e));
+        }
+        let me: Arc<str> = Arc::from(me);
+        let this = Arc::new(self);
+        let running: Running = Arc::default();
+        let _heartbeat = AbortOnDropHandle::new(tokio::spawn(Arc::clone(&this).heartbeat(
+            conn.clone(),
+            Arc::clone(&me),
+            shutdown.clone(),
+        )));
+        let _listener =
+            AbortOnDropHandle::new(tokio::spawn(Arc::clone(&this).listen(Arc::clone(&running))));
+        let slots = Arc::new(Semaphore::new(config.capacity));
+        let mut tasks: JoinSet<WorkerReport> = JoinSet::new();
+        let mut report = WorkerReport::default();
+        let mut reader = Reader::new(&this);
+        loop {
+            while let Some(done) = tasks.try_join_next() {
+                add(&mut report, done);
+            }
+            // A free slot first: a full worker sleeps here, woken by a slot or by shutdown.
+            let permit = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                p = Arc::clone(&slots).acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+            };
+            let entry = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                e = reader.next(&mut conn) => e,
+            };
+            let entry = match entry {
+                Ok(Some(e)) => e,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(worker = %this.name, "reading the job stream: {e}; retrying");
+                    tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    }
+                    continue;
+                }
+            };
+            let (this2, me2, running2, conn2) = (
+                Arc::clone(&this),
+                Arc::clone(&me),
+                Arc::clone(&running),
+                conn.clone(),
+            );
+            tasks.spawn(async move {
+                let report = this2.handle(entry, conn2, &me2, &running2).await;
+                drop(permit);
+                report
+            });
+        }
+        // Shutting down: no more jobs; running ones get `drain` to finish, then are stopped.
+        let drained = tokio::time::timeout(config.drain, async {
+            while let Some(done) = tasks.join_next().await {
+                add(&mut report, done);
+            }
+        })
+        .await;
+        if drained.is_err() {
+            for (token, why) in running.lock().unwrap_or_else(|e| e.into_inner()).values() {
+                why.store(true, Ordering::Release);
+                token.cancel();
+            }
+            while let Some(done) = tasks.join_next().await {
+                add(&mut report, done);
+            }
+        }
+        let _ = redis::Script::new(RELEASE_NAME)
+            .key(this.pool.key(&format!("worker:{}", this.name)))
+            .arg(&*me)
+            .invoke_async::<i64>(&mut conn)
+            .await;
+        Ok(report)
+    }
+
+    /// Takes the worker's name: waits (up to a lease and a second) for a dead incarnation's
+    /// claim to expire; a live one keeps it.
+    async fn claim_name(
+        &self,
+        conn: &mut ConnectionManager,
+        me: &str,
+        shutdown: &CancellationToken,
+    ) -> Result<()> {
+        let lease = self.pool.config.lease;
+        let until = tokio::time::Instant::now() + lease + Duration::from_secs(1);
+        loop {
+            let got: i64 = redis::Script::new(CLAIM_NAME)
+                .key(self.pool.key(&format!("worker:{}", self.name)))
+                .arg(me)
+                .arg(lease.as_millis().to_string())
+                .invoke_async(conn)
+                .await
+                .map_err(|e| self.fail("claiming its name", e))?;
+            if got == 1 {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= until || shutdown.is_cancelled() {
+                return Err(Error::Config(format!(
+                    "worker name `{}` is in use in pool `{}`: another live worker holds it (a \
+                     dead one's claim expires within the lease, {} ms)",
+                    self.name,
+                    self.pool.name,
+                    lease.as_millis()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Keeps the worker's name while it lives.
+    async fn heartbeat(
+        self: Arc<Self>,
+        mut conn: ConnectionManager,
+        me: Arc<str>,
+        shutdown: CancellationToken,
+    ) {
+        let lease = self.pool.config.lease;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                () = tokio::time::sleep(lease / 3) => {}
+            }
+            let kept: redis::RedisResult<i64> = redis::Script::new(CLAIM_NAME)
+                .key(self.pool.key(&format!("worker:{}", self.name)))
+                .arg(&*me)
+                .arg(lease.as_millis().to_string())
+                .invoke_async(&mut conn)
+                .await;
+            match kept {
+                Ok(1) => {}
+                Ok(_) => {
+                    tracing::error!(worker = %self.name, "another worker took this worker's name")
+                }
+                Err(e) => tracing::warn!(worker = %self.name, "renewing the worker's name: {e}"),
+            }
+        }
+    }
+
+    /// Cancels running tasks named on the pool's channel, resubscribing after a lost
+    /// connection (the cancel keys, checked with every renewal, cover the gap).
+    async fn listen(self: Arc<Self>, running: Running) {
+        let channel = self.pool.key("cancels");
+        loop {
+            let sub = async {
+                let mut ps = self.pool.h.client.get_async_pubsub().await?;
+                ps.subscribe(&channel).await?;
+                let mut msgs = ps.on_message();
+                while let Some(m) = msgs.next().await {
+                    let Ok(id) = m.get_payload::<String>() else {
+                        continue;
+                    };
+                    let Ok(task) = id.parse::<TaskId>() else {
+                        continue;
+                    };
+                    if let Some((token, _)) =
+                        running.lock().unwrap_or_else(|e| e.into_inner()).get(&task)
+                    {
+                        token.cancel();
+                    }
+                }
+                Ok::<(), redis::RedisError>(())
+            };
+            if let Err(e) = sub.await {
+                tracing::warn!(worker = %self.name, "the cancel channel: {e}; resubscribing");
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
+    /// One entry, from reading to its acknowledgement.
+    async fn handle(
+        self: Arc<Self>,
+        entry: Entry,
+        mut conn: ConnectionManager,
+        me: &str,
+        running: &Running,
+    ) -> WorkerReport {
+        let mut report = WorkerReport::default();
+        let job: std::result::Result<Job, String> = match (&entry.task, &entry.job) {
+            (Some(task), Some(json)) => match serde_json::from_str::<Job>(json) {
+                Ok(job) if job.task.to_string() == *task => Ok(job),
+                Ok(job) => Err(format!(
+                    "its task field `{task}` is not its job's task `{}`",
+                    job.task
+                )),
+                Err(e) => Err(format!("its job is not a job: {e}")),
+            },
+            _ => Err("it has no `task` and `job` fields".to_owned()),
+        };
+        let job = match job {
+            Ok(job) => job,
+            Err(why) => {
+                // Nobody to tell but the dead-letter stream: its parent cannot be trusted.
+                tracing::error!(worker = %self.name, entry = %entry.id, "dead-lettered: {why}");
+                let raw = entry.job.clone().unwrap_or_default();
+                if self
+                    .finish(&mut conn, "", &entry.id, None, &why, &raw)
+                    .await
+                    .is_ok()
+                {
+                    report.dead_lettered += 1;
+                }
+                return report;
+            }
+        };
+        let config = &self.pool.config;
+        let name_prefix = format!("{}:", self.name);
+        let decided: redis::RedisResult<(String, u64, String)> = redis::Script::new(START)
+            .key(self.pool.key("jobs"))
+            .key(self.pool.task_key("run", &job.task))
+            .key(self.pool.task_key("lease", &job.task))
+            .key(self.pool.task_key("cancel", &job.task))
+            .arg(GROUP)
+            .arg(&entry.id)
+            .arg(&self.name)
+            .arg(me)
+            .arg(config.lease.as_millis().to_string())
+            .arg(config.max_deliveries)
+            .arg(now_ms())
+            .arg(if job.idempotent { "1" } else { "0" })
+            .arg(&name_prefix)
+            .invoke_async(&mut conn)
+            .await;
+        let (what, deliveries, other) = match decided {
+            Ok(d) => d,
+            Err(e) => {
+                // Left pending: it is read again after the lease (by this worker or another).
+                tracing::warn!(worker = %self.name, task = %job.task, "could not start: {e}");
+                return report;
+            }
+        };
+        let d = &job.description;
+        match what.as_str() {
+            "run" | "rerun" => {
+                if what == "rerun" {
+                    report.reclaimed_rerun += 1;
+                }
+                report.ran += 1;
+                let n = self.execute(&job, &entry.id, me, running).await;
+                match n {
+                    Some(n) => {
+                        if let Ok(true) = self
+                            .finish(&mut conn, me, &entry.id, Some((job.parent, &n)), "", "")
+                            .await
+                        {
+                            report.reported += 1;
+                        }
+                    }
+                    None => report.lost_leases += 1,
+                }
+            }
+            "cancelled" => {
+                let n = noted(
+                    TaskNotification::new(
+                        job.task,
+                        TaskStatus::Killed,
+                        format!("Agent \"{d}\" was stopped"),
+                        Default::default(),
+                    ),
+                    "cancelled before it started",
+                );
+                if let Ok(true) = self
+                    .finish(&mut conn, "", &entry.id, Some((job.parent, &n)), "", "")
+                    .await
+                {
+                    report.reported += 1;
+                }
+            }
+            "killed" => {
+                let partial: Option<String> = redis::cmd("GET")
+                    .arg(self.pool.task_key("out", &job.task))
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap_or_default();
+                let mut n = noted(
+                    TaskNotification::new(
+                        job.task,
+                        TaskStatus::Killed,
+                        format!("Agent \"{d}\" was stopped"),
+                        Default::default(),
+                    ),
+                    format!(
+                        "its worker ({}) stopped answering: its lease of {} ms ran out mid-task; \
+                     the result is the output it had streamed by its last renewal",
+                        other.split(':').next().unwrap_or_default(),
+                        config.lease.as_millis()
+                    ),
+                );
+                if let Some(p) = partial.filter(|p| !p.is_empty()) {
+                    n = n.with_result(p);
+                }
+                if let Ok(true) = self
+                    .finish(&mut conn, "", &entry.id, Some((job.parent, &n)), "", "")
+                    .await
+                {
+                    report.reported += 1;
+                    report.reclaimed_killed += 1;
+                }
+            }
+            "dead" => {
+                let why = format!("given up after {deliveries} deliveries");
+                let n = TaskNotification::new(
+                    job.task,
+                    TaskStatus::Failed,
+                    format!("Agent \"{d}\" failed: {why} (dead-lettered)"),
+                    Default::default(),
+                );
+                let raw = entry.job.clone().unwrap_or_default();
+                if let Ok(pushed) = self
+                    .finish(&mut conn, "", &entry.id, Some((job.parent, &n)), &why, &raw)
+                    .await
+                {
+                    report.dead_lettered += 1;
+                    report.reported += u64::from(pushed);
+                }
+            }
+            // "gone": someone else acknowledged it; "held": a live worker runs it.
+            _ => {}
+        }
+        report
+    }
+
+    /// Runs one job under its lease and the watchdog. `None`: the lease was lost (whoever
+    /// took it reports).
+    async fn execute(
+        &self,
+        job: &Job,
+        entry: &str,
+        me: &str,
+        running: &Running,
+    ) -> Option<TaskNotification> {
+        let config = &self.pool.config;
+        let d = &job.description;
+        let token = CancellationToken::new();
+        let stopped_by_shutdown = Arc::new(AtomicBool::new(false));
+        let _entry = RunningEntry::new(
+            running,
+            job.task,
+            token.clone(),
+            Arc::clone(&stopped_by_shutdown),
+        );
+        let progress = Arc::new(Progress::default());
+        let why: Arc<Mutex<Option<Stop>>> = Arc::default();
+        // The lease: renewed every third of it, with the output so far; lost, the run stops.
+        let renew = {
+            let (pool, token, progress, why) = (
+                self.pool.clone(),
+                token.clone(),
+                Arc::clone(&progress),
+                Arc::clone(&why),
+            );
+            let (task, entry, me, consumer) =
+                (job.task, entry.to_owned(), me.to_owned(), self.name.clone());
+            AbortOnDropHandle::new(tokio::spawn(async move {
+                let Ok(mut conn) = pool.conn().await else {
+                    return;
+                };
+                let mut failures = 0u32;
+                loop {
+                    tokio::time::sleep(pool.config.lease / 3).await;
+                    let text = progress.last_text();
+                    let r: redis::RedisResult<i64> = redis::Script::new(RENEW)
+                        .key(pool.task_key("lease", &task))
+                        .key(pool.key("jobs"))
+                        .key(pool.task_key("out", &task))
+                        .key(pool.task_key("cancel", &task))
+                        .arg(&me)
+                        .arg(GROUP)
+                        .arg(&entry)
+                        .arg(pool.config.lease.as_millis().to_string())
+                        .arg(tail(&text, PARTIAL_OUTPUT_BYTES))
+                        .arg(OUTPUT_TTL.as_millis().to_string())
+                        .arg(&consumer)
+                        .invoke_async(&mut conn)
+                        .await;
+                    match r {
+                        Ok(1) => failures = 0,
+                        Ok(2) => {
+                            set_once(&why, Stop::Cancelled);
+                            token.cancel();
+                        }
+                        Ok(_) => {
+                            set_once(&why, Stop::LostLease);
+                            token.cancel();
+                            return;
+                        }
+                        Err(e) => {
+                            failures += 1;
+                            tracing::warn!(task = %task, "renewing the lease: {e}");
+                            // Past the lease, another worker may hold it: stop, unreported.
+                            if failures >= 3 {
+                                set_once(&why, Stop::LostLease);
+                                token.cancel();
+                                return;
+                            }
+                        }
+                    }
+                }
+            }))
+        };
+        // The session watchdog ("20.9 Bridge": sessions time out).
+        let _watchdog = {
+            let (token, why, limit) = (token.clone(), Arc::clone(&why), config.session_timeout);
+            AbortOnDropHandle::new(tokio::spawn(async move {
+                tokio::time::sleep(limit).await;
+                set_once(&why, Stop::Watchdog);
+                token.cancel();
+            }))
+        };
+        let failed = |message: String| {
+            TaskNotification::new(
+                job.task,
+                TaskStatus::Failed,
+                format!("Agent \"{d}\" failed: {message}"),
+                Default::default(),
+            )
+        };
+        let builder = match (self.factory)(job) {
+            Ok(b) => b,
+            Err(e) => return Some(failed(format!("the worker could not build it: {e}"))),
+        };
+        let source = match &job.agent_type {
+            Some(t) => QuerySource::custom(t),
+            None => QuerySource::default_agent(),
+        };
+        let mut cx = AgentContext::new(job.task, AgentKind::Subagent, source)
+            .with_lineage(Some(job.parent), 1);
+        if let Some(t) = &job.agent_type {
+            cx = cx.with_agent_type(t.clone());
+        }
+        let sink = Arc::new(ChildSink {
+            child: job.task,
+            progress: Arc::clone(&progress),
+            output: None,
+            forward: self.events.clone(),
+        });
+        let built = builder
+            .context(cx)
+            .cancellation(token.clone())
+            .events(sink)
+            .build()
+            .await;
+        let mut agent = match built {
+            Ok(a) => a,
+            Err(e) => return Some(failed(format!("the worker could not build it: {e}"))),
+        };
+        if token.is_cancelled() && why.lock().ok().and_then(|w| *w) == Some(Stop::LostLease) {
+            return None;
+        }
+        let run = agent.run(job.prompt.clone()).await;
+        drop(renew);
+        if stopped_by_shutdown.load(Ordering::Acquire) {
+            set_once(&why, Stop::Shutdown);
+        }
+        let stop = *why.lock().unwrap_or_else(|e| e.into_inner());
+        if stop == Some(Stop::LostLease) {
+            return None;
+        }
+        let status = run.stop.task_status();
+        let summary = match (&run.stop, status) {
+            (crate::runtime::StopReason::Completed, _) => format!("Agent \"{d}\" finished"),
+            (_, TaskStatus::Completed) => format!("Agent \"{d}\" {}", run.stop),
+            (_, TaskStatus::Killed) => format!("Agent \"{d}\" was stopped"),
+            _ => {
+                let why = run
+                    .error
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_else(|| run.stop.to_string());
+                format!("Agent \"{d}\" failed: {why}")
+            }
+        };
+        let result = if run.final_text.is_empty() && status != TaskStatus::Completed {
+            progress.last_text()
+        } else {
+            run.final_text.clone()
+        };
+        let mut usage = run.usage;
+        usage.tool_uses = progress.tool_uses();
+        let mut n = TaskNotification::new(job.task, status, summary, usage.to_notification());
+        n.usage.duration_ms = u64::try_from(progress.elapsed().as_millis()).unwrap_or(u64::MAX);
+        if !result.is_empty() {
+            n = n.with_result(result);
+        }
+        if status == TaskStatus::Killed {
+            let note = match stop {
+                Some(Stop::Watchdog) => format!(
+                    "the session watchdog stopped it after {} s",
+                    config.session_timeout.as_secs()
+                ),
+                Some(Stop::Shutdown) => "its worker shut down before it finished".to_owned(),
+                _ => "cancelled".to_owned(),
+            };
+            n = noted(n, note);
+        }
+        Some(n)
+    }
+
+    /// Reports (when `n`) and acknowledges `entry` in one step; `me` non-empty: only while
+    /// this worker holds the lease. Ok(true): the notification was stored by this call.
+    async fn finish(
+        &self,
+        conn: &mut ConnectionManager,
+        me: &str,
+        entry: &str,
+        n: Option<(TaskId, &TaskNotification)>,
+        dead: &str,
+        raw: &str,
+    ) -> Result<bool> {
+        let spare = self.pool.key("unreported");
+        // Without a notification (a dead letter that is not a job), the task's keys are a
+        // spare key nothing reads: only the entry is acknowledged and dead-lettered.
+        let (task, keys, id, json) = match n {
+            Some((parent, n)) => (
+                Some(n.task_id),
+                self.pool.notify_keys(&parent),
+                n.task_id.to_string(),
+                notification_json(n)?,
+            ),
+            None => (
+                None,
+                [spare.clone(), spare.clone(), spare.clone()],
+                String::new(),
+                String::new(),
+            ),
+        };
+        let [ns, ni, nd] = keys;
+        let task_key = |what: &str| match &task {
+            Some(t) => self.pool.task_key(what, t),
+            None => spare.clone(),
+        };
+        let shown = task.map_or_else(|| entry.to_owned(), |t| t.to_string());
+        let mut tries = 0u32;
+        loop {
+            let r: redis::RedisResult<i64> = redis::Script::new(FINISH)
+                .key(task_key("lease"))
+                .key(self.pool.key("jobs"))
+                .key(task_key("run"))
+                .key(task_key("out"))
+                .key(&ns)
+                .key(&ni)
+                .key(&nd)
+                .key(self.pool.key("dead"))
+                .arg(me)
+                .arg(GROUP)
+                .arg(entry)
+                .arg(&id)
+                .arg(&json)
+                .arg(OUTPUT_TTL.as_millis().to_string())
+                .arg(dead)
+                .arg(raw)
+                .invoke_async(conn)
+                .await;
+            match r {
+                Ok(-1) => {
+                    tracing::warn!(task = %shown, "its lease was taken before it reported; the taker reports");
+                    return Ok(false);
+                }
+                Ok(pushed) => return Ok(pushed == 1),
+                // Retried: the script is idempotent (the notification id dedupes).
+                Err(e) if tries < 5 => {
+                    tries += 1;
+                    tracing::warn!(task = %shown, "reporting: {e}; retrying");
+                    tokio::time::sleep(Duration::from_millis(200 << tries)).await;
+                }
+                Err(e) => return Err(self.fail("reporting", e)),
+            }
+        }
+    }
+}
+
+/// `n` with `note` added.
+fn noted(mut n: TaskNotification, note: impl Into<String>) -> TaskNotification {
+    n.note = Some(note.into());
+    n
+}
+
+fn set_once(why: &Mutex<Option<Stop>>, stop: Stop) {
+    let mut w = why.lock().unwrap_or_else(|e| e.into_inner());
+    if w.is_none() {
+        *w = Some(stop);
+    }
+}
+
+fn add(report: &mut WorkerReport, done: std::result::Result<WorkerReport, tokio::task::JoinError>) {
+    match done {
+        Ok(r) => {
+            report.ran += r.ran;
+            report.reported += r.reported;
+            report.reclaimed_killed += r.reclaimed_killed;
+            report.reclaimed_rerun += r.reclaimed_rerun;
+            report.dead_lettered += r.dead_lettered;
+            report.lost_leases += r.lost_leases;
+        }
+        Err(e) => tracing::error!("a job's task panicked: {e}"),
+    }
+}
+
+/// A task's place on the running map, removed on every path.
+struct RunningEntry<'a> {
+    running: &'a Running,
+    task: TaskId,
+}
+
+impl<'a> RunningEntry<'a> {
+    fn new(
+        running: &'a Running,
+        task: TaskId,
+        token: CancellationToken,
+        shutdown: Arc<AtomicBool>,
+    ) -> Self {
+        running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(task, (token, shutdown));
+        Self { running, task }
+    }
+}
+
+impl Drop for RunningEntry<'_> {
+    fn drop(&mut self) {
+        self.running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.task);
+    }
+}
+
+/// Where the next entry comes from: the worker's own pending entries (once, at start), then
+/// dead workers' (every half lease), then new ones (a blocking read on a connection of its
+/// own, without the shared connection's response timeout: redis-rs#1236).
+struct Reader {
+    jobs: String,
+    consumer: String,
+    lease: Duration,
+    own: Option<String>,
+    claim_from: String,
+    last_claim: Option<tokio::time::Instant>,
+    client: redis::Client,
+    blocking: Option<MultiplexedConnection>,
+}
+
+impl Reader {
+    fn new(w: &Worker) -> Self {
+        Self {
+            jobs: w.pool.key("jobs"),
+            consumer: w.name.clone(),
+            lease: w.pool.config.lease,
+            own: Some("0".to_owned()),
+            claim_from: "0-0".to_owned(),
+            last_claim: None,
+            client: w.pool.h.client.clone(),
+            blocking: None,
+        }
+    }
+
+    async fn next(&mut self, conn: &mut ConnectionManager) -> redis::RedisResult<Option<Entry>> {
+        if let Some(after) = self.own.take() {
+            let reply: Option<StreamReadReply> = redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(GROUP)
+                .arg(&self.consumer)
+                .arg("COUNT")
+                .arg(1)
+                .arg("STREAMS")
+                .arg(&self.jobs)
+                .arg(&after)
+                .query_async(conn)
+                .await?;
+            if let Some(e) = reply
+                .and_then(|r| r.keys.into_iter().next())
+                .and_then(|k| k.ids.into_iter().next())
+            {
+                self.own = Some(e.id.clone());
+                return Ok(Some(Entry::from_stream(&e)));
+            }
+        }
+        let due = self
+            .last_claim
+            .is_none_or(|t| t.elapsed() >= self.lease / 2);
+        if due {
+            let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
+                .arg(&self.jobs)
+                .arg(GROUP)
+                .arg(&self.consumer)
+                .arg(u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX))
+                .arg(&self.claim_from)
+                .arg("COUNT")
+                .arg(1)
+                .query_async(conn)
+                .await?;
+            self.claim_from = reply.next_stream_id;
+            if self.claim_from == "0-0" {
+                self.last_claim = Some(tokio::time::Instant::now());
+            }
+            if let Some(e) = reply.claimed.first() {
+                return Ok(Some(Entry::from_stream(e)));
+            }
+        }
+        let conn = match &mut self.blocking {
+            Some(c) => c,
+            None => {
+                let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+                let c = self
+                    .client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?;
+                self.blocking.insert(c)
+            }
+        };
+        let block = (self.lease / 2).min(Duration::from_secs(5));
+        let read = tokio::time::timeout(
+            block + Duration::from_secs(2),
+            redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(GROUP)
+                .arg(&self.consumer)
+                .arg("COUNT")
+                .arg(1)
+                .arg("BLOCK")
+                .arg(u64::try_from(block.as_millis()).unwrap_or(5000))
+                .arg("STREAMS")
+                .arg(&self.jobs)
+                .arg(">")
+                .query_async::<Option<StreamReadReply>>(conn),
+        )
+        .await;
+        match read {
+            Ok(r) => Ok(r?
+                .and_then(|r| r.keys.into_iter().next())
+                .and_then(|k| k.ids.into_iter().next())
+                .map(|e| Entry::from_stream(&e))),
+            Err(_) => {
+                self.blocking = None;
+                Ok(None)
+            }
+        }
+    }
+}

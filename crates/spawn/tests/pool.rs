@@ -1,0 +1,539 @@
+//! Workers in other processes, against a real Redis server (`scripts/redis-server.sh start`,
+//! which `scripts/test.sh` runs): every task's notification reaches its parent's conversation
+//! once; a dead worker's task is reported `killed` with its partial output, or run again when
+//! idempotent; jobs that cannot run are dead-lettered and reported; cancels and the session
+//! watchdog reach running tasks; a full worker takes no more. The multi-process kill tests are
+//! in `pool_kill.rs`. Without `FORKHIVE_REDIS_URL` the tests say they were skipped; under
+//! `CI=true` that is a failure.
+#![cfg(feature = "redis")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use forkhive_core::notification::find_notifications;
+use forkhive_core::{CacheSafeParams, Message, TaskId, TaskKind, TaskNotification, TaskStatus};
+use forkhive_spawn::pool::{Delivery, Job, Pool, PoolAgentTool, PoolConfig, Worker, WorkerReport};
+use forkhive_spawn::runtime::Agent;
+use forkhive_spawn::task::queue::NotificationQueue;
+use forkhive_spawn::tool::{Tool, ToolPool};
+use forkhive_transport::request::events_for;
+use forkhive_transport::{Backend, EventStream, Request, Response, ScriptedBackend};
+use tokio_util::sync::CancellationToken;
+
+fn url() -> Option<String> {
+    match std::env::var("FORKHIVE_REDIS_URL") {
+        Ok(url) => Some(url),
+        Err(_) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("CI=true but FORKHIVE_REDIS_URL is not set: scripts/redis-server.sh start")
+        }
+        Err(_) => {
+            eprintln!("skipped: no FORKHIVE_REDIS_URL (run scripts/redis-server.sh start)");
+            None
+        }
+    }
+}
+
+/// A key prefix of this run's own.
+fn prefix(test: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("t{}-{test}", nanos % 1_000_000_000_000)
+}
+
+fn fast() -> PoolConfig {
+    PoolConfig::default()
+        .with_lease(Duration::from_millis(600))
+        .with_drain(Duration::from_secs(2))
+}
+
+/// A model that answers `done: <prompt>` after `delay`.
+fn answering(delay: Duration) -> Arc<dyn Backend> {
+    Arc::new(ScriptedBackend::from_async_fn(
+        move |r: Request| async move {
+            tokio::time::sleep(delay).await;
+            let prompt = r
+                .all_messages()
+                .first()
+                .map(|m| m.text())
+                .unwrap_or_default();
+            Ok(Response::say(format!("done: {prompt}")))
+        },
+    ))
+}
+
+/// A model that streams `text` and then never finishes its answer.
+#[derive(Debug)]
+struct Hangs(String);
+
+#[async_trait]
+impl Backend for Hangs {
+    async fn send(&self, _request: &Request) -> forkhive_transport::Result<Response> {
+        futures::future::pending().await
+    }
+    async fn stream(&self, _request: &Request) -> forkhive_transport::Result<EventStream> {
+        let mut events = events_for(&Response::say(self.0.clone()), 1_000_000);
+        // Everything up to the text, then silence.
+        events.truncate(3);
+        let head = futures::stream::iter(events.into_iter().map(Ok));
+        Ok(Box::pin(futures::StreamExt::chain(
+            head,
+            futures::stream::pending(),
+        )))
+    }
+}
+
+fn start_worker(
+    pool: &Pool,
+    name: &str,
+    backend: Arc<dyn Backend>,
+) -> (
+    tokio::task::JoinHandle<forkhive_spawn::Result<WorkerReport>>,
+    CancellationToken,
+) {
+    let w = Worker::new(pool.reopen(), name, move |_job: &Job| {
+        Ok(Agent::builder(Arc::clone(&backend)).model("m"))
+    })
+    .unwrap();
+    let stop = CancellationToken::new();
+    (tokio::spawn(w.run(stop.clone())), stop)
+}
+
+/// Waits until `parent` has `n` pending notifications.
+async fn pending_n(pool: &Pool, parent: &TaskId, n: usize) -> Vec<TaskNotification> {
+    for _ in 0..200 {
+        let got = pool.queue().pending(parent).await.unwrap();
+        if got.len() >= n {
+            return got.into_iter().map(|q| q.notification).collect();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{parent}: fewer than {n} notifications after 10 s");
+}
+
+fn notifications(agent: &Agent) -> Vec<TaskNotification> {
+    agent
+        .params()
+        .messages()
+        .iter()
+        .flat_map(|m| find_notifications(m).unwrap())
+        .collect()
+}
+
+fn parent() -> TaskId {
+    TaskId::generate(TaskKind::Agent)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_task_reports_once_into_the_coordinators_conversation() {
+    let Some(url) = url() else { return };
+    let pool = Pool::new(&url, &prefix("once"), "p", fast()).unwrap();
+    let (w1, s1) = start_worker(&pool, "w1", answering(Duration::from_millis(20)));
+    let (w2, s2) = start_worker(&pool, "w2", answering(Duration::from_millis(5)));
+    let calls: Vec<_> = (0..20)
+        .map(|i| {
+            (
+                "Agent",
+                serde_json::json!({"description": format!("job {i}"), "prompt": format!("task {i}")}),
+            )
+        })
+        .collect();
+    let turn = AtomicUsize::new(0);
+    let coordinator = ScriptedBackend::from_fn(move |_r| {
+        Ok(match turn.fetch_add(1, Ordering::SeqCst) {
+            0 => Response::tool_calls(calls.clone()),
+            _ => Response::say("noted"),
+        })
+    });
+    let mut agent = Agent::builder(Arc::new(coordinator))
+        .model("m")
+        .tools(
+            ToolPool::new([Arc::new(PoolAgentTool::new(pool.clone()).unwrap()) as Arc<dyn Tool>])
+                .unwrap(),
+        )
+        .build()
+        .await
+        .unwrap();
+    let run = tokio::time::timeout(Duration::from_secs(60), agent.run("go"))
+        .await
+        .unwrap();
+    assert_eq!(run.stop, forkhive_spawn::runtime::StopReason::Completed);
+    let got = notifications(&agent);
+    let mut by_task: HashMap<TaskId, usize> = HashMap::new();
+    for n in &got {
+        *by_task.entry(n.task_id).or_default() += 1;
+        assert_eq!(n.status, TaskStatus::Completed, "{n:?}");
+        assert!(
+            n.result.as_deref().unwrap_or("").starts_with("done: task "),
+            "{n:?}"
+        );
+    }
+    assert_eq!(got.len(), 20, "{got:?}");
+    assert!(by_task.values().all(|&c| c == 1), "{by_task:?}");
+    // Acknowledged once recorded: nothing pending, nothing outstanding.
+    let me = *agent.id();
+    for _ in 0..100 {
+        if pool.queue().pending(&me).await.unwrap().is_empty()
+            && pool.outstanding(&me).await.unwrap().is_empty()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(pool.queue().pending(&me).await.unwrap().is_empty());
+    assert!(pool.outstanding(&me).await.unwrap().is_empty());
+    s1.cancel();
+    s2.cancel();
+    let (r1, r2) = (w1.await.unwrap().unwrap(), w2.await.unwrap().unwrap());
+    assert_eq!(r1.ran + r2.ran, 20, "{r1:?} {r2:?}");
+    assert_eq!(r1.reported + r2.reported, 20);
+    assert_eq!(pool.backlog().await.unwrap(), 0);
+}
+
+/// What a worker that died mid-task leaves: its entry pending under its name, the run record,
+/// its last output, and no lease.
+async fn dead_worker_left(pool: &Pool, url: &str, prefix: &str, job: &Job) {
+    pool.submit(job).await.unwrap();
+    let client = redis::Client::open(url).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let jobs = format!("{prefix}:{{p}}:jobs");
+    let _: redis::RedisResult<()> = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&jobs)
+        .arg("workers")
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(&mut c)
+        .await;
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("workers")
+        .arg("ghost")
+        .arg("COUNT")
+        .arg(1)
+        .arg("STREAMS")
+        .arg(&jobs)
+        .arg(">")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(format!("{prefix}:{{p}}:run:{}", job.task))
+        .arg("worker")
+        .arg("ghost:1")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(format!("{prefix}:{{p}}:out:{}", job.task))
+        .arg("half of the work")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_workers_task_is_reported_killed_with_its_partial_output() {
+    let Some(url) = url() else { return };
+    let p = prefix("killed");
+    let pool = Pool::new(&url, &p, "p", fast()).unwrap();
+    let dad = parent();
+    let job = Job::new(dad, "audit", "audit it");
+    dead_worker_left(&pool, &url, &p, &job).await;
+    let (w, stop) = start_worker(&pool, "w1", answering(Duration::ZERO));
+    let got = pending_n(&pool, &dad, 1).await;
+    assert_eq!(got.len(), 1);
+    let n = &got[0];
+    assert_eq!((n.task_id, n.status), (job.task, TaskStatus::Killed));
+    assert_eq!(n.summary, "Agent \"audit\" was stopped");
+    assert_eq!(n.result.as_deref(), Some("half of the work"));
+    assert_eq!(
+        n.note.as_deref(),
+        Some(
+            "its worker (ghost) stopped answering: its lease of 600 ms ran out mid-task; the \
+             result is the output it had streamed by its last renewal"
+        )
+    );
+    stop.cancel();
+    let r = w.await.unwrap().unwrap();
+    assert_eq!((r.ran, r.reclaimed_killed, r.reported), (0, 1, 1), "{r:?}");
+    assert_eq!(pool.backlog().await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_workers_idempotent_task_runs_again_elsewhere() {
+    let Some(url) = url() else { return };
+    let p = prefix("rerun");
+    let pool = Pool::new(&url, &p, "p", fast()).unwrap();
+    let dad = parent();
+    let job = Job::new(dad, "count", "count the files").idempotent(true);
+    dead_worker_left(&pool, &url, &p, &job).await;
+    let (w, stop) = start_worker(&pool, "w1", answering(Duration::ZERO));
+    let got = pending_n(&pool, &dad, 1).await;
+    assert_eq!(
+        (got[0].task_id, got[0].status),
+        (job.task, TaskStatus::Completed)
+    );
+    assert_eq!(got[0].result.as_deref(), Some("done: count the files"));
+    stop.cancel();
+    let r = w.await.unwrap().unwrap();
+    assert_eq!((r.ran, r.reclaimed_rerun, r.reported), (1, 1, 1), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jobs_that_cannot_run_are_dead_lettered_and_reported() {
+    let Some(url) = url() else { return };
+    let p = prefix("dead");
+    let pool = Pool::new(&url, &p, "p", fast().with_max_deliveries(1)).unwrap();
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    // Not a job at all.
+    let _: String = redis::cmd("XADD")
+        .arg(format!("{p}:{{p}}:jobs"))
+        .arg("*")
+        .arg("task")
+        .arg("a12345678")
+        .arg("job")
+        .arg("{not json")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    // A job delivered once to a worker that died before it started it (no run record), so
+    // the second delivery is over the limit of one.
+    let dad = parent();
+    let job = Job::new(dad, "poison", "crash the worker");
+    pool.submit(&job).await.unwrap();
+    let jobs = format!("{p}:{{p}}:jobs");
+    let _: redis::RedisResult<()> = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(&jobs)
+        .arg("workers")
+        .arg("0")
+        .query_async(&mut c)
+        .await;
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("workers")
+        .arg("ghost")
+        .arg("STREAMS")
+        .arg(&jobs)
+        .arg(">")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let (w, stop) = start_worker(&pool, "w1", answering(Duration::ZERO));
+    let got = pending_n(&pool, &dad, 1).await;
+    assert_eq!(
+        (got[0].task_id, got[0].status),
+        (job.task, TaskStatus::Failed)
+    );
+    assert_eq!(
+        got[0].summary,
+        "Agent \"poison\" failed: given up after 2 deliveries (dead-lettered)"
+    );
+    let mut dead = Vec::new();
+    for _ in 0..100 {
+        dead = pool.dead_letters(10).await.unwrap();
+        if dead.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut reasons: Vec<&str> = dead.iter().map(|d| d.reason.as_str()).collect();
+    reasons.sort();
+    assert_eq!(
+        reasons,
+        [
+            "given up after 2 deliveries",
+            "its job is not a job: key must be a string at line 1 column 2"
+        ],
+        "{dead:?}"
+    );
+    stop.cancel();
+    let r = w.await.unwrap().unwrap();
+    assert_eq!((r.ran, r.dead_lettered), (0, 2), "{r:?}");
+    assert_eq!(pool.backlog().await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancel_reaches_a_running_task_on_another_worker() {
+    let Some(url) = url() else { return };
+    let pool = Pool::new(&url, &prefix("cancel"), "p", fast()).unwrap();
+    let (w, stop) = start_worker(&pool, "w1", Arc::new(Hangs("thinking hard".into())));
+    let dad = parent();
+    let job = Job::new(dad, "stuck", "never ends");
+    pool.submit(&job).await.unwrap();
+    // Let it start and renew once (its output is streamed by then).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(pool.cancel(&job.task).await.unwrap(), 1);
+    let got = pending_n(&pool, &dad, 1).await;
+    assert_eq!(
+        (got[0].task_id, got[0].status),
+        (job.task, TaskStatus::Killed)
+    );
+    assert_eq!(got[0].note.as_deref(), Some("cancelled"));
+    assert_eq!(got[0].result.as_deref(), Some("thinking hard"));
+    stop.cancel();
+    let r = w.await.unwrap().unwrap();
+    assert_eq!((r.ran, r.reported), (1, 1), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancelling_a_parent_cancels_its_tasks_before_they_start() {
+    let Some(url) = url() else { return };
+    let pool = Pool::new(&url, &prefix("cancel-tree"), "p", fast()).unwrap();
+    let dad = parent();
+    let jobs: Vec<Job> = (0..3)
+        .map(|i| Job::new(dad, format!("j{i}"), "x"))
+        .collect();
+    for j in &jobs {
+        pool.submit(j).await.unwrap();
+    }
+    assert_eq!(pool.cancel_children(&dad).await.unwrap(), 3);
+    let (w, stop) = start_worker(&pool, "w1", answering(Duration::ZERO));
+    let got = pending_n(&pool, &dad, 3).await;
+    assert!(
+        got.iter().all(|n| n.status == TaskStatus::Killed
+            && n.note.as_deref() == Some("cancelled before it started")),
+        "{got:?}"
+    );
+    stop.cancel();
+    assert_eq!(w.await.unwrap().unwrap().ran, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_session_watchdog_stops_a_task_that_runs_too_long() {
+    let Some(url) = url() else { return };
+    let config = fast().with_session_timeout(Duration::from_secs(1));
+    let pool = Pool::new(&url, &prefix("watchdog"), "p", config).unwrap();
+    let (w, stop) = start_worker(&pool, "w1", Arc::new(Hangs("still going".into())));
+    let dad = parent();
+    let job = Job::new(dad, "endless", "never ends");
+    pool.submit(&job).await.unwrap();
+    let got = pending_n(&pool, &dad, 1).await;
+    assert_eq!(got[0].status, TaskStatus::Killed);
+    assert_eq!(
+        got[0].note.as_deref(),
+        Some("the session watchdog stopped it after 1 s")
+    );
+    assert_eq!(got[0].result.as_deref(), Some("still going"));
+    stop.cancel();
+    w.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_worker_takes_no_more_until_a_slot_frees() {
+    let Some(url) = url() else { return };
+    let pool = Pool::new(&url, &prefix("capacity"), "p", fast().with_capacity(2)).unwrap();
+    let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let backend: Arc<dyn Backend> = {
+        let (now, most) = (Arc::clone(&now), Arc::clone(&most));
+        Arc::new(ScriptedBackend::from_async_fn(move |_r| {
+            let (now, most) = (Arc::clone(&now), Arc::clone(&most));
+            async move {
+                let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(n, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                now.fetch_sub(1, Ordering::SeqCst);
+                Ok(Response::say("ok"))
+            }
+        }))
+    };
+    let dad = parent();
+    for i in 0..6 {
+        pool.submit(&Job::new(dad, format!("j{i}"), "x"))
+            .await
+            .unwrap();
+    }
+    let (w, stop) = start_worker(&pool, "w1", backend);
+    let got = pending_n(&pool, &dad, 6).await;
+    assert_eq!(got.len(), 6);
+    assert_eq!(most.load(Ordering::SeqCst), 2);
+    stop.cancel();
+    assert_eq!(w.await.unwrap().unwrap().ran, 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_parent_skips_what_its_conversation_holds() {
+    let Some(url) = url() else { return };
+    let pool = Pool::new(&url, &prefix("restart"), "p", fast()).unwrap();
+    let (w, stop) = start_worker(&pool, "w1", answering(Duration::ZERO));
+    let dad = parent();
+    let (a, b) = (Job::new(dad, "a", "first"), Job::new(dad, "b", "second"));
+    pool.submit(&a).await.unwrap();
+    pool.submit(&b).await.unwrap();
+    let got = pending_n(&pool, &dad, 2).await;
+    // The parent recorded `a` and died before acknowledging it: its resumed conversation
+    // holds `a`, and the queue still has both.
+    let held = got.iter().find(|n| n.task_id == a.task).unwrap().to_xml();
+    let params = CacheSafeParams::builder("m")
+        .messages(vec![
+            Message::user_text("go"),
+            Message::assistant_text("waiting"),
+            Message::user_text(held),
+        ])
+        .build();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let backend = {
+        let seen = Arc::clone(&seen);
+        ScriptedBackend::from_fn(move |r| {
+            seen.lock()
+                .unwrap()
+                .push(r.all_messages().last().unwrap().clone());
+            Ok(Response::say("noted"))
+        })
+    };
+    let mut agent = Agent::builder(Arc::new(backend))
+        .params(params)
+        .context(forkhive_spawn::runtime::AgentContext::new(
+            dad,
+            forkhive_spawn::runtime::AgentKind::Main,
+            forkhive_spawn::runtime::QuerySource::main(),
+        ))
+        .build()
+        .await
+        .unwrap();
+    let _delivery = Delivery::attach(&pool, &agent).await.unwrap();
+    let run = tokio::time::timeout(Duration::from_secs(20), agent.run_pending())
+        .await
+        .unwrap();
+    assert_eq!(run.stop, forkhive_spawn::runtime::StopReason::Completed);
+    let tasks: Vec<TaskId> = notifications(&agent).iter().map(|n| n.task_id).collect();
+    assert_eq!(
+        tasks,
+        [a.task, b.task],
+        "a once (held), b once (delivered now)"
+    );
+    for _ in 0..100 {
+        if pool.queue().pending(&dad).await.unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(pool.queue().pending(&dad).await.unwrap().is_empty());
+    assert!(pool.outstanding(&dad).await.unwrap().is_empty());
+    stop.cancel();
+    w.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_name_held_by_a_live_worker_is_refused() {
+    let Some(url) = url() else { return };
+    let pool = Pool::new(&url, &prefix("names"), "p", fast()).unwrap();
+    let (w1, s1) = start_worker(&pool, "w1", answering(Duration::ZERO));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (w2, _s2) = start_worker(&pool, "w1", answering(Duration::ZERO));
+    let e = w2.await.unwrap().unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid agent configuration: worker name `w1` is in use in pool `p`: another live \
+         worker holds it (a dead one's claim expires within the lease, 600 ms)"
+    );
+    s1.cancel();
+    w1.await.unwrap().unwrap();
+}
