@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use forkhive_core::{TaskId, ToolDefinition};
 use serde::Deserialize;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -44,6 +44,7 @@ struct Inner {
     pool: Pool,
     queue: PendingQueue,
     expected: Expected,
+    flushes: mpsc::UnboundedSender<oneshot::Sender<bool>>,
     _loop: AbortOnDropHandle<()>,
 }
 
@@ -109,13 +110,17 @@ impl Delivery {
         held: HashSet<String>,
     ) -> Delivery {
         let expected: Expected = Arc::default();
+        let (flushes, flush_rx) = mpsc::unbounded_channel();
         let task = tokio::spawn(deliver(
-            pool.clone(),
-            parent,
-            queue.clone(),
-            Arc::clone(&expected),
+            Loop {
+                pool: pool.clone(),
+                parent,
+                queue: queue.clone(),
+                expected: Arc::clone(&expected),
+                cancel,
+            },
             held,
-            cancel,
+            flush_rx,
         ));
         Delivery {
             inner: Arc::new(Inner {
@@ -123,6 +128,7 @@ impl Delivery {
                 pool,
                 queue,
                 expected,
+                flushes,
                 _loop: AbortOnDropHandle::new(task),
             }),
         }
@@ -131,6 +137,19 @@ impl Delivery {
     /// The parent it delivers to.
     pub fn parent(&self) -> TaskId {
         self.inner.parent
+    }
+
+    /// Acknowledges every notification the conversation has recorded so far, now: what a
+    /// host calls before its process exits after the parent's run, so the store is left with
+    /// nothing the conversation holds. (Without it, nothing is lost or doubled either: a
+    /// restarted parent skips them, as its transcript holds them.) `Ok(false)`: some could
+    /// not be acknowledged (the error is logged); they are tried again later.
+    pub async fn flush(&self) -> Result<bool> {
+        let (tx, rx) = oneshot::channel();
+        if self.inner.flushes.send(tx).is_err() {
+            return Ok(false);
+        }
+        Ok(rx.await.unwrap_or(false))
     }
 
     /// Makes the parent wait for `task`'s notification (as [`PoolAgentTool`] does for each
@@ -153,21 +172,56 @@ impl Delivery {
     }
 }
 
+/// What the delivery loop works with.
+struct Loop {
+    pool: Pool,
+    parent: TaskId,
+    queue: PendingQueue,
+    expected: Expected,
+    cancel: CancellationToken,
+}
+
 /// The loop: pending notifications into the parent's queue; receipts into acknowledgements.
 ///
 /// `held`: ids the conversation holds that are not acknowledged yet (from a resumed
 /// conversation, or recorded since): never given again, acknowledged until that succeeds.
 async fn deliver(
-    pool: Pool,
-    parent: TaskId,
-    queue: PendingQueue,
-    expected: Expected,
+    l: Loop,
     mut held: HashSet<String>,
-    cancel: CancellationToken,
+    mut flushes: mpsc::UnboundedReceiver<oneshot::Sender<bool>>,
 ) {
+    let Loop {
+        pool,
+        parent,
+        queue,
+        expected,
+        cancel,
+    } = l;
     let q = pool.queue().clone();
     let (tx, mut rx) = mpsc::unbounded_channel::<(String, bool)>();
     let mut in_flight: HashSet<String> = HashSet::new();
+    // Receipts in, acknowledgements out: the ids recorded since the last look.
+    let settle = |in_flight: &mut HashSet<String>,
+                  held: &mut HashSet<String>,
+                  rx: &mut mpsc::UnboundedReceiver<(String, bool)>,
+                  first: Option<(String, bool)>| {
+        let mut done = Vec::new();
+        let mut one = |(id, recorded): (String, bool)| {
+            in_flight.remove(&id);
+            // Not recorded (the agent stopped first): given again on the next look.
+            if recorded {
+                held.insert(id.clone());
+                done.push(id);
+            }
+        };
+        if let Some(f) = first {
+            one(f);
+        }
+        while let Ok(r) = rx.try_recv() {
+            one(r);
+        }
+        done
+    };
     loop {
         match q.pending(&parent).await {
             Ok(items) => {
@@ -215,20 +269,17 @@ async fn deliver(
                 }
                 return;
             }
-            Some((id, recorded)) = rx.recv() => {
-                let mut done = Vec::new();
-                let mut settle = |id: String, recorded: bool| {
-                    in_flight.remove(&id);
-                    // Not recorded (the agent stopped first): given again on the next look.
-                    if recorded {
-                        held.insert(id.clone());
-                        done.push(id);
-                    }
-                };
-                settle(id, recorded);
-                while let Ok((id, recorded)) = rx.try_recv() {
-                    settle(id, recorded);
-                }
+            Some(reply) = flushes.recv() => {
+                let done = settle(&mut in_flight, &mut held, &mut rx, None);
+                let mut all: Vec<String> = held.iter().cloned().collect();
+                all.extend(done);
+                all.sort();
+                all.dedup();
+                acknowledge(&pool, &parent, all, &mut held).await;
+                let _ = reply.send(held.is_empty());
+            }
+            Some(first) = rx.recv() => {
+                let done = settle(&mut in_flight, &mut held, &mut rx, Some(first));
                 acknowledge(&pool, &parent, done, &mut held).await;
             }
             r = q.wait_beyond(&parent, &known, Duration::from_secs(30)) => {
