@@ -5,6 +5,10 @@
 //! Each iteration sends `LETTERS` letters in all (split among the writers) into a fresh inbox,
 //! then the reader receives and acknowledges them. `python3 scripts/bench-report.py mailbox`
 //! prints letters per second from the medians.
+//!
+//! The `notify` group does the same for a parent's notification queue (workers' reports):
+//! `NOTES` notifications pushed from 1 and 10 workers, then read and marked delivered, in memory
+//! and on Redis (`python3 scripts/bench-report.py notify`).
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
@@ -97,5 +101,89 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+const NOTES: usize = 200;
+
+async fn notify_round(
+    q: Arc<dyn forkhive::spawn::task::queue::NotificationQueue>,
+    parent: forkhive::core::TaskId,
+    writers: usize,
+) {
+    use forkhive::core::{NotificationUsage, TaskId, TaskKind, TaskNotification, TaskStatus};
+    let tasks: Vec<_> = (0..writers)
+        .map(|w| {
+            let q = Arc::clone(&q);
+            tokio::spawn(async move {
+                for i in 0..NOTES / writers {
+                    let task = TaskId::from_entropy(TaskKind::Agent, (w * NOTES + i) as u64);
+                    let n = TaskNotification::new(
+                        task,
+                        TaskStatus::Completed,
+                        "Agent \"bench\" finished",
+                        NotificationUsage::default(),
+                    )
+                    .with_result("done");
+                    assert!(q.push(&parent, &task.to_string(), &n).await.unwrap());
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let got = q.pending(&parent).await.unwrap();
+    assert_eq!(got.len(), NOTES);
+    let ids: Vec<String> = got.into_iter().map(|g| g.id).collect();
+    q.delivered(&parent, &ids).await.unwrap();
+}
+
+fn notify(c: &mut Criterion) {
+    use forkhive::core::{TaskId, TaskKind};
+    use forkhive::spawn::task::queue::{MemoryNotificationQueue, NotificationQueue};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut group = c.benchmark_group("notify");
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(10));
+    let redis_url = std::env::var("FORKHIVE_REDIS_URL")
+        .ok()
+        .filter(|_| cfg!(feature = "redis"));
+    let backends: &[&str] = if redis_url.is_some() {
+        &["memory", "redis"]
+    } else {
+        &["memory"]
+    };
+    for writers in [1usize, 10] {
+        for &backend in backends {
+            group.bench_with_input(BenchmarkId::new(backend, writers), &writers, |b, &w| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        let q: Arc<dyn NotificationQueue> = match backend {
+                            #[cfg(feature = "redis")]
+                            "redis" => Arc::new(
+                                forkhive::spawn::task::RedisNotificationQueue::new(
+                                    redis_url.as_deref().unwrap_or_default(),
+                                    &format!("bench{}", std::process::id()),
+                                )
+                                .unwrap(),
+                            ),
+                            _ => Arc::new(MemoryNotificationQueue::new()),
+                        };
+                        let parent = TaskId::generate(TaskKind::Agent);
+                        let start = Instant::now();
+                        rt.block_on(notify_round(q, parent, w));
+                        total += start.elapsed();
+                    }
+                    total
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench, notify);
 criterion_main!(benches);

@@ -3,7 +3,8 @@
 //! `--rounds` letters are sent one at a time, each to one waiting reader, and the time from
 //! `send` to that reader's `wait` returning is taken (p50, p99). For the in-memory mailbox and
 //! the file mailbox (Claude Code's inbox files in a temporary directory), and, built with
-//! `--features redis` and given `FORKHIVE_REDIS_URL`, the Redis mailbox.
+//! `--features redis` and given `FORKHIVE_REDIS_URL`, the Redis mailbox. Then the same wake
+//! latency for a parent's notification queue (a worker's report), in memory and on Redis.
 //!
 //! ```text
 //! cargo run --release --example mailbox_wake -- [--waiters 100] [--idle-secs 10] [--rounds 200]
@@ -107,6 +108,77 @@ async fn measure(name: &str, mail: Arc<dyn Mailbox>, a: &Args) -> Result<(), Str
     Ok(())
 }
 
+/// A parent waiting on its notification queue, and how fast a worker's report wakes it:
+/// `--rounds` reports pushed one at a time, each timed from `push` to the parent's
+/// `wait_beyond` returning and its `pending` read.
+async fn measure_queue(
+    name: &str,
+    q: Arc<dyn forkhive::spawn::task::queue::NotificationQueue>,
+    a: &Args,
+) -> Result<(), String> {
+    use forkhive::core::{NotificationUsage, TaskId, TaskKind, TaskNotification, TaskStatus};
+    let parent = TaskId::generate(TaskKind::Agent);
+    let (tx, mut rx) = mpsc::unbounded_channel::<Instant>();
+    let waiter = {
+        let q = Arc::clone(&q);
+        tokio::spawn(async move {
+            let mut known: Vec<String> = Vec::new();
+            loop {
+                match q
+                    .wait_beyond(&parent, &known, Duration::from_secs(3600))
+                    .await
+                {
+                    Ok(true) => {
+                        let got = q.pending(&parent).await.unwrap_or_default();
+                        let at = Instant::now();
+                        let ids: Vec<String> = got.into_iter().map(|g| g.id).collect();
+                        let _ = q.delivered(&parent, &ids).await;
+                        known = ids;
+                        if tx.send(at).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(false) => {}
+                    Err(_) => return,
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut lat = Vec::with_capacity(a.rounds);
+    for r in 0..a.rounds {
+        let task = TaskId::from_entropy(TaskKind::Agent, r as u64);
+        let n = TaskNotification::new(
+            task,
+            TaskStatus::Completed,
+            "Agent \"wake\" finished",
+            NotificationUsage::default(),
+        );
+        let sent = Instant::now();
+        q.push(&parent, &task.to_string(), &n)
+            .await
+            .map_err(|e| e.to_string())?;
+        let at = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .map_err(|_| "the parent did not wake within 10 s".to_owned())?
+            .ok_or("the parent stopped")?;
+        lat.push(at.saturating_duration_since(sent));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    waiter.abort();
+    lat.sort();
+    let pct = |p: usize| lat[(lat.len() * p / 100).min(lat.len() - 1)];
+    println!(
+        "{name:>6}: a parent's notification queue; wake latency over {} reports: p50 {:?}, \
+         p99 {:?}, max {:?}",
+        lat.len(),
+        pct(50),
+        pct(99),
+        lat[lat.len() - 1]
+    );
+    Ok(())
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
     let a = <Args as clap::Parser>::parse();
@@ -124,6 +196,30 @@ async fn main() -> ExitCode {
     for (name, mail) in common::mailboxes(dir.path()) {
         if let Err(e) = measure(name, mail, &a).await {
             eprintln!("mailbox_wake: {name}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    #[allow(unused_mut)]
+    let mut queues: Vec<(
+        &str,
+        Arc<dyn forkhive::spawn::task::queue::NotificationQueue>,
+    )> = vec![(
+        "memory",
+        Arc::new(forkhive::spawn::task::queue::MemoryNotificationQueue::new()),
+    )];
+    #[cfg(feature = "redis")]
+    if let Ok(url) = std::env::var("FORKHIVE_REDIS_URL") {
+        match forkhive::spawn::task::RedisNotificationQueue::new(
+            &url,
+            &format!("wake{}", std::process::id()),
+        ) {
+            Ok(q) => queues.push(("redis", Arc::new(q))),
+            Err(e) => eprintln!("FORKHIVE_REDIS_URL: {e}"),
+        }
+    }
+    for (name, q) in queues {
+        if let Err(e) = measure_queue(name, q, &a).await {
+            eprintln!("mailbox_wake: {name} notification queue: {e}");
             return ExitCode::FAILURE;
         }
     }

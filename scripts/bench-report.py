@@ -5,6 +5,7 @@ Usage: cargo bench --bench fork_prefix && python3 scripts/bench-report.py [fork_
        cargo bench --bench agent_turns && python3 scripts/bench-report.py agent_turns
        cargo bench --bench send_message && python3 scripts/bench-report.py send_message
        cargo bench --bench mailbox && python3 scripts/bench-report.py mailbox
+       cargo bench --bench mailbox && python3 scripts/bench-report.py notify
 """
 import json
 import pathlib
@@ -22,9 +23,11 @@ def fmt(ns):
     return f"{ns / 1000:.2f} µs" if ns < 1e6 else f"{ns / 1e6:.2f} ms"
 
 
-if group == "mailbox":
-    # Ids are "<backend>/<writers>"; each iteration sends 200 letters and acknowledges them.
-    print(f"{'backend':>8} {'writers':>8} {'median/200':>12} {'letters/s':>10}")
+if group in ("mailbox", "notify"):
+    # Ids are "<backend>/<writers>"; each iteration sends 200 letters (or notifications) and
+    # acknowledges them.
+    unit = "letters/s" if group == "mailbox" else "notes/s"
+    print(f"{'backend':>8} {'writers':>8} {'median/200':>12} {unit:>10}")
     for est in sorted(root.glob("*/*/new/estimates.json")):
         backend, writers = est.parts[-4], est.parts[-3]
         ns = median_ns(est)

@@ -62,4 +62,8 @@ if [ "${CI:-}" = "true" ] && ! command -v chromium > /dev/null; then
 fi
 
 cargo test --workspace --all-targets --all-features
+if [ -n "${FORKHIVE_REDIS_URL:-}" ]; then
+    # Worker processes on Redis, one of them killed mid-run: every task reported once.
+    cargo run --quiet --all-features --example worker -- demo --tasks 30 --kill-one > /dev/null
+fi
 cargo test --workspace --doc --all-features

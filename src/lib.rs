@@ -20,7 +20,7 @@
 //! | --- | --- | --- |
 //! | `http` | yes | the Anthropic and OpenAI-compatible HTTP backends (reqwest + rustls) |
 //! | `mcp` | yes | MCP servers (stdio and streamable HTTP, on `rmcp`) as agents' tools: `spawn::mcp`, `AgentBuilder::mcp` (`docs/mcp.md`) |
-//! | `redis` | no | mailboxes, the task registry and notification queues on Redis (`RedisMailbox`, `RedisTaskRegistry`, `RedisNotificationQueue`; `docs/distributed.md`) |
+//! | `redis` | no | worker processes on Redis (`spawn::pool`: `Pool`, `Worker`, `Delivery`, `PoolAgentTool`), and mailboxes, the task registry and notification queues on Redis (`RedisMailbox`, `RedisTaskRegistry`, `RedisNotificationQueue`; `docs/distributed.md`) |
 //!
 //! ## Example
 //!

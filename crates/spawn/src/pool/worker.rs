@@ -508,6 +508,12 @@ impl Worker {
                     .query_async(&mut conn)
                     .await
                     .unwrap_or_default();
+                let partial = partial.filter(|p| !p.is_empty());
+                let what = if partial.is_some() {
+                    "the result is the output it had streamed by its last renewal"
+                } else {
+                    "it had streamed no output by its last renewal"
+                };
                 let mut n = noted(
                     TaskNotification::new(
                         job.task,
@@ -517,12 +523,12 @@ impl Worker {
                     ),
                     format!(
                         "its worker ({}) stopped answering: its lease of {} ms ran out mid-task; \
-                     the result is the output it had streamed by its last renewal",
+                         {what}",
                         other.split(':').next().unwrap_or_default(),
                         config.lease.as_millis()
                     ),
                 );
-                if let Some(p) = partial.filter(|p| !p.is_empty()) {
+                if let Some(p) = partial {
                     n = n.with_result(p);
                 }
                 if let Ok(true) = self
