@@ -14,7 +14,7 @@ const LAYERS: &[&[&str]] = &[
     &["mcp"],
     &["runtime", "timeline", "mailbox"],
     &["task"],
-    &["strategy", "team"],
+    &["strategy", "team", "pool"],
     &["agent_tool", "control"],
     &["coordinator"],
 ];

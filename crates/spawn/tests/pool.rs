@@ -537,3 +537,94 @@ async fn a_worker_name_held_by_a_live_worker_is_refused() {
     s1.cancel();
     w1.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_retried_submit_runs_the_task_once() {
+    let Some(url) = url() else { return };
+    let pool = Pool::new(&url, &prefix("resubmit"), "p", fast()).unwrap();
+    let dad = parent();
+    let job = Job::new(dad, "once", "only once");
+    let first = pool.submit(&job).await.unwrap();
+    assert_eq!(pool.submit(&job).await.unwrap(), first);
+    assert_eq!(pool.backlog().await.unwrap(), 1);
+    let (w, stop) = start_worker(&pool, "w1", answering(Duration::ZERO));
+    let got = pending_n(&pool, &dad, 1).await;
+    assert_eq!(got.len(), 1);
+    stop.cancel();
+    assert_eq!(w.await.unwrap().unwrap().ran, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_it_cannot_read_is_reported_to_the_parent_it_names() {
+    let Some(url) = url() else { return };
+    let p = prefix("skew");
+    let pool = Pool::new(&url, &p, "p", fast()).unwrap();
+    let dad = parent();
+    let task = TaskId::generate(TaskKind::Agent);
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    // A job from a newer coordinator: a field this worker does not know the shape of.
+    let json = format!(r#"{{"task":"{task}","parent":"{dad}","description":7,"prompt":"x"}}"#);
+    let _: String = redis::cmd("XADD")
+        .arg(format!("{p}:{{p}}:jobs"))
+        .arg("*")
+        .arg("task")
+        .arg(task.to_string())
+        .arg("job")
+        .arg(&json)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let (w, stop) = start_worker(&pool, "w1", answering(Duration::ZERO));
+    let got = pending_n(&pool, &dad, 1).await;
+    assert_eq!((got[0].task_id, got[0].status), (task, TaskStatus::Failed));
+    assert_eq!(
+        got[0].summary,
+        "Agent failed: the pool could not read its job (its job is not a job: invalid type: \
+         integer `7`, expected a string at line 1 column 56)"
+    );
+    stop.cancel();
+    assert_eq!(w.await.unwrap().unwrap().dead_lettered, 1);
+}
+
+#[test]
+fn a_config_out_of_range_is_refused() {
+    let mut c = PoolConfig::default();
+    c.capacity = 0;
+    assert_eq!(
+        Pool::new("redis://127.0.0.1:1", "fh", "p", c)
+            .unwrap_err()
+            .to_string(),
+        "invalid agent configuration: pool `p`: capacity 0, lease 15000 ms, max deliveries 3: \
+         each must be at least 1, 300 ms and 1"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dropping_the_parent_cancels_every_task_it_has_on_the_pool() {
+    let Some(url) = url() else { return };
+    let pool = Pool::new(&url, &prefix("drop"), "p", fast()).unwrap();
+    let (w, stop) = start_worker(&pool, "w1", Arc::new(Hangs("working".into())));
+    let agent = Agent::builder(answering(Duration::ZERO))
+        .model("m")
+        .build()
+        .await
+        .unwrap();
+    let dad = *agent.id();
+    let delivery = Delivery::attach(&pool, &agent).await.unwrap();
+    for i in 0..3 {
+        pool.submit(&Job::new(dad, format!("j{i}"), "x"))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(delivery);
+    drop(agent);
+    let got = pending_n(&pool, &dad, 3).await;
+    assert!(
+        got.iter().all(|n| n.status == TaskStatus::Killed),
+        "{got:?}"
+    );
+    stop.cancel();
+    w.await.unwrap().unwrap();
+}

@@ -29,8 +29,17 @@ type Expected = Arc<Mutex<HashMap<TaskId, Expectation>>>;
 /// conversation.
 ///
 /// While the parent has tasks on the pool it has not heard from, it waits for them at the end
-/// of its turn, as for local background children. Cancelling the parent cancels them,
-/// wherever they run ([`Pool::cancel`]).
+/// of its turn, as for local background children — with no worker running, as long as it
+/// takes. Cancelling the parent, or dropping it (which cancels it), cancels all of them,
+/// wherever they run ([`Pool::cancel`]); a process that dies without dropping it (a crash)
+/// leaves them running, for its restart to collect.
+///
+/// A resumed agent must be attached before it runs: nothing else tells it of its tasks on the
+/// pool, and without a delivery it neither waits for them nor hears of them (their
+/// notifications wait in the pool until it is attached). Pool tasks send no `ChildStarted`
+/// or `Notified` events and are not in `AgentRun::children`: their notifications in the
+/// conversation are the record (read them with
+/// `forkhive_core::notification::find_notifications`).
 ///
 /// Clones share one delivery; the last one dropped stops it (the agent's tree holds one for
 /// as long as the agent lives).
@@ -64,8 +73,10 @@ struct Deliveries(Mutex<HashMap<TaskId, Delivery>>);
 impl Delivery {
     /// Starts delivering `pool`'s notifications to `agent`, which may be a resumed one: the
     /// notifications its conversation already holds are acknowledged and not given again, and
-    /// every task the pool still has for it is waited for. [`PoolAgentTool`] calls it lazily
-    /// for an agent that was not attached; attach before a resumed agent's first run.
+    /// every task the pool still has for it is waited for. Attaching again returns the same
+    /// delivery. [`PoolAgentTool`] starts one lazily for an agent that was not attached, which
+    /// suits a fresh agent; a resumed agent must be attached before its first run, or it does
+    /// not wait for the tasks it started before (see [`Delivery`]).
     pub async fn attach(pool: &Pool, agent: &crate::runtime::Agent) -> Result<Delivery> {
         let parent = *agent.id();
         let mut held = HashSet::new();
@@ -81,24 +92,27 @@ impl Delivery {
             .into_iter()
             .filter(|t| !held.contains(&t.to_string()))
             .collect();
+        let all = agent
+            .tree()
+            .extensions()
+            .get_or_insert_with(Deliveries::default);
+        let mut map = all.0.lock().unwrap_or_else(|e| e.into_inner());
+        // One delivery per parent: a second would give every notification again.
+        if let Some(d) = map.get(&parent) {
+            for t in waiting {
+                d.expect(t);
+            }
+            return Ok(d.clone());
+        }
         let d = Self::start(
             pool.clone(),
             parent,
             agent.pending(),
             agent.cancellation().clone(),
             held,
+            &waiting,
         );
-        for t in waiting {
-            d.expect(t);
-        }
-        agent
-            .tree()
-            .extensions()
-            .get_or_insert_with(Deliveries::default)
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(parent, d.clone());
+        map.insert(parent, d.clone());
         Ok(d)
     }
 
@@ -108,8 +122,13 @@ impl Delivery {
         queue: PendingQueue,
         cancel: CancellationToken,
         held: HashSet<String>,
+        waiting: &[TaskId],
     ) -> Delivery {
-        let expected: Expected = Arc::default();
+        // Promised before the loop's first look, so no notification is pushed unpromised
+        // while its promise is still to come.
+        let expected: Expected = Arc::new(Mutex::new(
+            waiting.iter().map(|t| (*t, queue.expect())).collect(),
+        ));
         let (flushes, flush_rx) = mpsc::unbounded_channel();
         let task = tokio::spawn(deliver(
             Loop {
@@ -259,14 +278,19 @@ async fn deliver(
                 }
             }
         }
-        let known: Vec<String> = in_flight.iter().cloned().collect();
+        // Held ids are still pending until their acknowledgement lands: not news.
+        let known: Vec<String> = in_flight.iter().chain(held.iter()).cloned().collect();
         tokio::select! {
             biased;
             () = cancel.cancelled() => {
-                // The parent is cancelled: so are its tasks, wherever they run.
-                if let Err(e) = pool.cancel_children(&parent).await {
-                    tracing::warn!(parent = %parent, "cancelling its tasks on the pool: {e}");
-                }
+                // The parent is cancelled (or dropped): so are all its tasks, wherever they run
+                // — in one script, on a task of its own that outlives this loop, so a drop
+                // that ends the loop does not cut it short. It ends with that one call.
+                tokio::spawn(async move {
+                    if let Err(e) = pool.cancel_children(&parent).await {
+                        tracing::warn!(parent = %parent, "cancelling its tasks on the pool: {e}");
+                    }
+                });
                 return;
             }
             Some(reply) = flushes.recv() => {
@@ -311,6 +335,19 @@ async fn acknowledge(pool: &Pool, parent: &TaskId, ids: Vec<String>, held: &mut 
         }
         Err(e) => {
             tracing::warn!(parent = %parent, "acknowledging {} notification(s): {e}; again later", ids.len());
+            // A store that reads but cannot write (out of memory) must not make this spin.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+/// Withdraws a promise made for a job that was not submitted.
+struct Withdraw(Option<(Delivery, TaskId)>);
+
+impl Drop for Withdraw {
+    fn drop(&mut self) {
+        if let Some((d, task)) = self.0.take() {
+            d.withdraw(&task);
         }
     }
 }
@@ -387,6 +424,7 @@ impl Tool for PoolAgentTool {
                         caller.pending().clone(),
                         cx.cancellation().clone(),
                         HashSet::new(),
+                        &[],
                     )
                 })
                 .clone()
@@ -394,12 +432,14 @@ impl Tool for PoolAgentTool {
         let mut job =
             Job::new(parent, input.description, input.prompt).idempotent(input.idempotent);
         job.agent_type = input.subagent_type;
-        // Expected before it is submitted: a fast worker's report finds the promise.
+        // Expected before it is submitted: a fast worker's report finds the promise. Withdrawn
+        // unless the job was submitted — a call dropped mid-way (its timeout) leaves no promise.
         delivery.expect(job.task);
+        let mut unsent = Withdraw(Some((delivery.clone(), job.task)));
         if let Err(e) = self.pool.submit(&job).await {
-            delivery.withdraw(&job.task);
             return ToolOutput::error(format!("could not start the agent: {e}"));
         }
+        unsent.0 = None;
         ToolOutput::text(format!(
             "Async agent launched successfully on pool `{}`.\nagentId: {} (its notification \
              carries this id)\nThe agent is working in the background. You will be notified \

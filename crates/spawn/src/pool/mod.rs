@@ -29,9 +29,12 @@
 //! `jobs` (the stream; group `workers`), `dead` (dead letters), `lease:<task>` (the running
 //! worker, expiring), `run:<task>` (that the task started, where), `out:<task>` (its latest
 //! output, refreshed with each lease renewal), `cancel:<task>`, `kids:<parent>` (a parent's
-//! tasks not yet delivered), `worker:<name>` (a live worker's claim on its name). Cancels are
+//! tasks not yet delivered), `sub:<task>` (its entry, so a retried submit adds nothing),
+//! `worker:<name>` (a live worker's claim on its name). Cancels are
 //! published on `<prefix>:{<pool>}:cancels`. Notifications use the notification queue's keys
-//! ([`RedisNotificationQueue`]) under the same prefix.
+//! ([`RedisNotificationQueue`]) under the same prefix, hash-tagged by the parent: a report
+//! touches both tags in one script, which is why the pool runs on one Redis node, not a
+//! Cluster.
 
 mod delivery;
 mod worker;
@@ -185,18 +188,25 @@ pub struct DeadLetter {
     pub job: String,
 }
 
-/// KEYS: jobs, kids. ARGV: task, job JSON. The job, and its parent's record of it.
+/// KEYS: jobs, kids, submitted. ARGV: task, job JSON, kept ms. The job, and its parent's
+/// record of it — once per task: a submit retried after a lost answer returns the first entry.
 const SUBMIT: &str = r"
+local known = redis.call('GET', KEYS[3])
+if known then return known end
 local entry = redis.call('XADD', KEYS[1], '*', 'task', ARGV[1], 'job', ARGV[2])
 redis.call('SADD', KEYS[2], ARGV[1])
+redis.call('SET', KEYS[3], entry, 'PX', ARGV[3])
 return entry
 ";
 
-/// KEYS: cancel key of a task. ARGV: prefix of kids/cancel keys, ttl ms, channel, task.
-/// Marks the task and every descendant recorded in `kids:` sets cancelled, and publishes each.
+/// KEYS: the pool's jobs stream (for the slot; the keys below are built from ARGV[1], which is
+/// why the pool needs one Redis node, not a Cluster). ARGV: prefix of kids/cancel keys, ttl ms,
+/// channel, tasks. Marks the tasks and every descendant recorded in `kids:` sets cancelled,
+/// and publishes each.
 const CANCEL: &str = r"
 local base, ttl, channel = ARGV[1], ARGV[2], ARGV[3]
-local todo, seen, n = {ARGV[4]}, {}, 0
+local todo, seen, n = {}, {}, 0
+for i = 4, #ARGV do todo[#todo + 1] = ARGV[i] end
 while #todo > 0 and n < 100000 do
   local id = table.remove(todo)
   if not seen[id] then
@@ -240,6 +250,19 @@ impl Pool {
     /// The pool `name` at `url`, keys under `prefix` (each 1 to 64 of `[A-Za-z0-9_-]`).
     /// Nothing connects until first use; the URL's password never shows.
     pub fn new(url: &str, prefix: &str, name: &str, config: PoolConfig) -> Result<Self> {
+        // The fields are public: checked here as the setters clamp them.
+        if config.capacity == 0
+            || config.lease < Duration::from_millis(300)
+            || config.max_deliveries == 0
+        {
+            return Err(Error::Config(format!(
+                "pool `{name}`: capacity {}, lease {} ms, max deliveries {}: each must be at \
+                 least 1, 300 ms and 1",
+                config.capacity,
+                config.lease.as_millis(),
+                config.max_deliveries
+            )));
+        }
         for (what, v) in [("key prefix", prefix), ("pool name", name)] {
             check_name(what, v).map_err(|_| {
                 Error::Config(format!(
@@ -263,7 +286,9 @@ impl Pool {
         })
     }
 
-    /// A handle on the same pool with connections of its own (another process's).
+    /// A handle on the same pool with connections of its own, as another process would have.
+    /// Not needed within a process: clones share one connection and work from any number of
+    /// workers and coordinators.
     pub fn reopen(&self) -> Self {
         Self {
             h: self.h.fresh(),
@@ -315,7 +340,9 @@ impl Pool {
     }
 
     /// Hands `job` to the pool: some worker runs it, and its parent's queue receives its
-    /// notification once. Returns the job stream's entry id.
+    /// notification once. Returns the job stream's entry id. Submitting the same task again
+    /// (a retry after an error whose outcome was unknown) within a day returns the first entry
+    /// and adds nothing.
     pub async fn submit(&self, job: &Job) -> Result<String> {
         let json = serde_json::to_string(job).map_err(|e| Error::Task {
             id: job.task,
@@ -334,8 +361,10 @@ impl Pool {
         redis::Script::new(SUBMIT)
             .key(self.key("jobs"))
             .key(self.task_key("kids", &job.parent))
+            .key(self.task_key("sub", &job.task))
             .arg(job.task.to_string())
             .arg(&json)
+            .arg(CANCEL_TTL.as_millis().to_string())
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.fail("submit", e))
@@ -346,26 +375,33 @@ impl Pool {
     /// and announced on the pool's channel (a running one stops at its next turn boundary or
     /// tool round). Its parent hears `killed`. Returns how many tasks were marked.
     pub async fn cancel(&self, task: &TaskId) -> Result<u64> {
-        let mut conn = self.conn().await?;
-        redis::Script::new(CANCEL)
-            .key(self.task_key("cancel", task))
-            .arg(self.base())
-            .arg(CANCEL_TTL.as_millis().to_string())
-            .arg(self.key("cancels"))
-            .arg(task.to_string())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.fail("cancel", e))
+        self.cancel_all(std::slice::from_ref(task)).await
     }
 
-    /// Cancels every task `parent` has on the pool that it was not told of yet (see
-    /// [`cancel`](Self::cancel)). Returns how many tasks were marked, descendants included.
+    /// Cancels every task `parent` has on the pool that it was not told of yet, in one step
+    /// (see [`cancel`](Self::cancel)). Returns how many tasks were marked, descendants
+    /// included.
     pub async fn cancel_children(&self, parent: &TaskId) -> Result<u64> {
-        let mut n = 0;
-        for kid in self.outstanding(parent).await? {
-            n += self.cancel(&kid).await?;
+        let kids = self.outstanding(parent).await?;
+        if kids.is_empty() {
+            return Ok(0);
         }
-        Ok(n)
+        self.cancel_all(&kids).await
+    }
+
+    async fn cancel_all(&self, tasks: &[TaskId]) -> Result<u64> {
+        let mut conn = self.conn().await?;
+        let script = redis::Script::new(CANCEL);
+        let mut call = script.key(self.key("jobs"));
+        call.arg(self.base())
+            .arg(CANCEL_TTL.as_millis().to_string())
+            .arg(self.key("cancels"));
+        for t in tasks {
+            call.arg(t.to_string());
+        }
+        call.invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.fail("cancel", e))
     }
 
     /// The tasks submitted for `parent` whose notification its conversation does not hold

@@ -83,11 +83,17 @@ const START: &str = r"
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
 if #p == 0 or p[1][2] ~= ARGV[3] then return {'gone', 0, ''} end
 local n = tonumber(p[1][4])
-if redis.call('EXISTS', KEYS[4]) == 1 then return {'cancelled', n, ''} end
+if redis.call('HGET', KEYS[2], 'finished') then
+  -- A second entry for a task that ran (a submit retried after a lost answer).
+  redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+  redis.call('XDEL', KEYS[1], ARGV[2])
+  return {'gone', n, ''}
+end
 local holder = redis.call('GET', KEYS[3])
 if holder and holder ~= ARGV[4] and string.sub(holder, 1, #ARGV[9]) ~= ARGV[9] then
   return {'held', n, holder}
 end
+if redis.call('EXISTS', KEYS[4]) == 1 then return {'cancelled', n, ''} end
 local started = redis.call('HGET', KEYS[2], 'worker')
 if started and ARGV[8] ~= '1' then return {'killed', n, started} end
 if n > tonumber(ARGV[6]) then return {'dead', n, started or ''} end
@@ -111,14 +117,24 @@ return 1
 
 /// KEYS: lease, jobs, run, out, notify stream, notify ids, notify done, dead. ARGV: me (or ''
 /// for a report that needs no lease), group, entry, notification id, notification JSON,
-/// output ttl ms, dead-letter reason ('' for none), job JSON.
+/// output ttl ms, dead-letter reason ('' for none), job JSON, consumer.
 ///
 /// The report and the acknowledgement in one step: the parent's notification is stored
 /// (unless that id is pending or delivered already), the entry acknowledged and deleted, the
-/// lease and run record dropped. With a lease to check, nothing happens unless it is ours.
+/// lease dropped, the run record kept as finished (a duplicate entry of the task is then
+/// dropped unrun). A worker reporting its own run must still hold the lease — or, if it lapsed
+/// without anyone taking it, still have the entry. A report without a lease needs the entry
+/// still pending to this consumer (a handler stalled past a reclaim reports nothing).
 /// -1: not ours; 0: acknowledged, the notification was there already; 1: reported.
 const FINISH: &str = r"
-if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+local p = redis.call('XPENDING', KEYS[2], ARGV[2], ARGV[3], ARGV[3], 1)
+local mine = #p > 0 and p[1][2] == ARGV[9]
+if ARGV[1] ~= '' then
+  local holder = redis.call('GET', KEYS[1])
+  if holder ~= ARGV[1] and (holder or not mine) then return -1 end
+elseif not mine then
+  return -1
+end
 local pushed = 0
 if ARGV[4] ~= '' and redis.call('HEXISTS', KEYS[6], ARGV[4]) == 0
    and not redis.call('ZSCORE', KEYS[7], ARGV[4]) then
@@ -128,11 +144,15 @@ if ARGV[4] ~= '' and redis.call('HEXISTS', KEYS[6], ARGV[4]) == 0
 end
 if ARGV[7] ~= '' then
   redis.call('XADD', KEYS[8], '*', 'entry', ARGV[3], 'reason', ARGV[7], 'job', ARGV[8])
+  redis.call('XTRIM', KEYS[8], 'MAXLEN', '~', 10000)
 end
 redis.call('XACK', KEYS[2], ARGV[2], ARGV[3])
 redis.call('XDEL', KEYS[2], ARGV[3])
 if ARGV[1] == '' or redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
-redis.call('DEL', KEYS[3])
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[3], 'finished', '1')
+  redis.call('PEXPIRE', KEYS[3], ARGV[6])
+end
 redis.call('PEXPIRE', KEYS[4], ARGV[6])
 return pushed
 ";
@@ -350,12 +370,11 @@ impl Worker {
         me: Arc<str>,
         shutdown: CancellationToken,
     ) {
+        let _ = shutdown;
         let lease = self.pool.config.lease;
         loop {
-            tokio::select! {
-                () = shutdown.cancelled() => {}
-                () = tokio::time::sleep(lease / 3) => {}
-            }
+            // Kept through shutdown too (its drain), until the worker lets the name go.
+            tokio::time::sleep(lease / 3).await;
             let kept: redis::RedisResult<i64> = redis::Script::new(CLAIM_NAME)
                 .key(self.pool.key(&format!("worker:{}", self.name)))
                 .arg(&*me)
@@ -426,15 +445,38 @@ impl Worker {
         let job = match job {
             Ok(job) => job,
             Err(why) => {
-                // Nobody to tell but the dead-letter stream: its parent cannot be trusted.
+                // Its parent is told when the entry names one and a task (a job of another
+                // version, say): it would wait for the task forever otherwise.
+                let named = entry.job.as_deref().and_then(|json| {
+                    let v: serde_json::Value = serde_json::from_str(json).ok()?;
+                    let parent: TaskId = v.get("parent")?.as_str()?.parse().ok()?;
+                    let task: TaskId = entry.task.as_deref()?.parse().ok()?;
+                    Some((parent, task))
+                });
                 tracing::error!(worker = %self.name, entry = %entry.id, "dead-lettered: {why}");
                 let raw = entry.job.clone().unwrap_or_default();
-                if self
-                    .finish(&mut conn, "", &entry.id, None, &why, &raw)
+                let n = named.map(|(parent, task)| {
+                    let n = TaskNotification::new(
+                        task,
+                        TaskStatus::Failed,
+                        format!("Agent failed: the pool could not read its job ({why})"),
+                        Default::default(),
+                    );
+                    (parent, n)
+                });
+                if let Ok(pushed) = self
+                    .finish(
+                        &mut conn,
+                        "",
+                        &entry.id,
+                        n.as_ref().map(|(p, n)| (*p, n)),
+                        &why,
+                        &raw,
+                    )
                     .await
-                    .is_ok()
                 {
                     report.dead_lettered += 1;
+                    report.reported += u64::from(pushed);
                 }
                 return report;
             }
@@ -594,48 +636,55 @@ impl Worker {
             let (task, entry, me, consumer) =
                 (job.task, entry.to_owned(), me.to_owned(), self.name.clone());
             AbortOnDropHandle::new(tokio::spawn(async move {
+                let lease = pool.config.lease;
+                let lost = || {
+                    set_once(&why, Stop::LostLease);
+                    token.cancel();
+                };
                 let Ok(mut conn) = pool.conn().await else {
+                    lost();
                     return;
                 };
-                let mut failures = 0u32;
+                // The lease was set when the run started. Unrenewed for most of a lease, it
+                // may have lapsed and been taken: the run stops here, unreported, before a
+                // reclaimer reports it — never two runs of one task at once for long.
+                let mut renewed = tokio::time::Instant::now();
                 loop {
-                    tokio::time::sleep(pool.config.lease / 3).await;
+                    tokio::time::sleep(lease / 3).await;
                     let text = progress.last_text();
-                    let r: redis::RedisResult<i64> = redis::Script::new(RENEW)
-                        .key(pool.task_key("lease", &task))
+                    let script = redis::Script::new(RENEW);
+                    let mut invocation = script.key(pool.task_key("lease", &task));
+                    let call = invocation
                         .key(pool.key("jobs"))
                         .key(pool.task_key("out", &task))
                         .key(pool.task_key("cancel", &task))
                         .arg(&me)
                         .arg(GROUP)
                         .arg(&entry)
-                        .arg(pool.config.lease.as_millis().to_string())
+                        .arg(lease.as_millis().to_string())
                         .arg(tail(&text, PARTIAL_OUTPUT_BYTES))
                         .arg(OUTPUT_TTL.as_millis().to_string())
                         .arg(&consumer)
-                        .invoke_async(&mut conn)
-                        .await;
-                    match r {
-                        Ok(1) => failures = 0,
-                        Ok(2) => {
+                        .invoke_async::<i64>(&mut conn);
+                    match tokio::time::timeout(lease / 3, call).await {
+                        Ok(Ok(1)) => renewed = tokio::time::Instant::now(),
+                        Ok(Ok(2)) => {
+                            renewed = tokio::time::Instant::now();
                             set_once(&why, Stop::Cancelled);
                             token.cancel();
                         }
-                        Ok(_) => {
-                            set_once(&why, Stop::LostLease);
-                            token.cancel();
+                        Ok(Ok(_)) => {
+                            lost();
                             return;
                         }
-                        Err(e) => {
-                            failures += 1;
+                        Ok(Err(e)) => {
                             tracing::warn!(task = %task, "renewing the lease: {e}");
-                            // Past the lease, another worker may hold it: stop, unreported.
-                            if failures >= 3 {
-                                set_once(&why, Stop::LostLease);
-                                token.cancel();
-                                return;
-                            }
                         }
+                        Err(_) => tracing::warn!(task = %task, "renewing the lease timed out"),
+                    }
+                    if renewed.elapsed() >= lease - lease / 4 {
+                        lost();
+                        return;
                     }
                 }
             }))
@@ -791,6 +840,7 @@ impl Worker {
                 .arg(OUTPUT_TTL.as_millis().to_string())
                 .arg(dead)
                 .arg(raw)
+                .arg(&self.name)
                 .invoke_async(conn)
                 .await;
             match r {

@@ -482,13 +482,20 @@ impl Agent {
     async fn push(&mut self, messages: Vec<Message>) -> Result<()> {
         if let Some(w) = &mut self.transcript {
             // Boxed, like every file write here: the agent's future stays small.
-            Box::pin(async {
+            let written = Box::pin(async {
                 for m in &messages {
                     w.message(m).await?;
                 }
                 Ok::<_, Error>(())
             })
-            .await?;
+            .await;
+            if let Err(e) = written {
+                // Not recorded: a later write must not answer for these.
+                for r in self.receipts.drain(..) {
+                    r.answer(false);
+                }
+                return Err(e);
+            }
         }
         self.params = self.params.append(messages);
         // What was injected is in the conversation (and the transcript) now.
