@@ -234,6 +234,11 @@ impl Tool for SendMessageTool {
                 "a structured message goes to a teammate; `{to}` is not one: send it text"
             ));
         };
+        // One of the caller's tasks on a worker pool, on another host.
+        #[cfg(feature = "redis")]
+        if let Some(out) = crate::pool::route_message(cx, to, &envelope(&me, text)).await {
+            return out;
+        }
         let Some(service) = service(cx) else {
             return ToolOutput::error(format!(
                 "no recipient `{to}`: no task is running; `main` reaches the agent that started you"

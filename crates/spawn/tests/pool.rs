@@ -628,3 +628,294 @@ async fn dropping_the_parent_cancels_every_task_it_has_on_the_pool() {
     stop.cancel();
     w.await.unwrap().unwrap();
 }
+
+/// A writing tool on the worker (not read-only: it needs permission).
+#[derive(Debug)]
+struct WriteTool(forkhive_core::ToolDefinition);
+
+#[async_trait]
+impl Tool for WriteTool {
+    fn definition(&self) -> &forkhive_core::ToolDefinition {
+        &self.0
+    }
+    fn is_concurrency_safe(&self, _input: &serde_json::Value) -> bool {
+        false
+    }
+    fn is_read_only(&self) -> bool {
+        false
+    }
+    async fn call(
+        &self,
+        _input: serde_json::Value,
+        _cx: &forkhive_spawn::tool::ToolContext,
+    ) -> forkhive_spawn::tool::ToolOutput {
+        forkhive_spawn::tool::ToolOutput::text("written")
+    }
+}
+
+/// The coordinator's own policy: `Write` to `secret.txt` is denied, any other allowed; every
+/// request is recorded with the agent that asked.
+#[derive(Debug, Default)]
+struct Guard(std::sync::Mutex<Vec<(TaskId, String, serde_json::Value, bool)>>);
+
+#[async_trait]
+impl forkhive_spawn::tool::PermissionPolicy for Guard {
+    async fn check(
+        &self,
+        r: forkhive_spawn::tool::PermissionRequest<'_>,
+    ) -> forkhive_spawn::tool::PermissionDecision {
+        self.0.lock().unwrap().push((
+            *r.agent.id(),
+            r.tool_name().to_owned(),
+            r.input.clone(),
+            r.tool.is_read_only(),
+        ));
+        if r.input["path"].as_str().unwrap_or("").contains("secret") {
+            forkhive_spawn::tool::PermissionDecision::deny("not that file: ask the user")
+        } else {
+            forkhive_spawn::tool::PermissionDecision::Allow
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_workers_permission_request_is_decided_in_the_coordinators_process() {
+    let Some(url) = url() else { return };
+    let pool = Pool::new(&url, &prefix("bubble"), "p", fast()).unwrap();
+    // The worker's model writes the file its prompt names, then says what the tool answered.
+    let model = Arc::new(ScriptedBackend::from_fn(|r: &Request| {
+        let msgs = r.all_messages();
+        let last = msgs.last().unwrap();
+        let answered: Vec<String> = last
+            .content
+            .iter()
+            .filter_map(|b| match b {
+                forkhive_core::ContentBlock::ToolResult { content, .. } => {
+                    Some(format!("{content:?}"))
+                }
+                _ => None,
+            })
+            .collect();
+        if answered.is_empty() {
+            let path = msgs[0].text();
+            Ok(Response::tool_calls([(
+                "Write",
+                serde_json::json!({"path": path}),
+            )]))
+        } else {
+            Ok(Response::say(format!(
+                "the tool said: {}",
+                answered.join(" ")
+            )))
+        }
+    }));
+    let w = Worker::new(pool.reopen(), "w1", move |_job: &Job| {
+        let write = WriteTool(
+            forkhive_core::ToolDefinition::new("Write", "writes", r#"{"type":"object"}"#).unwrap(),
+        );
+        Ok(Agent::builder(model.clone())
+            .model("m")
+            .tools(ToolPool::new([Arc::new(write) as Arc<dyn Tool>]).unwrap()))
+    })
+    .unwrap();
+    let stop = CancellationToken::new();
+    let worker = tokio::spawn(w.run(stop.clone()));
+    let turn = AtomicUsize::new(0);
+    let coordinator = ScriptedBackend::from_fn(move |_r| {
+        Ok(match turn.fetch_add(1, Ordering::SeqCst) {
+            0 => Response::tool_calls([
+                (
+                    "Agent",
+                    serde_json::json!({"description": "secret", "prompt": "secret.txt"}),
+                ),
+                (
+                    "Agent",
+                    serde_json::json!({"description": "notes", "prompt": "notes.txt"}),
+                ),
+            ]),
+            _ => Response::say("noted"),
+        })
+    });
+    let guard = Arc::new(Guard::default());
+    let mut agent = Agent::builder(Arc::new(coordinator))
+        .model("m")
+        .policy(guard.clone())
+        .tools(
+            ToolPool::new([
+                Arc::new(PoolAgentTool::new(pool.clone()).unwrap().with_bubble(true))
+                    as Arc<dyn Tool>,
+            ])
+            .unwrap(),
+        )
+        .build()
+        .await
+        .unwrap();
+    let run = tokio::time::timeout(Duration::from_secs(30), agent.run("go"))
+        .await
+        .unwrap();
+    assert_eq!(run.stop, forkhive_spawn::runtime::StopReason::Completed);
+    let mut got: Vec<(String, String)> = notifications(&agent)
+        .into_iter()
+        .map(|n| (n.summary, n.result.unwrap_or_default()))
+        .collect();
+    got.sort();
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert!(got[0].1.contains("written"), "{got:?}");
+    assert!(got[1].1.contains("not that file: ask the user"), "{got:?}");
+    // Asked here, once per call, about the worker's agents, with the call's own input.
+    // (The coordinator's own `Agent` calls are its policy's too.)
+    let mut asked: Vec<_> = guard
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|a| a.1 == "Write")
+        .cloned()
+        .collect();
+    asked.sort_by_key(|a| a.2.to_string());
+    assert_eq!(asked.len(), 2, "{asked:?}");
+    assert_eq!(
+        asked
+            .iter()
+            .map(|a| (a.1.as_str(), a.2["path"].as_str().unwrap(), a.3))
+            .collect::<Vec<_>>(),
+        [
+            ("Write", "notes.txt", false),
+            ("Write", "secret.txt", false)
+        ]
+    );
+    assert!(
+        asked.iter().all(|a| a.0 != *agent.id()),
+        "asked as the worker's agent"
+    );
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+}
+
+/// A read-only tool that takes a while (the worker's agent is mid-tool-round when a message
+/// arrives).
+#[derive(Debug)]
+struct Slow(forkhive_core::ToolDefinition);
+
+#[async_trait]
+impl Tool for Slow {
+    fn definition(&self) -> &forkhive_core::ToolDefinition {
+        &self.0
+    }
+    fn is_concurrency_safe(&self, _input: &serde_json::Value) -> bool {
+        true
+    }
+    fn is_read_only(&self) -> bool {
+        true
+    }
+    async fn call(
+        &self,
+        _input: serde_json::Value,
+        _cx: &forkhive_spawn::tool::ToolContext,
+    ) -> forkhive_spawn::tool::ToolOutput {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        forkhive_spawn::tool::ToolOutput::text("looked")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn send_message_reaches_a_task_running_on_a_worker() {
+    let Some(url) = url() else { return };
+    let pool = Pool::new(&url, &prefix("send"), "p", fast()).unwrap();
+    // The worker's agent looks for a while, then repeats what its last message held.
+    let model = Arc::new(ScriptedBackend::from_fn(|r: &Request| {
+        let msgs = r.all_messages();
+        if msgs.len() == 1 {
+            return Ok(Response::tool_calls([("Look", serde_json::json!({}))]));
+        }
+        let texts: Vec<String> = msgs
+            .last()
+            .unwrap()
+            .content
+            .iter()
+            .filter_map(|b| b.as_text().map(str::to_owned))
+            .collect();
+        Ok(Response::say(format!("heard: {}", texts.join(" "))))
+    }));
+    let w = Worker::new(pool.reopen(), "w1", move |_job: &Job| {
+        let look = Slow(
+            forkhive_core::ToolDefinition::new("Look", "looks", r#"{"type":"object"}"#).unwrap(),
+        );
+        Ok(Agent::builder(model.clone())
+            .model("m")
+            .tools(ToolPool::new([Arc::new(look) as Arc<dyn Tool>]).unwrap()))
+    })
+    .unwrap();
+    let stop = CancellationToken::new();
+    let worker = tokio::spawn(w.run(stop.clone()));
+    // The coordinator starts a task, then sends it a message by the id its tool result gave.
+    let coordinator = ScriptedBackend::from_fn(|r: &Request| {
+        let msgs = r.all_messages();
+        Ok(match msgs.len() {
+            1 => Response::tool_calls([(
+                "Agent",
+                serde_json::json!({"description": "look", "prompt": "look around"}),
+            )]),
+            3 => {
+                let said = format!("{:?}", msgs[2].content);
+                let at = said.find("agentId: ").unwrap() + "agentId: ".len();
+                let id = &said[at..at + 9];
+                Response::tool_calls([(
+                    "SendMessage",
+                    serde_json::json!({"to": id, "message": "use the staging database"}),
+                )])
+            }
+            _ => Response::say("noted"),
+        })
+    });
+    let tools: Vec<Arc<dyn Tool>> = vec![
+        Arc::new(PoolAgentTool::new(pool.clone()).unwrap()),
+        Arc::new(forkhive_spawn::control::SendMessageTool::new().unwrap()),
+    ];
+    let mut agent = Agent::builder(Arc::new(coordinator))
+        .model("m")
+        .tools(ToolPool::new(tools).unwrap())
+        .build()
+        .await
+        .unwrap();
+    let run = tokio::time::timeout(Duration::from_secs(30), agent.run("go"))
+        .await
+        .unwrap();
+    assert_eq!(run.stop, forkhive_spawn::runtime::StopReason::Completed);
+    let sent = support_texts(&agent);
+    assert!(
+        sent.iter().any(|t| t.starts_with("Sent to pool task ")),
+        "{sent:?}"
+    );
+    let got = notifications(&agent);
+    assert_eq!(got.len(), 1, "{got:?}");
+    let result = got[0].result.clone().unwrap_or_default();
+    assert!(
+        result.contains(&format!(
+            "<message from=\"{}\">use the staging database</message>",
+            agent.id()
+        )),
+        "{result}"
+    );
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+}
+
+/// Every tool result's text in the agent's conversation.
+fn support_texts(agent: &Agent) -> Vec<String> {
+    agent
+        .params()
+        .messages()
+        .iter()
+        .flat_map(|m| m.content.iter())
+        .filter_map(|b| match b {
+            forkhive_core::ContentBlock::ToolResult { content, .. } => Some(format!("{content:?}")),
+            _ => None,
+        })
+        .map(|t| {
+            t.trim_start_matches("Blocks([Text { text: \"")
+                .trim_start_matches("Text(\"")
+                .to_owned()
+        })
+        .collect()
+}

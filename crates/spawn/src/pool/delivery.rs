@@ -55,6 +55,29 @@ struct Inner {
     expected: Expected,
     flushes: mpsc::UnboundedSender<oneshot::Sender<bool>>,
     _loop: AbortOnDropHandle<()>,
+    /// Answers its pool tasks' permission requests with the parent's policy.
+    _asks: AbortOnDropHandle<()>,
+    /// The parent's cancellation.
+    cancel: CancellationToken,
+}
+
+impl Drop for Inner {
+    /// The parent's tree is going. If the parent was cancelled — dropping an agent cancels
+    /// it — its tasks on the pool are cancelled too, on a task of their own (one script),
+    /// whether or not the loop saw the cancellation before it was stopped.
+    fn drop(&mut self) {
+        if !self.cancel.is_cancelled() {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (pool, parent) = (self.pool.clone(), self.parent);
+            rt.spawn(async move {
+                if let Err(e) = pool.cancel_children(&parent).await {
+                    tracing::warn!(parent = %parent, "cancelling its tasks on the pool: {e}");
+                }
+            });
+        }
+    }
 }
 
 impl fmt::Debug for Delivery {
@@ -111,6 +134,7 @@ impl Delivery {
             agent.cancellation().clone(),
             held,
             &waiting,
+            Arc::clone(agent.policy()),
         );
         map.insert(parent, d.clone());
         Ok(d)
@@ -123,7 +147,9 @@ impl Delivery {
         cancel: CancellationToken,
         held: HashSet<String>,
         waiting: &[TaskId],
+        policy: Arc<dyn crate::tool::PermissionPolicy>,
     ) -> Delivery {
+        let asks = tokio::spawn(super::ask::serve(pool.clone(), parent, policy));
         // Promised before the loop's first look, so no notification is pushed unpromised
         // while its promise is still to come.
         let expected: Expected = Arc::new(Mutex::new(
@@ -136,7 +162,7 @@ impl Delivery {
                 parent,
                 queue: queue.clone(),
                 expected: Arc::clone(&expected),
-                cancel,
+                cancel: cancel.clone(),
             },
             held,
             flush_rx,
@@ -149,6 +175,8 @@ impl Delivery {
                 expected,
                 flushes,
                 _loop: AbortOnDropHandle::new(task),
+                _asks: AbortOnDropHandle::new(asks),
+                cancel,
             }),
         }
     }
@@ -360,6 +388,7 @@ impl Drop for Withdraw {
 pub struct PoolAgentTool {
     definition: ToolDefinition,
     pool: Pool,
+    bubble: bool,
 }
 
 #[derive(Deserialize)]
@@ -383,7 +412,16 @@ impl PoolAgentTool {
                 r#"{"type":"object","properties":{"description":{"type":"string","description":"A short (3-5 word) description of the task"},"prompt":{"type":"string","description":"The task for the agent to perform"},"subagent_type":{"type":"string","description":"The type of agent to use"},"idempotent":{"type":"boolean","description":"Whether running the task twice is harmless (then it runs again if its worker dies)"}},"required":["description","prompt"],"additionalProperties":false}"#,
             )?,
             pool,
+            bubble: false,
         })
+    }
+
+    /// Its tasks ask this process about every tool call (`permissionMode: bubble`): the
+    /// calling agent's own policy decides, where the user is, and a worker that gets no answer
+    /// within [`ASK_TIMEOUT`](super::ASK_TIMEOUT) denies the call.
+    pub fn with_bubble(mut self, bubble: bool) -> Self {
+        self.bubble = bubble;
+        self
     }
 }
 
@@ -410,6 +448,11 @@ impl Tool for PoolAgentTool {
             return ToolOutput::error("the pool's Agent tool runs only inside an agent loop");
         };
         let parent = *cx.agent().id();
+        // Its tasks' permission requests are decided by this agent's own policy.
+        let Some(policy) = crate::runtime::AgentShared::of(cx).map(|s| Arc::clone(&s.policy))
+        else {
+            return ToolOutput::error("the pool's Agent tool runs only inside an agent loop");
+        };
         let delivery = {
             let all = caller
                 .tree()
@@ -425,12 +468,14 @@ impl Tool for PoolAgentTool {
                         cx.cancellation().clone(),
                         HashSet::new(),
                         &[],
+                        policy,
                     )
                 })
                 .clone()
         };
-        let mut job =
-            Job::new(parent, input.description, input.prompt).idempotent(input.idempotent);
+        let mut job = Job::new(parent, input.description, input.prompt)
+            .idempotent(input.idempotent)
+            .bubble(self.bubble);
         job.agent_type = input.subagent_type;
         // Expected before it is submitted: a fast worker's report finds the promise. Withdrawn
         // unless the job was submitted — a call dropped mid-way (its timeout) leaves no promise.
@@ -447,4 +492,35 @@ impl Tool for PoolAgentTool {
             self.pool.name, job.task
         ))
     }
+}
+
+/// `SendMessage` to one of the caller's tasks on a pool: `Some` when `to` is a task id the
+/// caller has outstanding on the pool it delivers from (sent, or why not), `None` otherwise
+/// (the local routes apply). `text` is the message as it enters the recipient's conversation.
+pub(crate) async fn route_message(cx: &ToolContext, to: &str, text: &str) -> Option<ToolOutput> {
+    let me = *cx.agent().id();
+    let task: TaskId = to.parse().ok()?;
+    let delivery = cx
+        .caller()?
+        .tree()
+        .extensions()
+        .get::<Deliveries>()?
+        .0
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&me)
+        .cloned()?;
+    let pool = &delivery.inner.pool;
+    match pool.outstanding(&me).await {
+        Ok(kids) if kids.contains(&task) => {}
+        Ok(_) => return None,
+        Err(e) => return Some(ToolOutput::error(format!("could not reach the pool: {e}"))),
+    }
+    Some(match pool.send_message(&task, &me, text).await {
+        Ok(_) => ToolOutput::text(format!(
+            "Sent to pool task {task}; it reads it at its next tool round (if it has ended, \
+             its notification returns the message)."
+        )),
+        Err(e) => ToolOutput::error(format!("could not send to pool task {task}: {e}")),
+    })
 }

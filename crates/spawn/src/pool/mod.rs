@@ -28,7 +28,8 @@
 //! Layout, under `<prefix>:{<pool>}:` (one hash tag: the pool's keys share a cluster slot):
 //! `jobs` (the stream; group `workers`), `dead` (dead letters), `lease:<task>` (the running
 //! worker, expiring), `run:<task>` (that the task started, where), `out:<task>` (its latest
-//! output, refreshed with each lease renewal), `cancel:<task>`, `kids:<parent>` (a parent's
+//! output, refreshed with each lease renewal), `cancel:<task>`, `asks:<parent>` and
+//! `answer:<id>` (permission requests and their answers), `kids:<parent>` (a parent's
 //! tasks not yet delivered), `sub:<task>` (its entry, so a retried submit adds nothing),
 //! `worker:<name>` (a live worker's claim on its name). Cancels are
 //! published on `<prefix>:{<pool>}:cancels`. Notifications use the notification queue's keys
@@ -36,6 +37,7 @@
 //! touches both tags in one script, which is why the pool runs on one Redis node, not a
 //! Cluster.
 
+mod ask;
 mod delivery;
 mod worker;
 
@@ -50,6 +52,8 @@ use crate::error::{Error, Result};
 use crate::mailbox::{RedisHandle, check_name};
 use crate::task::RedisNotificationQueue;
 
+pub use self::ask::{ASK_TIMEOUT, RemoteAsk};
+pub(crate) use self::delivery::route_message;
 pub use self::delivery::{Delivery, PoolAgentTool};
 pub use self::worker::{AgentFactory, Worker, WorkerReport};
 
@@ -148,6 +152,10 @@ pub struct Job {
     /// elsewhere instead of being reported `killed`.
     #[serde(default)]
     pub idempotent: bool,
+    /// Whether the worker's agent asks the parent's process about each tool call
+    /// (`permissionMode: bubble`): the parent agent's own policy decides, where the user is.
+    #[serde(default)]
+    pub bubble: bool,
 }
 
 impl Job {
@@ -160,6 +168,7 @@ impl Job {
             prompt: prompt.into(),
             agent_type: None,
             idempotent: false,
+            bubble: false,
         }
     }
 
@@ -172,6 +181,12 @@ impl Job {
     /// The same job, marked idempotent (see [`Job::idempotent`]).
     pub fn idempotent(mut self, idempotent: bool) -> Self {
         self.idempotent = idempotent;
+        self
+    }
+
+    /// The same job, its permissions decided in the parent's process (see [`Job::bubble`]).
+    pub fn bubble(mut self, bubble: bool) -> Self {
+        self.bubble = bubble;
         self
     }
 }
@@ -229,6 +244,8 @@ pub struct Pool {
     prefix: String,
     name: String,
     queue: RedisNotificationQueue,
+    /// Messages to running tasks: one inbox per task, the pool as its team.
+    mail: crate::mailbox::RedisMailbox,
     config: PoolConfig,
 }
 
@@ -266,7 +283,7 @@ impl Pool {
         for (what, v) in [("key prefix", prefix), ("pool name", name)] {
             check_name(what, v).map_err(|_| {
                 Error::Config(format!(
-                    "pool {what} `{v}`: use 1-64 letters, digits, `_` and `-`"
+                    "{what} `{v}`: use 1-64 letters, digits, `_` and `-`"
                 ))
             })?;
         }
@@ -277,11 +294,13 @@ impl Pool {
             ))
         })?;
         let queue = RedisNotificationQueue::new(url, prefix)?;
+        let mail = crate::mailbox::RedisMailbox::with_prefix(url, prefix)?;
         Ok(Self {
             h,
             prefix: prefix.to_owned(),
             name: name.to_owned(),
             queue,
+            mail,
             config,
         })
     }
@@ -293,6 +312,7 @@ impl Pool {
         Self {
             h: self.h.fresh(),
             queue: self.queue.reopen(),
+            mail: self.mail.reopen(),
             ..self.clone()
         }
     }
@@ -433,6 +453,26 @@ impl Pool {
             .map_err(|e| self.fail("SREM", e))
     }
 
+    /// Gives `text` to the running task `task` from `from`: its agent reads it at its next
+    /// tool-round boundary, wherever it runs ("Coordinator Mode: A Working Multi-Agent System,
+    /// From the Source — SendMessage"). A message that arrives after the agent stopped reading
+    /// is returned in its notification's note. The `SendMessage` tool of an agent with pool
+    /// tasks routes here for them. Returns the letter's id.
+    pub async fn send_message(&self, task: &TaskId, from: &TaskId, text: &str) -> Result<String> {
+        use crate::mailbox::Mailbox;
+        self.mail
+            .send(
+                &self.inbox(task)?,
+                crate::mailbox::Letter::new(from.to_string(), text),
+            )
+            .await
+    }
+
+    /// A task's inbox: the pool is its team (its keys share the pool's hash tag).
+    fn inbox(&self, task: &TaskId) -> Result<crate::mailbox::Inbox> {
+        crate::mailbox::Inbox::new(&self.name, task.to_string())
+    }
+
     /// The jobs the pool gave up on, oldest first (at most `count`).
     pub async fn dead_letters(&self, count: usize) -> Result<Vec<DeadLetter>> {
         let mut conn = self.conn().await?;
@@ -516,7 +556,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "configuration: pool pool name `a:b`: use 1-64 letters, digits, `_` and `-`"
+            "invalid agent configuration: pool name `a:b`: use 1-64 letters, digits, `_` and `-`"
         );
         let p = Pool::new(
             "redis://u:hunter2@127.0.0.1:1",

@@ -1,6 +1,6 @@
 //! A worker process's side of a pool: take jobs, run agents, hold leases, report once.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -725,6 +725,18 @@ impl Worker {
             output: None,
             forward: self.events.clone(),
         });
+        // `bubble`: the parent's process decides every call (the host's policy, replaced).
+        let builder = if job.bubble {
+            builder.policy(Arc::new(super::RemoteAsk::new(
+                self.pool.clone(),
+                job.task,
+                job.parent,
+                token.clone(),
+                super::ASK_TIMEOUT,
+            )))
+        } else {
+            builder
+        };
         let built = builder
             .context(cx)
             .cancellation(token.clone())
@@ -738,8 +750,19 @@ impl Worker {
         if token.is_cancelled() && why.lock().ok().and_then(|w| *w) == Some(Stop::LostLease) {
             return None;
         }
+        // Messages to this task (`Pool::send_message`): into its queue, acknowledged once its
+        // conversation records them.
+        let recorded: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let relay = AbortOnDropHandle::new(tokio::spawn(relay(
+            self.pool.clone(),
+            job.task,
+            agent.pending(),
+            Arc::clone(&recorded),
+        )));
         let run = agent.run(job.prompt.clone()).await;
+        drop(relay);
         drop(renew);
+        let unread = self.unread(&job.task, &recorded).await;
         if stopped_by_shutdown.load(Ordering::Acquire) {
             set_once(&why, Stop::Shutdown);
         }
@@ -773,6 +796,13 @@ impl Worker {
         if !result.is_empty() {
             n = n.with_result(result);
         }
+        if !unread.is_empty() {
+            n.note = Some(format!(
+                "{} message(s) arrived after it stopped reading: {}",
+                unread.len(),
+                unread.join(" ")
+            ));
+        }
         if status == TaskStatus::Killed {
             let note = match stop {
                 Some(Stop::Watchdog) => format!(
@@ -782,9 +812,39 @@ impl Worker {
                 Some(Stop::Shutdown) => "its worker shut down before it finished".to_owned(),
                 _ => "cancelled".to_owned(),
             };
-            n = noted(n, note);
+            n.note = Some(match n.note.take() {
+                Some(before) => format!("{note}; {before}"),
+                None => note,
+            });
         }
         Some(n)
+    }
+
+    /// The letters to `task` its conversation never took in (its run ended first), taken out
+    /// of its inbox: they go back to its parent in its notification.
+    async fn unread(&self, task: &TaskId, recorded: &Mutex<HashSet<String>>) -> Vec<String> {
+        use crate::mailbox::Mailbox;
+        let Ok(inbox) = self.pool.inbox(task) else {
+            return Vec::new();
+        };
+        let letters = match self.pool.mail.receive(&inbox).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(task = %task, "reading its unread messages: {e}");
+                return Vec::new();
+            }
+        };
+        let ids: Vec<String> = letters.iter().map(|d| d.id.clone()).collect();
+        let rec = recorded.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let left = letters
+            .into_iter()
+            .filter(|d| !rec.contains(&d.id))
+            .map(|d| d.text)
+            .collect();
+        if let Err(e) = self.pool.mail.ack(&inbox, &ids).await {
+            tracing::warn!(task = %task, "acknowledging its messages: {e}");
+        }
+        left
     }
 
     /// Reports (when `n`) and acknowledges `entry` in one step; `me` non-empty: only while
@@ -856,6 +916,67 @@ impl Worker {
                     tokio::time::sleep(Duration::from_millis(200 << tries)).await;
                 }
                 Err(e) => return Err(self.fail("reporting", e)),
+            }
+        }
+    }
+}
+
+/// Feeds the letters sent to a running task into its queue; each is acknowledged once the
+/// conversation records it (and `recorded` holds its id), given again if it was dropped.
+async fn relay(
+    pool: Pool,
+    task: TaskId,
+    queue: crate::base::pending::PendingQueue,
+    recorded: Arc<Mutex<HashSet<String>>>,
+) {
+    use crate::base::pending::{PendingMessage, SEND_MESSAGE_ORIGIN};
+    use crate::mailbox::Mailbox;
+    let Ok(inbox) = pool.inbox(&task) else {
+        return;
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, bool)>();
+    let mut in_flight: HashSet<String> = HashSet::new();
+    loop {
+        match pool.mail.receive(&inbox).await {
+            Ok(letters) => {
+                for d in letters {
+                    let seen = recorded
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .contains(&d.id);
+                    if seen || !in_flight.insert(d.id.clone()) {
+                        continue;
+                    }
+                    let (tx, id, rec) = (tx.clone(), d.id.clone(), Arc::clone(&recorded));
+                    queue.push(
+                        PendingMessage::new(d.text, SEND_MESSAGE_ORIGIN).with_receipt(move |ok| {
+                            if ok {
+                                rec.lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .insert(id.clone());
+                            }
+                            let _ = tx.send((id, ok));
+                        }),
+                    );
+                }
+            }
+            Err(e) => {
+                tracing::warn!(task = %task, "reading its messages: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+        let known: Vec<String> = in_flight.iter().cloned().collect();
+        tokio::select! {
+            Some((id, recorded)) = rx.recv() => {
+                in_flight.remove(&id);
+                if recorded && let Err(e) = pool.mail.ack(&inbox, &[id]).await {
+                    tracing::warn!(task = %task, "acknowledging a message: {e}");
+                }
+            }
+            r = pool.mail.wait_beyond(&inbox, &known, Duration::from_secs(30)) => {
+                if r.is_err() {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
             }
         }
     }

@@ -1,0 +1,367 @@
+//! Permission requests across hosts (`permissionMode: bubble`): a pool worker's agent asks,
+//! the coordinator's process — where the user is — decides, and the answer comes back.
+//!
+//! "Chapter 20: Agent Spawning and Orchestration — 20.9 Bridge": permission requests are
+//! proxied back to where the user is. On the worker, [`RemoteAsk`] is the agent's policy: it
+//! adds the request to the parent's `asks:<parent>` stream and blocks on the one-shot list
+//! `answer:<id>`. On the coordinator, the parent's [`Delivery`](super::Delivery) reads the
+//! stream, asks the parent agent's own policy, and answers — only while the request is still
+//! there, so a request the worker gave up on (timed out, cancelled) is never answered late.
+//! Every failure denies: a worker never runs a call nobody allowed.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use forkhive_core::{TaskId, ToolDefinition};
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::Pool;
+use crate::base::context::{AgentContext, AgentKind, QuerySource};
+use crate::tool::{
+    PermissionDecision, PermissionPolicy, PermissionRequest, Tool, ToolContext, ToolOutput,
+};
+
+/// How long a worker's agent waits for the coordinator's answer before the call is denied.
+pub const ASK_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How long an answer waits for its asker.
+const ANSWER_TTL: Duration = Duration::from_secs(60);
+
+/// The answer, as it travels.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "snake_case")]
+enum Answer {
+    Allow,
+    Deny { reason: String },
+    Input { input: serde_json::Value },
+}
+
+/// KEYS: asks, answer. ARGV: entry, answer JSON, ttl ms. Answers only a request still asked.
+const ANSWER: &str = r"
+if redis.call('XDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('LPUSH', KEYS[2], ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return 1
+";
+
+/// A pool worker's agent's policy when its job asks to bubble: every decision is made by the
+/// job's parent, in the coordinator's process.
+pub struct RemoteAsk {
+    pool: Pool,
+    task: TaskId,
+    parent: TaskId,
+    cancel: CancellationToken,
+    timeout: Duration,
+}
+
+impl fmt::Debug for RemoteAsk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RemoteAsk")
+            .field("task", &self.task)
+            .field("parent", &self.parent)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RemoteAsk {
+    /// Asks `parent`'s process about `task`'s calls, giving up (denying) after `timeout` or
+    /// when `cancel` is cancelled.
+    pub(crate) fn new(
+        pool: Pool,
+        task: TaskId,
+        parent: TaskId,
+        cancel: CancellationToken,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            pool,
+            task,
+            parent,
+            cancel,
+            timeout,
+        }
+    }
+
+    async fn ask(&self, request: &PermissionRequest<'_>) -> Result<PermissionDecision, String> {
+        let asks = self.pool.task_key("asks", &self.parent);
+        let id = crate::mailbox::new_id();
+        let answer_key = self.pool.key(&format!("answer:{id}"));
+        let input = serde_json::to_string(request.input).map_err(|e| e.to_string())?;
+        let mut conn = self.pool.conn().await.map_err(|e| e.to_string())?;
+        let entry: String = redis::cmd("XADD")
+            .arg(&asks)
+            .arg("*")
+            .arg("id")
+            .arg(&id)
+            .arg("task")
+            .arg(self.task.to_string())
+            .arg("tool")
+            .arg(request.tool_name())
+            .arg("read_only")
+            .arg(if request.tool.is_read_only() {
+                "1"
+            } else {
+                "0"
+            })
+            .arg("input")
+            .arg(&input)
+            .arg("tool_use_id")
+            .arg(request.tool_use_id)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        // A blocking pop on a connection of its own (no response timeout: redis-rs#1236).
+        let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+        let waited = async {
+            let mut blocking = self
+                .pool
+                .h
+                .client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            redis::cmd("BLPOP")
+                .arg(&answer_key)
+                .arg(self.timeout.as_secs_f64())
+                .query_async::<Option<(String, String)>>(&mut blocking)
+                .await
+        };
+        let got = tokio::select! {
+            biased;
+            () = self.cancel.cancelled() => Err("the task was cancelled while it waited".to_owned()),
+            r = waited => r.map_err(|e| e.to_string()),
+        };
+        let answer = match got {
+            Ok(Some((_, json))) => json,
+            other => {
+                // Withdrawn: an answer after this is never given.
+                let _: redis::RedisResult<i64> = redis::cmd("XDEL")
+                    .arg(&asks)
+                    .arg(&entry)
+                    .query_async(&mut conn)
+                    .await;
+                return Err(match other {
+                    Ok(_) => format!(
+                        "no answer from the coordinator's process within {} s",
+                        self.timeout.as_secs()
+                    ),
+                    Err(e) => e,
+                });
+            }
+        };
+        match serde_json::from_str::<Answer>(&answer) {
+            Ok(Answer::Allow) => Ok(PermissionDecision::Allow),
+            Ok(Answer::Deny { reason }) => Ok(PermissionDecision::deny(reason)),
+            Ok(Answer::Input { input }) => Ok(PermissionDecision::AllowWithInput(input)),
+            Err(e) => Err(format!("an answer that is not one ({e})")),
+        }
+    }
+}
+
+#[async_trait]
+impl PermissionPolicy for RemoteAsk {
+    async fn check(&self, request: PermissionRequest<'_>) -> PermissionDecision {
+        match self.ask(&request).await {
+            Ok(d) => d,
+            Err(why) => PermissionDecision::deny(format!(
+                "permission for {} was asked of the coordinator and not given: {why}",
+                request.tool_name()
+            )),
+        }
+    }
+}
+
+/// A worker's tool as the coordinator's policy sees it: its name and whether it only reads.
+#[derive(Debug)]
+struct Remote {
+    definition: ToolDefinition,
+    read_only: bool,
+}
+
+#[async_trait]
+impl Tool for Remote {
+    fn definition(&self) -> &ToolDefinition {
+        &self.definition
+    }
+    fn is_concurrency_safe(&self, _input: &serde_json::Value) -> bool {
+        false
+    }
+    fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+    async fn call(&self, _input: serde_json::Value, _cx: &ToolContext) -> ToolOutput {
+        ToolOutput::error("this tool runs on a pool worker")
+    }
+}
+
+/// Answers the parent's asks with `policy` until cancelled (the parent's delivery runs it).
+pub(super) async fn serve(
+    pool: Pool,
+    parent: TaskId,
+    policy: Arc<dyn crate::tool::PermissionPolicy>,
+) {
+    let asks = pool.task_key("asks", &parent);
+    let mut answering: JoinSet<String> = JoinSet::new();
+    let mut open: HashSet<String> = HashSet::new();
+    loop {
+        while let Some(done) = answering.try_join_next() {
+            if let Ok(entry) = done {
+                open.remove(&entry);
+            }
+        }
+        let look = async {
+            let mut conn = pool.conn().await?;
+            let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+                .arg(&asks)
+                .arg("-")
+                .arg("+")
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| pool.fail("XRANGE", e))?;
+            Ok::<_, crate::Error>(reply)
+        };
+        let reply = match look.await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(parent = %parent, "reading permission requests: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        let last = reply
+            .ids
+            .last()
+            .map_or_else(|| "0-0".to_owned(), |e| e.id.clone());
+        for e in &reply.ids {
+            if !open.insert(e.id.clone()) {
+                continue;
+            }
+            let (pool, policy, parent) = (pool.clone(), Arc::clone(&policy), parent);
+            let e = e.clone();
+            answering.spawn(async move {
+                answer(&pool, &parent, &*policy, &e).await;
+                e.id
+            });
+        }
+        // Until a new request arrives (or half a minute passes).
+        let _ = crate::mailbox::redis_wait_on_stream(
+            &pool.h.client,
+            &asks,
+            Duration::from_secs(30),
+            || {
+                let (pool, asks, last) = (pool.clone(), asks.clone(), last.clone());
+                async move {
+                    let mut conn = pool.conn().await?;
+                    let newest: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
+                        .arg(&asks)
+                        .arg("+")
+                        .arg("-")
+                        .arg("COUNT")
+                        .arg(1)
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(|e| pool.fail("XREVRANGE", e))?;
+                    let now = newest
+                        .ids
+                        .first()
+                        .map_or_else(|| "0-0".to_owned(), |e| e.id.clone());
+                    let moved = now != last;
+                    Ok((now, moved))
+                }
+            },
+            |what, e| pool.fail(what, e),
+        )
+        .await;
+    }
+}
+
+/// One request: the parent's policy decides; the answer is given if it is still asked.
+async fn answer(
+    pool: &Pool,
+    parent: &TaskId,
+    policy: &dyn PermissionPolicy,
+    e: &redis::streams::StreamId,
+) {
+    let field = |k: &str| e.get::<String>(k).unwrap_or_default();
+    let (id, tool) = (field("id"), field("tool"));
+    let decision = match (
+        check_id(&id),
+        ToolDefinition::new(
+            tool.clone(),
+            "a tool on a pool worker",
+            r#"{"type":"object"}"#,
+        ),
+        serde_json::from_str::<serde_json::Value>(&field("input")),
+        field("task").parse::<TaskId>(),
+    ) {
+        (true, Ok(definition), Ok(input), Ok(task)) => {
+            let remote = Remote {
+                definition,
+                read_only: field("read_only") == "1",
+            };
+            let cx = AgentContext::new(task, AgentKind::Subagent, QuerySource::default_agent())
+                .with_lineage(Some(*parent), 1);
+            let tool_use_id = field("tool_use_id");
+            let d = policy
+                .check(PermissionRequest {
+                    tool: &remote,
+                    input: &input,
+                    agent: &cx,
+                    tool_use_id: &tool_use_id,
+                })
+                .await;
+            match d {
+                PermissionDecision::Allow => Answer::Allow,
+                PermissionDecision::Deny { reason } => Answer::Deny { reason },
+                PermissionDecision::AllowWithInput(input) => Answer::Input { input },
+            }
+        }
+        _ => Answer::Deny {
+            reason: "a malformed permission request".to_owned(),
+        },
+    };
+    if !check_id(&id) {
+        // Nothing to answer to: only dropped.
+        let _ = drop_entry(pool, parent, &e.id).await;
+        return;
+    }
+    let Ok(json) = serde_json::to_string(&decision) else {
+        return;
+    };
+    let r = async {
+        let mut conn = pool.conn().await?;
+        redis::Script::new(ANSWER)
+            .key(pool.task_key("asks", parent))
+            .key(pool.key(&format!("answer:{id}")))
+            .arg(&e.id)
+            .arg(&json)
+            .arg(ANSWER_TTL.as_millis().to_string())
+            .invoke_async::<i64>(&mut conn)
+            .await
+            .map_err(|err| pool.fail("answering a permission request", err))
+    }
+    .await;
+    if let Err(err) = r {
+        tracing::warn!(parent = %parent, "answering a permission request: {err}");
+    }
+}
+
+/// An ask id is the crate's own (hex): anything else is not made into a key.
+fn check_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
+async fn drop_entry(pool: &Pool, parent: &TaskId, entry: &str) -> crate::Result<()> {
+    let mut conn = pool.conn().await?;
+    redis::cmd("XDEL")
+        .arg(pool.task_key("asks", parent))
+        .arg(entry)
+        .query_async::<i64>(&mut conn)
+        .await
+        .map(|_| ())
+        .map_err(|e| pool.fail("XDEL", e))
+}
