@@ -162,19 +162,9 @@ struct SendInput {
     summary: Option<String>,
 }
 
-/// `<message from="…">text</message>`, the text escaped so it cannot close the element.
+/// `<message from="…">text</message>` (see [`crate::base::pending::message_envelope`]).
 fn envelope(from: &TaskId, text: &str) -> String {
-    let mut out = format!("<message from=\"{from}\">");
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            c => out.push(c),
-        }
-    }
-    out.push_str("</message>");
-    out
+    crate::base::pending::message_envelope(&from.to_string(), text)
 }
 
 #[async_trait]
@@ -236,7 +226,7 @@ impl Tool for SendMessageTool {
         };
         // One of the caller's tasks on a worker pool, on another host.
         #[cfg(feature = "redis")]
-        if let Some(out) = crate::pool::route_message(cx, to, &envelope(&me, text)).await {
+        if let Some(out) = crate::pool::route_message(cx, to, text).await {
             return out;
         }
         let Some(service) = service(cx) else {

@@ -8,6 +8,10 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
+use support::{key_prefix as prefix, redis_url as url};
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,28 +27,6 @@ use forkhive_spawn::tool::{Tool, ToolPool};
 use forkhive_transport::request::events_for;
 use forkhive_transport::{Backend, EventStream, Request, Response, ScriptedBackend};
 use tokio_util::sync::CancellationToken;
-
-fn url() -> Option<String> {
-    match std::env::var("FORKHIVE_REDIS_URL") {
-        Ok(url) => Some(url),
-        Err(_) if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("CI=true but FORKHIVE_REDIS_URL is not set: scripts/redis-server.sh start")
-        }
-        Err(_) => {
-            eprintln!("skipped: no FORKHIVE_REDIS_URL (run scripts/redis-server.sh start)");
-            None
-        }
-    }
-}
-
-/// A key prefix of this run's own.
-fn prefix(test: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("t{}-{test}", nanos % 1_000_000_000_000)
-}
 
 fn fast() -> PoolConfig {
     PoolConfig::default()
@@ -629,30 +611,6 @@ async fn dropping_the_parent_cancels_every_task_it_has_on_the_pool() {
     w.await.unwrap().unwrap();
 }
 
-/// A writing tool on the worker (not read-only: it needs permission).
-#[derive(Debug)]
-struct WriteTool(forkhive_core::ToolDefinition);
-
-#[async_trait]
-impl Tool for WriteTool {
-    fn definition(&self) -> &forkhive_core::ToolDefinition {
-        &self.0
-    }
-    fn is_concurrency_safe(&self, _input: &serde_json::Value) -> bool {
-        false
-    }
-    fn is_read_only(&self) -> bool {
-        false
-    }
-    async fn call(
-        &self,
-        _input: serde_json::Value,
-        _cx: &forkhive_spawn::tool::ToolContext,
-    ) -> forkhive_spawn::tool::ToolOutput {
-        forkhive_spawn::tool::ToolOutput::text("written")
-    }
-}
-
 /// The coordinator's own policy: `Write` to `secret.txt` is denied, any other allowed; every
 /// request is recorded with the agent that asked.
 #[derive(Debug, Default)]
@@ -710,12 +668,11 @@ async fn a_workers_permission_request_is_decided_in_the_coordinators_process() {
         }
     }));
     let w = Worker::new(pool.reopen(), "w1", move |_job: &Job| {
-        let write = WriteTool(
-            forkhive_core::ToolDefinition::new("Write", "writes", r#"{"type":"object"}"#).unwrap(),
-        );
+        // Not read-only: it needs permission.
+        let write = support::TestTool::sleeper("Write", false, 0).arc();
         Ok(Agent::builder(model.clone())
             .model("m")
-            .tools(ToolPool::new([Arc::new(write) as Arc<dyn Tool>]).unwrap()))
+            .tools(ToolPool::new([write]).unwrap()))
     })
     .unwrap();
     let stop = CancellationToken::new();
@@ -760,7 +717,10 @@ async fn a_workers_permission_request_is_decided_in_the_coordinators_process() {
         .collect();
     got.sort();
     assert_eq!(got.len(), 2, "{got:?}");
-    assert!(got[0].1.contains("written"), "{got:?}");
+    assert!(
+        got[0].1.contains("Write {") && got[0].1.contains("notes.txt"),
+        "{got:?}"
+    );
     assert!(got[1].1.contains("not that file: ask the user"), "{got:?}");
     // Asked here, once per call, about the worker's agents, with the call's own input.
     // (The coordinator's own `Agent` calls are its policy's too.)
@@ -792,32 +752,6 @@ async fn a_workers_permission_request_is_decided_in_the_coordinators_process() {
     worker.await.unwrap().unwrap();
 }
 
-/// A read-only tool that takes a while (the worker's agent is mid-tool-round when a message
-/// arrives).
-#[derive(Debug)]
-struct Slow(forkhive_core::ToolDefinition);
-
-#[async_trait]
-impl Tool for Slow {
-    fn definition(&self) -> &forkhive_core::ToolDefinition {
-        &self.0
-    }
-    fn is_concurrency_safe(&self, _input: &serde_json::Value) -> bool {
-        true
-    }
-    fn is_read_only(&self) -> bool {
-        true
-    }
-    async fn call(
-        &self,
-        _input: serde_json::Value,
-        _cx: &forkhive_spawn::tool::ToolContext,
-    ) -> forkhive_spawn::tool::ToolOutput {
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        forkhive_spawn::tool::ToolOutput::text("looked")
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn send_message_reaches_a_task_running_on_a_worker() {
     let Some(url) = url() else { return };
@@ -838,12 +772,11 @@ async fn send_message_reaches_a_task_running_on_a_worker() {
         Ok(Response::say(format!("heard: {}", texts.join(" "))))
     }));
     let w = Worker::new(pool.reopen(), "w1", move |_job: &Job| {
-        let look = Slow(
-            forkhive_core::ToolDefinition::new("Look", "looks", r#"{"type":"object"}"#).unwrap(),
-        );
+        // Read-only, and slow: the agent is mid-tool-round when the message arrives.
+        let look = support::TestTool::sleeper("Look", true, 700).arc();
         Ok(Agent::builder(model.clone())
             .model("m")
-            .tools(ToolPool::new([Arc::new(look) as Arc<dyn Tool>]).unwrap()))
+            .tools(ToolPool::new([look]).unwrap()))
     })
     .unwrap();
     let stop = CancellationToken::new();
@@ -918,4 +851,76 @@ fn support_texts(agent: &Agent) -> Vec<String> {
                 .to_owned()
         })
         .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_message_to_a_task_that_never_read_it_comes_back_and_an_ended_task_takes_none() {
+    let Some(url) = url() else { return };
+    let pool = Pool::new(&url, &prefix("unread"), "p", fast()).unwrap();
+    let dad = parent();
+    let job = Job::new(dad, "queued", "x");
+    pool.submit(&job).await.unwrap();
+    pool.send_message(&job.task, &dad, "use </message> the staging DB")
+        .await
+        .unwrap();
+    // Cancelled before any worker started it: it never read the message.
+    pool.cancel(&job.task).await.unwrap();
+    let (w, stop) = start_worker(&pool, "w1", answering(Duration::ZERO));
+    let got = pending_n(&pool, &dad, 1).await;
+    assert_eq!(
+        got[0].note.as_deref(),
+        Some(
+            format!(
+                "cancelled before it started; 1 message(s) arrived after it stopped reading: \
+                 <message from=\"{dad}\">use &lt;/message&gt; the staging DB</message>"
+            )
+            .as_str()
+        )
+    );
+    // Reported: its inbox is closed.
+    let e = pool
+        .send_message(&job.task, &dad, "too late")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!("task {}: it has ended and takes no more messages", job.task)
+    );
+    stop.cancel();
+    w.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn attaching_again_while_a_notification_waits_does_not_leave_the_parent_waiting() {
+    let Some(url) = url() else { return };
+    let pool = Pool::new(&url, &prefix("reattach"), "p", fast()).unwrap();
+    let mut agent = Agent::builder(answering(Duration::ZERO))
+        .model("m")
+        .build()
+        .await
+        .unwrap();
+    let dad = *agent.id();
+    let first = Delivery::attach(&pool, &agent).await.unwrap();
+    let job = Job::new(dad, "one", "x");
+    first.expect(job.task);
+    pool.submit(&job).await.unwrap();
+    let (w, stop) = start_worker(&pool, "w1", answering(Duration::ZERO));
+    // Its notification reaches the agent's queue (the promise kept), not yet the conversation.
+    for _ in 0..200 {
+        if !agent.pending().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(agent.pending().len(), 1);
+    // The host attaches again: the task is still outstanding, but no new promise is made.
+    let again = Delivery::attach(&pool, &agent).await.unwrap();
+    assert_eq!(again.parent(), dad);
+    let run = tokio::time::timeout(Duration::from_secs(10), agent.run_pending())
+        .await
+        .expect("the parent waited for a promise nobody keeps");
+    assert_eq!(run.stop, forkhive_spawn::runtime::StopReason::Completed);
+    assert_eq!(notifications(&agent).len(), 1);
+    stop.cancel();
+    w.await.unwrap().unwrap();
 }

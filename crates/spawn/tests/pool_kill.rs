@@ -11,6 +11,10 @@
 #![cfg(all(feature = "redis", unix))]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
+use support::redis_url as url;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -27,19 +31,6 @@ use tokio_util::sync::CancellationToken;
 
 const TASKS: usize = 1000;
 const WORKERS: usize = 3;
-
-fn url() -> Option<String> {
-    match std::env::var("FORKHIVE_REDIS_URL") {
-        Ok(url) => Some(url),
-        Err(_) if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("CI=true but FORKHIVE_REDIS_URL is not set: scripts/redis-server.sh start")
-        }
-        Err(_) => {
-            eprintln!("skipped: no FORKHIVE_REDIS_URL (run scripts/redis-server.sh start)");
-            None
-        }
-    }
-}
 
 fn config() -> PoolConfig {
     PoolConfig::default()

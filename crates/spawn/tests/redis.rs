@@ -7,32 +7,12 @@
 
 mod support;
 
+use support::{key_prefix as prefix, redis_url as url};
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use forkhive_spawn::mailbox::{Inbox, Letter, Mailbox, RedisMailbox, conformance};
-
-fn url() -> Option<String> {
-    match std::env::var("FORKHIVE_REDIS_URL") {
-        Ok(url) => Some(url),
-        Err(_) if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("CI=true but FORKHIVE_REDIS_URL is not set: scripts/redis-server.sh start")
-        }
-        Err(_) => {
-            eprintln!("skipped: no FORKHIVE_REDIS_URL (run scripts/redis-server.sh start)");
-            None
-        }
-    }
-}
-
-/// A key prefix of this run's own, so runs and tests never share inboxes.
-fn prefix(test: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("t{}-{test}", nanos % 1_000_000_000_000)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_redis_mailbox_conforms() {

@@ -33,9 +33,11 @@ use crate::error::{Error, Result};
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "forkhive";
 
-/// Stores the letter unless its id is still unacknowledged; returns its id.
-/// KEYS: stream, ids. ARGV: id, then field/value pairs.
+/// Stores the letter unless its id is still unacknowledged; returns its id. With a third key,
+/// stores nothing while that key exists (an inbox closed by its reader) and returns nil.
+/// KEYS: stream, ids[, closed]. ARGV: id, then field/value pairs.
 const SEND: &str = r"
+if #KEYS > 2 and redis.call('EXISTS', KEYS[3]) == 1 then return false end
 local known = redis.call('HGET', KEYS[2], ARGV[1])
 if known then return ARGV[1] end
 local fields = {}
@@ -268,6 +270,49 @@ impl RedisMailbox {
         }
     }
 
+    /// Sends `letter` unless the key `closed` exists (its reader closed the inbox): `None`
+    /// then, and nothing stored — checked and stored in one script.
+    pub(crate) async fn send_unless(
+        &self,
+        to: &Inbox,
+        letter: Letter,
+        closed: &str,
+    ) -> Result<Option<String>> {
+        self.send_inner(to, letter, Some(closed)).await
+    }
+
+    async fn send_inner(
+        &self,
+        to: &Inbox,
+        letter: Letter,
+        closed: Option<&str>,
+    ) -> Result<Option<String>> {
+        let (stream, ids) = self.keys(to);
+        let id = letter.id.unwrap_or_else(new_id);
+        let mut fields = vec![
+            ("id", id.clone()),
+            ("from", letter.from),
+            ("text", letter.text),
+            ("ts", timestamp_now()),
+        ];
+        fields.extend(letter.summary.map(|s| ("summary", s)));
+        fields.extend(letter.color.map(|c| ("color", c)));
+        let mut conn = self.conn(to).await?;
+        let script = redis::Script::new(SEND);
+        let mut call = script.key(&stream);
+        call.key(&ids);
+        if let Some(k) = closed {
+            call.key(k);
+        }
+        call.arg(&id);
+        for (k, v) in &fields {
+            call.arg(*k).arg(v);
+        }
+        call.invoke_async::<Option<String>>(&mut conn)
+            .await
+            .map_err(|e| self.fail(to, "send", e))
+    }
+
     fn keys(&self, inbox: &Inbox) -> (String, String) {
         let (p, t, a) = (&self.prefix, inbox.team(), inbox.agent());
         (
@@ -325,26 +370,12 @@ impl RedisMailbox {
 #[async_trait]
 impl Mailbox for RedisMailbox {
     async fn send(&self, to: &Inbox, letter: Letter) -> Result<String> {
-        let (stream, ids) = self.keys(to);
-        let id = letter.id.unwrap_or_else(new_id);
-        let mut fields = vec![
-            ("id", id.clone()),
-            ("from", letter.from),
-            ("text", letter.text),
-            ("ts", timestamp_now()),
-        ];
-        fields.extend(letter.summary.map(|s| ("summary", s)));
-        fields.extend(letter.color.map(|c| ("color", c)));
-        let mut conn = self.conn(to).await?;
-        let script = redis::Script::new(SEND);
-        let mut call = script.key(&stream);
-        call.key(&ids).arg(&id);
-        for (k, v) in &fields {
-            call.arg(*k).arg(v);
-        }
-        call.invoke_async::<String>(&mut conn)
-            .await
-            .map_err(|e| self.fail(to, "send", e))
+        self.send_inner(to, letter, None)
+            .await?
+            .ok_or_else(|| Error::Mailbox {
+                inbox: to.to_string(),
+                message: "the letter was not stored".to_owned(),
+            })
     }
 
     async fn receive(&self, inbox: &Inbox) -> Result<Vec<Delivered>> {

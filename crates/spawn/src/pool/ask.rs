@@ -41,9 +41,11 @@ enum Answer {
     Input { input: serde_json::Value },
 }
 
-/// KEYS: asks, answer. ARGV: entry, answer JSON, ttl ms. Answers only a request still asked.
+/// KEYS: asks, answer, kids. ARGV: entry, answer JSON, ttl ms, task. Answers only a request
+/// still asked, by one of the parent's own tasks (any other is dropped unanswered).
 const ANSWER: &str = r"
 if redis.call('XDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
+if redis.call('SISMEMBER', KEYS[3], ARGV[4]) == 0 then return -1 end
 redis.call('LPUSH', KEYS[2], ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return 1
@@ -89,15 +91,11 @@ impl RemoteAsk {
 
     async fn ask(&self, request: &PermissionRequest<'_>) -> Result<PermissionDecision, String> {
         let asks = self.pool.task_key("asks", &self.parent);
-        let id = crate::mailbox::new_id();
-        let answer_key = self.pool.key(&format!("answer:{id}"));
         let input = serde_json::to_string(request.input).map_err(|e| e.to_string())?;
         let mut conn = self.pool.conn().await.map_err(|e| e.to_string())?;
         let entry: String = redis::cmd("XADD")
             .arg(&asks)
             .arg("*")
-            .arg("id")
-            .arg(&id)
             .arg("task")
             .arg(self.task.to_string())
             .arg("tool")
@@ -115,7 +113,10 @@ impl RemoteAsk {
             .query_async(&mut conn)
             .await
             .map_err(|e| e.to_string())?;
-        // A blocking pop on a connection of its own (no response timeout: redis-rs#1236).
+        // The answer's key is the request's entry, which only the stream gives out.
+        let answer_key = answer_key(&self.pool, &self.parent, &entry);
+        // A blocking pop on a connection of its own (no response timeout: redis-rs#1236),
+        // bounded on this side too (a connection that died in silence).
         let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
         let waited = async {
             let mut blocking = self
@@ -133,7 +134,10 @@ impl RemoteAsk {
         let got = tokio::select! {
             biased;
             () = self.cancel.cancelled() => Err("the task was cancelled while it waited".to_owned()),
-            r = waited => r.map_err(|e| e.to_string()),
+            r = tokio::time::timeout(self.timeout + Duration::from_secs(2), waited) => match r {
+                Ok(r) => r.map_err(|e| e.to_string()),
+                Err(_) => Ok(None),
+            },
         };
         let answer = match got {
             Ok(Some((_, json))) => json,
@@ -248,7 +252,7 @@ pub(super) async fn serve(
             });
         }
         // Until a new request arrives (or half a minute passes).
-        let _ = crate::mailbox::redis_wait_on_stream(
+        let waited = crate::mailbox::redis_wait_on_stream(
             &pool.h.client,
             &asks,
             Duration::from_secs(30),
@@ -276,7 +280,16 @@ pub(super) async fn serve(
             |what, e| pool.fail(what, e),
         )
         .await;
+        if let Err(e) = waited {
+            tracing::warn!(parent = %parent, "waiting for permission requests: {e}");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
     }
+}
+
+/// Where the answer to the request at `entry` of `parent`'s stream goes.
+fn answer_key(pool: &Pool, parent: &TaskId, entry: &str) -> String {
+    pool.key(&format!("answer:{parent}:{entry}"))
 }
 
 /// One request: the parent's policy decides; the answer is given if it is still asked.
@@ -287,23 +300,35 @@ async fn answer(
     e: &redis::streams::StreamId,
 ) {
     let field = |k: &str| e.get::<String>(k).unwrap_or_default();
-    let (id, tool) = (field("id"), field("tool"));
+    let tool = field("tool");
+    // Asked longer ago than a worker waits: it has given up (denied); nobody to answer.
+    let at: u64 =
+        e.id.split('-')
+            .next()
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or(0);
+    let timeout_ms = u64::try_from(ASK_TIMEOUT.as_millis()).unwrap_or(u64::MAX);
+    if super::now_ms().saturating_sub(at) > timeout_ms {
+        let _ = drop_entry(pool, parent, &e.id).await;
+        return;
+    }
+    let task = field("task").parse::<TaskId>();
     let decision = match (
-        check_id(&id),
         ToolDefinition::new(
             tool.clone(),
             "a tool on a pool worker",
             r#"{"type":"object"}"#,
         ),
         serde_json::from_str::<serde_json::Value>(&field("input")),
-        field("task").parse::<TaskId>(),
+        &task,
     ) {
-        (true, Ok(definition), Ok(input), Ok(task)) => {
+        (Ok(definition), Ok(input), Ok(task)) => {
+            // `read_only` is the worker's word (Redis and its workers are trusted).
             let remote = Remote {
                 definition,
                 read_only: field("read_only") == "1",
             };
-            let cx = AgentContext::new(task, AgentKind::Subagent, QuerySource::default_agent())
+            let cx = AgentContext::new(*task, AgentKind::Subagent, QuerySource::default_agent())
                 .with_lineage(Some(*parent), 1);
             let tool_use_id = field("tool_use_id");
             let d = policy
@@ -324,35 +349,32 @@ async fn answer(
             reason: "a malformed permission request".to_owned(),
         },
     };
-    if !check_id(&id) {
-        // Nothing to answer to: only dropped.
-        let _ = drop_entry(pool, parent, &e.id).await;
-        return;
-    }
     let Ok(json) = serde_json::to_string(&decision) else {
         return;
     };
+    let task = task.map(|t| t.to_string()).unwrap_or_default();
     let r = async {
         let mut conn = pool.conn().await?;
         redis::Script::new(ANSWER)
             .key(pool.task_key("asks", parent))
-            .key(pool.key(&format!("answer:{id}")))
+            .key(answer_key(pool, parent, &e.id))
+            .key(pool.task_key("kids", parent))
             .arg(&e.id)
             .arg(&json)
             .arg(ANSWER_TTL.as_millis().to_string())
+            .arg(&task)
             .invoke_async::<i64>(&mut conn)
             .await
             .map_err(|err| pool.fail("answering a permission request", err))
     }
     .await;
-    if let Err(err) = r {
-        tracing::warn!(parent = %parent, "answering a permission request: {err}");
+    match r {
+        Ok(-1) => {
+            tracing::warn!(parent = %parent, "a permission request from `{task}`, not one of its tasks, was dropped")
+        }
+        Ok(_) => {}
+        Err(err) => tracing::warn!(parent = %parent, "answering a permission request: {err}"),
     }
-}
-
-/// An ask id is the crate's own (hex): anything else is not made into a key.
-fn check_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
 async fn drop_entry(pool: &Pool, parent: &TaskId, entry: &str) -> crate::Result<()> {

@@ -18,7 +18,15 @@ use crate::error::Result;
 use crate::task::queue::NotificationQueue;
 use crate::tool::{InBackground, Tool, ToolContext, ToolOutput};
 
-type Expected = Arc<Mutex<HashMap<TaskId, Expectation>>>;
+/// The parent's promises for its pool tasks, and the tasks whose notification it was given (or
+/// its conversation held): a task is promised at most until then, never again.
+#[derive(Default)]
+struct Promises {
+    waiting: HashMap<TaskId, Expectation>,
+    given: HashSet<TaskId>,
+}
+
+type Expected = Arc<Mutex<Promises>>;
 
 /// Feeds one parent agent's notifications from the pool into its conversation, and
 /// acknowledges each — marks it delivered, in the same store the workers report into — only
@@ -152,9 +160,10 @@ impl Delivery {
         let asks = tokio::spawn(super::ask::serve(pool.clone(), parent, policy));
         // Promised before the loop's first look, so no notification is pushed unpromised
         // while its promise is still to come.
-        let expected: Expected = Arc::new(Mutex::new(
-            waiting.iter().map(|t| (*t, queue.expect())).collect(),
-        ));
+        let expected: Expected = Arc::new(Mutex::new(Promises {
+            waiting: waiting.iter().map(|t| (*t, queue.expect())).collect(),
+            given: HashSet::new(),
+        }));
         let (flushes, flush_rx) = mpsc::unbounded_channel();
         let task = tokio::spawn(deliver(
             Loop {
@@ -199,15 +208,27 @@ impl Delivery {
         Ok(rx.await.unwrap_or(false))
     }
 
+    /// Cancels every task the parent has on the pool and was not told of yet, and waits for
+    /// that to be recorded (see [`Pool::cancel_children`]): what a host ending its process on
+    /// purpose calls, since a cancel made while the runtime shuts down may not run.
+    pub async fn cancel_tasks(&self) -> Result<u64> {
+        self.inner.pool.cancel_children(&self.inner.parent).await
+    }
+
     /// Makes the parent wait for `task`'s notification (as [`PoolAgentTool`] does for each
     /// task it submits).
     pub fn expect(&self, task: TaskId) {
-        self.inner
+        let mut p = self
+            .inner
             .expected
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(task)
-            .or_insert_with(|| self.inner.queue.expect());
+            .unwrap_or_else(|e| e.into_inner());
+        // Given already (a second attach while its notification waits in the queue): a new
+        // promise would never be kept.
+        if !p.given.contains(&task) {
+            let queue = &self.inner.queue;
+            p.waiting.entry(task).or_insert_with(|| queue.expect());
+        }
     }
 
     fn withdraw(&self, task: &TaskId) {
@@ -215,6 +236,7 @@ impl Delivery {
             .expected
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .waiting
             .remove(task);
     }
 }
@@ -278,6 +300,10 @@ async fn deliver(
                         continue;
                     }
                     if held.contains(&item.id) {
+                        let mut p = expected.lock().unwrap_or_else(|e| e.into_inner());
+                        p.waiting.remove(&item.notification.task_id);
+                        p.given.insert(item.notification.task_id);
+                        drop(p);
                         done.push(item.id);
                         continue;
                     }
@@ -286,10 +312,11 @@ async fn deliver(
                         .with_receipt(move |recorded| {
                             let _ = tx.send((id, recorded));
                         });
-                    let promised = expected
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&item.notification.task_id);
+                    let promised = {
+                        let mut p = expected.lock().unwrap_or_else(|e| e.into_inner());
+                        p.given.insert(item.notification.task_id);
+                        p.waiting.remove(&item.notification.task_id)
+                    };
                     match promised {
                         Some(p) => p.deliver(msg),
                         None => queue.push(msg),
@@ -459,6 +486,14 @@ impl Tool for PoolAgentTool {
                 .extensions()
                 .get_or_insert_with(Deliveries::default);
             let mut map = all.0.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(d) = map.get(&parent)
+                && d.inner.pool.base() != self.pool.base()
+            {
+                return ToolOutput::error(format!(
+                    "this agent's tasks run on pool `{}`; it cannot start tasks on `{}` too",
+                    d.inner.pool.name, self.pool.name
+                ));
+            }
             map.entry(parent)
                 .or_insert_with(|| {
                     Delivery::start(
@@ -511,14 +546,18 @@ pub(crate) async fn route_message(cx: &ToolContext, to: &str, text: &str) -> Opt
         .get(&me)
         .cloned()?;
     let pool = &delivery.inner.pool;
-    match pool.outstanding(&me).await {
-        Ok(kids) if kids.contains(&task) => {}
-        Ok(_) => return None,
-        Err(e) => return Some(ToolOutput::error(format!("could not reach the pool: {e}"))),
+    match pool.has_outstanding(&me, &task).await {
+        Ok(true) => {}
+        Ok(false) => return None,
+        // The local routes still work without Redis.
+        Err(e) => {
+            tracing::warn!(parent = %me, "SendMessage could not ask the pool about {task}: {e}");
+            return None;
+        }
     }
     Some(match pool.send_message(&task, &me, text).await {
         Ok(_) => ToolOutput::text(format!(
-            "Sent to pool task {task}; it reads it at its next tool round (if it has ended, \
+            "Sent to pool task {task}; it reads it at its next tool round (if it stops first, \
              its notification returns the message)."
         )),
         Err(e) => ToolOutput::error(format!("could not send to pool task {task}: {e}")),

@@ -29,7 +29,9 @@
 //! `jobs` (the stream; group `workers`), `dead` (dead letters), `lease:<task>` (the running
 //! worker, expiring), `run:<task>` (that the task started, where), `out:<task>` (its latest
 //! output, refreshed with each lease renewal), `cancel:<task>`, `asks:<parent>` and
-//! `answer:<id>` (permission requests and their answers), `kids:<parent>` (a parent's
+//! `answer:<parent>:<entry>` (permission requests and their answers), `closed:<task>` (a
+//! reported task takes no more messages), `inbox:<task>` and `ids:<task>` (its messages: a
+//! Redis mailbox whose team is the pool), `kids:<parent>` (a parent's
 //! tasks not yet delivered), `sub:<task>` (its entry, so a retried submit adds nothing),
 //! `worker:<name>` (a live worker's claim on its name). Cancels are
 //! published on `<prefix>:{<pool>}:cancels`. Notifications use the notification queue's keys
@@ -454,18 +456,35 @@ impl Pool {
     }
 
     /// Gives `text` to the running task `task` from `from`: its agent reads it at its next
-    /// tool-round boundary, wherever it runs ("Coordinator Mode: A Working Multi-Agent System,
+    /// tool-round boundary, wherever it runs, as `<message from="…">text</message>` (escaped:
+    /// the text cannot forge an envelope) ("Coordinator Mode: A Working Multi-Agent System,
     /// From the Source — SendMessage"). A message that arrives after the agent stopped reading
-    /// is returned in its notification's note. The `SendMessage` tool of an agent with pool
-    /// tasks routes here for them. Returns the letter's id.
+    /// is returned in its notification's note; once that note is written the task takes no
+    /// more, and this is an error. The `SendMessage` tool of an agent with pool tasks routes
+    /// here for them. Returns the letter's id.
     pub async fn send_message(&self, task: &TaskId, from: &TaskId, text: &str) -> Result<String> {
-        use crate::mailbox::Mailbox;
         self.mail
-            .send(
+            .send_unless(
                 &self.inbox(task)?,
                 crate::mailbox::Letter::new(from.to_string(), text),
+                &self.task_key("closed", task),
             )
+            .await?
+            .ok_or_else(|| Error::Task {
+                id: *task,
+                message: "it has ended and takes no more messages".to_owned(),
+            })
+    }
+
+    /// Whether `task` is one of `parent`'s tasks not yet delivered.
+    pub(crate) async fn has_outstanding(&self, parent: &TaskId, task: &TaskId) -> Result<bool> {
+        let mut conn = self.conn().await?;
+        redis::cmd("SISMEMBER")
+            .arg(self.task_key("kids", parent))
+            .arg(task.to_string())
+            .query_async(&mut conn)
             .await
+            .map_err(|e| self.fail("SISMEMBER", e))
     }
 
     /// A task's inbox: the pool is its team (its keys share the pool's hash tag).

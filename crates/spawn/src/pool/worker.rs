@@ -464,7 +464,7 @@ impl Worker {
                     );
                     (parent, n)
                 });
-                if let Ok(pushed) = self
+                if let Ok(Some(pushed)) = self
                     .finish(
                         &mut conn,
                         "",
@@ -508,21 +508,20 @@ impl Worker {
             }
         };
         let d = &job.description;
+        // Letters its conversation recorded (none: it never ran here).
+        let none: Mutex<HashSet<String>> = Mutex::default();
         match what.as_str() {
             "run" | "rerun" => {
                 if what == "rerun" {
                     report.reclaimed_rerun += 1;
                 }
                 report.ran += 1;
-                let n = self.execute(&job, &entry.id, me, running).await;
-                match n {
-                    Some(n) => {
-                        if let Ok(true) = self
-                            .finish(&mut conn, me, &entry.id, Some((job.parent, &n)), "", "")
-                            .await
-                        {
-                            report.reported += 1;
-                        }
+                match self.execute(&job, &entry.id, me, running).await {
+                    Some((n, recorded)) => {
+                        let r = self
+                            .report_task(&mut conn, me, &entry.id, &job, n, &recorded, ("", ""))
+                            .await;
+                        report.reported += u64::from(r == Some(true));
                     }
                     None => report.lost_leases += 1,
                 }
@@ -537,12 +536,10 @@ impl Worker {
                     ),
                     "cancelled before it started",
                 );
-                if let Ok(true) = self
-                    .finish(&mut conn, "", &entry.id, Some((job.parent, &n)), "", "")
-                    .await
-                {
-                    report.reported += 1;
-                }
+                let r = self
+                    .report_task(&mut conn, "", &entry.id, &job, n, &none, ("", ""))
+                    .await;
+                report.reported += u64::from(r == Some(true));
             }
             "killed" => {
                 let partial: Option<String> = redis::cmd("GET")
@@ -573,10 +570,10 @@ impl Worker {
                 if let Some(p) = partial {
                     n = n.with_result(p);
                 }
-                if let Ok(true) = self
-                    .finish(&mut conn, "", &entry.id, Some((job.parent, &n)), "", "")
-                    .await
-                {
+                let r = self
+                    .report_task(&mut conn, "", &entry.id, &job, n, &none, ("", ""))
+                    .await;
+                if r == Some(true) {
                     report.reported += 1;
                     report.reclaimed_killed += 1;
                 }
@@ -590,10 +587,10 @@ impl Worker {
                     Default::default(),
                 );
                 let raw = entry.job.clone().unwrap_or_default();
-                if let Ok(pushed) = self
-                    .finish(&mut conn, "", &entry.id, Some((job.parent, &n)), &why, &raw)
-                    .await
-                {
+                let r = self
+                    .report_task(&mut conn, "", &entry.id, &job, n, &none, (&why, &raw))
+                    .await;
+                if let Some(pushed) = r {
                     report.dead_lettered += 1;
                     report.reported += u64::from(pushed);
                 }
@@ -612,7 +609,7 @@ impl Worker {
         entry: &str,
         me: &str,
         running: &Running,
-    ) -> Option<TaskNotification> {
+    ) -> Option<(TaskNotification, Arc<Mutex<HashSet<String>>>)> {
         let config = &self.pool.config;
         let d = &job.description;
         let token = CancellationToken::new();
@@ -648,9 +645,25 @@ impl Worker {
                 // The lease was set when the run started. Unrenewed for most of a lease, it
                 // may have lapsed and been taken: the run stops here, unreported, before a
                 // reclaimer reports it — never two runs of one task at once for long.
-                let mut renewed = tokio::time::Instant::now();
+                // When the lease was last known to hold: the sending of the last renewal that
+                // got through (the first lease was set just before this started).
+                let mut valid = tokio::time::Instant::now();
+                let bound = lease - lease / 4;
                 loop {
-                    tokio::time::sleep(lease / 3).await;
+                    let stop_at = valid + bound;
+                    tokio::select! {
+                        () = tokio::time::sleep(lease / 3) => {}
+                        () = tokio::time::sleep_until(stop_at) => {
+                            lost();
+                            return;
+                        }
+                    }
+                    let sent = tokio::time::Instant::now();
+                    let left = stop_at.saturating_duration_since(sent);
+                    if left.is_zero() {
+                        lost();
+                        return;
+                    }
                     let text = progress.last_text();
                     let script = redis::Script::new(RENEW);
                     let mut invocation = script.key(pool.task_key("lease", &task));
@@ -666,10 +679,10 @@ impl Worker {
                         .arg(OUTPUT_TTL.as_millis().to_string())
                         .arg(&consumer)
                         .invoke_async::<i64>(&mut conn);
-                    match tokio::time::timeout(lease / 3, call).await {
-                        Ok(Ok(1)) => renewed = tokio::time::Instant::now(),
+                    match tokio::time::timeout((lease / 3).min(left), call).await {
+                        Ok(Ok(1)) => valid = sent,
                         Ok(Ok(2)) => {
-                            renewed = tokio::time::Instant::now();
+                            valid = sent;
                             set_once(&why, Stop::Cancelled);
                             token.cancel();
                         }
@@ -682,7 +695,7 @@ impl Worker {
                         }
                         Err(_) => tracing::warn!(task = %task, "renewing the lease timed out"),
                     }
-                    if renewed.elapsed() >= lease - lease / 4 {
+                    if tokio::time::Instant::now() >= valid + bound {
                         lost();
                         return;
                     }
@@ -708,7 +721,12 @@ impl Worker {
         };
         let builder = match (self.factory)(job) {
             Ok(b) => b,
-            Err(e) => return Some(failed(format!("the worker could not build it: {e}"))),
+            Err(e) => {
+                return Some((
+                    failed(format!("the worker could not build it: {e}")),
+                    Arc::default(),
+                ));
+            }
         };
         let source = match &job.agent_type {
             Some(t) => QuerySource::custom(t),
@@ -745,7 +763,12 @@ impl Worker {
             .await;
         let mut agent = match built {
             Ok(a) => a,
-            Err(e) => return Some(failed(format!("the worker could not build it: {e}"))),
+            Err(e) => {
+                return Some((
+                    failed(format!("the worker could not build it: {e}")),
+                    Arc::default(),
+                ));
+            }
         };
         if token.is_cancelled() && why.lock().ok().and_then(|w| *w) == Some(Stop::LostLease) {
             return None;
@@ -762,7 +785,6 @@ impl Worker {
         let run = agent.run(job.prompt.clone()).await;
         drop(relay);
         drop(renew);
-        let unread = self.unread(&job.task, &recorded).await;
         if stopped_by_shutdown.load(Ordering::Acquire) {
             set_once(&why, Stop::Shutdown);
         }
@@ -796,13 +818,6 @@ impl Worker {
         if !result.is_empty() {
             n = n.with_result(result);
         }
-        if !unread.is_empty() {
-            n.note = Some(format!(
-                "{} message(s) arrived after it stopped reading: {}",
-                unread.len(),
-                unread.join(" ")
-            ));
-        }
         if status == TaskStatus::Killed {
             let note = match stop {
                 Some(Stop::Watchdog) => format!(
@@ -812,26 +827,85 @@ impl Worker {
                 Some(Stop::Shutdown) => "its worker shut down before it finished".to_owned(),
                 _ => "cancelled".to_owned(),
             };
-            n.note = Some(match n.note.take() {
-                Some(before) => format!("{note}; {before}"),
-                None => note,
-            });
+            n = noted(n, note);
         }
-        Some(n)
+        Some((n, recorded))
     }
 
-    /// The letters to `task` its conversation never took in (its run ended first), taken out
-    /// of its inbox: they go back to its parent in its notification.
-    async fn unread(&self, task: &TaskId, recorded: &Mutex<HashSet<String>>) -> Vec<String> {
+    /// Reports a task (its inbox closed first, its unread letters named in the note) and
+    /// acknowledges its entry (see [`Self::finish`]); its letters are acknowledged once the
+    /// report is stored. `dead`: a dead-letter reason and the raw job. `None`: not reported
+    /// (not ours, or Redis failed); `Some(pushed)`.
+    #[allow(clippy::too_many_arguments)]
+    async fn report_task(
+        &self,
+        conn: &mut ConnectionManager,
+        me: &str,
+        entry: &str,
+        job: &Job,
+        mut n: TaskNotification,
+        recorded: &Mutex<HashSet<String>>,
+        dead: (&str, &str),
+    ) -> Option<bool> {
+        let (unread, letters) = self.close_inbox(&job.task, recorded).await;
+        if !unread.is_empty() {
+            let line = format!(
+                "{} message(s) arrived after it stopped reading: {}",
+                unread.len(),
+                unread.join(" ")
+            );
+            n.note = Some(match n.note.take() {
+                Some(before) => format!("{before}; {line}"),
+                None => line,
+            });
+        }
+        match self
+            .finish(conn, me, entry, Some((job.parent, &n)), dead.0, dead.1)
+            .await
+        {
+            Ok(Some(pushed)) => {
+                self.drop_letters(&job.task, &letters).await;
+                Some(pushed)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(task = %job.task, "reporting: {e}");
+                None
+            }
+        }
+    }
+
+    /// Closes `task`'s inbox (no letter is stored after this) and takes the letters its
+    /// conversation never took in (it stopped first): their texts, for its notification, and
+    /// every letter's id, acknowledged once the report is stored ([`Self::drop_letters`]).
+    async fn close_inbox(
+        &self,
+        task: &TaskId,
+        recorded: &Mutex<HashSet<String>>,
+    ) -> (Vec<String>, Vec<String>) {
         use crate::mailbox::Mailbox;
         let Ok(inbox) = self.pool.inbox(task) else {
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         };
+        let closed: redis::RedisResult<()> = async {
+            let mut conn = self.pool.h.conn().await?;
+            redis::cmd("SET")
+                .arg(self.pool.task_key("closed", task))
+                .arg("1")
+                .arg("PX")
+                .arg(OUTPUT_TTL.as_millis().to_string())
+                .query_async(&mut conn)
+                .await
+        }
+        .await;
+        if let Err(e) = closed {
+            tracing::warn!(task = %task, "closing its inbox: {e}");
+        }
         let letters = match self.pool.mail.receive(&inbox).await {
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(task = %task, "reading its unread messages: {e}");
-                return Vec::new();
+                return (Vec::new(), Vec::new());
             }
         };
         let ids: Vec<String> = letters.iter().map(|d| d.id.clone()).collect();
@@ -839,16 +913,27 @@ impl Worker {
         let left = letters
             .into_iter()
             .filter(|d| !rec.contains(&d.id))
-            .map(|d| d.text)
+            .map(|d| crate::base::pending::message_envelope(&d.from, &d.text))
             .collect();
-        if let Err(e) = self.pool.mail.ack(&inbox, &ids).await {
+        (left, ids)
+    }
+
+    /// Acknowledges (deletes) a reported task's letters.
+    async fn drop_letters(&self, task: &TaskId, ids: &[String]) {
+        use crate::mailbox::Mailbox;
+        if ids.is_empty() {
+            return;
+        }
+        if let Ok(inbox) = self.pool.inbox(task)
+            && let Err(e) = self.pool.mail.ack(&inbox, ids).await
+        {
             tracing::warn!(task = %task, "acknowledging its messages: {e}");
         }
-        left
     }
 
     /// Reports (when `n`) and acknowledges `entry` in one step; `me` non-empty: only while
-    /// this worker holds the lease. Ok(true): the notification was stored by this call.
+    /// this worker holds the lease. `Ok(None)`: not ours; `Ok(Some(true))`: the notification
+    /// was stored by this call.
     async fn finish(
         &self,
         conn: &mut ConnectionManager,
@@ -857,7 +942,7 @@ impl Worker {
         n: Option<(TaskId, &TaskNotification)>,
         dead: &str,
         raw: &str,
-    ) -> Result<bool> {
+    ) -> Result<Option<bool>> {
         let spare = self.pool.key("unreported");
         // Without a notification (a dead letter that is not a job), the task's keys are a
         // spare key nothing reads: only the entry is acknowledged and dead-lettered.
@@ -906,9 +991,9 @@ impl Worker {
             match r {
                 Ok(-1) => {
                     tracing::warn!(task = %shown, "its lease was taken before it reported; the taker reports");
-                    return Ok(false);
+                    return Ok(None);
                 }
-                Ok(pushed) => return Ok(pushed == 1),
+                Ok(pushed) => return Ok(Some(pushed == 1)),
                 // Retried: the script is idempotent (the notification id dedupes).
                 Err(e) if tries < 5 => {
                     tries += 1;
@@ -929,14 +1014,25 @@ async fn relay(
     queue: crate::base::pending::PendingQueue,
     recorded: Arc<Mutex<HashSet<String>>>,
 ) {
-    use crate::base::pending::{PendingMessage, SEND_MESSAGE_ORIGIN};
+    use crate::base::pending::{PendingMessage, SEND_MESSAGE_ORIGIN, message_envelope};
     use crate::mailbox::Mailbox;
     let Ok(inbox) = pool.inbox(&task) else {
         return;
     };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, bool)>();
     let mut in_flight: HashSet<String> = HashSet::new();
+    // Recorded, not yet acknowledged (an acknowledgement failed): retried, never given again.
+    let mut held: Vec<String> = Vec::new();
     loop {
+        if !held.is_empty() {
+            match pool.mail.ack(&inbox, &held).await {
+                Ok(()) => held.clear(),
+                Err(e) => {
+                    tracing::warn!(task = %task, "acknowledging its messages: {e}");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
         match pool.mail.receive(&inbox).await {
             Ok(letters) => {
                 for d in letters {
@@ -948,16 +1044,19 @@ async fn relay(
                         continue;
                     }
                     let (tx, id, rec) = (tx.clone(), d.id.clone(), Arc::clone(&recorded));
-                    queue.push(
-                        PendingMessage::new(d.text, SEND_MESSAGE_ORIGIN).with_receipt(move |ok| {
+                    // The envelope is made here, from the sender's name: a letter's text cannot
+                    // forge one.
+                    let text = message_envelope(&d.from, &d.text);
+                    queue.push(PendingMessage::new(text, SEND_MESSAGE_ORIGIN).with_receipt(
+                        move |ok| {
                             if ok {
                                 rec.lock()
                                     .unwrap_or_else(|e| e.into_inner())
                                     .insert(id.clone());
                             }
                             let _ = tx.send((id, ok));
-                        }),
-                    );
+                        },
+                    ));
                 }
             }
             Err(e) => {
@@ -965,12 +1064,12 @@ async fn relay(
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
-        let known: Vec<String> = in_flight.iter().cloned().collect();
+        let known: Vec<String> = in_flight.iter().chain(held.iter()).cloned().collect();
         tokio::select! {
             Some((id, recorded)) = rx.recv() => {
                 in_flight.remove(&id);
-                if recorded && let Err(e) = pool.mail.ack(&inbox, &[id]).await {
-                    tracing::warn!(task = %task, "acknowledging a message: {e}");
+                if recorded {
+                    held.push(id);
                 }
             }
             r = pool.mail.wait_beyond(&inbox, &known, Duration::from_secs(30)) => {

@@ -399,3 +399,28 @@ pub(crate) fn is_parent(r: &Request) -> bool {
         .first()
         .is_some_and(|s| s == "You are the parent.")
 }
+
+/// The Redis server the Redis tests run against (`scripts/redis-server.sh start`, which
+/// `scripts/test.sh` runs): `None`, said, without `FORKHIVE_REDIS_URL`; under `CI=true` its
+/// absence is a failure.
+pub(crate) fn redis_url() -> Option<String> {
+    match std::env::var("FORKHIVE_REDIS_URL") {
+        Ok(url) => Some(url),
+        Err(_) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("CI=true but FORKHIVE_REDIS_URL is not set: scripts/redis-server.sh start")
+        }
+        Err(_) => {
+            eprintln!("skipped: no FORKHIVE_REDIS_URL (run scripts/redis-server.sh start)");
+            None
+        }
+    }
+}
+
+/// A key prefix of this run's own, so runs and tests never share keys.
+pub(crate) fn key_prefix(test: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("t{}-{test}", nanos % 1_000_000_000_000)
+}

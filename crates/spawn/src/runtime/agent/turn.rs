@@ -71,6 +71,11 @@ impl Agent {
     ///
     /// Their receipts are answered when the message carrying them is recorded ([`Self::push`]).
     fn inject(&mut self, ms: Vec<PendingMessage>) -> Vec<ContentBlock> {
+        // Every injection is followed by the `push` that records it; receipts still here are
+        // a dropped run's (its future dropped between taking and recording): not recorded.
+        for r in self.receipts.drain(..) {
+            r.answer(false);
+        }
         if !ms.is_empty() {
             self.emit
                 .emit(EventKind::MessagesInjected { count: ms.len() });
