@@ -924,3 +924,48 @@ async fn attaching_again_while_a_notification_waits_does_not_leave_the_parent_wa
     stop.cancel();
     w.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pool_tasks_are_recorded_in_a_shared_registry() {
+    use forkhive_spawn::task::{RedisTaskRegistry, TaskRegistry, TaskState};
+    let Some(url) = url() else { return };
+    let p = prefix("registry");
+    let registry: Arc<dyn TaskRegistry> = Arc::new(RedisTaskRegistry::new(&url, &p).unwrap());
+    let pool = Pool::new(&url, &p, "p", fast())
+        .unwrap()
+        .with_registry(Arc::clone(&registry));
+    let dad = parent();
+    let (a, b) = (Job::new(dad, "a", "first"), Job::new(dad, "b", "second"));
+    let dead = Job::new(dad, "c", "third");
+    dead_worker_left(&pool, &url, &p, &dead).await;
+    pool.submit(&a).await.unwrap();
+    pool.submit(&b).await.unwrap();
+    let (w, stop) = start_worker(&pool, "w1", answering(Duration::ZERO));
+    pending_n(&pool, &dad, 3).await;
+    // Recorded by the worker after it reported: give it a moment.
+    let mut states = Vec::new();
+    for _ in 0..100 {
+        states = registry
+            .children(&dad)
+            .await
+            .into_iter()
+            .map(|r| (r.description, r.state))
+            .collect();
+        states.sort_by(|x, y| x.0.cmp(&y.0));
+        if states.iter().all(|s| s.1.is_terminal()) && states.len() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        states,
+        [
+            ("a".to_owned(), TaskState::Completed),
+            ("b".to_owned(), TaskState::Completed),
+            ("c".to_owned(), TaskState::Killed),
+        ]
+    );
+    assert!(registry.descendants_usage(&dad).await.output_tokens > 0);
+    stop.cancel();
+    w.await.unwrap().unwrap();
+}

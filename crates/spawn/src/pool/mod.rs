@@ -248,6 +248,8 @@ pub struct Pool {
     queue: RedisNotificationQueue,
     /// Messages to running tasks: one inbox per task, the pool as its team.
     mail: crate::mailbox::RedisMailbox,
+    /// Where the pool's tasks are recorded, if anywhere.
+    registry: Option<std::sync::Arc<dyn crate::task::TaskRegistry>>,
     config: PoolConfig,
 }
 
@@ -303,6 +305,7 @@ impl Pool {
             name: name.to_owned(),
             queue,
             mail,
+            registry: None,
             config,
         })
     }
@@ -317,6 +320,20 @@ impl Pool {
             mail: self.mail.reopen(),
             ..self.clone()
         }
+    }
+
+    /// Records the pool's tasks in `registry` (a `RedisTaskRegistry` every host shares, say):
+    /// `submit` creates each under its parent, the worker that runs it moves it to `running`,
+    /// and whoever reports it rolls its usage up and ends it — so `children`,
+    /// `descendants_usage` and the task's state answer for pool tasks as for local ones.
+    /// Give every handle of the pool the same registry. Its failures are logged, never a
+    /// task's.
+    pub fn with_registry(
+        mut self,
+        registry: std::sync::Arc<dyn crate::task::TaskRegistry>,
+    ) -> Self {
+        self.registry = Some(registry);
+        self
     }
 
     /// The pool's configuration.
@@ -378,6 +395,15 @@ impl Pool {
                     json.len()
                 ),
             });
+        }
+        if let Some(r) = &self.registry
+            && r.get(&job.task).await.is_none()
+        {
+            let mut record = crate::task::TaskRecord::new(job.task, job.parent, &job.description);
+            record.agent_type = job.agent_type.clone().unwrap_or_default();
+            if let Err(e) = r.create(record).await {
+                tracing::warn!(task = %job.task, "recording the pool task: {e}");
+            }
         }
         let mut conn = self.conn().await?;
         redis::Script::new(SUBMIT)
@@ -529,6 +555,26 @@ impl Pool {
     /// report and acknowledge in one step.
     fn notify_keys(&self, parent: &TaskId) -> [String; 3] {
         self.queue.keys(parent)
+    }
+}
+
+/// Records a pool task's move in the pool's registry, if it has one (logged, never fatal).
+async fn record(
+    pool: &Pool,
+    task: &TaskId,
+    to: crate::task::TaskState,
+    usage: Option<forkhive_core::Usage>,
+) {
+    let Some(r) = &pool.registry else {
+        return;
+    };
+    if let Some(u) = usage
+        && let Err(e) = r.roll_up(task, u).await
+    {
+        tracing::warn!(task = %task, "rolling the pool task's usage up: {e}");
+    }
+    if let Err(e) = r.transition(task, to).await {
+        tracing::debug!(task = %task, "recording the pool task as {to:?}: {e}");
     }
 }
 

@@ -516,10 +516,19 @@ impl Worker {
                     report.reclaimed_rerun += 1;
                 }
                 report.ran += 1;
+                super::record(&self.pool, &job.task, crate::task::TaskState::Running, None).await;
                 match self.execute(&job, &entry.id, me, running).await {
-                    Some((n, recorded)) => {
+                    Some((n, recorded, usage)) => {
                         let r = self
-                            .report_task(&mut conn, me, &entry.id, &job, n, &recorded, ("", ""))
+                            .report_task(
+                                &mut conn,
+                                me,
+                                &entry.id,
+                                &job,
+                                (n, Some(usage)),
+                                &recorded,
+                                ("", ""),
+                            )
                             .await;
                         report.reported += u64::from(r == Some(true));
                     }
@@ -537,7 +546,7 @@ impl Worker {
                     "cancelled before it started",
                 );
                 let r = self
-                    .report_task(&mut conn, "", &entry.id, &job, n, &none, ("", ""))
+                    .report_task(&mut conn, "", &entry.id, &job, (n, None), &none, ("", ""))
                     .await;
                 report.reported += u64::from(r == Some(true));
             }
@@ -571,7 +580,7 @@ impl Worker {
                     n = n.with_result(p);
                 }
                 let r = self
-                    .report_task(&mut conn, "", &entry.id, &job, n, &none, ("", ""))
+                    .report_task(&mut conn, "", &entry.id, &job, (n, None), &none, ("", ""))
                     .await;
                 if r == Some(true) {
                     report.reported += 1;
@@ -588,7 +597,15 @@ impl Worker {
                 );
                 let raw = entry.job.clone().unwrap_or_default();
                 let r = self
-                    .report_task(&mut conn, "", &entry.id, &job, n, &none, (&why, &raw))
+                    .report_task(
+                        &mut conn,
+                        "",
+                        &entry.id,
+                        &job,
+                        (n, None),
+                        &none,
+                        (&why, &raw),
+                    )
                     .await;
                 if let Some(pushed) = r {
                     report.dead_lettered += 1;
@@ -609,7 +626,11 @@ impl Worker {
         entry: &str,
         me: &str,
         running: &Running,
-    ) -> Option<(TaskNotification, Arc<Mutex<HashSet<String>>>)> {
+    ) -> Option<(
+        TaskNotification,
+        Arc<Mutex<HashSet<String>>>,
+        forkhive_core::Usage,
+    )> {
         let config = &self.pool.config;
         let d = &job.description;
         let token = CancellationToken::new();
@@ -725,6 +746,7 @@ impl Worker {
                 return Some((
                     failed(format!("the worker could not build it: {e}")),
                     Arc::default(),
+                    forkhive_core::Usage::default(),
                 ));
             }
         };
@@ -767,6 +789,7 @@ impl Worker {
                 return Some((
                     failed(format!("the worker could not build it: {e}")),
                     Arc::default(),
+                    forkhive_core::Usage::default(),
                 ));
             }
         };
@@ -829,7 +852,7 @@ impl Worker {
             };
             n = noted(n, note);
         }
-        Some((n, recorded))
+        Some((n, recorded, run.usage))
     }
 
     /// Reports a task (its inbox closed first, its unread letters named in the note) and
@@ -843,7 +866,7 @@ impl Worker {
         me: &str,
         entry: &str,
         job: &Job,
-        mut n: TaskNotification,
+        (mut n, usage): (TaskNotification, Option<forkhive_core::Usage>),
         recorded: &Mutex<HashSet<String>>,
         dead: (&str, &str),
     ) -> Option<bool> {
@@ -859,12 +882,14 @@ impl Worker {
                 None => line,
             });
         }
+        let ended = crate::task::TaskState::ended(n.status);
         match self
             .finish(conn, me, entry, Some((job.parent, &n)), dead.0, dead.1)
             .await
         {
             Ok(Some(pushed)) => {
                 self.drop_letters(&job.task, &letters).await;
+                super::record(&self.pool, &job.task, ended, usage).await;
                 Some(pushed)
             }
             Ok(None) => None,
