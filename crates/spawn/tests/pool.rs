@@ -636,6 +636,24 @@ impl forkhive_spawn::tool::PermissionPolicy for Guard {
     }
 }
 
+/// A worker host's own policy: `Write` to a path containing its word is denied there.
+#[derive(Debug)]
+struct DenyPath(&'static str);
+
+#[async_trait]
+impl forkhive_spawn::tool::PermissionPolicy for DenyPath {
+    async fn check(
+        &self,
+        r: forkhive_spawn::tool::PermissionRequest<'_>,
+    ) -> forkhive_spawn::tool::PermissionDecision {
+        if r.input["path"].as_str().unwrap_or("").contains(self.0) {
+            forkhive_spawn::tool::PermissionDecision::deny("this worker never writes there")
+        } else {
+            forkhive_spawn::tool::PermissionDecision::Allow
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_workers_permission_request_is_decided_in_the_coordinators_process() {
     let Some(url) = url() else { return };
@@ -670,8 +688,10 @@ async fn a_workers_permission_request_is_decided_in_the_coordinators_process() {
     let w = Worker::new(pool.reopen(), "w1", move |_job: &Job| {
         // Not read-only: it needs permission.
         let write = support::TestTool::sleeper("Write", false, 0).arc();
+        // The worker host's own policy comes first: its denial stands without asking.
         Ok(Agent::builder(model.clone())
             .model("m")
+            .policy(Arc::new(DenyPath("local")))
             .tools(ToolPool::new([write]).unwrap()))
     })
     .unwrap();
@@ -688,6 +708,10 @@ async fn a_workers_permission_request_is_decided_in_the_coordinators_process() {
                 (
                     "Agent",
                     serde_json::json!({"description": "notes", "prompt": "notes.txt"}),
+                ),
+                (
+                    "Agent",
+                    serde_json::json!({"description": "local", "prompt": "local.txt"}),
                 ),
             ]),
             _ => Response::say("noted"),
@@ -716,12 +740,16 @@ async fn a_workers_permission_request_is_decided_in_the_coordinators_process() {
         .map(|n| (n.summary, n.result.unwrap_or_default()))
         .collect();
     got.sort();
-    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(got.len(), 3, "{got:?}");
     assert!(
-        got[0].1.contains("Write {") && got[0].1.contains("notes.txt"),
+        got[0].1.contains("this worker never writes there"),
         "{got:?}"
     );
-    assert!(got[1].1.contains("not that file: ask the user"), "{got:?}");
+    assert!(
+        got[1].1.contains("Write {") && got[1].1.contains("notes.txt"),
+        "{got:?}"
+    );
+    assert!(got[2].1.contains("not that file: ask the user"), "{got:?}");
     // Asked here, once per call, about the worker's agents, with the call's own input.
     // (The coordinator's own `Agent` calls are its policy's too.)
     let mut asked: Vec<_> = guard
@@ -789,13 +817,19 @@ async fn send_message_reaches_a_task_running_on_a_worker() {
                 "Agent",
                 serde_json::json!({"description": "look", "prompt": "look around"}),
             )]),
-            3 => {
+            // Once while it runs, and once after its notification arrived.
+            3 | 7 => {
                 let said = format!("{:?}", msgs[2].content);
                 let at = said.find("agentId: ").unwrap() + "agentId: ".len();
                 let id = &said[at..at + 9];
+                let text = if msgs.len() == 3 {
+                    "use the staging database"
+                } else {
+                    "and one more thing"
+                };
                 Response::tool_calls([(
                     "SendMessage",
-                    serde_json::json!({"to": id, "message": "use the staging database"}),
+                    serde_json::json!({"to": id, "message": text}),
                 )])
             }
             _ => Response::say("noted"),
@@ -818,6 +852,12 @@ async fn send_message_reaches_a_task_running_on_a_worker() {
     let sent = support_texts(&agent);
     assert!(
         sent.iter().any(|t| t.starts_with("Sent to pool task ")),
+        "{sent:?}"
+    );
+    // After its report, the task takes no more, and says so (not "no recipient").
+    assert!(
+        sent.iter()
+            .any(|t| t.contains("has ended") && t.contains("takes no more messages")),
         "{sent:?}"
     );
     let got = notifications(&agent);

@@ -443,9 +443,11 @@ impl PoolAgentTool {
         })
     }
 
-    /// Its tasks ask this process about every tool call (`permissionMode: bubble`): the
-    /// calling agent's own policy decides, where the user is, and a worker that gets no answer
-    /// within [`ASK_TIMEOUT`](super::ASK_TIMEOUT) denies the call.
+    /// Its tasks ask this process about every tool call (`permissionMode: bubble`): after the
+    /// worker host's own policy (whose denial stands), the calling agent's own policy decides,
+    /// where the user is — the policy that also decides the agent's own calls; a worker's
+    /// request names the pool task as its agent. A worker that gets no answer within
+    /// [`ASK_TIMEOUT`](super::ASK_TIMEOUT) denies the call.
     pub fn with_bubble(mut self, bubble: bool) -> Self {
         self.bubble = bubble;
         self
@@ -548,7 +550,16 @@ pub(crate) async fn route_message(cx: &ToolContext, to: &str, text: &str) -> Opt
     let pool = &delivery.inner.pool;
     match pool.has_outstanding(&me, &task).await {
         Ok(true) => {}
-        Ok(false) => return None,
+        // One of the pool's tasks that ended (and was reported): say so, not "no recipient".
+        Ok(false) => {
+            return match pool.is_closed(&task).await {
+                Ok(true) => Some(ToolOutput::error(format!(
+                    "pool task {task} has ended (its notification is in your conversation) and \
+                     takes no more messages; start a new task for more work"
+                ))),
+                _ => None,
+            };
+        }
         // The local routes still work without Redis.
         Err(e) => {
             tracing::warn!(parent = %me, "SendMessage could not ask the pool about {task}: {e}");

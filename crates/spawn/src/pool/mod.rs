@@ -155,7 +155,8 @@ pub struct Job {
     #[serde(default)]
     pub idempotent: bool,
     /// Whether the worker's agent asks the parent's process about each tool call
-    /// (`permissionMode: bubble`): the parent agent's own policy decides, where the user is.
+    /// (`permissionMode: bubble`): after the worker host's own policy (its factory's), whose
+    /// denial stands, the parent agent's own policy decides, where the user is.
     #[serde(default)]
     pub bubble: bool,
 }
@@ -500,6 +501,16 @@ impl Pool {
                 id: *task,
                 message: "it has ended and takes no more messages".to_owned(),
             })
+    }
+
+    /// Whether `task` ended on the pool and was reported (its inbox is closed).
+    pub(crate) async fn is_closed(&self, task: &TaskId) -> Result<bool> {
+        let mut conn = self.conn().await?;
+        redis::cmd("EXISTS")
+            .arg(self.task_key("closed", task))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.fail("EXISTS", e))
     }
 
     /// Whether `task` is one of `parent`'s tasks not yet delivered.

@@ -765,15 +765,18 @@ impl Worker {
             output: None,
             forward: self.events.clone(),
         });
-        // `bubble`: the parent's process decides every call (the host's policy, replaced).
+        // `bubble`: the parent's process decides every call — after the worker host's own
+        // policy (the factory's), whose denial stands without asking anyone.
         let builder = if job.bubble {
-            builder.policy(Arc::new(super::RemoteAsk::new(
+            let local = builder.current_policy();
+            let remote = Arc::new(super::RemoteAsk::new(
                 self.pool.clone(),
                 job.task,
                 job.parent,
                 token.clone(),
                 super::ASK_TIMEOUT,
-            )))
+            ));
+            builder.policy(Arc::new(crate::tool::Both::new(local, remote)))
         } else {
             builder
         };

@@ -38,7 +38,8 @@ pub use filter::{ToolAudience, ToolFilter, Unavailable};
 pub use fs::{ListDir, ReadFile};
 pub use func::FnTool;
 pub use permission::{
-    AllowAll, BubbleToParent, PermissionDecision, PermissionPolicy, PermissionRequest, ReadOnly,
+    AllowAll, Both, BubbleToParent, PermissionDecision, PermissionPolicy, PermissionRequest,
+    ReadOnly,
 };
 pub use pool::ToolPool;
 

@@ -214,6 +214,12 @@ impl AgentBuilder {
         self
     }
 
+    /// The policy set so far (for code that adds a check to the host's own).
+    #[cfg(feature = "redis")]
+    pub(crate) fn current_policy(&self) -> Arc<dyn PermissionPolicy> {
+        Arc::clone(&self.policy)
+    }
+
     /// The permission policy (default: [`AllowAll`]).
     pub fn policy(mut self, policy: Arc<dyn PermissionPolicy>) -> Self {
         self.policy = policy;
