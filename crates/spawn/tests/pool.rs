@@ -177,33 +177,40 @@ async fn every_task_reports_once_into_the_coordinators_conversation() {
     assert_eq!(pool.backlog().await.unwrap(), 0);
 }
 
-/// What a worker that died mid-task leaves: its entry pending under its name, the run record,
-/// its last output, and no lease.
-async fn dead_worker_left(pool: &Pool, url: &str, prefix: &str, job: &Job) {
-    pool.submit(job).await.unwrap();
-    let client = redis::Client::open(url).unwrap();
-    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+/// A worker named `ghost` (that will never run again) reads up to `count` new jobs of pool
+/// `p` under `prefix`: they stay pending under its name.
+async fn ghost_reads(c: &mut redis::aio::MultiplexedConnection, prefix: &str, count: usize) {
     let jobs = format!("{prefix}:{{p}}:jobs");
+    // The group may exist already.
     let _: redis::RedisResult<()> = redis::cmd("XGROUP")
         .arg("CREATE")
         .arg(&jobs)
         .arg("workers")
         .arg("0")
         .arg("MKSTREAM")
-        .query_async(&mut c)
+        .query_async(c)
         .await;
     let _: redis::Value = redis::cmd("XREADGROUP")
         .arg("GROUP")
         .arg("workers")
         .arg("ghost")
         .arg("COUNT")
-        .arg(1)
+        .arg(count)
         .arg("STREAMS")
         .arg(&jobs)
         .arg(">")
-        .query_async(&mut c)
+        .query_async(c)
         .await
         .unwrap();
+}
+
+/// What a worker that died mid-task leaves: its entry pending under its name, the run record,
+/// its last output, and no lease.
+async fn dead_worker_left(pool: &Pool, url: &str, prefix: &str, job: &Job) {
+    pool.submit(job).await.unwrap();
+    let client = redis::Client::open(url).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    ghost_reads(&mut c, prefix, 1).await;
     let _: () = redis::cmd("HSET")
         .arg(format!("{prefix}:{{p}}:run:{}", job.task))
         .arg("worker")
@@ -290,24 +297,7 @@ async fn jobs_that_cannot_run_are_dead_lettered_and_reported() {
     let dad = parent();
     let job = Job::new(dad, "poison", "crash the worker");
     pool.submit(&job).await.unwrap();
-    let jobs = format!("{p}:{{p}}:jobs");
-    let _: redis::RedisResult<()> = redis::cmd("XGROUP")
-        .arg("CREATE")
-        .arg(&jobs)
-        .arg("workers")
-        .arg("0")
-        .query_async(&mut c)
-        .await;
-    let _: redis::Value = redis::cmd("XREADGROUP")
-        .arg("GROUP")
-        .arg("workers")
-        .arg("ghost")
-        .arg("STREAMS")
-        .arg(&jobs)
-        .arg(">")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    ghost_reads(&mut c, &p, 100).await;
     let (w, stop) = start_worker(&pool, "w1", answering(Duration::ZERO));
     let got = pending_n(&pool, &dad, 1).await;
     assert_eq!(
