@@ -999,3 +999,25 @@ async fn pool_tasks_are_recorded_in_a_shared_registry() {
     stop.cancel();
     w.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_worker_still_reports_a_dead_workers_task() {
+    let Some(url) = url() else { return };
+    let p = prefix("full-reclaim");
+    let pool = Pool::new(&url, &p, "p", fast().with_capacity(1)).unwrap();
+    let dad = parent();
+    let dead = Job::new(dad, "orphan", "x");
+    dead_worker_left(&pool, &url, &p, &dead).await;
+    // Its only slot is taken by a task that never ends.
+    let (w, stop) = start_worker(&pool, "w1", Arc::new(Hangs("busy".into())));
+    pool.submit(&Job::new(dad, "endless", "y")).await.unwrap();
+    let got = pending_n(&pool, &dad, 1).await;
+    assert_eq!(
+        (got[0].task_id, got[0].status),
+        (dead.task, TaskStatus::Killed)
+    );
+    assert_eq!(got[0].result.as_deref(), Some("half of the work"));
+    stop.cancel();
+    let r = w.await.unwrap().unwrap();
+    assert_eq!(r.reclaimed_killed, 1, "{r:?}");
+}

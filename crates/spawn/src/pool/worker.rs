@@ -77,8 +77,9 @@ return 1
 ";
 
 /// KEYS: jobs, run, lease, cancel. ARGV: group, entry, consumer, me, lease ms, most
-/// deliveries, now ms, idempotent, my name prefix. Decides, atomically, what to do with an
-/// entry this worker just read or claimed.
+/// deliveries, now ms, idempotent, my name prefix, peek. Decides, atomically, what to do with
+/// an entry this worker just read or claimed; with peek ('1': no slot to run it in), an entry
+/// to run is left as it is ('later').
 const START: &str = r"
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
 if #p == 0 or p[1][2] ~= ARGV[3] then return {'gone', 0, ''} end
@@ -97,6 +98,7 @@ if redis.call('EXISTS', KEYS[4]) == 1 then return {'cancelled', n, ''} end
 local started = redis.call('HGET', KEYS[2], 'worker')
 if started and ARGV[8] ~= '1' then return {'killed', n, started} end
 if n > tonumber(ARGV[6]) then return {'dead', n, started or ''} end
+if ARGV[10] == '1' then return {'later', n, ''} end
 redis.call('HSET', KEYS[2], 'worker', ARGV[4], 'started', ARGV[7], 'entry', ARGV[2])
 redis.call('HINCRBY', KEYS[2], 'runs', 1)
 redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5])
@@ -260,6 +262,15 @@ impl Worker {
         let _listener =
             AbortOnDropHandle::new(tokio::spawn(Arc::clone(&this).listen(Arc::clone(&running))));
         let slots = Arc::new(Semaphore::new(config.capacity));
+        // A full worker still reports dead workers' tasks (see `reclaim_when_full`).
+        let reclaimed: Arc<Mutex<WorkerReport>> = Arc::default();
+        let _reclaimer = AbortOnDropHandle::new(tokio::spawn(Arc::clone(&this).reclaim_when_full(
+            conn.clone(),
+            Arc::clone(&me),
+            Arc::clone(&running),
+            Arc::clone(&slots),
+            Arc::clone(&reclaimed),
+        )));
         let mut tasks: JoinSet<WorkerReport> = JoinSet::new();
         let mut report = WorkerReport::default();
         let mut reader = Reader::new(&this);
@@ -300,7 +311,7 @@ impl Worker {
                 conn.clone(),
             );
             tasks.spawn(async move {
-                let report = this2.handle(entry, conn2, &me2, &running2).await;
+                let report = this2.handle(entry, conn2, &me2, &running2, false).await;
                 drop(permit);
                 report
             });
@@ -321,6 +332,12 @@ impl Worker {
                 add(&mut report, done);
             }
         }
+        add(
+            &mut report,
+            Ok(std::mem::take(
+                &mut *reclaimed.lock().unwrap_or_else(|e| e.into_inner()),
+            )),
+        );
         let _ = redis::Script::new(RELEASE_NAME)
             .key(this.pool.key(&format!("worker:{}", this.name)))
             .arg(&*me)
@@ -360,6 +377,69 @@ impl Worker {
                 )));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// While every slot is taken, every half lease: claims dead workers' entries without
+    /// counting a delivery (`XAUTOCLAIM … JUSTID`) and reports those that need no slot —
+    /// `killed`, cancelled, dead-lettered — so a pool whose live workers are all busy still
+    /// tells parents within a lease or so. Entries to run stay claimed until a slot frees (the
+    /// main loop claims them again then).
+    async fn reclaim_when_full(
+        self: Arc<Self>,
+        mut conn: ConnectionManager,
+        me: Arc<str>,
+        running: Running,
+        slots: Arc<Semaphore>,
+        reclaimed: Arc<Mutex<WorkerReport>>,
+    ) {
+        let lease = self.pool.config.lease;
+        let jobs = self.pool.key("jobs");
+        let mut from = "0-0".to_owned();
+        loop {
+            tokio::time::sleep(lease / 2).await;
+            if slots.available_permits() > 0 {
+                continue;
+            }
+            let claimed: redis::RedisResult<redis::Value> = redis::cmd("XAUTOCLAIM")
+                .arg(&jobs)
+                .arg(GROUP)
+                .arg(&self.name)
+                .arg(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX))
+                .arg(&from)
+                .arg("COUNT")
+                .arg(16)
+                .arg("JUSTID")
+                .query_async(&mut conn)
+                .await;
+            let (next, ids) = match claimed.as_ref().map(justid_reply) {
+                Ok(Some(r)) => r,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(worker = %self.name, "reclaiming while full: {e}");
+                    continue;
+                }
+            };
+            from = next;
+            for id in ids {
+                let fields: redis::RedisResult<redis::streams::StreamRangeReply> =
+                    redis::cmd("XRANGE")
+                        .arg(&jobs)
+                        .arg(&id)
+                        .arg(&id)
+                        .query_async(&mut conn)
+                        .await;
+                let Some(e) = fields.ok().and_then(|r| r.ids.into_iter().next()) else {
+                    continue;
+                };
+                let r = Arc::clone(&self)
+                    .handle(Entry::from_stream(&e), conn.clone(), &me, &running, true)
+                    .await;
+                add(
+                    &mut reclaimed.lock().unwrap_or_else(|e| e.into_inner()),
+                    Ok(r),
+                );
+            }
         }
     }
 
@@ -429,6 +509,7 @@ impl Worker {
         mut conn: ConnectionManager,
         me: &str,
         running: &Running,
+        peek: bool,
     ) -> WorkerReport {
         let mut report = WorkerReport::default();
         let job: std::result::Result<Job, String> = match (&entry.task, &entry.job) {
@@ -497,6 +578,7 @@ impl Worker {
             .arg(now_ms())
             .arg(if job.idempotent { "1" } else { "0" })
             .arg(&name_prefix)
+            .arg(if peek { "1" } else { "0" })
             .invoke_async(&mut conn)
             .await;
         let (what, deliveries, other) = match decided {
@@ -612,7 +694,8 @@ impl Worker {
                     report.reported += u64::from(pushed);
                 }
             }
-            // "gone": someone else acknowledged it; "held": a live worker runs it.
+            // "gone": someone else acknowledged it; "held": a live worker runs it; "later": to
+            // run when a slot frees (it is claimed again then).
             _ => {}
         }
         report
@@ -1107,6 +1190,24 @@ async fn relay(
             }
         }
     }
+}
+
+/// `XAUTOCLAIM … JUSTID`'s answer: the next cursor and the claimed ids.
+fn justid_reply(v: &redis::Value) -> Option<(String, Vec<String>)> {
+    let redis::Value::Array(parts) = v else {
+        return None;
+    };
+    let text = |v: &redis::Value| match v {
+        redis::Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        redis::Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    };
+    let next = text(parts.first()?)?;
+    let ids = match parts.get(1)? {
+        redis::Value::Array(ids) => ids.iter().filter_map(text).collect(),
+        _ => Vec::new(),
+    };
+    Some((next, ids))
 }
 
 /// `n` with `note` added.
