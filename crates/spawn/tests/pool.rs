@@ -36,17 +36,7 @@ fn fast() -> PoolConfig {
 
 /// A model that answers `done: <prompt>` after `delay`.
 fn answering(delay: Duration) -> Arc<dyn Backend> {
-    Arc::new(ScriptedBackend::from_async_fn(
-        move |r: Request| async move {
-            tokio::time::sleep(delay).await;
-            let prompt = r
-                .all_messages()
-                .first()
-                .map(|m| m.text())
-                .unwrap_or_default();
-            Ok(Response::say(format!("done: {prompt}")))
-        },
-    ))
+    support::answers_done(delay)
 }
 
 /// A model that streams `text` and then never finishes its answer.

@@ -26,7 +26,7 @@ use forkhive_core::{TaskId, TaskStatus};
 use forkhive_spawn::pool::{Delivery, Job, Pool, PoolAgentTool, PoolConfig, Worker};
 use forkhive_spawn::runtime::{Agent, AgentContext, AgentKind, QuerySource};
 use forkhive_spawn::tool::{Tool, ToolPool};
-use forkhive_transport::{Request, Response, ScriptedBackend};
+use forkhive_transport::{Response, ScriptedBackend};
 use tokio_util::sync::CancellationToken;
 
 const TASKS: usize = 1000;
@@ -67,20 +67,10 @@ fn role() {
     }
 }
 
-/// A worker: each task's model streams a first part, waits, then answers.
+/// A worker: each task's model waits `FORKHIVE_POOL_DELAY_MS`, then answers.
 async fn worker(pool: Pool) {
     let delay = Duration::from_millis(env("FORKHIVE_POOL_DELAY_MS").parse().unwrap());
-    let backend = Arc::new(ScriptedBackend::from_async_fn(
-        move |r: Request| async move {
-            tokio::time::sleep(delay).await;
-            let prompt = r
-                .all_messages()
-                .first()
-                .map(|m| m.text())
-                .unwrap_or_default();
-            Ok(Response::say(format!("done: {prompt}")))
-        },
-    ));
+    let backend = support::answers_done(delay);
     let w = Worker::new(pool, &env("FORKHIVE_POOL_WORKER"), move |_j: &Job| {
         Ok(Agent::builder(backend.clone()).model("m"))
     })

@@ -424,3 +424,19 @@ pub(crate) fn key_prefix(test: &str) -> String {
         .as_nanos();
     format!("t{}-{test}", nanos % 1_000_000_000_000)
 }
+
+/// A model that answers `done: <prompt>` (the first message's text) after `delay`: a pool
+/// worker's agents in the Redis tests.
+pub(crate) fn answers_done(delay: Duration) -> Arc<dyn Backend> {
+    Arc::new(forkhive_transport::ScriptedBackend::from_async_fn(
+        move |r: Request| async move {
+            tokio::time::sleep(delay).await;
+            let prompt = r
+                .all_messages()
+                .first()
+                .map(|m| m.text())
+                .unwrap_or_default();
+            Ok(Response::say(format!("done: {prompt}")))
+        },
+    ))
+}
