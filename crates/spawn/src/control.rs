@@ -209,7 +209,7 @@ impl Tool for SendMessageTool {
                 return broadcast(&team, mine, &input).await;
             }
             let to_lead = mine.is_some() && (to == crate::team::LEAD || to == "main");
-            if to_lead || team.member(to).is_some() {
+            if to_lead || team.has_teammate(to).await {
                 let to = if to_lead { crate::team::LEAD } else { to };
                 return to_teammate(&team, mine, to, &input).await;
             }

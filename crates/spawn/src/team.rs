@@ -42,6 +42,13 @@ pub const LEAD: &str = "team-lead";
 /// The origin of letters put into a conversation.
 const MAILBOX_ORIGIN: &str = "mailbox";
 
+/// A letter to teammate `to`, which has ended.
+fn gone(to: &str) -> Error {
+    Error::Refused(format!(
+        "teammate `{to}` has shut down, so the message was not delivered"
+    ))
+}
+
 /// Where a teammate is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -103,7 +110,22 @@ struct Holds {
     running: HashMap<String, PromiseHandle>,
     /// Letters not yet taken by their recipients, by (recipient, id): the lead's promise.
     letters: HashMap<(String, String), Expectation>,
+    /// Teammates on workers whose notification came before their last letters were read: the
+    /// lead waits for those letters (the `ended` mark after them), at most [`ENDING_WAIT`].
+    ending: HashMap<TaskId, Expectation>,
+    /// Teammates on workers whose `ended` mark was read before their notification came.
+    ended: HashSet<TaskId>,
 }
+
+/// Holds on a lead's run, released when dropped (see [`Team::remote_ended`]).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) struct Released {
+    _held: Vec<Expectation>,
+}
+
+/// How long a lead waits for the last letters of a teammate on a worker once its notification
+/// came (a worker that died sends no `ended` mark; its letters were stored before it died).
+const ENDING_WAIT: Duration = Duration::from_secs(5);
 
 /// A live teammate's controls.
 struct Control {
@@ -144,6 +166,88 @@ pub struct Team {
     joined: Mutex<HashMap<String, String>>,
     /// What teammates do with a shutdown request.
     shutdown: ShutdownPolicy,
+    /// Where its teammates run.
+    side: Side,
+}
+
+/// Where a team's teammates run, as seen from this [`Team`] value.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+#[derive(Clone)]
+enum Side {
+    /// In this process, each beside its lead (the default).
+    Local,
+    /// On a pool's workers; this is the lead's side. Teammates tell it of their letters through
+    /// [`Bookkeeping`] letters, and their ends come with their task notifications.
+    Lead(Arc<dyn TeamLink>),
+    /// A teammate's side, in the worker process that runs it.
+    Member(Arc<dyn TeamLink>),
+}
+
+/// What a team whose teammates run on other hosts needs from the store that joins them (the
+/// pool implements it on Redis).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+#[async_trait::async_trait]
+pub(crate) trait TeamLink: Send + Sync {
+    /// The pool the teammates run on (its key base): one team, one pool.
+    fn pool(&self) -> &str;
+    /// Records teammate `name` as task `task` (the lead, before the teammate is submitted).
+    async fn enlist(&self, team: &str, name: &str, task: &TaskId) -> Result<()>;
+    /// Every teammate on record: its name, its task and whether the task still runs.
+    async fn members(&self, team: &str) -> Result<Vec<(String, TaskId, bool)>>;
+    /// Stores `letter` in `inbox` unless `task` has ended and closed it: `None` then.
+    async fn send(&self, inbox: &Inbox, task: &TaskId, letter: Letter) -> Result<Option<String>>;
+}
+
+/// The bookkeeping a teammate on another host sends its lead, so that the lead's run waits as
+/// it would for a teammate beside it ("The lead's run" in the module docs): a letter between
+/// teammates holds the lead's run from before it is stored (`sent`) until its recipient has
+/// taken it (`taken`, which also says the recipient is working), or until the send failed
+/// (`unsent`). Taken by the lead's relay, never shown to the lead; refused as a letter's text
+/// from anyone else ([`Team::send`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "type", rename = "forkhive_team_bookkeeping")]
+struct Bookkeeping {
+    op: BookOp,
+    /// The letters' recipient (`sent`, `unsent`); the sender itself for `taken`.
+    #[serde(default)]
+    to: String,
+    ids: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum BookOp {
+    Sent,
+    Unsent,
+    Taken,
+    /// The teammate's task (`to`) has ended: every letter it sent is before this one.
+    Ended,
+}
+
+/// The mark a worker leaves in teammate `name`'s lead's inbox when the teammate's task `task`
+/// has ended, after every letter it sent (see [`Team::remote_ended`]).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn ended_mark(name: &str, task: &TaskId) -> Letter {
+    Bookkeeping {
+        op: BookOp::Ended,
+        to: task.to_string(),
+        ids: Vec::new(),
+    }
+    .letter(name)
+}
+
+impl Bookkeeping {
+    fn parse(text: &str) -> Option<Self> {
+        let t = text.trim();
+        if !t.starts_with('{') {
+            return None;
+        }
+        serde_json::from_str(t).ok()
+    }
+
+    fn letter(&self, from: &str) -> Letter {
+        Letter::new(from, serde_json::to_string(self).unwrap_or_default())
+    }
 }
 
 impl fmt::Debug for Team {
@@ -186,7 +290,45 @@ impl Team {
             planning: Mutex::default(),
             joined: Mutex::default(),
             shutdown: ShutdownPolicy::default(),
+            side: Side::Local,
         })
+    }
+
+    /// The lead's side of a team whose teammates run on a pool's workers (`Pool::team`).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn lead_on(mut self, link: Arc<dyn TeamLink>) -> Self {
+        self.side = Side::Lead(link);
+        self
+    }
+
+    /// A teammate's side of such a team, in the worker that runs it.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn member_on(mut self, link: Arc<dyn TeamLink>) -> Self {
+        self.side = Side::Member(link);
+        self
+    }
+
+    /// What its teammates do with a shutdown request.
+    pub fn shutdown_policy(&self) -> ShutdownPolicy {
+        self.shutdown
+    }
+
+    /// The pool (its key base) this team's teammates run on, if they run on one.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn pool(&self) -> Option<&str> {
+        match &self.side {
+            Side::Lead(l) | Side::Member(l) => Some(l.pool()),
+            Side::Local => None,
+        }
+    }
+
+    /// Its link to the other hosts, when this is the lead's side of a team on a pool.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn lead_link(&self) -> Option<&Arc<dyn TeamLink>> {
+        match &self.side {
+            Side::Lead(l) => Some(l),
+            _ => None,
+        }
     }
 
     /// What its teammates do with the lead's shutdown requests (default
@@ -348,6 +490,21 @@ impl Team {
         self.lock().get(name).cloned()
     }
 
+    /// Whether `name` is a teammate here — on a worker, anywhere in the team: where the team is
+    /// on record says (and if it cannot be asked, the send that follows says why).
+    pub(crate) async fn has_teammate(&self, name: &str) -> bool {
+        if self.member(name).is_some() {
+            return true;
+        }
+        match &self.side {
+            Side::Member(link) => link
+                .members(&self.name)
+                .await
+                .map_or(true, |all| all.iter().any(|(n, _, _)| n == name)),
+            _ => false,
+        }
+    }
+
     /// The name of the teammate running as task `id`.
     pub fn name_of(&self, id: &TaskId) -> Option<String> {
         self.lock()
@@ -418,16 +575,32 @@ impl Team {
 
     /// Sends `letter` to `to` (a teammate's name or [`LEAD`]). A teammate that has stopped is
     /// an error: nobody would read it. Until its recipient has taken it into its conversation,
-    /// the letter holds the lead's run.
+    /// the letter holds the lead's run. A letter whose whole text is the team's own
+    /// bookkeeping (what teammates on other hosts tell their lead) is refused.
     pub async fn send(&self, to: &str, letter: Letter) -> Result<String> {
+        if Bookkeeping::parse(&letter.text).is_some() {
+            return Err(Error::Refused(
+                "that text is the team's own bookkeeping between hosts; a letter may not be it"
+                    .to_owned(),
+            ));
+        }
+        match &self.side {
+            Side::Member(link) if to != LEAD => self.send_from_member(link, to, letter).await,
+            _ => self.send_held(to, letter).await,
+        }
+    }
+
+    /// A letter from the lead's process (or to the lead), held as [`send`](Self::send) says.
+    async fn send_held(&self, to: &str, letter: Letter) -> Result<String> {
         let inbox = self.inbox(to)?;
         let id = letter.id.clone().unwrap_or_else(crate::mailbox::new_id);
         let letter = letter.with_id(id.clone());
         let key = (to.to_owned(), id);
-        let inserted = {
+        let (inserted, task) = {
             // Checked and held under one lock with a teammate's stop (`stopped`), so no hold
             // outlives the teammate that would release it.
             let mut holds = self.holds();
+            let mut task = None;
             if to != LEAD {
                 match self.member(to) {
                     None => {
@@ -436,22 +609,19 @@ impl Team {
                             self.name
                         )));
                     }
-                    Some(m) if m.state == MemberState::Stopped => {
-                        return Err(Error::Refused(format!(
-                            "teammate `{to}` has shut down, so the message was not delivered"
-                        )));
-                    }
-                    Some(_) => {}
+                    Some(m) if m.state == MemberState::Stopped => return Err(gone(to)),
+                    Some(m) => task = Some(m.task),
                 }
             }
-            match holds.lead.clone() {
+            let inserted = match holds.lead.clone() {
                 // A repeated send of a letter already held keeps the one hold.
                 Some(lead) if !holds.letters.contains_key(&key) => {
                     holds.letters.insert(key.clone(), lead.expect());
                     true
                 }
                 _ => false,
-            }
+            };
+            (inserted, task)
         };
         // Until the send has stored the letter, a hold this call made is this call's: if the
         // send fails or this future is dropped (a tool timeout), it is released.
@@ -459,7 +629,14 @@ impl Team {
             team: self,
             key: inserted.then_some(key),
         };
-        let sent = self.mailbox.send(&inbox, letter).await;
+        let sent = match (&self.side, task) {
+            // A teammate on a worker: not into an inbox its ended task has closed.
+            (Side::Lead(link), Some(task)) => link
+                .send(&inbox, &task, letter)
+                .await
+                .and_then(|stored| stored.ok_or_else(|| gone(to))),
+            _ => self.mailbox.send(&inbox, letter).await,
+        };
         if sent.is_ok() {
             // Stored: the hold is the recipient's to release now.
             unsent.key = None;
@@ -468,15 +645,74 @@ impl Team {
         sent
     }
 
+    /// A letter from a teammate on a worker to another teammate: the lead is told before it is
+    /// stored (so it holds the lead's run from then on) and told again if it was not.
+    async fn send_from_member(
+        &self,
+        link: &Arc<dyn TeamLink>,
+        to: &str,
+        letter: Letter,
+    ) -> Result<String> {
+        let inbox = self.inbox(to)?;
+        let members = link.members(&self.name).await?;
+        let Some((_, task, live)) = members.iter().find(|(name, _, _)| name == to) else {
+            return Err(Error::Refused(format!(
+                "team `{}` has no teammate `{to}`",
+                self.name
+            )));
+        };
+        if !live {
+            return Err(gone(to));
+        }
+        let id = letter.id.clone().unwrap_or_else(crate::mailbox::new_id);
+        let letter = letter.with_id(id.clone());
+        let from = letter.from.clone();
+        self.tell_lead(&from, BookOp::Sent, to, vec![id.clone()])
+            .await?;
+        let sent = link
+            .send(&inbox, task, letter)
+            .await
+            .and_then(|stored| stored.ok_or_else(|| gone(to)));
+        if sent.is_err()
+            && let Err(e) = self.tell_lead(&from, BookOp::Unsent, to, vec![id]).await
+        {
+            tracing::warn!("teammate `{from}` could not tell the lead a letter was not sent: {e}");
+        }
+        sent
+    }
+
+    /// Bookkeeping from teammate `from` (on a worker) to its lead.
+    async fn tell_lead(&self, from: &str, op: BookOp, to: &str, ids: Vec<String>) -> Result<()> {
+        let note = Bookkeeping {
+            op,
+            to: to.to_owned(),
+            ids,
+        };
+        self.mailbox
+            .send(&self.inbox(LEAD)?, note.letter(from))
+            .await
+            .map(|_| ())
+    }
+
     /// Sends text `letter` to every teammate that has not stopped but its sender — and to the
     /// lead, when a teammate sends it. Returns who it reached, by name.
     pub async fn broadcast(&self, letter: Letter) -> Result<Vec<String>> {
-        let mut to: Vec<String> = self
-            .roster()
-            .into_iter()
-            .filter(|m| m.state != MemberState::Stopped && m.name != letter.from)
-            .map(|m| m.name)
-            .collect();
+        let mut to: Vec<String> = match &self.side {
+            // On a worker, the team is on record where every host sees it.
+            Side::Member(link) => link
+                .members(&self.name)
+                .await?
+                .into_iter()
+                .filter(|(name, _, live)| *live && *name != letter.from)
+                .map(|(name, _, _)| name)
+                .collect(),
+            _ => self
+                .roster()
+                .into_iter()
+                .filter(|m| m.state != MemberState::Stopped && m.name != letter.from)
+                .map(|m| m.name)
+                .collect(),
+        };
         if letter.from != LEAD {
             to.push(LEAD.to_owned());
         }
@@ -523,6 +759,173 @@ impl Team {
         drop(released);
     }
 
+    /// Teammate `name`, started on a pool's worker, holds the lead's run through `promise`
+    /// (its task's, kept by the lead's pool delivery) while it works.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn hold_remote(&self, name: &str, promise: PromiseHandle) {
+        self.holds().running.insert(name.to_owned(), promise);
+    }
+
+    /// Teammate `name`, still running on a pool's worker as `task`, is back on the roster of a
+    /// restarted lead, idle, its run held through `promise` while it works.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn rejoin_remote(&self, name: &str, task: TaskId, promise: PromiseHandle) {
+        {
+            let mut all = self.lock();
+            let agent_type = all
+                .get(name)
+                .filter(|m| m.task == task)
+                .map(|m| m.agent_type.clone())
+                .unwrap_or_default();
+            all.insert(
+                name.to_owned(),
+                Member {
+                    name: name.to_owned(),
+                    task,
+                    agent_type,
+                    state: MemberState::Idle,
+                },
+            );
+        }
+        self.hold_remote(name, promise);
+        self.save();
+    }
+
+    /// The teammate on a worker that ran as `task` has ended (its notification came): stopped
+    /// on the roster once the lead has read the letters it sent before it ended — its worker
+    /// marks the end in the lead's inbox after them — or after [`ENDING_WAIT`]. What it
+    /// returns keeps the lead's run held until dropped: the caller queues the notification
+    /// first, so the lead's run never ends between the two.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn remote_ended(self: &Arc<Self>, task: &TaskId) -> Released {
+        if !matches!(self.side, Side::Lead(_)) {
+            return Released { _held: Vec::new() };
+        }
+        let Some(name) = self.name_of(task) else {
+            return Released { _held: Vec::new() };
+        };
+        {
+            let mut holds = self.holds();
+            if !holds.ended.remove(task)
+                && let Some(lead) = holds.lead.clone()
+            {
+                holds.ending.insert(*task, lead.expect());
+                let (team, task) = (Arc::downgrade(self), *task);
+                tokio::spawn(async move {
+                    tokio::time::sleep(ENDING_WAIT).await;
+                    if let Some(team) = team.upgrade() {
+                        team.ending_done(&task);
+                    }
+                });
+                return Released { _held: Vec::new() };
+            }
+        }
+        Released {
+            _held: self.stop_holding(&name),
+        }
+    }
+
+    /// Teammate task `task`'s end was read (or waited for long enough): it is stopped.
+    fn ending_done(&self, task: &TaskId) {
+        let waited = self.holds().ending.remove(task);
+        if let Some(waited) = waited {
+            if let Some(name) = self.name_of(task) {
+                self.stopped(&name);
+            }
+            drop(waited);
+        }
+    }
+
+    /// What the lead's relay makes of a letter from a teammate on a worker: its bookkeeping
+    /// is applied and taken (true: never shown to the lead). Anything else is shown.
+    fn take_bookkeeping(&self, d: &crate::mailbox::Delivered) -> bool {
+        if !matches!(self.side, Side::Lead(_)) || self.member(&d.from).is_none() {
+            return false;
+        }
+        // Not checked against the time it joined (`stale`): letters from another host carry
+        // that host's clock. An earlier teammate of the name ended before this one could join.
+        if let Some(note) = Bookkeeping::parse(&d.text) {
+            self.book(&d.from, note);
+            return true;
+        }
+        false
+    }
+
+    /// A letter from a teammate on a worker is in the lead's queue: if it is its idle notice,
+    /// its promise is set down now — after the notice is queued, so the lead's run never ends
+    /// between the two.
+    fn shown_to_lead(&self, d: &crate::mailbox::Delivered) {
+        if matches!(self.side, Side::Lead(_))
+            && let Some(Protocol::IdleNotification { .. }) = Protocol::parse(&d.text)
+            && self
+                .member(&d.from)
+                .is_some_and(|m| m.state != MemberState::Stopped)
+        {
+            let holds = self.holds();
+            if let Some(p) = holds.running.get(&d.from) {
+                p.set_down();
+            }
+            drop(holds);
+            self.set_state(&d.from, MemberState::Idle);
+        }
+    }
+
+    /// Applies teammate `from`'s bookkeeping (see [`Bookkeeping`]).
+    fn book(&self, from: &str, note: Bookkeeping) {
+        let mut released = Vec::new();
+        let mut busy = false;
+        {
+            let mut holds = self.holds();
+            match note.op {
+                BookOp::Sent => {
+                    let open = note.to != LEAD
+                        && self
+                            .member(&note.to)
+                            .is_some_and(|m| m.state != MemberState::Stopped);
+                    if let (Some(lead), true) = (holds.lead.clone(), open) {
+                        for id in note.ids {
+                            holds
+                                .letters
+                                .entry((note.to.clone(), id))
+                                .or_insert_with(|| lead.expect());
+                        }
+                    }
+                }
+                BookOp::Unsent => {
+                    for id in note.ids {
+                        released.extend(holds.letters.remove(&(note.to.clone(), id)));
+                    }
+                }
+                BookOp::Ended => {
+                    if let Ok(task) = note.to.parse::<TaskId>()
+                        && self.member(from).is_some_and(|m| m.task == task)
+                    {
+                        if holds.ending.contains_key(&task) {
+                            drop(holds);
+                            self.ending_done(&task);
+                            return;
+                        }
+                        holds.ended.insert(task);
+                    }
+                }
+                BookOp::Taken => {
+                    // Working on what it took: the lead waits for it again.
+                    if let Some(p) = holds.running.get(from) {
+                        p.take_up();
+                        busy = true;
+                    }
+                    for id in note.ids {
+                        released.extend(holds.letters.remove(&(from.to_owned(), id)));
+                    }
+                }
+            }
+        }
+        drop(released);
+        if busy {
+            self.set_state(from, MemberState::Running);
+        }
+    }
+
     /// Moves a letter into teammate `name`'s queue, taking its promise up first: the lead's
     /// run waits for the work the letter starts.
     fn deliver_to(&self, name: &str, queue: &PendingQueue, message: PendingMessage) {
@@ -562,7 +965,13 @@ impl Team {
 
     /// Teammate `name` has ended: stopped on the roster, and the letters it will never take
     /// no longer hold the lead's run.
-    fn stopped(&self, name: &str) {
+    pub(crate) fn stopped(&self, name: &str) {
+        drop(self.stop_holding(name));
+    }
+
+    /// [`stopped`](Self::stopped), its letters' holds handed back to be released by the caller
+    /// (after it has queued what the lead must still read).
+    fn stop_holding(&self, name: &str) -> Vec<Expectation> {
         let (released, changed) = {
             let mut holds = self.holds();
             // Its controls, plans and plan mode go before the name is free: a new teammate of
@@ -583,16 +992,21 @@ impl Team {
                 .collect();
             (released, self.mark(name, MemberState::Stopped))
         };
-        drop(released);
         // The file is written outside the lock every relay and send takes.
         if changed {
             self.save();
         }
+        released
     }
 
     /// Whether `letter` was sent before teammate `name` joined (to an earlier teammate of the
     /// name): a control letter like that is acknowledged and not acted on.
     fn stale(&self, name: &str, letter: &crate::mailbox::Delivered) -> bool {
+        // On a worker the letter carries its sender's clock, another host's: not comparable.
+        // Nor needed: the worker that reports a teammate's end takes its unread letters.
+        if matches!(self.side, Side::Member(_)) {
+            return false;
+        }
         self.joined
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -753,9 +1167,11 @@ impl Team {
         let mailbox = Arc::clone(&self.mailbox);
         let team = Arc::downgrade(self);
         *p = Some(tokio::spawn(async move {
-            let mut relay = Relay::new(mailbox, inbox, lead, team, None);
+            let mut relay = Relay::new(mailbox, inbox, lead, team.clone(), None);
             loop {
-                if relay.step(|_| false).await.is_err() {
+                let step =
+                    relay.step(|d| team.upgrade().is_some_and(|team| team.take_bookkeeping(d)));
+                if step.await.is_err() {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
             }
@@ -868,6 +1284,11 @@ impl Relay {
         self.mailbox.ack(&self.inbox, ids).await?;
         if let Some(team) = self.team.upgrade() {
             team.taken(self.teammate.as_deref().unwrap_or(LEAD), ids);
+            // A teammate on a worker tells its lead (in another process) what it took; should
+            // that fail, the acknowledgement is tried again, and so is this.
+            if let (Side::Member(_), Some(me)) = (&team.side, &self.teammate) {
+                team.tell_lead(me, BookOp::Taken, me, ids.to_vec()).await?;
+            }
         }
         Ok(())
     }
@@ -924,6 +1345,10 @@ impl Relay {
             let message = PendingMessage::new(d.to_message(), MAILBOX_ORIGIN);
             match (&self.teammate, self.team.upgrade()) {
                 (Some(name), Some(team)) => team.deliver_to(name, &self.queue, message),
+                (None, Some(team)) => {
+                    self.queue.push(message);
+                    team.shown_to_lead(&d);
+                }
                 _ => self.queue.push(message),
             }
             self.unacked.push(d.id);
@@ -998,6 +1423,10 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                     let (team, name, queue) = (Arc::clone(&team), name.clone(), queue.clone());
                     Some(AbortOnDrop(tokio::spawn(async move {
                         loop {
+                            // A shutdown is acted on once its letter is acknowledged (and
+                            // its lead told, across hosts): a teammate that ends at once must
+                            // not end before that.
+                            let mut asked = Vec::new();
                             let r = relay
                                 .step(|d| match Protocol::parse(&d.text) {
                                     // Only the lead may stop a teammate.
@@ -1010,7 +1439,7 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                                     Some(request @ Protocol::ShutdownRequest { .. })
                                         if d.from == LEAD =>
                                     {
-                                        team.shutdown_asked(&name, &request, d);
+                                        asked.push((request, d.clone()));
                                         true
                                     }
                                     // Plan answers go through the teammate's gate: the lead's
@@ -1028,6 +1457,9 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                                     _ => false,
                                 })
                                 .await;
+                            for (request, d) in asked {
+                                team.shutdown_asked(&name, &request, &d);
+                            }
                             if r.is_err() {
                                 tokio::time::sleep(Duration::from_millis(200)).await;
                             }

@@ -14,7 +14,8 @@ const LAYERS: &[&[&str]] = &[
     &["mcp"],
     &["runtime", "timeline", "mailbox"],
     &["task"],
-    &["strategy", "team", "pool"],
+    &["strategy", "team"],
+    &["pool"],
     &["agent_tool", "control"],
     &["coordinator"],
 ];

@@ -13,17 +13,38 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::{Job, Pool};
-use crate::base::pending::{Expectation, PendingMessage, PendingQueue};
+use crate::base::pending::{
+    Expectation, OwnedPromise, PendingMessage, PendingQueue, PromiseHandle,
+};
 use crate::error::Result;
 use crate::task::queue::NotificationQueue;
+use crate::team::Team;
 use crate::tool::{InBackground, Tool, ToolContext, ToolOutput};
 
 /// The parent's promises for its pool tasks, and the tasks whose notification it was given (or
 /// its conversation held): a task is promised at most until then, never again.
 #[derive(Default)]
 struct Promises {
-    waiting: HashMap<TaskId, Expectation>,
+    waiting: HashMap<TaskId, Promise>,
     given: HashSet<TaskId>,
+}
+
+/// The parent's promise for one pool task.
+enum Promise {
+    /// Held until its notification comes.
+    Held(Expectation),
+    /// A teammate's: set down while it is idle, taken up while it works (through its lead's
+    /// [`Team`]).
+    Teammate(OwnedPromise),
+}
+
+impl Promise {
+    fn deliver(self, message: PendingMessage) {
+        match self {
+            Promise::Held(e) => e.deliver(message),
+            Promise::Teammate(p) => p.deliver(message),
+        }
+    }
 }
 
 type Expected = Arc<Mutex<Promises>>;
@@ -117,37 +138,70 @@ impl Delivery {
                 held.extend(found.into_iter().map(|n| n.task_id.to_string()));
             }
         }
-        let waiting: Vec<TaskId> = pool
+        let mut waiting: Vec<TaskId> = pool
             .outstanding(&parent)
             .await?
             .into_iter()
             .filter(|t| !held.contains(&t.to_string()))
             .collect();
+        // A lead's teammates still on the pool come back to its roster, idle: it waits for
+        // them while they work, not until they end.
+        let team = lead_team(agent.tree(), pool);
+        let mut teammates = Vec::new();
+        if let Some(team) = &team
+            && let Some(link) = team.lead_link()
+        {
+            for (name, task, live) in link.members(team.name()).await? {
+                if live && let Some(i) = waiting.iter().position(|t| *t == task) {
+                    waiting.swap_remove(i);
+                    teammates.push((name, task));
+                }
+            }
+        }
         let all = agent
             .tree()
             .extensions()
             .get_or_insert_with(Deliveries::default);
         let mut map = all.0.lock().unwrap_or_else(|e| e.into_inner());
         // One delivery per parent: a second would give every notification again.
-        if let Some(d) = map.get(&parent) {
+        let d = if let Some(d) = map.get(&parent) {
             for t in waiting {
                 d.expect(t);
             }
-            return Ok(d.clone());
+            d.clone()
+        } else {
+            let d = Self::start(
+                pool.clone(),
+                parent,
+                agent.pending(),
+                agent.cancellation().clone(),
+                held,
+                &waiting,
+                Arc::clone(agent.policy()),
+                team.clone(),
+            );
+            map.insert(parent, d.clone());
+            d
+        };
+        drop(map);
+        if let Some(team) = &team {
+            for (name, task) in teammates {
+                if let Some(handle) = d.expect_teammate(task, false) {
+                    team.rejoin_remote(&name, task, handle);
+                }
+            }
+            if team
+                .roster()
+                .iter()
+                .any(|m| m.state != crate::team::MemberState::Stopped)
+            {
+                team.serve_lead(agent.pending());
+            }
         }
-        let d = Self::start(
-            pool.clone(),
-            parent,
-            agent.pending(),
-            agent.cancellation().clone(),
-            held,
-            &waiting,
-            Arc::clone(agent.policy()),
-        );
-        map.insert(parent, d.clone());
         Ok(d)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn start(
         pool: Pool,
         parent: TaskId,
@@ -156,12 +210,16 @@ impl Delivery {
         held: HashSet<String>,
         waiting: &[TaskId],
         policy: Arc<dyn crate::tool::PermissionPolicy>,
+        team: Option<Arc<Team>>,
     ) -> Delivery {
         let asks = tokio::spawn(super::ask::serve(pool.clone(), parent, policy));
         // Promised before the loop's first look, so no notification is pushed unpromised
         // while its promise is still to come.
         let expected: Expected = Arc::new(Mutex::new(Promises {
-            waiting: waiting.iter().map(|t| (*t, queue.expect())).collect(),
+            waiting: waiting
+                .iter()
+                .map(|t| (*t, Promise::Held(queue.expect())))
+                .collect(),
             given: HashSet::new(),
         }));
         let (flushes, flush_rx) = mpsc::unbounded_channel();
@@ -172,6 +230,7 @@ impl Delivery {
                 queue: queue.clone(),
                 expected: Arc::clone(&expected),
                 cancel: cancel.clone(),
+                team,
             },
             held,
             flush_rx,
@@ -227,8 +286,31 @@ impl Delivery {
         // promise would never be kept.
         if !p.given.contains(&task) {
             let queue = &self.inner.queue;
-            p.waiting.entry(task).or_insert_with(|| queue.expect());
+            p.waiting
+                .entry(task)
+                .or_insert_with(|| Promise::Held(queue.expect()));
         }
+    }
+
+    /// Makes the parent wait for teammate `task` while it works: the handle sets the promise
+    /// down while it is idle and takes it up when it has work; its notification, when it
+    /// ends, comes through it all the same. `None` if its notification was given already.
+    pub(crate) fn expect_teammate(&self, task: TaskId, held: bool) -> Option<PromiseHandle> {
+        let mut p = self
+            .inner
+            .expected
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if p.given.contains(&task) {
+            return None;
+        }
+        let owned = OwnedPromise::new(&self.inner.queue);
+        let handle = owned.handle();
+        if !held {
+            handle.set_down();
+        }
+        p.waiting.insert(task, Promise::Teammate(owned));
+        Some(handle)
     }
 
     fn withdraw(&self, task: &TaskId) {
@@ -248,6 +330,8 @@ struct Loop {
     queue: PendingQueue,
     expected: Expected,
     cancel: CancellationToken,
+    /// The parent's team on this pool, if it leads one: a teammate's notification is its end.
+    team: Option<Arc<Team>>,
 }
 
 /// The loop: pending notifications into the parent's queue; receipts into acknowledgements.
@@ -265,6 +349,7 @@ async fn deliver(
         queue,
         expected,
         cancel,
+        team,
     } = l;
     let q = pool.queue().clone();
     let (tx, mut rx) = mpsc::unbounded_channel::<(String, bool)>();
@@ -304,6 +389,9 @@ async fn deliver(
                         p.waiting.remove(&item.notification.task_id);
                         p.given.insert(item.notification.task_id);
                         drop(p);
+                        if let Some(team) = &team {
+                            drop(team.remote_ended(&item.notification.task_id));
+                        }
                         done.push(item.id);
                         continue;
                     }
@@ -317,10 +405,16 @@ async fn deliver(
                         p.given.insert(item.notification.task_id);
                         p.waiting.remove(&item.notification.task_id)
                     };
+                    // A teammate's end is on its lead's roster before the lead can read it,
+                    // and what it held is let go only once the notification is queued.
+                    let released = team
+                        .as_ref()
+                        .map(|t| t.remote_ended(&item.notification.task_id));
                     match promised {
                         Some(p) => p.deliver(msg),
                         None => queue.push(msg),
                     }
+                    drop(released);
                     in_flight.insert(item.id);
                 }
                 acknowledge(&pool, &parent, done, &mut held).await;
@@ -396,6 +490,13 @@ async fn acknowledge(pool: &Pool, parent: &TaskId, ids: Vec<String>, held: &mut 
     }
 }
 
+/// The team `tree`'s host made, if its teammates run on `pool`.
+fn lead_team(tree: &crate::runtime::TreeState, pool: &Pool) -> Option<Arc<Team>> {
+    tree.extensions()
+        .get::<Team>()
+        .filter(|t| t.lead_link().is_some() && t.pool() == Some(pool.base().as_str()))
+}
+
 /// Withdraws a promise made for a job that was not submitted.
 struct Withdraw(Option<(Delivery, TaskId)>);
 
@@ -416,6 +517,7 @@ pub struct PoolAgentTool {
     definition: ToolDefinition,
     pool: Pool,
     bubble: bool,
+    teams: bool,
 }
 
 #[derive(Deserialize)]
@@ -426,21 +528,49 @@ struct Input {
     subagent_type: Option<String>,
     #[serde(default)]
     idempotent: bool,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    team_name: Option<String>,
+    #[serde(default)]
+    mode: Option<String>,
 }
+
+/// The tool's input schema; with teams, `name`, `team_name` and `mode` too.
+fn schema(teams: bool) -> String {
+    let team = if teams {
+        r#","name":{"type":"string","pattern":"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$","description":"The teammate's name in its team"},"team_name":{"type":"string","description":"The team to join"},"mode":{"type":"string","enum":["default","plan"],"description":"The teammate's permission mode"}"#
+    } else {
+        ""
+    };
+    format!(
+        r#"{{"type":"object","properties":{{"description":{{"type":"string","description":"A short (3-5 word) description of the task"}},"prompt":{{"type":"string","description":"The task for the agent to perform"}},"subagent_type":{{"type":"string","description":"The type of agent to use"}},"idempotent":{{"type":"boolean","description":"Whether running the task twice is harmless (then it runs again if its worker dies)"}}{team}}},"required":["description","prompt"],"additionalProperties":false}}"#
+    )
+}
+
+/// Descriptions of the tool.
+const DESCRIBED: &str = "Launch an agent on a worker to handle a task in the background. You \
+                         will be notified with its result when it completes; do not wait or poll.";
 
 impl PoolAgentTool {
     /// The tool, named `Agent`, starting children on `pool`.
     pub fn new(pool: Pool) -> Result<Self> {
         Ok(Self {
-            definition: ToolDefinition::new(
-                "Agent",
-                "Launch an agent on a worker to handle a task in the background. You will be \
-                 notified with its result when it completes; do not wait or poll.",
-                r#"{"type":"object","properties":{"description":{"type":"string","description":"A short (3-5 word) description of the task"},"prompt":{"type":"string","description":"The task for the agent to perform"},"subagent_type":{"type":"string","description":"The type of agent to use"},"idempotent":{"type":"boolean","description":"Whether running the task twice is harmless (then it runs again if its worker dies)"}},"required":["description","prompt"],"additionalProperties":false}"#,
-            )?,
+            definition: ToolDefinition::new("Agent", DESCRIBED, &schema(false))?,
             pool,
             bubble: false,
+            teams: false,
         })
+    }
+
+    /// It also starts teammates of the lead's team ([`Pool::team`], in the lead's
+    /// extensions): a call with `name` and `team_name` (and `mode: "plan"` for plan mode)
+    /// submits a teammate, which a worker runs as one — prompt, idle, letters, until the lead
+    /// asks it to shut down; `SendMessage` reaches it by name (see `docs/distributed.md`).
+    pub fn with_teams(mut self, teams: bool) -> Result<Self> {
+        self.definition = ToolDefinition::new("Agent", DESCRIBED, &schema(teams))?;
+        self.teams = teams;
+        Ok(self)
     }
 
     /// Its tasks ask this process about every tool call (`permissionMode: bubble`): after the
@@ -506,10 +636,17 @@ impl Tool for PoolAgentTool {
                         HashSet::new(),
                         &[],
                         policy,
+                        lead_team(caller.tree(), &self.pool),
                     )
                 })
                 .clone()
         };
+        if input.name.is_some() || input.team_name.is_some() || input.mode.is_some() {
+            return match self.teammate(input, cx, &delivery).await {
+                Ok(text) => ToolOutput::text(text),
+                Err(e) => ToolOutput::error(e),
+            };
+        }
         let mut job = Job::new(parent, input.description, input.prompt)
             .idempotent(input.idempotent)
             .bubble(self.bubble);
@@ -528,6 +665,134 @@ impl Tool for PoolAgentTool {
              automatically when it completes.",
             self.pool.name, job.task
         ))
+    }
+}
+
+impl PoolAgentTool {
+    /// Starts a teammate on the pool for the lead calling (see [`with_teams`](Self::with_teams)):
+    /// on the lead's roster and on record for the other hosts before it is submitted; its
+    /// promise, set down while it is idle, in the lead's delivery.
+    async fn teammate(
+        &self,
+        input: Input,
+        cx: &ToolContext,
+        delivery: &Delivery,
+    ) -> std::result::Result<String, String> {
+        let (Some(name), Some(team_name)) = (&input.name, &input.team_name) else {
+            return Err(if input.mode.is_some() {
+                "`mode` is a teammate's permission mode: give `name` and `team_name` with it"
+            } else {
+                "a teammate needs both `name` and `team_name`"
+            }
+            .to_owned());
+        };
+        if !self.teams {
+            return Err("teammates are not available: this host has not enabled teams".to_owned());
+        }
+        let caller = cx
+            .caller()
+            .ok_or("the pool's Agent tool runs only inside an agent loop")?;
+        let Some(team) = caller.tree().extensions().get::<Team>() else {
+            return Err(format!(
+                "no team `{team_name}` here: the host has made no team"
+            ));
+        };
+        if team.name() != team_name {
+            return Err(format!(
+                "no team `{team_name}` here; this agent's team is `{}`",
+                team.name()
+            ));
+        }
+        let Some(link) = team
+            .lead_link()
+            .filter(|_| team.pool() == Some(self.pool.base().as_str()))
+            .cloned()
+        else {
+            return Err(format!(
+                "team `{team_name}` does not run its teammates on pool `{}`: make it with \
+                 `Pool::team`",
+                self.pool.name
+            ));
+        };
+        let me = cx.agent();
+        if team.name_of(me.id()).is_some() || me.depth() > 0 {
+            return Err("only the team's lead starts teammates: the team is flat".to_owned());
+        }
+        let plan_mode = match input.mode.as_deref() {
+            None | Some("default") => false,
+            Some("plan") => true,
+            Some(other) => {
+                return Err(format!(
+                    "teammate `mode` `{other}`: a teammate on a pool runs in `default` or \
+                     `plan` mode (its worker's own policy decides the rest)"
+                ));
+            }
+        };
+        team.inbox(name)
+            .map_err(|e| format!("teammate `name`: {e}"))?;
+        let mut job = Job::new(
+            *me.id(),
+            input.description,
+            crate::team::teammate_prompt(team.name(), name, plan_mode, &input.prompt),
+        )
+        .bubble(self.bubble);
+        job.agent_type = input.subagent_type;
+        job.teammate = Some(super::Teammate {
+            team: team.name().to_owned(),
+            name: name.clone(),
+            plan_mode,
+            ask_before_shutdown: team.shutdown_policy() == crate::team::ShutdownPolicy::Ask,
+        });
+        team.join(crate::team::Member {
+            name: name.clone(),
+            task: job.task,
+            agent_type: job.agent_type.clone().unwrap_or_default(),
+            state: crate::team::MemberState::Running,
+        })
+        .map_err(|e| e.to_string())?;
+        // From here until it is submitted, a failure — or this call dropped — stops it on the
+        // roster and withdraws its promise.
+        let mut unsent = Withdraw(Some((delivery.clone(), job.task)));
+        let mut off_roster = Leave(Some((Arc::clone(&team), name.clone())));
+        team.serve_lead(caller.pending().clone());
+        link.enlist(team.name(), name, &job.task)
+            .await
+            .map_err(|e| format!("could not start the teammate: {e}"))?;
+        if let Some(promise) = delivery.expect_teammate(job.task, true) {
+            team.hold_remote(name, promise);
+        }
+        self.pool
+            .submit(&job)
+            .await
+            .map_err(|e| format!("could not start the teammate: {e}"))?;
+        unsent.0 = None;
+        off_roster.0 = None;
+        Ok(format!(
+            "Teammate `{name}` started in team `{}` on pool `{}` as task {}. It works on its \
+             prompt, then goes idle and you get an idle_notification; it stays until you send \
+             it a shutdown_request. Write to it with SendMessage (`to`: `{name}`); its letters \
+             reach you as <teammate-message> blocks.{}",
+            team.name(),
+            self.pool.name,
+            job.task,
+            if plan_mode {
+                " It is in plan mode: it sends you its plan, and changes nothing before you \
+                 answer with a plan_approval_response."
+            } else {
+                ""
+            }
+        ))
+    }
+}
+
+/// Takes a teammate that was not submitted off its lead's roster.
+struct Leave(Option<(Arc<Team>, String)>);
+
+impl Drop for Leave {
+    fn drop(&mut self) {
+        if let Some((team, name)) = self.0.take() {
+            team.stopped(&name);
+        }
     }
 }
 

@@ -41,6 +41,7 @@
 
 mod ask;
 mod delivery;
+mod hosted;
 mod worker;
 
 use std::fmt;
@@ -159,6 +160,27 @@ pub struct Job {
     /// denial stands, the parent agent's own policy decides, where the user is.
     #[serde(default)]
     pub bubble: bool,
+    /// Set when the task is a team's teammate ([`Pool::team`]): the worker runs it as one —
+    /// prompt, idle, letters, until its lead asks it to shut down — not as a one-shot agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub teammate: Option<Teammate>,
+}
+
+/// Who a teammate job is in its team (see [`Job::teammate`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Teammate {
+    /// Its team's name.
+    pub team: String,
+    /// Its name in the team.
+    pub name: String,
+    /// Started in plan mode: only read-only tools run until the lead approves its plan.
+    #[serde(default)]
+    pub plan_mode: bool,
+    /// Whether it asks its model about a shutdown request
+    /// ([`ShutdownPolicy::Ask`](crate::team::ShutdownPolicy::Ask)) instead of approving it.
+    #[serde(default)]
+    pub ask_before_shutdown: bool,
 }
 
 impl Job {
@@ -172,6 +194,7 @@ impl Job {
             agent_type: None,
             idempotent: false,
             bubble: false,
+            teammate: None,
         }
     }
 

@@ -848,6 +848,17 @@ impl Worker {
             output: None,
             forward: self.events.clone(),
         });
+        // A teammate: its side of the team, on its agent's tree; `SendMessage` kept; in plan
+        // mode, held to read-only tools until its lead approves its plan.
+        let (builder, team) = match &job.teammate {
+            None => (builder, None),
+            Some(t) => match self.teammate(job, t, builder) {
+                Ok(ready) => ready,
+                Err(why) => {
+                    return Some((failed(why), Arc::default(), forkhive_core::Usage::default()));
+                }
+            },
+        };
         // `bubble`: the parent's process decides every call — after the worker host's own
         // policy (the factory's), whose denial stands without asking anyone.
         let builder = if job.bubble {
@@ -891,7 +902,20 @@ impl Worker {
             agent.pending(),
             Arc::clone(&recorded),
         )));
-        let run = agent.run(job.prompt.clone()).await;
+        let run = match team {
+            Some((team, name)) => {
+                // Its lead is in another process: nothing here waits on this promise.
+                let promise = crate::base::pending::OwnedPromise::new(
+                    &crate::base::pending::PendingQueue::new(),
+                );
+                crate::team::teammate_run(team, name, job.prompt.clone())(
+                    &mut agent,
+                    promise.handle(),
+                )
+                .await
+            }
+            None => agent.run(job.prompt.clone()).await,
+        };
         drop(relay);
         drop(renew);
         if stopped_by_shutdown.load(Ordering::Acquire) {
@@ -941,6 +965,57 @@ impl Worker {
         Some((n, recorded, run.usage))
     }
 
+    /// A teammate job's builder and its side of the team (see [`Job::teammate`]); why not,
+    /// when it cannot run as one.
+    #[allow(clippy::type_complexity)]
+    fn teammate(
+        &self,
+        job: &Job,
+        t: &super::Teammate,
+        builder: AgentBuilder,
+    ) -> std::result::Result<(AgentBuilder, Option<(Arc<crate::team::Team>, String)>), String> {
+        let policy = if t.ask_before_shutdown {
+            crate::team::ShutdownPolicy::Ask
+        } else {
+            crate::team::ShutdownPolicy::Approve
+        };
+        let team = Arc::new(
+            self.pool
+                .member_team(&t.team)
+                .map_err(|e| format!("teammate `{}`: {e}", t.name))?
+                .with_shutdown_policy(policy),
+        );
+        team.join(crate::team::Member {
+            name: t.name.clone(),
+            task: job.task,
+            agent_type: job.agent_type.clone().unwrap_or_default(),
+            state: crate::team::MemberState::Running,
+        })
+        .map_err(|e| format!("teammate `{}`: {e}", t.name))?;
+        let builder = builder.keep_team_tool().ok_or_else(|| {
+            format!(
+                "the worker gave teammate `{}` no `SendMessage` tool, so it could not answer its \
+                 lead: a worker's factory adds `forkhive_spawn::control::SendMessageTool` for a \
+                 job with `teammate`",
+                t.name
+            )
+        })?;
+        let builder = if t.plan_mode {
+            team.enter_plan_mode(&t.name);
+            let host = builder.current_policy();
+            builder.policy(Arc::new(crate::tool::Both::new(
+                Arc::new(crate::team::PlanMode::new(&team, &t.name)),
+                host,
+            )))
+        } else {
+            builder
+        };
+        Ok((
+            builder.extension(Arc::clone(&team)),
+            Some((team, t.name.clone())),
+        ))
+    }
+
     /// Reports a task (its inbox closed first, its unread letters named in the note) and
     /// acknowledges its entry (see [`Self::finish`]); its letters are acknowledged once the
     /// report is stored. `dead`: a dead-letter reason and the raw job. `None`: not reported
@@ -956,7 +1031,7 @@ impl Worker {
         recorded: &Mutex<HashSet<String>>,
         dead: (&str, &str),
     ) -> Option<bool> {
-        let (unread, letters) = self.close_inbox(&job.task, recorded).await;
+        let (unread, letters) = self.close_inbox(job, recorded).await;
         if !unread.is_empty() {
             let line = format!(
                 "{} message(s) arrived after it stopped reading: {}",
@@ -967,6 +1042,17 @@ impl Worker {
                 Some(before) => format!("{before}; {line}"),
                 None => line,
             });
+        }
+        // A teammate's lead reads its last letters before it takes it for ended: the mark
+        // follows them in its inbox.
+        if let Some(t) = &job.teammate
+            && let Ok(lead) = crate::mailbox::Inbox::new(t.team.clone(), crate::team::LEAD)
+        {
+            use crate::mailbox::Mailbox;
+            let mark = crate::team::ended_mark(&t.name, &job.task);
+            if let Err(e) = self.pool.mail.send(&lead, mark).await {
+                tracing::warn!(task = %job.task, "marking the teammate's end for its lead: {e}");
+            }
         }
         let ended = crate::task::TaskState::ended(n.status);
         match self
@@ -986,18 +1072,18 @@ impl Worker {
         }
     }
 
-    /// Closes `task`'s inbox (no letter is stored after this) and takes the letters its
+    /// Closes `job`'s inbox (no letter is stored after this) and takes the letters its
     /// conversation never took in (it stopped first): their texts, for its notification, and
-    /// every letter's id, acknowledged once the report is stored ([`Self::drop_letters`]).
+    /// every letter's id by inbox, acknowledged once the report is stored
+    /// ([`Self::drop_letters`]). A teammate's team inbox is closed by the same key (every
+    /// letter to it is sent unless that key is set) and read the same way.
     async fn close_inbox(
         &self,
-        task: &TaskId,
+        job: &Job,
         recorded: &Mutex<HashSet<String>>,
-    ) -> (Vec<String>, Vec<String>) {
+    ) -> (Vec<String>, Vec<(crate::mailbox::Inbox, Vec<String>)>) {
         use crate::mailbox::Mailbox;
-        let Ok(inbox) = self.pool.inbox(task) else {
-            return (Vec::new(), Vec::new());
-        };
+        let task = &job.task;
         let closed: redis::RedisResult<()> = async {
             let mut conn = self.pool.h.conn().await?;
             redis::cmd("SET")
@@ -1012,33 +1098,40 @@ impl Worker {
         if let Err(e) = closed {
             tracing::warn!(task = %task, "closing its inbox: {e}");
         }
-        let letters = match self.pool.mail.receive(&inbox).await {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!(task = %task, "reading its unread messages: {e}");
-                return (Vec::new(), Vec::new());
-            }
-        };
-        let ids: Vec<String> = letters.iter().map(|d| d.id.clone()).collect();
+        let mut inboxes: Vec<crate::mailbox::Inbox> = self.pool.inbox(task).into_iter().collect();
+        if let Some(t) = &job.teammate {
+            inboxes.extend(crate::mailbox::Inbox::new(t.team.clone(), t.name.clone()));
+        }
         let rec = recorded.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let left = letters
-            .into_iter()
-            .filter(|d| !rec.contains(&d.id))
-            .map(|d| crate::base::pending::message_envelope(&d.from, &d.text))
-            .collect();
+        let (mut left, mut ids) = (Vec::new(), Vec::new());
+        for inbox in inboxes {
+            let letters = match self.pool.mail.receive(&inbox).await {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(task = %task, "reading its unread messages: {e}");
+                    continue;
+                }
+            };
+            ids.push((inbox, letters.iter().map(|d| d.id.clone()).collect()));
+            left.extend(
+                letters
+                    .into_iter()
+                    .filter(|d| !rec.contains(&d.id))
+                    .map(|d| crate::base::pending::message_envelope(&d.from, &d.text)),
+            );
+        }
         (left, ids)
     }
 
     /// Acknowledges (deletes) a reported task's letters.
-    async fn drop_letters(&self, task: &TaskId, ids: &[String]) {
+    async fn drop_letters(&self, task: &TaskId, letters: &[(crate::mailbox::Inbox, Vec<String>)]) {
         use crate::mailbox::Mailbox;
-        if ids.is_empty() {
-            return;
-        }
-        if let Ok(inbox) = self.pool.inbox(task)
-            && let Err(e) = self.pool.mail.ack(&inbox, ids).await
-        {
-            tracing::warn!(task = %task, "acknowledging its messages: {e}");
+        for (inbox, ids) in letters {
+            if !ids.is_empty()
+                && let Err(e) = self.pool.mail.ack(inbox, ids).await
+            {
+                tracing::warn!(task = %task, "acknowledging its messages: {e}");
+            }
         }
     }
 

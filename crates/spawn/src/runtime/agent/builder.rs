@@ -145,6 +145,29 @@ impl AgentBuilder {
         self
     }
 
+    /// For a teammate: the same builder with `SendMessage` kept on its definition's allow
+    /// list; `None` when its tools have no `SendMessage` (a teammate without it could not
+    /// answer its lead) ("Claude Code Multi-Agent Internals — 6.4 Teammates get
+    /// team-aware prompts and tool injection").
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn keep_team_tool(mut self) -> Option<Self> {
+        use crate::base::pending::SEND_MESSAGE;
+        self.tools.get(SEND_MESSAGE)?;
+        if let Some(def) = &self.definition
+            && let Some(allowed) = &def.tools
+            && !allowed
+                .iter()
+                .any(|t| t == SEND_MESSAGE || t == crate::definition::ALL_TOOLS)
+        {
+            let mut own = (**def).clone();
+            if let Some(tools) = own.tools.as_mut() {
+                tools.push(SEND_MESSAGE.to_owned());
+            }
+            self.definition = Some(Arc::new(own));
+        }
+        Some(self)
+    }
+
     /// The tools available before filtering.
     pub fn tools(mut self, tools: ToolPool) -> Self {
         self.tools = tools;
