@@ -861,12 +861,11 @@ impl Team {
                 .member(&d.from)
                 .is_some_and(|m| m.state != MemberState::Stopped)
         {
-            let holds = self.holds();
-            if let Some(p) = holds.running.get(&d.from) {
+            // Idle on the roster before the lead's run may end on it.
+            self.set_state(&d.from, MemberState::Idle);
+            if let Some(p) = self.holds().running.get(&d.from) {
                 p.set_down();
             }
-            drop(holds);
-            self.set_state(&d.from, MemberState::Idle);
         }
     }
 
@@ -947,11 +946,16 @@ impl Team {
         if !queue.is_empty() || stopping {
             return false;
         }
+        // Idle on the roster before the lead's run may end on it; the file is written after,
+        // outside the lock.
+        let changed = self.mark(name, MemberState::Idle);
         if let Some(p) = holds.running.get(name) {
             p.set_down();
         }
         drop(holds);
-        self.set_state(name, MemberState::Idle);
+        if changed {
+            self.save();
+        }
         true
     }
 

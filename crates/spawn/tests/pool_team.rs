@@ -584,3 +584,114 @@ async fn teammate_refusals_on_a_pool_say_what_was_wrong() {
     );
     assert!(team.roster().is_empty(), "{:?}", team.roster());
 }
+
+/// A lead whose process went away comes back (the same id, its roster file): attaching its
+/// delivery puts its teammates still running on the pool back on its roster, idle, and it
+/// leads them on — a letter wakes one, and its shutdown ends it with one notification.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_lead_gets_its_teammates_on_the_pool_back() {
+    use forkhive_core::{TaskId, TaskKind};
+    use forkhive_spawn::runtime::{AgentContext, AgentKind, QuerySource};
+    let Some(url) = redis_url() else { return };
+    let pool = Pool::new(&url, &key_prefix("again"), "crew", config()).unwrap();
+    let b = brain(|r| {
+        let text = text_of(r);
+        if !is_parent(r) {
+            if text.contains("are you there") {
+                return Plan::Reply(say("still here"));
+            }
+            return Plan::Reply(say("A done"));
+        }
+        if r.all_messages().len() == 1 && text.contains("go") && !text.contains("back") {
+            return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
+        }
+        if text.contains("back") && called(r, "are you there") == 0 {
+            return Plan::Reply(calls(&[(
+                "m1",
+                "SendMessage",
+                r#"{"to":"alice","message":"are you there"}"#,
+            )]));
+        }
+        if text.contains("still here") && called(r, "shutdown_request") == 0 {
+            return Plan::Reply(calls(&[(
+                "x1",
+                "SendMessage",
+                r#"{"to":"alice","message":{"type":"shutdown_request"}}"#,
+            )]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let (w1, stop) = worker(&pool, "w1", b.clone(), Vec::new());
+    let dir = tempfile::tempdir().unwrap();
+    let roster = dir.path().join("review.json");
+    let id = TaskId::generate(TaskKind::Agent);
+    let tools = || {
+        ToolPool::new(vec![
+            Arc::new(
+                PoolAgentTool::new(pool.clone())
+                    .unwrap()
+                    .with_teams(true)
+                    .unwrap(),
+            ) as Arc<dyn Tool>,
+            Arc::new(SendMessageTool::new().unwrap()),
+        ])
+        .unwrap()
+    };
+    let build = |team: &Arc<Team>| {
+        Agent::builder(b.clone())
+            .model("m")
+            .system_prompt("You are the parent.")
+            .tools(tools())
+            .extension(Arc::clone(team))
+            .context(AgentContext::new(id, AgentKind::Main, QuerySource::main()))
+            // Its process "dies": nothing it started is cancelled.
+            .cancel_children_on_drop(false)
+            .build()
+    };
+    let first = Arc::new(
+        pool.team("review")
+            .unwrap()
+            .with_roster_file(&roster)
+            .unwrap(),
+    );
+    let mut lead = build(&first).await.unwrap();
+    let run = tokio::time::timeout(Duration::from_secs(30), lead.run("go"))
+        .await
+        .expect("the first lead's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    assert_eq!(first.member("alice").unwrap().state, MemberState::Idle);
+    let alice = first.member("alice").unwrap().task;
+    drop(lead);
+    drop(first);
+    // The same lead, rebuilt: its roster file says alice stopped (its process is gone) until
+    // the pool says she is still there.
+    let again = Arc::new(
+        pool.team("review")
+            .unwrap()
+            .with_roster_file(&roster)
+            .unwrap(),
+    );
+    assert_eq!(again.member("alice").unwrap().state, MemberState::Stopped);
+    let mut lead = build(&again).await.unwrap();
+    forkhive_spawn::pool::Delivery::attach(&pool, &lead)
+        .await
+        .unwrap();
+    let back = again.member("alice").unwrap();
+    assert_eq!((back.task, back.state), (alice, MemberState::Idle));
+    let run = tokio::time::timeout(Duration::from_secs(30), lead.run("back"))
+        .await
+        .expect("the restarted lead's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let all = format!("{:?}", lead.params().messages());
+    assert!(all.contains("still here"), "{all}");
+    assert!(
+        all.contains(r#"teammate_id=\"alice\" summary=\"shutdown_approved\""#),
+        "{all}"
+    );
+    let ns = notifications(&lead);
+    assert_eq!(ns.len(), 1, "{ns:?}");
+    assert_eq!(ns[0].task_id, alice);
+    assert_eq!(again.member("alice").unwrap().state, MemberState::Stopped);
+    stop.cancel();
+    w1.await.unwrap().unwrap();
+}
