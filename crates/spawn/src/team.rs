@@ -1427,9 +1427,12 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                     let (team, name, queue) = (Arc::clone(&team), name.clone(), queue.clone());
                     Some(AbortOnDrop(tokio::spawn(async move {
                         loop {
-                            // A shutdown is acted on once its letter is acknowledged (and
-                            // its lead told, across hosts): a teammate that ends at once must
-                            // not end before that.
+                            // On a worker, a shutdown is acted on once its letter is
+                            // acknowledged and the lead told (whose hold on the letter goes
+                            // with its promise taken up, at once): a teammate that ends at
+                            // once must not end before that. Beside its lead, it is acted on
+                            // first, so its promise is up before the letter's hold goes.
+                            let remote = matches!(team.side, Side::Member(_));
                             let mut asked = Vec::new();
                             let r = relay
                                 .step(|d| match Protocol::parse(&d.text) {
@@ -1443,7 +1446,11 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                                     Some(request @ Protocol::ShutdownRequest { .. })
                                         if d.from == LEAD =>
                                     {
-                                        asked.push((request, d.clone()));
+                                        if remote {
+                                            asked.push((request, d.clone()));
+                                        } else {
+                                            team.shutdown_asked(&name, &request, d);
+                                        }
                                         true
                                     }
                                     // Plan answers go through the teammate's gate: the lead's
