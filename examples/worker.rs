@@ -7,6 +7,9 @@
 //! # all in one: 3 worker processes (this program, re-run) and a coordinator here
 //! cargo run --features redis --example worker -- demo [--workers 3] [--tasks 30] [--kill-one]
 //!
+//! # a team: a lead here, its two teammates on two worker processes, writing to each other
+//! cargo run --features redis --example worker -- team
+//!
 //! # or each part in its own terminal, on any host that reaches the Redis server
 //! cargo run --features redis --example worker -- worker --name w1 [--capacity 32]
 //!     [--base-url URL --model M]   # an OpenAI-compatible server (llama.cpp) instead
@@ -17,6 +20,11 @@
 //! after `--delay-ms`). The coordinator's model is scripted: one turn starts every task through
 //! the pool's `Agent` tool, each later turn takes in the notifications that arrived. It prints
 //! each task's notification as its conversation records it, once.
+//!
+//! `team`: the lead starts teammates `alice` and `bob` (`Pool::team`, the pool's `Agent` tool
+//! `with_teams`); one-slot workers put them in two processes. Alice writes to Bob, Bob tells
+//! the lead, both go idle; the lead asks both to shut down. It prints the letters the lead got
+//! and its roster.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -28,6 +36,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use forkhive::core::notification::find_notifications;
 use forkhive::core::{TaskId, TaskKind};
+use forkhive::spawn::control::SendMessageTool;
 use forkhive::spawn::pool::{Delivery, Job, Pool, PoolAgentTool, PoolConfig, Worker};
 use forkhive::spawn::runtime::{Agent, AgentContext, AgentKind, QuerySource};
 use forkhive::spawn::tool::{Tool, ToolPool};
@@ -81,6 +90,8 @@ enum Role {
         #[arg(long, default_value = "30")]
         tasks: usize,
     },
+    /// A lead here whose teammates `alice` and `bob` run on two worker processes.
+    Team,
     /// Both: `--workers` worker processes and a coordinator (the default).
     Demo {
         /// Worker processes.
@@ -125,24 +136,34 @@ async fn worker(
             Arc::new(HttpBackend::openai(HttpConfig::new(url)).map_err(|e| e.to_string())?),
             model,
         ),
-        None => (
-            Arc::new(ScriptedBackend::from_async_fn(
-                move |r: Request| async move {
-                    tokio::time::sleep(delay).await;
-                    let prompt = r
-                        .all_messages()
-                        .first()
-                        .map(|m| m.text())
-                        .unwrap_or_default();
-                    Ok(Response::say(format!("done: {prompt}")))
-                },
-            )),
-            "scripted".to_owned(),
-        ),
+        None => {
+            let me = name.to_owned();
+            (
+                Arc::new(ScriptedBackend::from_async_fn(move |r: Request| {
+                    let me = me.clone();
+                    async move {
+                        tokio::time::sleep(delay).await;
+                        let prompt = r
+                            .all_messages()
+                            .first()
+                            .map(|m| m.text())
+                            .unwrap_or_default();
+                        if prompt.contains("<teammate-context>") {
+                            return Ok(teammate_turn(&r, &prompt, &me));
+                        }
+                        Ok(Response::say(format!("done: {prompt}")))
+                    }
+                })),
+                "scripted".to_owned(),
+            )
+        }
     };
     let w = Worker::new(pool, name, move |job: &Job| {
+        // A teammate needs `SendMessage` to reach its lead and its team.
+        let tools = ToolPool::new([Arc::new(SendMessageTool::new()?) as Arc<dyn Tool>])?;
         Ok(Agent::builder(Arc::clone(&backend))
             .model(model.clone())
+            .tools(tools)
             .system_prompt(format!(
                 "You are a worker. Do the task \"{}\" and answer in one line.",
                 job.description
@@ -161,6 +182,139 @@ async fn worker(
     let report = w.run(stop).await.map_err(|e| e.to_string())?;
     eprintln!("worker {name}: {report:?}");
     Ok(())
+}
+
+/// The scripted model of a teammate on worker `worker`: Alice writes to Bob; Bob, given her
+/// letter, tells the lead; after a tool round, or with nothing to do, a line.
+fn teammate_turn(r: &Request, prompt: &str, worker: &str) -> Response {
+    let all = r.all_messages();
+    let last = all.last().map(|m| m.text()).unwrap_or_default();
+    let replied = all.iter().any(|m| m.tool_uses().next().is_some());
+    if prompt.contains("You are `alice`") && !replied {
+        return Response::tool_calls([(
+            "SendMessage",
+            serde_json::json!({"to": "bob", "message": format!("hello Bob, from Alice on {worker}")}),
+        )]);
+    }
+    if last.contains("from Alice on") {
+        return Response::tool_calls([(
+            "SendMessage",
+            serde_json::json!({
+                "to": "team-lead",
+                "message": format!("Bob on {worker} got Alice's letter"),
+            }),
+        )]);
+    }
+    Response::say(format!("ready on {worker}"))
+}
+
+/// A lead whose teammates run on `pool`'s workers (see the module docs).
+async fn lead(pool: Pool) -> Result<(), String> {
+    let backend = Arc::new(ScriptedBackend::from_fn(move |r| {
+        let text = format!("{:?}", r.all_messages());
+        let asked = r
+            .all_messages()
+            .iter()
+            .any(|m| m.tool_uses().any(|(_, name, _)| name == "SendMessage"));
+        Ok(if r.all_messages().len() == 1 {
+            Response::tool_calls(["alice", "bob"].map(|name| {
+                (
+                    "Agent",
+                    serde_json::json!({
+                        "description": name,
+                        "prompt": "Work with your team.",
+                        "name": name,
+                        "team_name": "pair",
+                    }),
+                )
+            }))
+        } else if text.contains("got Alice's letter") && !asked {
+            Response::tool_calls(["alice", "bob"].map(|name| {
+                (
+                    "SendMessage",
+                    serde_json::json!({"to": name, "message": {"type": "shutdown_request"}}),
+                )
+            }))
+        } else {
+            Response::say("waiting")
+        })
+    }));
+    let team = Arc::new(pool.team("pair").map_err(|e| e.to_string())?);
+    let tool = PoolAgentTool::new(pool.clone())
+        .and_then(|t| t.with_teams(true))
+        .map_err(|e| e.to_string())?;
+    let tools = ToolPool::new([
+        Arc::new(tool) as Arc<dyn Tool>,
+        Arc::new(SendMessageTool::new().map_err(|e| e.to_string())?),
+    ])
+    .map_err(|e| e.to_string())?;
+    let mut agent = Agent::builder(backend)
+        .model("scripted")
+        .system_prompt("You lead team `pair`.")
+        .tools(tools)
+        .extension(Arc::clone(&team))
+        .build()
+        .await
+        .map_err(|e| e.to_string())?;
+    let delivery = Delivery::attach(&pool, &agent)
+        .await
+        .map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let run = tokio::time::timeout(Duration::from_secs(120), agent.run("Lead your team."))
+        .await
+        .map_err(|_| "the team did not finish within 120 s".to_owned())?;
+    delivery.flush().await.map_err(|e| e.to_string())?;
+    let mut letters = 0;
+    let mut ended = 0;
+    for m in run.new_messages.iter() {
+        let text = m.text();
+        for letter in text.split_inclusive("</teammate-message>") {
+            if let Some(at) = letter.find("<teammate-message") {
+                letters += 1;
+                println!("{}", &letter[at..]);
+            }
+        }
+        ended += find_notifications(m).map_err(|e| e.to_string())?.len();
+    }
+    for m in team.roster() {
+        println!("{} ({}, task {})", m.name, m.state, m.task);
+    }
+    let all = format!("{:?}", run.new_messages);
+    println!(
+        "{letters} letters and {ended} notifications in {:.1} s; the run {}",
+        started.elapsed().as_secs_f64(),
+        run.stop
+    );
+    if !all.contains("got Alice's letter") || ended != 2 {
+        return Err("the team did not finish its exchange".to_owned());
+    }
+    Ok(())
+}
+
+fn team_demo(a: &Args) -> Result<(), String> {
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let url = url(a)?;
+    let name = format!("team{}", std::process::id());
+    let mut children = Vec::new();
+    // One slot each: the two teammates run in two processes.
+    for i in 0..2 {
+        let child = Command::new(&me)
+            .args(["--redis", &url, "--prefix", &a.prefix, "--pool", &name])
+            .args(["--lease-ms", &a.lease_ms.to_string()])
+            .args(["worker", "--name", &format!("w{i}"), "--delay-ms", "20"])
+            .args(["--capacity", "1"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("could not start a worker: {e}"))?;
+        children.push(child);
+    }
+    let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+    let result = rt.block_on(async { lead(pool(a, Some(&name), 1)?).await });
+    for mut c in children {
+        drop(c.stdin.take());
+        let _ = c.wait();
+    }
+    result
 }
 
 async fn coordinator(
@@ -313,6 +467,7 @@ fn main() -> ExitCode {
             tasks,
             kill_one,
         }) => demo(&a, *workers, *tasks, *kill_one),
+        Some(Role::Team) => team_demo(&a),
         None => demo(&a, 3, 30, false),
     };
     match result {

@@ -65,5 +65,7 @@ cargo test --workspace --all-targets --all-features
 if [ -n "${FORKHIVE_REDIS_URL:-}" ]; then
     # Worker processes on Redis, one of them killed mid-run: every task reported once.
     cargo run --quiet --all-features --example worker -- demo --tasks 30 --kill-one > /dev/null
+    # A lead here, its two teammates on two worker processes, writing to each other.
+    cargo run --quiet --all-features --example worker -- team > /dev/null
 fi
 cargo test --workspace --doc --all-features
