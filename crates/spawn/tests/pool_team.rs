@@ -676,8 +676,16 @@ async fn a_restarted_lead_gets_its_teammates_on_the_pool_back() {
     forkhive_spawn::pool::Delivery::attach(&pool, &lead)
         .await
         .unwrap();
-    let back = again.member("alice").unwrap();
-    assert_eq!((back.task, back.state), (alice, MemberState::Idle));
+    // Back on the roster, held until she says what she is doing: idle.
+    assert_eq!(again.member("alice").unwrap().task, alice);
+    let asked = tokio::time::Instant::now();
+    while again.member("alice").unwrap().state != MemberState::Idle {
+        assert!(
+            asked.elapsed() < Duration::from_secs(5),
+            "alice never answered"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let run = tokio::time::timeout(Duration::from_secs(30), lead.run("back"))
         .await
         .expect("the restarted lead's run returned");

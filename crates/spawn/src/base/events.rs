@@ -192,7 +192,8 @@ impl EventSink for tokio::sync::broadcast::Sender<AgentEvent> {
     }
 }
 
-/// An [`EventSink`] calling a function.
+/// An [`EventSink`] calling a function, which takes each event by value:
+/// `FnSink(|e: AgentEvent| println!("{:?}", e.kind))`.
 pub struct FnSink<F>(pub F);
 
 impl<F: Fn(AgentEvent) + Send + Sync + 'static> EventSink for FnSink<F> {

@@ -162,40 +162,39 @@ impl Delivery {
             .tree()
             .extensions()
             .get_or_insert_with(Deliveries::default);
-        let mut map = all.0.lock().unwrap_or_else(|e| e.into_inner());
         // One delivery per parent: a second would give every notification again.
-        let d = if let Some(d) = map.get(&parent) {
-            for t in waiting {
-                d.expect(t);
-            }
-            d.clone()
-        } else {
-            let d = Self::start(
-                pool.clone(),
-                parent,
-                agent.pending(),
-                agent.cancellation().clone(),
-                held,
-                &waiting,
-                Arc::clone(agent.policy()),
-                team.clone(),
-            );
-            map.insert(parent, d.clone());
-            d
-        };
-        drop(map);
-        if let Some(team) = &team {
-            for (name, task) in teammates {
-                if let Some(handle) = d.expect_teammate(task, false) {
-                    team.rejoin_remote(&name, task, handle);
+        let d = {
+            let mut map = all.0.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(d) = map.get(&parent) {
+                for t in waiting {
+                    d.expect(t);
                 }
+                d.clone()
+            } else {
+                let d = Self::start(
+                    pool.clone(),
+                    parent,
+                    agent.pending(),
+                    agent.cancellation().clone(),
+                    held,
+                    &waiting,
+                    Arc::clone(agent.policy()),
+                    team.clone(),
+                );
+                map.insert(parent, d.clone());
+                d
             }
-            if team
-                .roster()
-                .iter()
-                .any(|m| m.state != crate::team::MemberState::Stopped)
-            {
-                team.serve_lead(agent.pending());
+        };
+        if let Some(team) = &team {
+            // Its relay first: the teammates' answers, and the last letters of those that
+            // ended while it was away, are read and never shown raw.
+            team.serve_lead(agent.pending());
+            for (name, task) in teammates {
+                // Held until it says what it is doing.
+                if let Some(handle) = d.expect_teammate(task, true) {
+                    team.rejoin_remote(&name, task, handle);
+                    team.ask_state(&name, &task).await?;
+                }
             }
         }
         Ok(d)
@@ -390,7 +389,7 @@ async fn deliver(
                         p.given.insert(item.notification.task_id);
                         drop(p);
                         if let Some(team) = &team {
-                            drop(team.remote_ended(&item.notification.task_id));
+                            team.remote_ended(&item.notification.task_id, Box::new(|| {}));
                         }
                         done.push(item.id);
                         continue;
@@ -405,16 +404,19 @@ async fn deliver(
                         p.given.insert(item.notification.task_id);
                         p.waiting.remove(&item.notification.task_id)
                     };
-                    // A teammate's end is on its lead's roster before the lead can read it,
-                    // and what it held is let go only once the notification is queued.
-                    let released = team
-                        .as_ref()
-                        .map(|t| t.remote_ended(&item.notification.task_id));
-                    match promised {
+                    let to = queue.clone();
+                    let deliver = move || match promised {
                         Some(p) => p.deliver(msg),
-                        None => queue.push(msg),
+                        None => to.push(msg),
+                    };
+                    // A teammate's: given once its last letters are read and it is stopped on
+                    // its lead's roster (see `Team::remote_ended`).
+                    match &team {
+                        Some(team) => {
+                            team.remote_ended(&item.notification.task_id, Box::new(deliver));
+                        }
+                        None => deliver(),
                     }
-                    drop(released);
                     in_flight.insert(item.id);
                 }
                 acknowledge(&pool, &parent, done, &mut held).await;
@@ -746,7 +748,11 @@ impl PoolAgentTool {
         team.join(crate::team::Member {
             name: name.clone(),
             task: job.task,
-            agent_type: job.agent_type.clone().unwrap_or_default(),
+            // The worker's default type when the call names none.
+            agent_type: job
+                .agent_type
+                .clone()
+                .unwrap_or_else(|| "default".to_owned()),
             state: crate::team::MemberState::Running,
         })
         .map_err(|e| e.to_string())?;
@@ -755,6 +761,9 @@ impl PoolAgentTool {
         let mut unsent = Withdraw(Some((delivery.clone(), job.task)));
         let mut off_roster = Leave(Some((Arc::clone(&team), name.clone())));
         team.serve_lead(caller.pending().clone());
+        // On record for the other hosts before it runs, so a teammate started with it finds
+        // it; refused while another of the name runs on the pool. A record whose job is never
+        // submitted is not live (see `Pool::team`).
         link.enlist(team.name(), name, &job.task)
             .await
             .map_err(|e| format!("could not start the teammate: {e}"))?;
@@ -813,6 +822,17 @@ pub(crate) async fn route_message(cx: &ToolContext, to: &str, text: &str) -> Opt
         .get(&me)
         .cloned()?;
     let pool = &delivery.inner.pool;
+    // A teammate is written to by name: its letters go through its team, which holds the
+    // lead's run while it works on them.
+    if let Some(name) = cx
+        .caller()
+        .and_then(|c| lead_team(c.tree(), pool))
+        .and_then(|team| team.name_of(&task))
+    {
+        return Some(ToolOutput::error(format!(
+            "pool task {task} is teammate `{name}`: write to it by name (`to`: `{name}`)"
+        )));
+    }
     match pool.has_outstanding(&me, &task).await {
         Ok(true) => {}
         // One of the pool's tasks that ended (and was reported): say so, not "no recipient".

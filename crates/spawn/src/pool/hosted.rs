@@ -17,6 +17,41 @@ use crate::error::{Error, Result};
 use crate::mailbox::{Inbox, Letter};
 use crate::team::{Team, TeamLink};
 
+/// KEYS: the team's record. ARGV: name, task, the pool's key base. Records `name` as `task`
+/// unless another task of the name is on record and live (see [`LIVE`]): that task's id then.
+const ENLIST: &str = r"
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+local b = ARGV[3]
+if cur and cur ~= ARGV[2] and redis.call('EXISTS', b .. 'closed:' .. cur) == 0
+  and redis.call('EXISTS', b .. 'sub:' .. cur, b .. 'lease:' .. cur) > 0 then
+  return cur
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return false
+";
+
+/// A teammate on record is live while its inbox is not closed (its task has not ended) and
+/// its job is known: submitted within a day (`sub:`) or running under a lease (`lease:`). A
+/// record whose job was never submitted (its lead died between the two) is not live.
+const LIVE: &str = r"
+local b, out = ARGV[1], {}
+for i = 2, #ARGV do
+  local t = ARGV[i]
+  local live = redis.call('EXISTS', b .. 'closed:' .. t) == 0
+    and redis.call('EXISTS', b .. 'sub:' .. t, b .. 'lease:' .. t) > 0
+  out[#out + 1] = live and 1 or 0
+end
+return out
+";
+
+/// KEYS: the team's record. ARGV: name, task. Takes `name` off the record if it is `task`.
+const DELIST: &str = r"
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  return redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0
+";
+
 /// The pool as the link between a team's hosts.
 pub(crate) struct Link {
     pool: Pool,
@@ -38,13 +73,22 @@ impl TeamLink for Link {
 
     async fn enlist(&self, team: &str, name: &str, task: &TaskId) -> Result<()> {
         let mut conn = self.pool.conn().await?;
-        redis::cmd("HSET")
-            .arg(self.pool.key(&format!("team:{team}")))
+        let other: Option<String> = redis::Script::new(ENLIST)
+            .key(self.pool.key(&format!("team:{team}")))
             .arg(name)
             .arg(task.to_string())
-            .query_async::<()>(&mut conn)
+            .arg(self.pool.base())
+            .invoke_async(&mut conn)
             .await
-            .map_err(|e| self.pool.fail("HSET", e))
+            .map_err(|e| self.pool.fail("enlisting a teammate", e))?;
+        match other {
+            None => Ok(()),
+            Some(other) => Err(Error::Refused(format!(
+                "team `{team}` already has a teammate `{name}` running on pool `{}` (task \
+                 {other}): give this one another name",
+                self.pool.name
+            ))),
+        }
     }
 
     async fn members(&self, team: &str) -> Result<Vec<(String, TaskId, bool)>> {
@@ -62,18 +106,21 @@ impl TeamLink for Link {
         if known.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pipe = redis::pipe();
+        let script = redis::Script::new(LIVE);
+        let mut call = script.prepare_invoke();
+        // Any key of the pool's slot, for a cluster's routing.
+        call.key(self.pool.key("jobs")).arg(self.pool.base());
         for (_, task) in &known {
-            pipe.cmd("EXISTS").arg(self.pool.task_key("closed", task));
+            call.arg(task.to_string());
         }
-        let closed: Vec<bool> = pipe
-            .query_async(&mut conn)
+        let live: Vec<i64> = call
+            .invoke_async(&mut conn)
             .await
-            .map_err(|e| self.pool.fail("EXISTS", e))?;
+            .map_err(|e| self.pool.fail("reading the team's record", e))?;
         Ok(known
             .into_iter()
-            .zip(closed)
-            .map(|((name, task), closed)| (name, task, !closed))
+            .zip(live)
+            .map(|((name, task), live)| (name, task, live == 1))
             .collect())
     }
 
@@ -101,6 +148,19 @@ impl Pool {
             Team::new(name, Arc::new(self.mail.clone()))?
                 .lead_on(Arc::new(Link::new(self.clone()))),
         )
+    }
+
+    /// Takes teammate `name` (task `task`) of team `team` off the record once it has ended.
+    pub(crate) async fn delist(&self, team: &str, name: &str, task: &TaskId) -> Result<()> {
+        let mut conn = self.conn().await?;
+        redis::Script::new(DELIST)
+            .key(self.key(&format!("team:{team}")))
+            .arg(name)
+            .arg(task.to_string())
+            .invoke_async::<i64>(&mut conn)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.fail("delisting a teammate", e))
     }
 
     /// The teammate's side of team `name`, in a worker.

@@ -59,6 +59,8 @@ pub use self::ask::{ASK_TIMEOUT, RemoteAsk};
 pub(crate) use self::delivery::route_message;
 pub use self::delivery::{Delivery, PoolAgentTool};
 pub use self::worker::{AgentFactory, Worker, WorkerReport};
+/// The token [`Worker::run`] stops on (re-exported: a host needs no `tokio-util` of its own).
+pub use tokio_util::sync::CancellationToken;
 
 /// The consumer group every worker reads the job stream through.
 pub const GROUP: &str = "workers";

@@ -1061,6 +1061,13 @@ impl Worker {
         {
             Ok(Some(pushed)) => {
                 self.drop_letters(&job.task, &letters).await;
+                // An ended teammate leaves its team's record (its closed inbox says it ended
+                // meanwhile, and refuses letters; the key expires, the record must not stay).
+                if let Some(t) = &job.teammate
+                    && let Err(e) = self.pool.delist(&t.team, &t.name, &job.task).await
+                {
+                    tracing::warn!(task = %job.task, "taking the teammate off its team's record: {e}");
+                }
                 super::record(&self.pool, &job.task, ended, usage).await;
                 Some(pushed)
             }
@@ -1116,7 +1123,9 @@ impl Worker {
             left.extend(
                 letters
                     .into_iter()
-                    .filter(|d| !rec.contains(&d.id))
+                    // Control letters (a lead's shutdown request, a team's bookkeeping) were
+                    // for the run, not its reader: not named as unread.
+                    .filter(|d| !rec.contains(&d.id) && !crate::team::is_control(&d.text))
                     .map(|d| crate::base::pending::message_envelope(&d.from, &d.text)),
             );
         }

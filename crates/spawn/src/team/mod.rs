@@ -19,6 +19,9 @@
 //! sender, never a silent loss. The team is flat: teammates cannot start teammates. A teammate
 //! started in plan mode is held to read-only tools by its permission check until the lead
 //! approves its plan.
+//!
+//! Teammates may also run on a pool's workers, in other processes (`Pool::team`, feature
+//! `redis`); all of the above holds across hosts (see `remote` for how the lead's run waits).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -35,6 +38,12 @@ use crate::mailbox::protocol::{IdleReason, PlanDecision, PlanGate, Protocol, See
 use crate::mailbox::{Inbox, Letter, Mailbox};
 use crate::runtime::Agent;
 use crate::task::CustomRun;
+
+mod remote;
+
+use remote::{BookOp, Bookkeeping};
+#[cfg_attr(not(feature = "redis"), allow(unused_imports))]
+pub(crate) use remote::{TeamLink, ended_mark};
 
 /// The lead's name in its team (Claude Code's `team-lead`).
 pub const LEAD: &str = "team-lead";
@@ -111,21 +120,17 @@ struct Holds {
     /// Letters not yet taken by their recipients, by (recipient, id): the lead's promise.
     letters: HashMap<(String, String), Expectation>,
     /// Teammates on workers whose notification came before their last letters were read: the
-    /// lead waits for those letters (the `ended` mark after them), at most [`ENDING_WAIT`].
-    ending: HashMap<TaskId, Expectation>,
+    /// lead waits for those letters (the `ended` mark after them), at most
+    /// [`ENDING_WAIT`](remote::ENDING_WAIT), and gives the notification then.
+    ending: HashMap<TaskId, remote::Ending>,
     /// Teammates on workers whose `ended` mark was read before their notification came.
     ended: HashSet<TaskId>,
+    /// Letters a teammate on a worker took before the lead heard they were sent, by
+    /// `recipient\0id`: no hold is made for them when it does.
+    early: Recent,
+    /// The last state each teammate on a worker reported (its sequence number).
+    last_state: HashMap<String, u64>,
 }
-
-/// Holds on a lead's run, released when dropped (see [`Team::remote_ended`]).
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
-pub(crate) struct Released {
-    _held: Vec<Expectation>,
-}
-
-/// How long a lead waits for the last letters of a teammate on a worker once its notification
-/// came (a worker that died sends no `ended` mark; its letters were stored before it died).
-const ENDING_WAIT: Duration = Duration::from_secs(5);
 
 /// A live teammate's controls.
 struct Control {
@@ -168,6 +173,8 @@ pub struct Team {
     shutdown: ShutdownPolicy,
     /// Where its teammates run.
     side: Side,
+    /// On a worker: the state its teammate last reported to its lead (busy) and its number.
+    reported: Mutex<(bool, u64)>,
 }
 
 /// Where a team's teammates run, as seen from this [`Team`] value.
@@ -181,73 +188,6 @@ enum Side {
     Lead(Arc<dyn TeamLink>),
     /// A teammate's side, in the worker process that runs it.
     Member(Arc<dyn TeamLink>),
-}
-
-/// What a team whose teammates run on other hosts needs from the store that joins them (the
-/// pool implements it on Redis).
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
-#[async_trait::async_trait]
-pub(crate) trait TeamLink: Send + Sync {
-    /// The pool the teammates run on (its key base): one team, one pool.
-    fn pool(&self) -> &str;
-    /// Records teammate `name` as task `task` (the lead, before the teammate is submitted).
-    async fn enlist(&self, team: &str, name: &str, task: &TaskId) -> Result<()>;
-    /// Every teammate on record: its name, its task and whether the task still runs.
-    async fn members(&self, team: &str) -> Result<Vec<(String, TaskId, bool)>>;
-    /// Stores `letter` in `inbox` unless `task` has ended and closed it: `None` then.
-    async fn send(&self, inbox: &Inbox, task: &TaskId, letter: Letter) -> Result<Option<String>>;
-}
-
-/// The bookkeeping a teammate on another host sends its lead, so that the lead's run waits as
-/// it would for a teammate beside it ("The lead's run" in the module docs): a letter between
-/// teammates holds the lead's run from before it is stored (`sent`) until its recipient has
-/// taken it (`taken`, which also says the recipient is working), or until the send failed
-/// (`unsent`). Taken by the lead's relay, never shown to the lead; refused as a letter's text
-/// from anyone else ([`Team::send`]).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(tag = "type", rename = "forkhive_team_bookkeeping")]
-struct Bookkeeping {
-    op: BookOp,
-    /// The letters' recipient (`sent`, `unsent`); the sender itself for `taken`.
-    #[serde(default)]
-    to: String,
-    ids: Vec<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum BookOp {
-    Sent,
-    Unsent,
-    Taken,
-    /// The teammate's task (`to`) has ended: every letter it sent is before this one.
-    Ended,
-}
-
-/// The mark a worker leaves in teammate `name`'s lead's inbox when the teammate's task `task`
-/// has ended, after every letter it sent (see [`Team::remote_ended`]).
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
-pub(crate) fn ended_mark(name: &str, task: &TaskId) -> Letter {
-    Bookkeeping {
-        op: BookOp::Ended,
-        to: task.to_string(),
-        ids: Vec::new(),
-    }
-    .letter(name)
-}
-
-impl Bookkeeping {
-    fn parse(text: &str) -> Option<Self> {
-        let t = text.trim();
-        if !t.starts_with('{') {
-            return None;
-        }
-        serde_json::from_str(t).ok()
-    }
-
-    fn letter(&self, from: &str) -> Letter {
-        Letter::new(from, serde_json::to_string(self).unwrap_or_default())
-    }
 }
 
 impl fmt::Debug for Team {
@@ -291,6 +231,7 @@ impl Team {
             joined: Mutex::default(),
             shutdown: ShutdownPolicy::default(),
             side: Side::Local,
+            reported: Mutex::new((true, 0)),
         })
     }
 
@@ -578,7 +519,7 @@ impl Team {
     /// the letter holds the lead's run. A letter whose whole text is the team's own
     /// bookkeeping (what teammates on other hosts tell their lead) is refused.
     pub async fn send(&self, to: &str, letter: Letter) -> Result<String> {
-        if Bookkeeping::parse(&letter.text).is_some() {
+        if Bookkeeping::claimed(&letter.text) {
             return Err(Error::Refused(
                 "that text is the team's own bookkeeping between hosts; a letter may not be it"
                     .to_owned(),
@@ -667,31 +608,98 @@ impl Team {
         let id = letter.id.clone().unwrap_or_else(crate::mailbox::new_id);
         let letter = letter.with_id(id.clone());
         let from = letter.from.clone();
-        self.tell_lead(&from, BookOp::Sent, to, vec![id.clone()])
-            .await?;
         let sent = link
             .send(&inbox, task, letter)
             .await
-            .and_then(|stored| stored.ok_or_else(|| gone(to)));
-        if sent.is_err()
-            && let Err(e) = self.tell_lead(&from, BookOp::Unsent, to, vec![id]).await
-        {
-            tracing::warn!("teammate `{from}` could not tell the lead a letter was not sent: {e}");
+            .and_then(|stored| stored.ok_or_else(|| gone(to)))?;
+        // Stored, then told: a sender that dies in between leaves no hold behind (its
+        // recipient, woken, holds the lead's run by its own state).
+        if let Some(me) = self.member(&from) {
+            let mut note = Bookkeeping::new(BookOp::Sent, &me.task);
+            note.to = to.to_owned();
+            note.ids = vec![id];
+            if let Err(e) = self.tell_lead(&from, &note).await {
+                tracing::warn!(
+                    "teammate `{from}` could not tell its lead of a letter it sent: {e}"
+                );
+            }
         }
-        sent
+        Ok(sent)
     }
 
-    /// Bookkeeping from teammate `from` (on a worker) to its lead.
-    async fn tell_lead(&self, from: &str, op: BookOp, to: &str, ids: Vec<String>) -> Result<()> {
-        let note = Bookkeeping {
-            op,
-            to: to.to_owned(),
-            ids,
-        };
+    /// A note from teammate `from` (on a worker) to its lead.
+    async fn tell_lead(&self, from: &str, note: &Bookkeeping) -> Result<()> {
         self.mailbox
             .send(&self.inbox(LEAD)?, note.letter(from))
             .await
             .map(|_| ())
+    }
+
+    /// Sends `letter` to the lead from a teammate on a worker, again and again (up to 5 s
+    /// apart) until it is stored or `stop` is cancelled: its state and idle notice must reach
+    /// the lead, whose run waits on them.
+    async fn to_lead_until_stored(
+        &self,
+        letter: Letter,
+        stop: &tokio_util::sync::CancellationToken,
+    ) {
+        let Ok(lead) = self.inbox(LEAD) else { return };
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match self.mailbox.send(&lead, letter.clone()).await {
+                Ok(_) => return,
+                Err(e) => tracing::warn!(
+                    "teammate `{}` could not write to its lead, again in {} ms: {e}",
+                    letter.from,
+                    wait.as_millis()
+                ),
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(wait) => {}
+            }
+            wait = (wait * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    /// Teammate `name` on a worker tells its lead it is busy or idle (a new number each time).
+    async fn report_state(
+        &self,
+        name: &str,
+        busy: bool,
+        stop: &tokio_util::sync::CancellationToken,
+    ) {
+        if !matches!(self.side, Side::Member(_)) {
+            return;
+        }
+        let seq = {
+            let mut s = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+            s.0 = busy;
+            s.1 += 1;
+            s.1
+        };
+        self.tell_state(name, busy, seq, stop).await;
+    }
+
+    /// Teammate `name` tells its lead the state it last reported, under the same number (the
+    /// answer to a restarted lead's `ask`).
+    async fn report_current_state(&self, name: &str, stop: &tokio_util::sync::CancellationToken) {
+        let (busy, seq) = *self.reported.lock().unwrap_or_else(|e| e.into_inner());
+        self.tell_state(name, busy, seq, stop).await;
+    }
+
+    async fn tell_state(
+        &self,
+        name: &str,
+        busy: bool,
+        seq: u64,
+        stop: &tokio_util::sync::CancellationToken,
+    ) {
+        let Some(me) = self.member(name) else { return };
+        let mut note = Bookkeeping::new(BookOp::State, &me.task);
+        note.busy = busy;
+        note.seq = seq;
+        self.to_lead_until_stored(note.letter(name), stop).await;
     }
 
     /// Sends text `letter` to every teammate that has not stopped but its sender — and to the
@@ -763,11 +771,14 @@ impl Team {
     /// (its task's, kept by the lead's pool delivery) while it works.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn hold_remote(&self, name: &str, promise: PromiseHandle) {
-        self.holds().running.insert(name.to_owned(), promise);
+        let mut holds = self.holds();
+        holds.last_state.remove(name);
+        holds.running.insert(name.to_owned(), promise);
     }
 
     /// Teammate `name`, still running on a pool's worker as `task`, is back on the roster of a
-    /// restarted lead, idle, its run held through `promise` while it works.
+    /// restarted lead, its run held through `promise` until the teammate answers what it is
+    /// doing ([`ask_state`](Self::ask_state)).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn rejoin_remote(&self, name: &str, task: TaskId, promise: PromiseHandle) {
         {
@@ -783,7 +794,7 @@ impl Team {
                     name: name.to_owned(),
                     task,
                     agent_type,
-                    state: MemberState::Idle,
+                    state: MemberState::Running,
                 },
             );
         }
@@ -791,88 +802,96 @@ impl Team {
         self.save();
     }
 
-    /// The teammate on a worker that ran as `task` has ended (its notification came): stopped
-    /// on the roster once the lead has read the letters it sent before it ended — its worker
-    /// marks the end in the lead's inbox after them — or after [`ENDING_WAIT`]. What it
-    /// returns keeps the lead's run held until dropped: the caller queues the notification
-    /// first, so the lead's run never ends between the two.
+    /// Asks teammate `name` (task `task`, on a worker) for its state; its answer comes as its
+    /// bookkeeping. A teammate that has ended is not asked: its notification comes instead.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn remote_ended(self: &Arc<Self>, task: &TaskId) -> Released {
-        if !matches!(self.side, Side::Lead(_)) {
-            return Released { _held: Vec::new() };
-        }
-        let Some(name) = self.name_of(task) else {
-            return Released { _held: Vec::new() };
+    pub(crate) async fn ask_state(&self, name: &str, task: &TaskId) -> Result<()> {
+        let Side::Lead(link) = &self.side else {
+            return Ok(());
+        };
+        let ask = Bookkeeping::new(BookOp::Ask, task);
+        link.send(&self.inbox(name)?, task, ask.letter(LEAD))
+            .await
+            .map(|_| ())
+    }
+
+    /// The teammate on a worker that ran as `task` has ended (its notification came):
+    /// `deliver` gives the notification. Once the lead has read the letters the teammate sent
+    /// before it ended — its worker marks the end in the lead's inbox after them, and from a
+    /// worker that died the lead waits at most [`ENDING_WAIT`](remote::ENDING_WAIT) — the
+    /// teammate is stopped on the roster, then the notification given, then what it held let
+    /// go: the lead reads its last letters first, and its run never ends between the two.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn remote_ended(self: &Arc<Self>, task: &TaskId, deliver: Box<dyn FnOnce() + Send>) {
+        let name = match (&self.side, self.name_of(task)) {
+            (Side::Lead(_), Some(name)) => name,
+            _ => {
+                deliver();
+                return;
+            }
         };
         {
             let mut holds = self.holds();
             if !holds.ended.remove(task)
                 && let Some(lead) = holds.lead.clone()
             {
-                holds.ending.insert(*task, lead.expect());
+                holds.ending.insert(
+                    *task,
+                    remote::Ending {
+                        hold: lead.expect(),
+                        deliver,
+                    },
+                );
                 let (team, task) = (Arc::downgrade(self), *task);
                 tokio::spawn(async move {
-                    tokio::time::sleep(ENDING_WAIT).await;
+                    tokio::time::sleep(remote::ENDING_WAIT).await;
                     if let Some(team) = team.upgrade() {
                         team.ending_done(&task);
                     }
                 });
-                return Released { _held: Vec::new() };
+                return;
             }
         }
-        Released {
-            _held: self.stop_holding(&name),
-        }
+        let released = self.stop_holding(&name);
+        deliver();
+        drop(released);
     }
 
-    /// Teammate task `task`'s end was read (or waited for long enough): it is stopped.
+    /// Teammate task `task`'s end was read (or waited for long enough): stopped, its
+    /// notification given, its holds let go — in that order.
     fn ending_done(&self, task: &TaskId) {
-        let waited = self.holds().ending.remove(task);
-        if let Some(waited) = waited {
-            if let Some(name) = self.name_of(task) {
-                self.stopped(&name);
-            }
-            drop(waited);
-        }
+        let Some(ending) = self.holds().ending.remove(task) else {
+            return;
+        };
+        let released = self
+            .name_of(task)
+            .map(|name| self.stop_holding(&name))
+            .unwrap_or_default();
+        (ending.deliver)();
+        drop(released);
+        drop(ending.hold);
     }
 
-    /// What the lead's relay makes of a letter from a teammate on a worker: its bookkeeping
-    /// is applied and taken (true: never shown to the lead). Anything else is shown.
+    /// The lead's relay takes every bookkeeping note (true: never shown to the lead, whoever
+    /// sent it) and applies those of its teammates on workers. Anything else is shown.
     fn take_bookkeeping(&self, d: &crate::mailbox::Delivered) -> bool {
-        if !matches!(self.side, Side::Lead(_)) || self.member(&d.from).is_none() {
+        if !Bookkeeping::claimed(&d.text) {
             return false;
         }
-        // Not checked against the time it joined (`stale`): letters from another host carry
-        // that host's clock. An earlier teammate of the name ended before this one could join.
-        if let Some(note) = Bookkeeping::parse(&d.text) {
+        if let (Side::Lead(_), Some(note)) = (&self.side, Bookkeeping::parse(&d.text)) {
             self.book(&d.from, note);
-            return true;
         }
-        false
+        true
     }
 
-    /// A letter from a teammate on a worker is in the lead's queue: if it is its idle notice,
-    /// its promise is set down now — after the notice is queued, so the lead's run never ends
-    /// between the two.
-    fn shown_to_lead(&self, d: &crate::mailbox::Delivered) {
-        if matches!(self.side, Side::Lead(_))
-            && let Some(Protocol::IdleNotification { .. }) = Protocol::parse(&d.text)
-            && self
-                .member(&d.from)
-                .is_some_and(|m| m.state != MemberState::Stopped)
-        {
-            // Idle on the roster before the lead's run may end on it.
-            self.set_state(&d.from, MemberState::Idle);
-            if let Some(p) = self.holds().running.get(&d.from) {
-                p.set_down();
-            }
-        }
-    }
-
-    /// Applies teammate `from`'s bookkeeping (see [`Bookkeeping`]).
+    /// Applies teammate `from`'s note (see [`remote`]): only one its current task wrote.
     fn book(&self, from: &str, note: Bookkeeping) {
+        let Some(task) = note.task_id() else { return };
+        let Some(me) = self.member(from).filter(|m| m.task == task) else {
+            return;
+        };
         let mut released = Vec::new();
-        let mut busy = false;
+        let mut state = None;
         {
             let mut holds = self.holds();
             match note.op {
@@ -883,6 +902,10 @@ impl Team {
                             .is_some_and(|m| m.state != MemberState::Stopped);
                     if let (Some(lead), true) = (holds.lead.clone(), open) {
                         for id in note.ids {
+                            // Taken before the lead heard it was sent: nothing to hold.
+                            if holds.early.contains(&format!("{}\0{id}", note.to)) {
+                                continue;
+                            }
                             holds
                                 .letters
                                 .entry((note.to.clone(), id))
@@ -890,38 +913,54 @@ impl Team {
                         }
                     }
                 }
-                BookOp::Unsent => {
+                BookOp::Taken => {
                     for id in note.ids {
-                        released.extend(holds.letters.remove(&(note.to.clone(), id)));
+                        match holds.letters.remove(&(from.to_owned(), id.clone())) {
+                            Some(hold) => released.push(hold),
+                            None => holds.early.insert(format!("{from}\0{id}")),
+                        }
+                    }
+                }
+                BookOp::State => {
+                    let newer = holds
+                        .last_state
+                        .get(from)
+                        .is_none_or(|last| note.seq > *last);
+                    if newer && me.state != MemberState::Stopped {
+                        holds.last_state.insert(from.to_owned(), note.seq);
+                        state = Some(note.busy);
                     }
                 }
                 BookOp::Ended => {
-                    if let Ok(task) = note.to.parse::<TaskId>()
-                        && self.member(from).is_some_and(|m| m.task == task)
-                    {
-                        if holds.ending.contains_key(&task) {
-                            drop(holds);
-                            self.ending_done(&task);
-                            return;
-                        }
+                    if holds.ending.contains_key(&task) {
+                        drop(holds);
+                        self.ending_done(&task);
+                        return;
+                    }
+                    if me.state != MemberState::Stopped {
                         holds.ended.insert(task);
                     }
                 }
-                BookOp::Taken => {
-                    // Working on what it took: the lead waits for it again.
-                    if let Some(p) = holds.running.get(from) {
-                        p.take_up();
-                        busy = true;
-                    }
-                    for id in note.ids {
-                        released.extend(holds.letters.remove(&(from.to_owned(), id)));
-                    }
-                }
+                BookOp::Ask => {}
             }
         }
         drop(released);
-        if busy {
-            self.set_state(from, MemberState::Running);
+        match state {
+            // Working: the lead waits for it.
+            Some(true) => {
+                if let Some(p) = self.holds().running.get(from) {
+                    p.take_up();
+                }
+                self.set_state(from, MemberState::Running);
+            }
+            // Idle on the roster before the lead's run may end on it.
+            Some(false) => {
+                self.set_state(from, MemberState::Idle);
+                if let Some(p) = self.holds().running.get(from) {
+                    p.set_down();
+                }
+            }
+            None => {}
         }
     }
 
@@ -984,6 +1023,7 @@ impl Team {
             self.planning().remove(name);
             self.plans().remove(name);
             holds.running.remove(name);
+            holds.last_state.remove(name);
             let gone: Vec<(String, String)> = holds
                 .letters
                 .keys()
@@ -1173,8 +1213,13 @@ impl Team {
         *p = Some(tokio::spawn(async move {
             let mut relay = Relay::new(mailbox, inbox, lead, team.clone(), None);
             loop {
-                let step =
-                    relay.step(|d| team.upgrade().is_some_and(|team| team.take_bookkeeping(d)));
+                let step = relay.step(|d| {
+                    if team.upgrade().is_some_and(|team| team.take_bookkeeping(d)) {
+                        Intercept::Take
+                    } else {
+                        Intercept::Show
+                    }
+                });
                 if step.await.is_err() {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
@@ -1236,6 +1281,9 @@ struct Relay {
     /// Ids already taken (the most recent [`SEEN`]): a copy delivered again is not put in twice.
     seen: Recent,
     unacked: Vec<String>,
+    /// On a worker: letters taken that its lead has not been told of yet (told again at each
+    /// step until it is).
+    untold: Vec<String>,
 }
 
 /// How many letter ids a relay remembers.
@@ -1281,29 +1329,51 @@ impl Relay {
             teammate,
             seen: Recent::default(),
             unacked: Vec::new(),
+            untold: Vec::new(),
         }
     }
 
-    async fn ack(&self, ids: &[String]) -> Result<()> {
+    async fn ack(&mut self, ids: &[String]) -> Result<()> {
         self.mailbox.ack(&self.inbox, ids).await?;
         if let Some(team) = self.team.upgrade() {
             team.taken(self.teammate.as_deref().unwrap_or(LEAD), ids);
-            // A teammate on a worker tells its lead (in another process) what it took; should
-            // that fail, the acknowledgement is tried again, and so is this.
-            if let (Side::Member(_), Some(me)) = (&team.side, &self.teammate) {
-                team.tell_lead(me, BookOp::Taken, me, ids.to_vec()).await?;
+            // A teammate on a worker tells its lead (in another process) what it took: until
+            // it has, at every step.
+            if matches!(team.side, Side::Member(_)) {
+                self.untold.extend_from_slice(ids);
             }
         }
+        self.tell_taken().await
+    }
+
+    /// Tells the lead of the letters taken that it was not told of yet (a teammate on a
+    /// worker); an error leaves them to be told at the next step.
+    async fn tell_taken(&mut self) -> Result<()> {
+        if self.untold.is_empty() {
+            return Ok(());
+        }
+        let (Some(team), Some(me)) = (self.team.upgrade(), &self.teammate) else {
+            return Ok(());
+        };
+        let Some(task) = team.member(me).map(|m| m.task) else {
+            self.untold.clear();
+            return Ok(());
+        };
+        let mut note = Bookkeeping::new(BookOp::Taken, &task);
+        note.ids = self.untold.clone();
+        team.tell_lead(me, &note).await?;
+        self.untold.clear();
         Ok(())
     }
 
     /// Acknowledges what the conversation has taken, waits for letters and relays the new
-    /// ones; `intercept` takes a letter instead (a shutdown request) when it returns true. An
-    /// error leaves everything unacknowledged to be tried again.
+    /// ones; `intercept` takes a letter instead (a shutdown request) unless it says
+    /// [`Intercept::Show`]. An error leaves everything unacknowledged to be tried again.
     async fn step(
         &mut self,
-        mut intercept: impl FnMut(&crate::mailbox::Delivered) -> bool,
+        mut intercept: impl FnMut(&crate::mailbox::Delivered) -> Intercept,
     ) -> Result<()> {
+        self.tell_taken().await?;
         let woke = if self.unacked.is_empty() {
             self.mailbox
                 .wait(&self.inbox, Duration::from_secs(3600))
@@ -1331,6 +1401,7 @@ impl Relay {
         }
         let mut taken = Vec::new();
         let mut new = 0;
+        let mut working = false;
         for d in self.mailbox.receive(&self.inbox).await? {
             if self.seen.contains(&d.id) {
                 // Taken before (a copy sent again after the first was acknowledged, or an
@@ -1342,20 +1413,29 @@ impl Relay {
             }
             self.seen.insert(d.id.clone());
             new += 1;
-            if intercept(&d) {
-                taken.push(d.id);
-                continue;
+            match intercept(&d) {
+                Intercept::Show => {}
+                Intercept::Take => {
+                    taken.push(d.id);
+                    continue;
+                }
+                Intercept::TakeToWork => {
+                    working = true;
+                    taken.push(d.id);
+                    continue;
+                }
             }
             let message = PendingMessage::new(d.to_message(), MAILBOX_ORIGIN);
             match (&self.teammate, self.team.upgrade()) {
                 (Some(name), Some(team)) => team.deliver_to(name, &self.queue, message),
-                (None, Some(team)) => {
-                    self.queue.push(message);
-                    team.shown_to_lead(&d);
-                }
                 _ => self.queue.push(message),
             }
             self.unacked.push(d.id);
+        }
+        if working && let (Some(team), Some(me)) = (self.team.upgrade(), &self.teammate) {
+            // Busy before the letter's hold goes: the lead's run never ends in between.
+            team.report_state(me, true, &tokio_util::sync::CancellationToken::new())
+                .await;
         }
         if !taken.is_empty() {
             self.ack(&taken).await?;
@@ -1366,6 +1446,18 @@ impl Relay {
         }
         Ok(())
     }
+}
+
+/// What a relay does with a letter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Intercept {
+    /// Into the conversation.
+    Show,
+    /// Taken (acknowledged), not shown.
+    Take,
+    /// Taken, and the teammate works on it (a shutdown): on a worker, it tells its lead it is
+    /// busy before the letter is acknowledged.
+    TakeToWork,
 }
 
 /// Aborts a task when dropped.
@@ -1401,6 +1493,7 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
     Box::new(move |agent: &mut Agent, promise: PromiseHandle| {
         Box::pin(async move {
             let queue = agent.pending();
+            let token = agent.cancellation().clone();
             let (stop_tx, mut stop_rx) = watch::channel::<Option<String>>(None);
             {
                 team.holds().running.insert(name.clone(), promise);
@@ -1424,52 +1517,60 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                         Arc::downgrade(&team),
                         Some(name.clone()),
                     );
-                    let (team, name, queue) = (Arc::clone(&team), name.clone(), queue.clone());
+                    let (team, name, queue, token) = (
+                        Arc::clone(&team),
+                        name.clone(),
+                        queue.clone(),
+                        token.clone(),
+                    );
                     Some(AbortOnDrop(tokio::spawn(async move {
                         loop {
-                            // On a worker, a shutdown is acted on once its letter is
-                            // acknowledged and the lead told (whose hold on the letter goes
-                            // with its promise taken up, at once): a teammate that ends at
-                            // once must not end before that. Beside its lead, it is acted on
-                            // first, so its promise is up before the letter's hold goes.
-                            let remote = matches!(team.side, Side::Member(_));
-                            let mut asked = Vec::new();
+                            let mut state_asked = false;
                             let r = relay
-                                .step(|d| match Protocol::parse(&d.text) {
-                                    // Only the lead may stop a teammate.
-                                    // Control letters meant for an earlier teammate of this
-                                    // name are taken and not acted on.
-                                    Some(
-                                        Protocol::ShutdownRequest { .. }
-                                        | Protocol::PlanApprovalResponse { .. },
-                                    ) if team.stale(&name, d) => true,
-                                    Some(request @ Protocol::ShutdownRequest { .. })
-                                        if d.from == LEAD =>
-                                    {
-                                        if remote {
-                                            asked.push((request, d.clone()));
-                                        } else {
+                                .step(|d| {
+                                    // The team's own bookkeeping is taken, never shown; a
+                                    // restarted lead's `ask` is answered with its state.
+                                    if Bookkeeping::claimed(&d.text) {
+                                        state_asked |= d.from == LEAD
+                                            && Bookkeeping::parse(&d.text)
+                                                .is_some_and(|n| n.op == BookOp::Ask);
+                                        return Intercept::Take;
+                                    }
+                                    match Protocol::parse(&d.text) {
+                                        // Control letters meant for an earlier teammate of this
+                                        // name are taken and not acted on.
+                                        Some(
+                                            Protocol::ShutdownRequest { .. }
+                                            | Protocol::PlanApprovalResponse { .. },
+                                        ) if team.stale(&name, d) => Intercept::Take,
+                                        // Only the lead may stop a teammate. Acted on before
+                                        // its letter is acknowledged: beside its lead, its
+                                        // promise is up before the letter's hold goes; on a
+                                        // worker, it says it is busy first.
+                                        Some(request @ Protocol::ShutdownRequest { .. })
+                                            if d.from == LEAD =>
+                                        {
                                             team.shutdown_asked(&name, &request, d);
+                                            Intercept::TakeToWork
                                         }
-                                        true
-                                    }
-                                    // Plan answers go through the teammate's gate: the lead's
-                                    // only, once each.
-                                    Some(Protocol::PlanApprovalResponse { .. }) => {
-                                        if let Some(text) = team.answer_plan(&name, d) {
-                                            team.deliver_to(
-                                                &name,
-                                                &queue,
-                                                PendingMessage::new(text, MAILBOX_ORIGIN),
-                                            );
+                                        // Plan answers go through the teammate's gate: the
+                                        // lead's only, once each.
+                                        Some(Protocol::PlanApprovalResponse { .. }) => {
+                                            if let Some(text) = team.answer_plan(&name, d) {
+                                                team.deliver_to(
+                                                    &name,
+                                                    &queue,
+                                                    PendingMessage::new(text, MAILBOX_ORIGIN),
+                                                );
+                                            }
+                                            Intercept::Take
                                         }
-                                        true
+                                        _ => Intercept::Show,
                                     }
-                                    _ => false,
                                 })
                                 .await;
-                            for (request, d) in asked {
-                                team.shutdown_asked(&name, &request, &d);
+                            if state_asked {
+                                team.report_current_state(&name, &token).await;
                             }
                             if r.is_err() {
                                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -1483,6 +1584,7 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                 }
             };
             team.busy(&name);
+            team.report_state(&name, true, &token).await;
             let mut run = agent.run(prompt).await;
             loop {
                 if run.stop != StopReason::Completed || stop_rx.borrow().is_some() {
@@ -1491,6 +1593,7 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                 // Letters that came as it finished: straight on with them.
                 if !queue.is_empty() {
                     team.busy(&name);
+                    team.report_state(&name, true, &token).await;
                     run = agent.run_pending().await;
                     continue;
                 }
@@ -1503,14 +1606,20 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                 };
                 // Sent before the promise is set down: the lead's run waits until the notice
                 // is in its conversation.
-                if let Err(e) = team.send(LEAD, idle.to_letter(name.clone())).await {
+                if matches!(team.side, Side::Member(_)) {
+                    team.to_lead_until_stored(idle.to_letter(name.clone()), &token)
+                        .await;
+                } else if let Err(e) = team.send(LEAD, idle.to_letter(name.clone())).await {
                     tracing::warn!("teammate `{name}` could not tell the lead it is idle: {e}");
                 }
                 if !team.rest(&name, &queue) {
                     team.busy(&name);
+                    team.report_state(&name, true, &token).await;
                     run = agent.run_pending().await;
                     continue;
                 }
+                // After its idle notice, in the same order: the lead sets its promise down.
+                team.report_state(&name, false, &token).await;
                 // Idle: until a letter, the lead's shutdown request, or cancellation.
                 let hold = queue.expect();
                 let woke = tokio::select! {
@@ -1524,6 +1633,7 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                     break;
                 };
                 team.busy(&name);
+                team.report_state(&name, true, &token).await;
                 for m in ms {
                     queue.push(m);
                 }
@@ -1536,7 +1646,10 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                     from: name.clone(),
                     timestamp: crate::mailbox::timestamp_now(),
                 };
-                if let Err(e) = team.send(LEAD, ok.to_letter(name.clone())).await {
+                if matches!(team.side, Side::Member(_)) {
+                    team.to_lead_until_stored(ok.to_letter(name.clone()), &token)
+                        .await;
+                } else if let Err(e) = team.send(LEAD, ok.to_letter(name.clone())).await {
                     tracing::warn!("teammate `{name}` could not confirm its shutdown: {e}");
                 }
             }
@@ -1566,6 +1679,17 @@ pub(crate) fn teammate_prompt(team: &str, name: &str, plan_mode: bool, task: &st
          Letters reach you as <teammate-message> blocks. When you are done with a task, end \
          your turn: you wait, idle, for the next letter.{plan}</teammate-context>\n\n{task}"
     )
+}
+
+/// Whether a letter's text is a control letter a teammate's run takes, not a message for its
+/// model: a shutdown request or the team's bookkeeping.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn is_control(text: &str) -> bool {
+    Bookkeeping::claimed(text)
+        || matches!(
+            Protocol::parse(text),
+            Some(Protocol::ShutdownRequest { .. })
+        )
 }
 
 /// A lead's shutdown request for a teammate.
