@@ -19,27 +19,6 @@ use forkhive_spawn::tool::{Tool, ToolFilter, ToolPool};
 use forkhive_transport::Request;
 use support::*;
 
-/// How many of the assistant's tool calls so far have `needle` in their input (what the agent
-/// has asked, as opposed to what it was told).
-fn called(r: &Request, needle: &str) -> usize {
-    r.all_messages()
-        .iter()
-        .flat_map(|m| {
-            m.tool_uses()
-                .map(|(_, _, input)| input.as_str().contains(needle))
-        })
-        .filter(|hit| *hit)
-        .count()
-}
-
-fn text_of(r: &Request) -> String {
-    r.all_messages()
-        .iter()
-        .map(|m| format!("{m:?}"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// A lead's tools: the `Agent` tool with teams on and a `worker` type, and `SendMessage`.
 fn lead_tools() -> ToolPool {
     lead_tools_with(Vec::new())

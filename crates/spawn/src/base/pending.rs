@@ -250,6 +250,20 @@ impl PendingQueue {
             .await
     }
 
+    /// Waits until a message is queued (true) — leaving it queued — or nothing is expected any
+    /// more (false).
+    pub(crate) async fn arrived(&self) -> bool {
+        self.inner
+            .until(|st| {
+                if !st.queue.is_empty() {
+                    Some(true)
+                } else {
+                    (st.outstanding == 0).then_some(false)
+                }
+            })
+            .await
+    }
+
     /// Waits until a message is queued (and drains them all) or nothing is expected any more.
     pub async fn wait(&self) -> Wake {
         let wake = self

@@ -192,8 +192,13 @@ impl Delivery {
             for (name, task) in teammates {
                 // Held until it says what it is doing.
                 if let Some(handle) = d.expect_teammate(task, true) {
-                    team.rejoin_remote(&name, task, handle);
-                    team.ask_state(&name, &task).await?;
+                    team.rejoin_remote(&name, task, handle.clone());
+                    if let Err(e) = team.ask_state(&name, &task).await {
+                        // Not asked, it would never answer: not waited for (attach again to
+                        // ask again).
+                        handle.set_down();
+                        return Err(e);
+                    }
                 }
             }
         }

@@ -32,7 +32,7 @@ use forkhive_core::TaskId;
 use tokio::sync::watch;
 
 use crate::base::outcome::StopReason;
-use crate::base::pending::{Expectation, Halt, PendingMessage, PendingQueue, PromiseHandle, Wake};
+use crate::base::pending::{Expectation, Halt, PendingMessage, PendingQueue, PromiseHandle};
 use crate::error::{Error, Result};
 use crate::mailbox::protocol::{IdleReason, PlanDecision, PlanGate, Protocol, Seen};
 use crate::mailbox::{Inbox, Letter, Mailbox};
@@ -494,7 +494,9 @@ impl Team {
     /// Sets `name`'s state on the roster; whether it changed (the caller saves).
     fn mark(&self, name: &str, state: MemberState) -> bool {
         match self.lock().get_mut(name) {
-            Some(m) if m.state != state => {
+            // An ended teammate stays stopped (a late note of its own changes nothing); a new
+            // one of its name joins afresh.
+            Some(m) if m.state != state && m.state != MemberState::Stopped => {
                 m.state = state;
                 true
             }
@@ -586,8 +588,8 @@ impl Team {
         sent
     }
 
-    /// A letter from a teammate on a worker to another teammate: the lead is told before it is
-    /// stored (so it holds the lead's run from then on) and told again if it was not.
+    /// A letter from a teammate on a worker to another teammate: stored, then its lead told
+    /// (`sent`), so it holds the lead's run until its recipient has taken it.
     async fn send_from_member(
         &self,
         link: &Arc<dyn TeamLink>,
@@ -612,17 +614,15 @@ impl Team {
             .send(&inbox, task, letter)
             .await
             .and_then(|stored| stored.ok_or_else(|| gone(to)))?;
-        // Stored, then told: a sender that dies in between leaves no hold behind (its
-        // recipient, woken, holds the lead's run by its own state).
+        // Stored, then told — again through Redis errors until told: a sender that dies in
+        // between leaves no hold behind (its recipient, woken, holds the lead's run by its own
+        // state).
         if let Some(me) = self.member(&from) {
             let mut note = Bookkeeping::new(BookOp::Sent, &me.task);
             note.to = to.to_owned();
             note.ids = vec![id];
-            if let Err(e) = self.tell_lead(&from, &note).await {
-                tracing::warn!(
-                    "teammate `{from}` could not tell its lead of a letter it sent: {e}"
-                );
-            }
+            let never = tokio_util::sync::CancellationToken::new();
+            self.to_lead_until_stored(note.letter(&from), &never).await;
         }
         Ok(sent)
     }
@@ -644,6 +644,11 @@ impl Team {
         stop: &tokio_util::sync::CancellationToken,
     ) {
         let Ok(lead) = self.inbox(LEAD) else { return };
+        // One id for every try: a write that timed out but was stored is not stored twice.
+        let letter = match letter.id {
+            Some(_) => letter,
+            None => letter.with_id(crate::mailbox::new_id()),
+        };
         let mut wait = Duration::from_millis(100);
         loop {
             match self.mailbox.send(&lead, letter.clone()).await {
@@ -984,6 +989,13 @@ impl Team {
             .is_some_and(|c| c.stop.borrow().is_some());
         if !queue.is_empty() || stopping {
             return false;
+        }
+        // On a worker, its idle number is taken here, under the lock a shutdown's stop takes
+        // too: a busy number the relay takes after a stop is always the higher.
+        if matches!(self.side, Side::Member(_)) {
+            let mut r = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+            r.0 = false;
+            r.1 += 1;
         }
         // Idle on the roster before the lead's run may end on it; the file is written after,
         // outside the lock.
@@ -1424,6 +1436,15 @@ impl Relay {
                     taken.push(d.id);
                     continue;
                 }
+                Intercept::Instead(message) => {
+                    // Acknowledged once the conversation has it, like a letter shown.
+                    match (&self.teammate, self.team.upgrade()) {
+                        (Some(name), Some(team)) => team.deliver_to(name, &self.queue, message),
+                        _ => self.queue.push(message),
+                    }
+                    self.unacked.push(d.id);
+                    continue;
+                }
             }
             let message = PendingMessage::new(d.to_message(), MAILBOX_ORIGIN);
             match (&self.teammate, self.team.upgrade()) {
@@ -1449,7 +1470,7 @@ impl Relay {
 }
 
 /// What a relay does with a letter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 enum Intercept {
     /// Into the conversation.
     Show,
@@ -1458,6 +1479,8 @@ enum Intercept {
     /// Taken, and the teammate works on it (a shutdown): on a worker, it tells its lead it is
     /// busy before the letter is acknowledged.
     TakeToWork,
+    /// Shown as this message instead (a plan answer), acknowledged as a letter shown is.
+    Instead(PendingMessage),
 }
 
 /// Aborts a task when dropped.
@@ -1517,12 +1540,7 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                         Arc::downgrade(&team),
                         Some(name.clone()),
                     );
-                    let (team, name, queue, token) = (
-                        Arc::clone(&team),
-                        name.clone(),
-                        queue.clone(),
-                        token.clone(),
-                    );
+                    let (team, name, token) = (Arc::clone(&team), name.clone(), token.clone());
                     Some(AbortOnDrop(tokio::spawn(async move {
                         loop {
                             let mut state_asked = false;
@@ -1556,14 +1574,12 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                                         // Plan answers go through the teammate's gate: the
                                         // lead's only, once each.
                                         Some(Protocol::PlanApprovalResponse { .. }) => {
-                                            if let Some(text) = team.answer_plan(&name, d) {
-                                                team.deliver_to(
-                                                    &name,
-                                                    &queue,
+                                            match team.answer_plan(&name, d) {
+                                                Some(text) => Intercept::Instead(
                                                     PendingMessage::new(text, MAILBOX_ORIGIN),
-                                                );
+                                                ),
+                                                None => Intercept::Take,
                                             }
-                                            Intercept::Take
                                         }
                                         _ => Intercept::Show,
                                     }
@@ -1618,25 +1634,25 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                     run = agent.run_pending().await;
                     continue;
                 }
-                // After its idle notice, in the same order: the lead sets its promise down.
-                team.report_state(&name, false, &token).await;
+                // After its idle notice, in the same order: the lead sets its promise down
+                // (the state `rest` numbered, or a newer one).
+                team.report_current_state(&name, &token).await;
                 // Idle: until a letter, the lead's shutdown request, or cancellation.
                 let hold = queue.expect();
+                // The letters stay queued until it has said it is busy: on a worker, its relay
+                // tells the lead it took them only once they are drained, after that.
                 let woke = tokio::select! {
                     biased;
-                    () = agent.cancellation().cancelled() => None,
-                    _ = stop_rx.wait_for(Option::is_some) => None,
-                    w = queue.wait() => Some(w),
+                    () = agent.cancellation().cancelled() => false,
+                    _ = stop_rx.wait_for(Option::is_some) => false,
+                    arrived = queue.arrived() => arrived,
                 };
                 drop(hold);
-                let Some(Wake::Messages(ms)) = woke else {
+                if !woke {
                     break;
-                };
+                }
                 team.busy(&name);
                 team.report_state(&name, true, &token).await;
-                for m in ms {
-                    queue.push(m);
-                }
                 run = agent.run_pending().await;
             }
             let asked = stop_rx.borrow().clone();

@@ -7,13 +7,15 @@
 //! shared state. Across hosts, each teammate's worker tells its lead, in letters its lead's
 //! relay takes and never shows ([`Bookkeeping`]):
 //!
-//! - `state`: busy or idle, numbered, from the teammate's own loop — the one place its state
-//!   changes, so their order is its order; a lead applies only a newer number. An idle notice
-//!   (which a model could imitate in text) never sets anything down.
+//! - `state`: busy or idle, numbered in the order the state changed — idle under the lock a
+//!   shutdown's stop takes, busy by the loop before it takes the letters that woke it (they
+//!   stay queued until then) or by the relay after a stop — and a lead applies only a newer
+//!   number. An idle notice (which a model could imitate in text) never sets anything down.
 //! - `sent`: a letter it stored for another teammate (after storing it: a sender that dies in
 //!   between leaves no hold behind). Its recipient may take it before the lead hears of it; a
 //!   letter taken first is remembered, and no hold is made for it.
-//! - `taken`: letters it took into its conversation; their holds go. Told again until told.
+//! - `taken`: letters it took into its conversation; their holds go. Told again until told
+//!   (while the teammate lives; once it has ended, its stop lets go of every letter to it).
 //! - `ended`: after its last letter, from the worker that reports it: the lead gives the
 //!   teammate's notification once it has read what came before (at most [`ENDING_WAIT`]).
 //!

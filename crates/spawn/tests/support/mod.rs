@@ -440,3 +440,27 @@ pub(crate) fn answers_done(delay: Duration) -> Arc<dyn Backend> {
         },
     ))
 }
+
+/// The conversation of `r` as one debug string (what a scripted model looks for).
+#[allow(dead_code)]
+pub(crate) fn text_of(r: &Request) -> String {
+    r.all_messages()
+        .iter()
+        .map(|m| format!("{m:?}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// How many of the assistant's tool calls so far have `needle` in their input (what the agent
+/// has asked, as opposed to what it was told).
+#[allow(dead_code)]
+pub(crate) fn called(r: &Request, needle: &str) -> usize {
+    r.all_messages()
+        .iter()
+        .flat_map(|m| {
+            m.tool_uses()
+                .map(|(_, _, input)| input.as_str().contains(needle))
+        })
+        .filter(|hit| *hit)
+        .count()
+}
