@@ -292,22 +292,10 @@ async fn lead(pool: Pool) -> Result<(), String> {
 }
 
 fn team_demo(a: &Args) -> Result<(), String> {
-    let me = std::env::current_exe().map_err(|e| e.to_string())?;
     let url = url(a)?;
     let name = format!("team{}", std::process::id());
-    let mut children = Vec::new();
     // One slot each: the two teammates run in two processes.
-    for i in 0..2 {
-        let child = Command::new(&me)
-            .args(["--redis", &url, "--prefix", &a.prefix, "--pool", &name])
-            .args(["--lease-ms", &a.lease_ms.to_string()])
-            .args(["worker", "--name", &format!("w{i}"), "--delay-ms", "20"])
-            .args(["--capacity", "1"])
-            .stdin(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("could not start a worker: {e}"))?;
-        children.push(child);
-    }
+    let children = spawn_workers(a, &url, &name, 2, 1, 20)?;
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     let result = rt.block_on(async { lead(pool(a, Some(&name), 1)?).await });
     for mut c in children {
@@ -400,23 +388,37 @@ async fn coordinator(
     Ok(())
 }
 
-fn demo(a: &Args, workers: usize, tasks: usize, kill_one: bool) -> Result<(), String> {
+/// `n` worker processes (this program, re-run) on pool `pool`, each with `capacity` slots and
+/// a scripted model answering after `delay_ms`; each stops when its standard input closes.
+fn spawn_workers(
+    a: &Args,
+    url: &str,
+    pool: &str,
+    n: usize,
+    capacity: usize,
+    delay_ms: u64,
+) -> Result<Vec<std::process::Child>, String> {
     let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    (0..n)
+        .map(|i| {
+            Command::new(&me)
+                .args(["--redis", url, "--prefix", &a.prefix, "--pool", pool])
+                .args(["--lease-ms", &a.lease_ms.to_string()])
+                .args(["worker", "--name", &format!("w{i}")])
+                .args(["--delay-ms", &delay_ms.to_string()])
+                .args(["--capacity", &capacity.to_string()])
+                .stdin(Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("could not start a worker: {e}"))
+        })
+        .collect()
+}
+
+fn demo(a: &Args, workers: usize, tasks: usize, kill_one: bool) -> Result<(), String> {
     let url = url(a)?;
     // A pool of this run's own, so a second demo never meets the first one's workers.
     let name = format!("demo{}", std::process::id());
-    let mut children = Vec::new();
-    for i in 0..workers {
-        let child = Command::new(&me)
-            .args(["--redis", &url, "--prefix", &a.prefix, "--pool", &name])
-            .args(["--lease-ms", &a.lease_ms.to_string()])
-            .args(["worker", "--name", &format!("w{i}"), "--delay-ms", "300"])
-            .args(["--capacity", "4"])
-            .stdin(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("could not start a worker: {e}"))?;
-        children.push(child);
-    }
+    let children = spawn_workers(a, &url, &name, workers, 4, 300)?;
     let victim = children
         .first()
         .map(std::process::Child::id)

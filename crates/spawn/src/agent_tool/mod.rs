@@ -468,22 +468,7 @@ impl AgentTool {
                         "teammates are not available: this host has not enabled teams".to_owned(),
                     );
                 }
-                let Some(team) = caller.tree.extensions().get::<crate::team::Team>() else {
-                    return Err(format!(
-                        "no team `{team_name}` here: the host has made no team"
-                    ));
-                };
-                if team.name() != team_name {
-                    return Err(format!(
-                        "no team `{team_name}` here; this agent's team is `{}`",
-                        team.name()
-                    ));
-                }
-                if team.name_of(me.id()).is_some() || me.depth() > 0 {
-                    return Err(
-                        "only the team's lead starts teammates: the team is flat".to_owned()
-                    );
-                }
+                let team = crate::team::led_by(&caller.tree, team_name, me)?;
                 Some((team, name.clone()))
             }
             _ => None,

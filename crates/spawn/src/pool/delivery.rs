@@ -699,17 +699,8 @@ impl PoolAgentTool {
         let caller = cx
             .caller()
             .ok_or("the pool's Agent tool runs only inside an agent loop")?;
-        let Some(team) = caller.tree().extensions().get::<Team>() else {
-            return Err(format!(
-                "no team `{team_name}` here: the host has made no team"
-            ));
-        };
-        if team.name() != team_name {
-            return Err(format!(
-                "no team `{team_name}` here; this agent's team is `{}`",
-                team.name()
-            ));
-        }
+        let me = cx.agent();
+        let team = crate::team::led_by(caller.tree(), team_name, me)?;
         let Some(link) = team
             .lead_link()
             .filter(|_| team.pool() == Some(self.pool.base().as_str()))
@@ -721,10 +712,6 @@ impl PoolAgentTool {
                 self.pool.name
             ));
         };
-        let me = cx.agent();
-        if team.name_of(me.id()).is_some() || me.depth() > 0 {
-            return Err("only the team's lead starts teammates: the team is flat".to_owned());
-        }
         let plan_mode = match input.mode.as_deref() {
             None | Some("default") => false,
             Some("plan") => true,

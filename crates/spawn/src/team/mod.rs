@@ -1676,6 +1676,31 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
     })
 }
 
+/// The team `team_name` that the agent `me` of `tree` leads and may start teammates in — or
+/// why not, as its `Agent` call's error: no team, another team, or `me` not its lead (the
+/// team is flat).
+pub(crate) fn led_by(
+    tree: &crate::base::state::TreeState,
+    team_name: &str,
+    me: &crate::runtime::AgentContext,
+) -> std::result::Result<Arc<Team>, String> {
+    let Some(team) = tree.extensions().get::<Team>() else {
+        return Err(format!(
+            "no team `{team_name}` here: the host has made no team"
+        ));
+    };
+    if team.name() != team_name {
+        return Err(format!(
+            "no team `{team_name}` here; this agent's team is `{}`",
+            team.name()
+        ));
+    }
+    if team.name_of(me.id()).is_some() || me.depth() > 0 {
+        return Err("only the team's lead starts teammates: the team is flat".to_owned());
+    }
+    Ok(team)
+}
+
 /// A teammate's first message: who it is in which team and how it talks to the team, then its
 /// task ("Claude Code Multi-Agent Internals — 6.4 Teammates get team-aware prompts and tool
 /// injection", "6.5 Teammate output is not automatically surfaced back to the leader"). In the
