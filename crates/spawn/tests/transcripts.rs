@@ -172,7 +172,11 @@ async fn a_crash_cut_last_line_is_dropped_reported_and_cut_before_appending() {
     );
 }
 
-async fn damaged(edit: impl FnOnce(&mut Vec<String>)) -> (String, std::path::PathBuf) {
+/// The error reading a damaged copy of a first session's transcript, and the copy's path; the
+/// directory is removed when the returned guard drops.
+async fn damaged(
+    edit: impl FnOnce(&mut Vec<String>),
+) -> (String, std::path::PathBuf, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let (_, path) = first_session(dir.path()).await;
     let text = std::fs::read_to_string(&path).unwrap();
@@ -182,13 +186,12 @@ async fn damaged(edit: impl FnOnce(&mut Vec<String>)) -> (String, std::path::Pat
     std::fs::write(&bad, lines.join("\n") + "\n").unwrap();
     let err = transcript::read(&bad).await.unwrap_err();
     assert!(matches!(err, Error::Transcript { .. }));
-    std::mem::forget(dir);
-    (err.to_string(), bad)
+    (err.to_string(), bad, dir)
 }
 
 #[tokio::test]
 async fn other_damage_is_an_error_naming_the_line() {
-    let (e, p) = damaged(|l| l[2] = "{not json".into()).await;
+    let (e, p, _dir) = damaged(|l| l[2] = "{not json".into()).await;
     assert_eq!(
         e,
         format!(
@@ -196,7 +199,7 @@ async fn other_damage_is_an_error_naming_the_line() {
             p.display()
         )
     );
-    let (e, p) = damaged(|l| {
+    let (e, p, _dir) = damaged(|l| {
         l.remove(3);
     })
     .await;
@@ -208,7 +211,7 @@ async fn other_damage_is_an_error_naming_the_line() {
             p.display()
         )
     );
-    let (e, p) = damaged(|l| {
+    let (e, p, _dir) = damaged(|l| {
         l.remove(0);
     })
     .await;
@@ -219,7 +222,7 @@ async fn other_damage_is_an_error_naming_the_line() {
             p.display()
         )
     );
-    let (e, p) = damaged(|l| l[0] = l[0].replace("\"version\":1", "\"version\":9")).await;
+    let (e, p, _dir) = damaged(|l| l[0] = l[0].replace("\"version\":1", "\"version\":9")).await;
     assert_eq!(
         e,
         format!(
@@ -227,7 +230,7 @@ async fn other_damage_is_an_error_naming_the_line() {
             p.display()
         )
     );
-    let (e, p) = damaged(|l| l[2] = r#"{"type":"mystery"}"#.into()).await;
+    let (e, p, _dir) = damaged(|l| l[2] = r#"{"type":"mystery"}"#.into()).await;
     assert_eq!(
         e,
         format!(
