@@ -1,13 +1,14 @@
 //! Orchestration cost of a wide fan-out, with a scripted model (no model time at all).
 //!
 //! ```text
-//! cargo run --release --example fanout_bench -- --children N --turns T [--threads K] [--transcripts DIR]
+//! cargo run --release --example fanout_bench -- --children N --turns T [--threads K] [--transcripts DIR] [--streamed]
 //! ```
 //!
 //! A parent emits N `Agent` calls in one response (background subagents of one definition).
 //! Each child makes T−1 turns that each call a `read_file` tool returning 1 KiB, then answers
 //! with ~200 characters; every child's answer must reach the parent through its
-//! `<task-notification>`, and then the parent answers. Prints one JSON line:
+//! `<task-notification>`, and then the parent answers. The model has each answer whole and
+//! says so (`Backend::answers_whole`); `--streamed` makes it answer as stream events instead. Prints one JSON line:
 //! `{"framework":"forkhive","n":..,"t":..,"wall_s":..,"per_child_us":..,"peak_rss_mb":..,"total_model_calls":..}`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -35,6 +36,8 @@ const PARENT: &str = "You are the parent. Split the work.";
 struct Model {
     n: usize,
     t: usize,
+    /// Answers as stream events (`--streamed`) instead of whole.
+    streamed: bool,
     calls: AtomicUsize,
     /// The `read_file` input every child sends, parsed once.
     read_input: RawJson,
@@ -122,6 +125,10 @@ impl Backend for Model {
         let events = events_for(&self.answer(r), 4096);
         Ok(Box::pin(futures::stream::iter(events.into_iter().map(Ok))))
     }
+    /// It has every answer whole, so the agents ask with `send` (unless `--streamed`).
+    fn answers_whole(&self) -> bool {
+        !self.streamed
+    }
 }
 
 /// A `read_file` that returns 1 KiB from memory.
@@ -169,6 +176,9 @@ struct Args {
     /// Worker threads: 1 is a current-thread runtime (one core, as the peers were measured).
     #[arg(long, default_value_t = 1, value_parser = at_least_one())]
     threads: usize,
+    /// The model answers as stream events, which the agents fold back, instead of whole.
+    #[arg(long)]
+    streamed: bool,
     /// Where every agent keeps its transcript (none by default).
     #[arg(long, value_name = "DIR")]
     transcripts: Option<std::path::PathBuf>,
@@ -183,6 +193,7 @@ async fn run(args: &Args) -> Result<String, String> {
     let model = Arc::new(Model {
         n,
         t,
+        streamed: args.streamed,
         calls: AtomicUsize::new(0),
         read_input: RawJson::parse(r#"{"path":"data.txt"}"#)
             .map_err(|e| forkhive::core::error::chain(&e))?,
@@ -266,6 +277,7 @@ async fn run(args: &Args) -> Result<String, String> {
         "t": t,
         "threads": args.threads,
         "transcripts": args.transcripts.is_some(),
+        "streamed": args.streamed,
         "transcript_bytes_per_child": transcript_bytes / n as u64,
         "wall_s": (wall_s * 1e4).round() / 1e4,
         "per_child_us": (wall_s * 1e6 / n as f64 * 100.0).round() / 100.0,

@@ -274,12 +274,14 @@ fn element(out: &mut String, tag: &str, value: &str) {
 }
 
 fn escape_into(out: &mut String, s: &str) {
+    // The three characters are ASCII, and no byte of a multi-byte UTF-8 sequence is ASCII: a
+    // byte scan finds exactly them, and every cut falls on a character boundary.
     let mut last = 0;
-    for (i, c) in s.char_indices() {
-        let rep = match c {
-            '&' => "&amp;",
-            '<' => "&lt;",
-            '>' => "&gt;",
+    for (i, b) in s.bytes().enumerate() {
+        let rep = match b {
+            b'&' => "&amp;",
+            b'<' => "&lt;",
+            b'>' => "&gt;",
             _ => continue,
         };
         out.push_str(&s[last..i]);

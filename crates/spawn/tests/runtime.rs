@@ -1211,3 +1211,79 @@ async fn a_halt_ends_the_run_at_the_next_tool_round_boundary() {
     let run = agent.run("again").await;
     assert_eq!(run.stop, StopReason::Completed);
 }
+
+/// A backend that answers whole is asked with `send`, never `stream`; each text block reaches
+/// the events as one delta; and the conversation is byte for byte the one a streamed run makes.
+#[tokio::test]
+async fn a_backend_that_answers_whole_is_sent_not_streamed_and_ends_the_same() {
+    #[derive(Debug)]
+    struct Counting {
+        inner: ScriptedBackend,
+        sends: AtomicUsize,
+        streams: AtomicUsize,
+    }
+    #[async_trait]
+    impl Backend for Counting {
+        async fn send(&self, r: &Request) -> forkhive_transport::Result<Response> {
+            self.sends.fetch_add(1, Ordering::SeqCst);
+            self.inner.send(r).await
+        }
+        async fn stream(&self, r: &Request) -> forkhive_transport::Result<EventStream> {
+            self.streams.fetch_add(1, Ordering::SeqCst);
+            self.inner.stream(r).await
+        }
+        fn answers_whole(&self) -> bool {
+            self.inner.answers_whole()
+        }
+    }
+    const ANSWER: &str = "a fairly long answer, in one piece";
+    let mut conversations = Vec::new();
+    for whole in [false, true] {
+        let script =
+            ScriptedBackend::from_replies([Ok(calls(&[("l", "Look", "{}")])), Ok(say(ANSWER))]);
+        let backend = Arc::new(Counting {
+            inner: if whole {
+                script.answering_whole()
+            } else {
+                script
+            },
+            sends: AtomicUsize::new(0),
+            streams: AtomicUsize::new(0),
+        });
+        // Wrappers say what the backend they wrap says.
+        assert_eq!(Arc::clone(&backend).answers_whole(), whole);
+        let events = Arc::new(Events::default());
+        let mut agent = Agent::builder(backend.clone())
+            .model("m")
+            .tools(ToolPool::new([TestTool::sleeper("Look", true, 1).arc()]).unwrap())
+            .events(events.clone())
+            .build()
+            .await
+            .unwrap();
+        let run = agent.run("go").await;
+        assert_eq!(run.stop, StopReason::Completed);
+        let deltas: Vec<String> = events
+            .take()
+            .into_iter()
+            .filter_map(|e| match e.kind {
+                EventKind::TextDelta { text } => Some(text),
+                _ => None,
+            })
+            .collect();
+        let asked = (
+            backend.sends.load(Ordering::SeqCst),
+            backend.streams.load(Ordering::SeqCst),
+        );
+        if whole {
+            assert_eq!(asked, (2, 0), "(sends, streams)");
+            assert_eq!(deltas, [ANSWER]);
+        } else {
+            assert_eq!(asked, (0, 2), "(sends, streams)");
+            assert!(deltas.len() > 1, "streamed in chunks: {deltas:?}");
+            assert_eq!(deltas.concat(), ANSWER);
+        }
+        let messages: Vec<&Message> = agent.params().messages().iter().collect();
+        conversations.push(serde_json::to_string(&messages).unwrap());
+    }
+    assert_eq!(conversations[0], conversations[1]);
+}

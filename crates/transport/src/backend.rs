@@ -24,6 +24,17 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 
     /// Sends `request` and returns the answer as a stream of events.
     async fn stream(&self, request: &Request) -> Result<EventStream>;
+
+    /// Whether this backend holds each answer whole before it could stream it — a scripted
+    /// model, a cache, anything that answers from memory. The agent loop then calls
+    /// [`send`](Self::send) instead of [`stream`](Self::stream) and reports each text block as
+    /// one text delta, rather than cutting the answer into events and folding them back.
+    ///
+    /// `false` (the default) for a backend that really streams; a wrapper answers what the
+    /// backend it wraps answers.
+    fn answers_whole(&self) -> bool {
+        false
+    }
 }
 
 #[async_trait]
@@ -35,6 +46,10 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     async fn stream(&self, request: &Request) -> Result<EventStream> {
         (**self).stream(request).await
     }
+
+    fn answers_whole(&self) -> bool {
+        (**self).answers_whole()
+    }
 }
 
 #[async_trait]
@@ -45,6 +60,10 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     async fn stream(&self, request: &Request) -> Result<EventStream> {
         (**self).stream(request).await
+    }
+
+    fn answers_whole(&self) -> bool {
+        (**self).answers_whole()
     }
 }
 

@@ -260,6 +260,10 @@ impl<B: Backend> Backend for RecordingBackend<B> {
             }
         }
     }
+
+    fn answers_whole(&self) -> bool {
+        self.inner.answers_whole()
+    }
 }
 
 /// A stream being passed through while its answer is folded for the recording.

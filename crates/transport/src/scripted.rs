@@ -28,7 +28,8 @@ enum Script {
 /// A backend that answers from a script — a queue of replies, or a function of the request —
 /// and records every request it receives.
 ///
-/// Streaming replays the scripted response as events (text in 16-character chunks).
+/// Streaming replays the scripted response as events (text in 16-character chunks), unless it
+/// was built [`answering_whole`](Self::answering_whole).
 ///
 /// ```
 /// use forkhive_transport::{Backend, Request, Response, ScriptedBackend};
@@ -46,6 +47,7 @@ enum Script {
 pub struct ScriptedBackend {
     script: Mutex<Script>,
     requests: Mutex<Vec<Request>>,
+    whole: bool,
 }
 
 impl ScriptedBackend {
@@ -110,7 +112,17 @@ impl ScriptedBackend {
         Self {
             script: Mutex::new(script),
             requests: Mutex::new(Vec::new()),
+            whole: false,
         }
+    }
+
+    /// Says it [answers whole](Backend::answers_whole): an agent loop asks it with `send`
+    /// and gets each reply as it was scripted, with no streaming events in between (the
+    /// cheapest model there is, for measuring the library's own cost).
+    #[must_use]
+    pub fn answering_whole(mut self) -> Self {
+        self.whole = true;
+        self
     }
 
     /// Every request received so far, in order.
@@ -166,5 +178,9 @@ impl Backend for ScriptedBackend {
         let response = self.reply(request).await?;
         let events = events_for(&response, 16);
         Ok(Box::pin(futures::stream::iter(events.into_iter().map(Ok))))
+    }
+
+    fn answers_whole(&self) -> bool {
+        self.whole
     }
 }

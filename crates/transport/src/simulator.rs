@@ -873,4 +873,8 @@ impl<B: Backend> Backend for PromptCacheSimulator<B> {
             Ok(event)
         })))
     }
+
+    fn answers_whole(&self) -> bool {
+        self.inner.answers_whole()
+    }
 }

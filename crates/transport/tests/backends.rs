@@ -206,3 +206,24 @@ async fn recording_into_a_missing_or_non_directory_path_is_refused() {
     };
     assert_eq!(source.kind(), std::io::ErrorKind::NotADirectory);
 }
+
+/// Whether a backend answers whole is the scripted backend's choice, and the simulator and the
+/// recorder say what the backend they wrap says; a whole answer is the scripted one, unchanged.
+#[tokio::test]
+async fn wrappers_answer_whole_when_what_they_wrap_does() {
+    assert!(!hello().answers_whole());
+    assert!(hello().answering_whole().answers_whole());
+    assert!(!PromptCacheSimulator::anthropic(hello()).answers_whole());
+    assert!(PromptCacheSimulator::anthropic(hello().answering_whole()).answers_whole());
+    let dir = tempfile::tempdir().unwrap();
+    let rec = RecordingBackend::new(
+        hello().answering_whole(),
+        dir.path(),
+        Box::new(AnthropicCodec::default()),
+    )
+    .unwrap();
+    assert!(rec.answers_whole());
+    let whole = hello().answering_whole();
+    let answer = check_round_trip(&whole, &sample_request()).await.unwrap();
+    assert_eq!(answer.message.text(), "Hello!");
+}

@@ -6,6 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use forkhive_core::{PriceTable, TaskId, TaskStatus, Usage};
 
+use super::ids::IdMap;
+
 /// One child an agent started: who it is, how it ran, what it cost.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -59,10 +61,18 @@ impl std::fmt::Display for ChildReport {
 /// An agent's children in the order they started, shared by the agent and the owners of its
 /// children, who record each child's end before its parent hears of it.
 #[derive(Debug, Clone, Default)]
-pub struct ChildLedger(Arc<Mutex<Vec<ChildReport>>>);
+pub struct ChildLedger(Arc<Mutex<Ledger>>);
+
+/// The children in start order, and where each id sits: an end is found in O(1), so a parent
+/// of N children records their ends in O(N), not O(N²).
+#[derive(Debug, Default)]
+struct Ledger {
+    children: Vec<ChildReport>,
+    at: IdMap<usize>,
+}
 
 impl ChildLedger {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<ChildReport>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Ledger> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -75,7 +85,9 @@ impl ChildLedger {
         description: String,
         background: bool,
     ) {
-        self.lock().push(ChildReport {
+        let mut ledger = self.lock();
+        let at = ledger.children.len();
+        ledger.children.push(ChildReport {
             id,
             agent_type,
             model,
@@ -84,11 +96,15 @@ impl ChildLedger {
             status: None,
             usage: Usage::default(),
         });
+        // An id started twice (it cannot be through the service) ends its latest entry.
+        ledger.at.insert(id, at);
     }
 
     /// Records how child `id` ended (no effect for a child it never started).
     pub fn ended(&self, id: &TaskId, status: TaskStatus, usage: Usage) {
-        if let Some(c) = self.lock().iter_mut().rev().find(|c| c.id == *id) {
+        let mut ledger = self.lock();
+        let Some(&at) = ledger.at.get(id) else { return };
+        if let Some(c) = ledger.children.get_mut(at) {
             c.status = Some(status);
             c.usage = usage;
         }
@@ -96,7 +112,7 @@ impl ChildLedger {
 
     /// How many children it has started.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().children.len()
     }
 
     /// Whether it has started none.
@@ -107,6 +123,7 @@ impl ChildLedger {
     /// The children from the `from`-th on, in start order.
     pub fn since(&self, from: usize) -> Vec<ChildReport> {
         self.lock()
+            .children
             .get(from..)
             .map(<[_]>::to_vec)
             .unwrap_or_default()
@@ -154,5 +171,38 @@ mod tests {
         assert_eq!(all.iter().map(|c| c.id).collect::<Vec<_>>(), ids);
         assert_eq!(ledger.since(60).len(), 4);
         assert!(ledger.since(65).is_empty());
+    }
+
+    /// An end for a child the ledger never started changes nothing; each end lands on its own
+    /// child wherever it sits.
+    #[test]
+    fn an_end_lands_on_its_own_child_and_a_stranger_changes_nothing() {
+        let ledger = ChildLedger::default();
+        let ids: Vec<TaskId> = (0..1_000)
+            .map(|_| TaskId::generate(TaskKind::Agent))
+            .collect();
+        for id in &ids {
+            ledger.started(*id, "worker".into(), "m".into(), "job".into(), true);
+        }
+        ledger.ended(
+            &TaskId::generate(TaskKind::Agent),
+            TaskStatus::Failed,
+            Usage::default(),
+        );
+        assert!(ledger.since(0).iter().all(|c| c.status.is_none()));
+        for (i, id) in ids.iter().enumerate().rev() {
+            let usage = Usage {
+                output_tokens: i as u64,
+                ..Usage::default()
+            };
+            ledger.ended(id, TaskStatus::Completed, usage);
+        }
+        let all = ledger.since(0);
+        assert!(
+            all.iter()
+                .enumerate()
+                .all(|(i, c)| c.usage.output_tokens == i as u64
+                    && c.status == Some(TaskStatus::Completed))
+        );
     }
 }

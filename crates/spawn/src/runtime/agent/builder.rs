@@ -6,8 +6,14 @@ use super::*;
 use crate::base::state::Extensions;
 
 /// Builds an [`Agent`]; see [`Agent::builder`].
+///
+/// Its parts sit behind one box, so each builder call moves a pointer, not the whole builder.
 #[derive(Debug)]
-pub struct AgentBuilder {
+pub struct AgentBuilder(pub(super) Box<BuilderParts>);
+
+/// What an [`AgentBuilder`] has been given.
+#[derive(Debug)]
+pub(super) struct BuilderParts {
     pub(super) backend: Arc<dyn Backend>,
     pub(super) params: Option<CacheSafeParams>,
     pub(super) model: Option<String>,
@@ -62,7 +68,7 @@ impl fmt::Debug for Extension {
 
 impl AgentBuilder {
     pub(super) fn new(backend: Arc<dyn Backend>) -> Self {
-        Self {
+        Self(Box::new(BuilderParts {
             backend,
             params: None,
             model: None,
@@ -96,7 +102,7 @@ impl AgentBuilder {
             resumed_hooks: crate::hook::Hooks::new(),
             #[cfg(feature = "mcp")]
             mcp: None,
-        }
+        }))
     }
 
     /// Starts from already rendered cache-safe parameters (system, contexts, tools, model and
@@ -104,32 +110,32 @@ impl AgentBuilder {
     /// pool. Overrides [`model`](Self::model), [`system_prompt`](Self::system_prompt) and the
     /// definition's rendering.
     pub fn params(mut self, params: CacheSafeParams) -> Self {
-        self.params = Some(params);
+        self.0.params = Some(params);
         self
     }
 
     /// The model (required unless [`params`](Self::params) or a definition names one).
     pub fn model(mut self, model: impl Into<String>) -> Self {
-        self.model = Some(model.into());
+        self.0.model = Some(model.into());
         self
     }
 
     /// Appends a system prompt block (used when no [`params`](Self::params) are given).
     pub fn system_prompt(mut self, text: impl Into<String>) -> Self {
-        self.system.push(text.into());
+        self.0.system.push(text.into());
         self
     }
 
     /// Appends a system context entry (rendered after the system prompt; order is kept).
     pub fn system_context(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.system_context.push((key.into(), value.into()));
+        self.0.system_context.push((key.into(), value.into()));
         self
     }
 
     /// Appends a user context entry (sent ahead of the conversation; order is kept).
     /// Definitions with `omitClaudeMd` drop entries keyed `claudeMd`.
     pub fn user_context(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.user_context.push((key.into(), value.into()));
+        self.0.user_context.push((key.into(), value.into()));
         self
     }
 
@@ -141,7 +147,7 @@ impl AgentBuilder {
     /// `initialPrompt` (`docs/definitions.md`). Takes an `AgentDefinition` or an `Arc` of one
     /// (shared by every child of a definition, not copied per child).
     pub fn definition(mut self, definition: impl Into<Arc<AgentDefinition>>) -> Self {
-        self.definition = Some(definition.into());
+        self.0.definition = Some(definition.into());
         self
     }
 
@@ -152,8 +158,8 @@ impl AgentBuilder {
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn keep_team_tool(mut self) -> Option<Self> {
         use crate::base::pending::SEND_MESSAGE;
-        self.tools.get(SEND_MESSAGE)?;
-        if let Some(def) = &self.definition
+        self.0.tools.get(SEND_MESSAGE)?;
+        if let Some(def) = &self.0.definition
             && let Some(allowed) = &def.tools
             && !allowed
                 .iter()
@@ -163,42 +169,42 @@ impl AgentBuilder {
             if let Some(tools) = own.tools.as_mut() {
                 tools.push(SEND_MESSAGE.to_owned());
             }
-            self.definition = Some(Arc::new(own));
+            self.0.definition = Some(Arc::new(own));
         }
         Some(self)
     }
 
     /// The tools available before filtering.
     pub fn tools(mut self, tools: ToolPool) -> Self {
-        self.tools = tools;
+        self.0.tools = tools;
         self
     }
 
     /// The lists of filtering layers 1 and 2 (default: Claude Code's). Takes a
     /// [`ToolFilter`] or an `Arc` of one, which children built from one config share.
     pub fn tool_filter(mut self, filter: impl Into<Arc<ToolFilter>>) -> Self {
-        self.filter = Some(filter.into());
+        self.0.filter = Some(filter.into());
         self
     }
 
     /// Who the tools are for. Default: from the agent's kind — [`ToolAudience::Main`] for a
     /// main agent, `Foreground` for a subagent or fork, `Teammate` for a teammate.
     pub fn audience(mut self, audience: ToolAudience) -> Self {
-        self.audience = Some(audience);
+        self.0.audience = Some(audience);
         self
     }
 
     /// Whether a definition's loosening `permissionMode` (`acceptEdits`, `bypassPermissions`)
     /// is honoured (default: no — the host's policy decides; tightening modes always apply).
     pub fn trust_permission_modes(mut self, trust: bool) -> Self {
-        self.trust_modes = trust;
+        self.0.trust_modes = trust;
         self
     }
 
     /// The host's hooks ([`crate::hook`]): they run for this agent and every agent it starts,
     /// before a definition's own (which run for that agent only).
     pub fn hooks(mut self, hooks: crate::hook::Hooks) -> Self {
-        self.hooks = hooks;
+        self.0.hooks = hooks;
         self
     }
 
@@ -211,14 +217,14 @@ impl AgentBuilder {
     /// one hub.
     #[cfg(feature = "mcp")]
     pub fn mcp(mut self, hub: crate::mcp::McpHub) -> Self {
-        self.mcp = Some(hub);
+        self.0.mcp = Some(hub);
         self
     }
 
     /// The MCP hub given to [`mcp`](Self::mcp), if any.
     #[cfg(feature = "mcp")]
     pub(crate) fn mcp_hub(&self) -> Option<&crate::mcp::McpHub> {
-        self.mcp.as_ref()
+        self.0.mcp.as_ref()
     }
 
     /// Whether the `hooks` of definitions from the project, a plugin or the command line run
@@ -226,57 +232,57 @@ impl AgentBuilder {
     /// such hooks are left out with a warning). Hooks of built-in, host, user and policy
     /// definitions always run. Children of this agent inherit the choice.
     pub fn trust_definition_hooks(mut self, trust: bool) -> Self {
-        self.trust_hooks = trust;
+        self.0.trust_hooks = trust;
         self
     }
 
     /// A resumed child's own hooks (its definition's), which run after the host's as they did
     /// before it ended.
     pub(crate) fn resumed_hooks(mut self, hooks: crate::hook::Hooks) -> Self {
-        self.resumed_hooks = hooks;
+        self.0.resumed_hooks = hooks;
         self
     }
 
     /// The policy set so far (for code that adds a check to the host's own).
     #[cfg(feature = "redis")]
     pub(crate) fn current_policy(&self) -> Arc<dyn PermissionPolicy> {
-        Arc::clone(&self.policy)
+        Arc::clone(&self.0.policy)
     }
 
     /// The permission policy (default: [`AllowAll`]).
     pub fn policy(mut self, policy: Arc<dyn PermissionPolicy>) -> Self {
-        self.policy = policy;
+        self.0.policy = policy;
         self
     }
 
     /// The limits.
     pub fn limits(mut self, limits: Limits) -> Self {
-        self.limits = limits;
+        self.0.limits = limits;
         self
     }
 
     /// Per-request settings (`max_tokens` is taken from the limits).
     pub fn settings(mut self, settings: RequestSettings) -> Self {
-        self.settings = settings;
+        self.0.settings = settings;
         self
     }
 
     /// The agent's identity (default: a main agent with a fresh id).
     pub fn context(mut self, context: AgentContext) -> Self {
-        self.context = Some(context);
+        self.0.context = Some(context);
         self
     }
 
     /// Builds a child from a parent's [`ChildSeed`]: identity, copied state, tree state,
     /// linked cancellation and the parent's policy (for `bubble`).
     pub fn child_of(mut self, seed: ChildSeed) -> Self {
-        self.context = Some(seed.context);
-        self.state = seed.state;
-        self.tree = Some(seed.tree);
-        self.cancel = Some(seed.cancel);
-        self.parent_policy = Some(seed.parent_policy);
-        self.hooks = seed.hooks;
-        self.trust_hooks = seed.trust_hooks;
+        self.0.context = Some(seed.context);
+        self.0.state = seed.state;
+        self.0.tree = Some(seed.tree);
+        self.0.cancel = Some(seed.cancel);
+        self.0.parent_policy = Some(seed.parent_policy);
+        self.0.hooks = seed.hooks;
+        self.0.trust_hooks = seed.trust_hooks;
         self
     }
 
@@ -285,7 +291,7 @@ impl AgentBuilder {
     /// agent (which stops its children, see [`Agent`]) never cancels `token` itself: a host
     /// may share one token among many agents.
     pub fn cancellation(mut self, token: CancellationToken) -> Self {
-        self.cancel = Some(token.child_token());
+        self.0.cancel = Some(token.child_token());
         self
     }
 
@@ -295,7 +301,7 @@ impl AgentBuilder {
     /// transcript costs O(directive) this way instead of O(history). Ignored without a
     /// parent or when the parameters hold fewer messages.
     pub fn inherit_transcript(mut self, messages: usize) -> Self {
-        self.inherit_transcript = Some(messages);
+        self.0.inherit_transcript = Some(messages);
         self
     }
 
@@ -305,7 +311,7 @@ impl AgentBuilder {
     /// (An agent run as a child by the task service is stopped with its descendants when it
     /// ends, whatever this says: its owner cancels its token.)
     pub fn cancel_children_on_drop(mut self, cancel: bool) -> Self {
-        self.keep_children = !cancel;
+        self.0.keep_children = !cancel;
         self
     }
 
@@ -321,7 +327,7 @@ impl AgentBuilder {
     /// stored under a type nothing looks up. A resumed agent is a new tree: give its builder
     /// the same extensions.
     pub fn extension<T: std::any::Any + Send + Sync>(mut self, value: Arc<T>) -> Self {
-        self.extensions.push(Extension {
+        self.0.extensions.push(Extension {
             type_name: std::any::type_name::<T>(),
             put: Box::new(move |ext: &Extensions| {
                 if ext.get::<T>().is_some() {
@@ -336,27 +342,27 @@ impl AgentBuilder {
 
     /// Where events go.
     pub fn events(mut self, sink: Arc<dyn EventSink>) -> Self {
-        self.events = Some(sink);
+        self.0.events = Some(sink);
         self
     }
 
     /// Writes the transcript to `<dir>/<agent id>.jsonl` (the directory is created if
     /// missing); the agent's children write theirs beside it.
     pub fn transcript_dir(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.transcript_dir = Some(dir.into());
+        self.0.transcript_dir = Some(dir.into());
         self
     }
 
     /// Uses `queue` as the agent's pending-message queue (to hand it out before building).
     pub fn pending(mut self, queue: PendingQueue) -> Self {
-        self.pending = queue;
+        self.0.pending = queue;
         self
     }
 
     /// The fingerprint the first request is expected to extend (a fork child's parent's last
     /// request): anything but an append is reported as a cache break before it is sent.
     pub fn expect_prefix(mut self, fingerprint: PrefixFingerprint) -> Self {
-        self.expected_prefix = Some(fingerprint);
+        self.0.expected_prefix = Some(fingerprint);
         self
     }
 
@@ -365,32 +371,33 @@ impl AgentBuilder {
     /// block is shared by every sibling). They are part of the conversation from the start;
     /// run the agent with [`Agent::run_pending`] or [`Agent::continue_run`].
     pub fn first_request_suffix(mut self, messages: Vec<Message>) -> Self {
-        self.unsent = messages;
+        self.0.unsent = messages;
         self
     }
 
     /// When the model ends its turn while background children are still running, stop
     /// instead of waiting for their notifications (the host polls the queue itself).
     pub fn detach_background(mut self, detach: bool) -> Self {
-        self.detach = detach;
+        self.0.detach = detach;
         self
     }
 
     /// Renders the parameters and tools, opens the transcript, and returns the agent.
-    // `mut`: the MCP hub's tools join `self.tools` (feature `mcp`).
+    // `mut`: the MCP hub's tools join `self.0.tools` (feature `mcp`).
     #[cfg_attr(not(feature = "mcp"), allow(unused_mut))]
     pub async fn build(mut self) -> Result<Agent> {
-        let def = self.definition.as_deref();
+        let def = self.0.definition.as_deref();
         let audience =
-            self.audience
-                .unwrap_or(match self.context.as_ref().map(AgentContext::kind) {
+            self.0
+                .audience
+                .unwrap_or(match self.0.context.as_ref().map(AgentContext::kind) {
                     None | Some(AgentKind::Main) => ToolAudience::Main,
                     Some(AgentKind::Teammate) => ToolAudience::Teammate,
                     Some(_) => ToolAudience::Foreground,
                 });
         let mut warnings = Vec::new();
-        let tree = self.tree.unwrap_or_default();
-        for Extension { type_name, put } in self.extensions {
+        let tree = self.0.tree.unwrap_or_default();
+        for Extension { type_name, put } in self.0.extensions {
             // Stored by type: an `Arc` of an `Arc` (say `Arc::new(TaskService::new(..))`, whose
             // `new` already returns one) would sit under a type nothing looks up.
             if let Some(inner) = type_name
@@ -411,7 +418,7 @@ impl AgentBuilder {
             }
         }
         #[cfg(feature = "mcp")]
-        if let Some(hub) = self.mcp.take() {
+        if let Some(hub) = self.0.mcp.take() {
             // One hub per tree (a second would split the tree's connections).
             let held = tree.extensions().get_or_insert_with(|| hub.clone());
             if !held.same(&hub) {
@@ -435,18 +442,18 @@ impl AgentBuilder {
                     "MCP server `{name}` offers a tool that was left out: {why}"
                 ));
             }
-            self.tools = self.tools.with(tools)?;
+            self.0.tools = self.0.tools.with(tools)?;
         }
         let pool = match def {
-            Some(d) if self.params.is_none() => {
+            Some(d) if self.0.params.is_none() => {
                 static DEFAULT_FILTER: std::sync::LazyLock<ToolFilter> =
                     std::sync::LazyLock::new(ToolFilter::default);
-                let filter = self.filter.as_deref().unwrap_or(&DEFAULT_FILTER);
+                let filter = self.0.filter.as_deref().unwrap_or(&DEFAULT_FILTER);
                 let (tools, disallowed) = (d.tools.as_deref(), d.disallowed_tools.as_deref());
                 // A definition that names a tool expects it: say which it will not get, and
                 // why, rather than leave the model to meet "unknown tool".
                 for (name, why) in
-                    filter.unavailable(&self.tools, audience, tools.unwrap_or(&[]), disallowed)
+                    filter.unavailable(&self.0.tools, audience, tools.unwrap_or(&[]), disallowed)
                 {
                     let text = format!(
                         "agent `{}` names tool `{name}` in `tools`, but this {} agent will not \
@@ -457,9 +464,9 @@ impl AgentBuilder {
                     tracing::warn!(agent = %d.name, tool = %name, "{text}");
                     warnings.push(text);
                 }
-                filter.pool(&self.tools, audience, tools, disallowed)
+                filter.pool(&self.0.tools, audience, tools, disallowed)
             }
-            _ => self.tools.clone(),
+            _ => self.0.tools.clone(),
         };
         // What a definition's `memory` and `skills` bring: tools (a fresh head only; a cached
         // head already has them) and text for the first message.
@@ -467,7 +474,7 @@ impl AgentBuilder {
         let mut pool = pool;
         if let Some(d) = def {
             let (mut tools, context) =
-                definition_extras(d, &tree, self.params.is_none(), &mut warnings).await?;
+                definition_extras(d, &tree, self.0.params.is_none(), &mut warnings).await?;
             // A server the definition names that the pool already has (the parent's, shared)
             // is not added twice.
             tools.retain(|t| pool.get(&t.definition().name).is_none());
@@ -476,7 +483,7 @@ impl AgentBuilder {
             }
             first_context = context;
         }
-        let (params, pool) = match self.params {
+        let (params, pool) = match self.0.params {
             Some(p) => {
                 // A resumed agent's MCP tools whose server is not connected now keep their
                 // place in the request (its bytes, its cache) and answer with an error.
@@ -527,28 +534,31 @@ impl AgentBuilder {
                 let def_model = def
                     .and_then(|d| d.model.as_deref())
                     .filter(|m| *m != "inherit");
-                let model = def_model.map(str::to_owned).or(self.model).ok_or_else(|| {
-                    Error::Config(
-                        "no model: set one on the builder, or give parameters or a \
+                let model = def_model
+                    .map(str::to_owned)
+                    .or(self.0.model)
+                    .ok_or_else(|| {
+                        Error::Config(
+                            "no model: set one on the builder, or give parameters or a \
                              definition that names one"
-                            .to_owned(),
-                    )
-                })?;
+                                .to_owned(),
+                        )
+                    })?;
                 let mut b = CacheSafeParams::builder(model).tools(pool.definitions());
-                let system = if self.system.is_empty() {
+                let system = if self.0.system.is_empty() {
                     def.map(|d| vec![d.system_prompt.clone()])
                         .unwrap_or_default()
                 } else {
-                    self.system
+                    self.0.system
                 };
                 for s in system.into_iter().filter(|s| !s.is_empty()) {
                     b = b.system_block(s);
                 }
-                for (k, v) in self.system_context {
+                for (k, v) in self.0.system_context {
                     b = b.system_context(k, v);
                 }
                 let omit_claude_md = def.is_some_and(|d| d.omit_claude_md);
-                for (k, v) in self.user_context {
+                for (k, v) in self.0.user_context {
                     if !(omit_claude_md && k == "claudeMd") {
                         b = b.user_context(k, v);
                     }
@@ -558,9 +568,9 @@ impl AgentBuilder {
         };
         // The host's hooks, then the definition's own (for this agent only; a subagent's
         // `Stop` hooks run when it stops, as `SubagentStop`).
-        let is_child = self.context.as_ref().is_some_and(|c| c.depth() > 0);
+        let is_child = self.0.context.as_ref().is_some_and(|c| c.depth() > 0);
         let own_hooks = match def.and_then(|d| d.hooks.as_ref().map(|h| (d, h))) {
-            Some((d, _)) if !self.trust_hooks && !crate::definition::trusted_source(d.source) => {
+            Some((d, _)) if !self.0.trust_hooks && !crate::definition::trusted_source(d.source) => {
                 warnings.push(format!(
                     "agent `{}` has hooks, which run shell commands; this host does not run the \
                      hooks of {} definitions (AgentBuilder::trust_definition_hooks), so they \
@@ -581,20 +591,20 @@ impl AgentBuilder {
             }
             None => crate::hook::Hooks::new(),
         };
-        let own_hooks = own_hooks.then(&self.resumed_hooks);
-        let host_hooks = self.hooks;
+        let own_hooks = own_hooks.then(&self.0.resumed_hooks);
+        let host_hooks = self.0.hooks;
         let hooks = host_hooks.then(&own_hooks);
-        let mut limits = self.limits;
+        let mut limits = self.0.limits;
         if let Some(n) = def.and_then(|d| d.max_turns) {
             limits.max_turns = Some(n);
         }
         let policy = policy_for_mode(
             def.and_then(|d| d.permission_mode.as_ref()),
-            self.policy,
-            self.parent_policy,
-            self.trust_modes,
+            self.0.policy,
+            self.0.parent_policy,
+            self.0.trust_modes,
         );
-        let context = match self.context {
+        let context = match self.0.context {
             Some(c) => c,
             None => {
                 let source = def.map_or_else(QuerySource::main, |d| {
@@ -622,9 +632,10 @@ impl AgentBuilder {
         };
         let cx = Arc::new(context);
         let inherit = self
+            .0
             .inherit_transcript
             .filter(|n| *n > 0 && *n <= params.messages().len() && cx.parent().is_some());
-        let transcript = match &self.transcript_dir {
+        let transcript = match &self.0.transcript_dir {
             Some(dir) => {
                 let header = TranscriptHeader {
                     version: TRANSCRIPT_VERSION,
@@ -649,15 +660,15 @@ impl AgentBuilder {
                 let mut w = TranscriptWriter::create(dir, &header).await?;
                 // Messages inherited from the parent's transcript are referenced, not copied.
                 let skip = inherit.unwrap_or(0);
-                for m in params.messages().iter().skip(skip).chain(&self.unsent) {
+                for m in params.messages().iter().skip(skip).chain(&self.0.unsent) {
                     w.message(m).await?;
                 }
                 Some(w)
             }
             None => None,
         };
-        let emit = Emitter::new(*cx.id(), self.events.clone());
-        let mut settings = self.settings;
+        let emit = Emitter::new(*cx.id(), self.0.events.clone());
+        let mut settings = self.0.settings;
         // A definition's `effort`, as each backend can say it (RequestSettings::effort); an
         // agent with a definition has its own effort, never its parent's.
         if def.is_some() {
@@ -682,24 +693,24 @@ impl AgentBuilder {
         let mcp_holds = crate::mcp::holders(pool.names().into_iter().filter_map(|n| pool.get(n)));
         Ok(Agent {
             shared: Arc::new(AgentShared {
-                backend: self.backend,
+                backend: self.0.backend,
                 pool,
                 policy,
                 limits,
                 settings,
                 cx,
-                state: self.state,
+                state: self.0.state,
                 tree,
-                cancel: self.cancel.unwrap_or_default(),
-                pending: self.pending,
+                cancel: self.0.cancel.unwrap_or_default(),
+                pending: self.0.pending,
                 halt: crate::base::pending::Halt::new(),
                 host_hooks,
                 hooks,
                 own_hooks,
-                trust_hooks: self.trust_hooks,
-                events: self.events,
-                transcript_dir: self.transcript_dir,
-                wait_for_promises: !self.detach,
+                trust_hooks: self.0.trust_hooks,
+                events: self.0.events,
+                transcript_dir: self.0.transcript_dir,
+                wait_for_promises: !self.0.detach,
                 children: ChildLedger::default(),
                 #[cfg(feature = "mcp")]
                 _mcp_holds: mcp_holds,
@@ -708,11 +719,12 @@ impl AgentBuilder {
             emit,
             transcript,
             last_prefix: self
+                .0
                 .expected_prefix
                 .map(|fp| LastPrefix::Expected(Box::new(fp))),
             turn: 0,
-            unsent: self.unsent,
-            keep_children: self.keep_children,
+            unsent: self.0.unsent,
+            keep_children: self.0.keep_children,
             receipts: Vec::new(),
             warnings,
             first_context,

@@ -1,6 +1,7 @@
 //! Rebuilding an agent from its transcript.
 
 use super::*;
+use builder::BuilderParts;
 
 /// What [`Agent::resume`] found in the transcript.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,13 +69,13 @@ impl Agent {
         };
         let mut params = t.params();
         let writer = TranscriptWriter::reopen(&t).await?;
-        let mut agent = AgentBuilder {
+        let mut agent = AgentBuilder(Box::new(BuilderParts {
             params: Some(params.clone()),
             context: Some(cx),
             transcript_dir: None,
             definition: definition.map(Arc::new),
-            ..builder
-        }
+            ..*builder.0
+        }))
         .build()
         .await?;
         agent.transcript = Some(writer);

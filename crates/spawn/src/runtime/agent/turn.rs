@@ -406,11 +406,25 @@ impl Agent {
         }
     }
 
-    /// Streams one answer, surfacing text deltas as events.
+    /// Streams one answer, surfacing text deltas as events. A backend that [answers
+    /// whole](forkhive_transport::Backend::answers_whole) is asked with `send`, and each text
+    /// block is one delta: nothing is cut into events to be folded back. (Its tool inputs
+    /// arrive complete, so none was cut off.)
     async fn stream(
         &self,
         request: &Request,
     ) -> std::result::Result<(Response, Vec<String>), forkhive_transport::Error> {
+        if self.shared.backend.answers_whole() {
+            let response = self.shared.backend.send(request).await?;
+            for block in &response.message.content {
+                if let ContentBlock::Text { text } = block
+                    && !text.is_empty()
+                {
+                    self.emit.emit(EventKind::TextDelta { text: text.clone() });
+                }
+            }
+            return Ok((response, Vec::new()));
+        }
         let mut events = self.shared.backend.stream(request).await?;
         let mut builder = ResponseBuilder::new();
         while let Some(event) = events.next().await {
