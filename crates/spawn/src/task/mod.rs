@@ -628,8 +628,9 @@ struct Owned {
     ledger: Option<ChildLedger>,
     worktree: Option<crate::worktree::Worktree>,
     report: Option<oneshot::Sender<ChildEnd>>,
-    /// How to resume it for a message after it ends (a background child with a transcript).
-    revive: Option<revive::Recipe>,
+    /// How to resume it for a message after it ends (a background child with a transcript);
+    /// boxed, since most children have none and every owner is allocated whole.
+    revive: Option<Box<revive::Recipe>>,
     /// Dropped when this owner is done: a resume waits for it, so the runs of one task never
     /// overlap and its notifications arrive in order.
     _settled: Option<oneshot::Sender<()>>,
@@ -639,7 +640,10 @@ struct Owned {
 /// The one owner of a child's life: finishes its token, record, slot, stop record, usage and
 /// promise exactly once — through [`finish`](Self::finish), or, if it is dropped unfinished, in
 /// a task its `Drop` starts.
-struct ChildGuard(Option<Owned>);
+///
+/// The owner is boxed: the supervisor's task holds a pointer, not the owner itself, so the
+/// owner's bytes are not reserved twice in the task once it moves into its `finish`.
+struct ChildGuard(Option<Box<Owned>>);
 
 impl ChildGuard {
     async fn finish(mut self, ended: Ended) {
@@ -699,7 +703,7 @@ impl Owned {
                         revive::Dormant::new(
                             self.record.parent,
                             self.record.description.clone(),
-                            recipe,
+                            *recipe,
                             rx,
                         ),
                         self.service.config.max_resumable,
@@ -1227,7 +1231,7 @@ impl TaskService {
         };
         // What resuming it for a message needs: a background child that keeps a transcript.
         let revive = match (mode, &record.transcript) {
-            (Mode::Background, Some(path)) if self.config.max_resumable > 0 => Some(
+            (Mode::Background, Some(path)) if self.config.max_resumable > 0 => Some(Box::new(
                 resumed
                     .unwrap_or_else(|| revive::Recipe::of(&agent, path.clone()))
                     .with(
@@ -1235,14 +1239,14 @@ impl TaskService {
                         deadline,
                         worktree.as_ref().and_then(|w| w.get().cloned()),
                     ),
-            ),
+            )),
             _ => None,
         };
         claim.disarm();
         let promise = crate::base::pending::OwnedPromise::new(&parent_queue);
         let handle = promise.handle();
         let held = promise.held();
-        let mut guard = ChildGuard(Some(Owned {
+        let mut guard = ChildGuard(Some(Box::new(Owned {
             service: Arc::clone(self),
             record,
             mode,
@@ -1259,11 +1263,12 @@ impl TaskService {
             revive,
             _settled: None,
             _active: Active::new(self),
-        }));
+        })));
         // The child runs inside its supervisor's task (one task per child, not two): the
         // supervisor polls it, catches its panic, and drops it if it must be stopped and its
-        // grace passes.
-        let child = async move {
+        // grace passes. It is boxed here, once: the task holds a pointer to it, not a copy of
+        // its ~1.7 KB that the supervisor would move into a box of its own.
+        let child = Box::pin(async move {
             if let Some(gate) = gate {
                 gate.0.await;
             }
@@ -1273,7 +1278,7 @@ impl TaskService {
                 FirstInput::Custom(run) => run(&mut agent, handle).await,
             };
             (run, agent)
-        };
+        });
         let service = Arc::clone(self);
         // Both halves are boxed so the task itself stays small: thousands of children that
         // have not started yet hold little more than their agents.
@@ -1294,7 +1299,7 @@ impl TaskService {
 
     async fn supervise(
         &self,
-        child: impl Future<Output = (AgentRun, crate::runtime::Agent)> + Send,
+        child: impl Future<Output = (AgentRun, crate::runtime::Agent)> + Send + Unpin,
         watch: Watch<'_>,
         mut report: Option<&mut oneshot::Sender<ChildEnd>>,
     ) -> Ended {
@@ -1307,7 +1312,8 @@ impl TaskService {
             grace,
             mut held,
         } = watch;
-        let mut child = Box::pin(std::panic::AssertUnwindSafe(child).catch_unwind());
+        // Already boxed by the caller: catching its panic needs no second box.
+        let mut child = std::panic::AssertUnwindSafe(child).catch_unwind();
         // Timers only for what is configured: a child without a deadline or stall check
         // registers none.
         let mut sleep = deadline.map(|d| Box::pin(tokio::time::sleep(d)));

@@ -212,19 +212,46 @@ impl Agent {
     /// ([`StopReason::Blocked`]), context they give follows the prompt. A subagent's first run
     /// also runs `SubagentStart` hooks, whose context follows too.
     pub async fn run(&mut self, prompt: impl Into<String>) -> AgentRun {
-        use crate::hook::HookEvent;
         let prompt: String = prompt.into();
+        // The hooks' part is its own future, boxed, and only for an agent with hooks: a child's
+        // future is allocated whole when it is spawned, so what it would hold inline every
+        // child would pay for, hooks or not.
+        let extra = if self.shared.hooks.is_empty() {
+            Vec::new()
+        } else {
+            match Box::pin(self.prompt_hooks(&prompt)).await {
+                Ok(extra) => extra,
+                Err(run) => return *run,
+            }
+        };
+        let mut blocks: Vec<ContentBlock> = std::mem::take(&mut self.first_context)
+            .into_iter()
+            .map(ContentBlock::text)
+            .collect();
+        blocks.push(ContentBlock::text(prompt));
+        blocks.extend(extra.into_iter().map(ContentBlock::text));
+        blocks.extend(self.drain_pending());
+        self.run_with(Some(blocks)).await
+    }
+
+    /// `UserPromptSubmit` (the main agent's prompts) and, on a subagent's first run,
+    /// `SubagentStart` hooks: the context they add, or the run they ended.
+    async fn prompt_hooks(
+        &mut self,
+        prompt: &str,
+    ) -> std::result::Result<Vec<String>, Box<AgentRun>> {
+        use crate::hook::HookEvent;
         let mut extra = Vec::new();
         // A user's prompt: the main agent's (a subagent's prompt is its parent's words).
         if self.shared.cx.depth() == 0 && self.shared.hooks.wants(HookEvent::UserPromptSubmit, None)
         {
             let mut input = self.hook_input(HookEvent::UserPromptSubmit);
-            input.prompt = Some(prompt.clone());
+            input.prompt = Some(prompt.to_owned());
             let d = tokio::select! {
                 biased;
                 () = self.shared.cancel.cancelled() => {
                     let run = self.run_state();
-                    return self.finish(run, StopReason::Cancelled).await;
+                    return Err(Box::new(self.finish(run, StopReason::Cancelled).await));
                 }
                 d = self.shared.hooks.run(input) => d,
             };
@@ -233,9 +260,10 @@ impl Agent {
             }
             if let Some(reason) = d.blocked {
                 let run = self.run_state();
-                return self
-                    .finish(run, StopReason::Blocked { message: reason })
-                    .await;
+                return Err(Box::new(
+                    self.finish(run, StopReason::Blocked { message: reason })
+                        .await,
+                ));
             }
             extra.extend(d.context);
         }
@@ -250,7 +278,7 @@ impl Agent {
                 biased;
                 () = self.shared.cancel.cancelled() => {
                     let run = self.run_state();
-                    return self.finish(run, StopReason::Cancelled).await;
+                    return Err(Box::new(self.finish(run, StopReason::Cancelled).await));
                 }
                 d = self.shared.hooks.run(self.hook_input(HookEvent::SubagentStart)) => d,
             };
@@ -259,14 +287,7 @@ impl Agent {
             }
             extra.extend(d.context);
         }
-        let mut blocks: Vec<ContentBlock> = std::mem::take(&mut self.first_context)
-            .into_iter()
-            .map(ContentBlock::text)
-            .collect();
-        blocks.push(ContentBlock::text(prompt));
-        blocks.extend(extra.into_iter().map(ContentBlock::text));
-        blocks.extend(self.drain_pending());
-        self.run_with(Some(blocks)).await
+        Ok(extra)
     }
 
     /// A hook input for `event` about this agent.
