@@ -381,6 +381,9 @@ impl<B: Backend> Backend for Tap<B> {
         self.seen.lock().unwrap().push(r.clone());
         self.inner.stream(r).await
     }
+    fn answers_whole(&self) -> bool {
+        self.inner.answers_whole()
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

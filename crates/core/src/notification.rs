@@ -340,20 +340,45 @@ impl<'a> Parser<'a> {
         self.rest().starts_with(literal)
     }
 
+    /// Whether the text here is `<tag>`, or `</tag>` and a newline when `close`; compared in
+    /// place, with nothing built for a tag that is there.
+    fn at_tag(&self, tag: &str, close: bool) -> bool {
+        let (open, end): (&[u8], &[u8]) = if close { (b"</", b">\n") } else { (b"<", b">") };
+        let rest = self.rest().as_bytes();
+        rest.starts_with(open)
+            && rest[open.len()..].starts_with(tag.as_bytes())
+            && rest[open.len() + tag.len()..].starts_with(end)
+    }
+
+    /// [`expect`](Self::expect) for `<tag>` (or `</tag>\n`), the same error when it is not
+    /// there, and no allocation when it is.
+    fn expect_tag(&mut self, tag: &str, close: bool) -> Result<()> {
+        if self.at_tag(tag, close) {
+            self.pos += tag.len() + if close { 4 } else { 2 };
+            return Ok(());
+        }
+        let literal = if close {
+            format!("</{tag}>\n")
+        } else {
+            format!("<{tag}>")
+        };
+        Err(self.error(format!("expected {literal:?}, found {}", self.snippet())))
+    }
+
     /// `<tag>value</tag>\n`, returning the unescaped value.
     fn element(&mut self, tag: &str) -> Result<String> {
-        self.expect(&format!("<{tag}>"))?;
+        self.expect_tag(tag, false)?;
         let start = self.pos;
         let len = self.rest().find('<').unwrap_or(self.rest().len());
         let raw = &self.text[start..start + len];
         let value = self.unescape(raw, start)?;
         self.pos = start + len;
-        self.expect(&format!("</{tag}>\n"))?;
+        self.expect_tag(tag, true)?;
         Ok(value)
     }
 
     fn optional(&mut self, tag: &str) -> Result<Option<String>> {
-        if self.at(&format!("<{tag}>")) {
+        if self.at_tag(tag, false) {
             self.element(tag).map(Some)
         } else {
             Ok(None)
@@ -602,6 +627,26 @@ mod tests {
         let (l, c, reason) = malformed("<task-notification>\n<status>completed</status>\n");
         assert_eq!((l, c), (2, 1));
         assert!(reason.starts_with("expected \"<task-id>\""), "{reason}");
+    }
+
+    /// A closing tag cut short, another element's closing tag, or one without its newline is
+    /// an error naming the tag it expected, at the place it was expected.
+    #[test]
+    fn a_wrong_or_cut_closing_tag_names_the_one_expected() {
+        let x = sample().to_xml();
+        let status_close = x.find("</status>").unwrap();
+        let (l, c, r) = malformed(&x[..status_close + 5]);
+        assert_eq!((l, c), (5, 18));
+        assert_eq!(r, "expected \"</status>\\n\", found \"</sta\"");
+        let (_, _, r) = malformed(&x.replace("completed</status>", "completed</summary>"));
+        assert_eq!(
+            r,
+            "expected \"</status>\\n\", found \"</summary>\\n<summary>Agen\""
+        );
+        let (_, _, r) = malformed(&x.replace("</status>\n", "</status> \n"));
+        assert!(r.starts_with("expected \"</status>\\n\""), "{r}");
+        let (_, _, r) = malformed(&x.replace("<status>", "<status >"));
+        assert!(r.starts_with("expected \"<status>\""), "{r}");
     }
 
     #[test]

@@ -26,9 +26,15 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     async fn stream(&self, request: &Request) -> Result<EventStream>;
 
     /// Whether this backend holds each answer whole before it could stream it — a scripted
-    /// model, a cache, anything that answers from memory. The agent loop then calls
+    /// model, anything that answers from memory. The agent loop then calls
     /// [`send`](Self::send) instead of [`stream`](Self::stream) and reports each text block as
     /// one text delta, rather than cutting the answer into events and folding them back.
+    ///
+    /// Say `true` only when `send` returns exactly what `stream`'s events fold into, and no
+    /// answer ever cuts a tool call off: the loop finds calls cut off at `max_tokens` (which it
+    /// answers with an error instead of running them) only in a stream. That is why
+    /// [`ReplayBackend`](crate::replay::ReplayBackend), which replays a cut-off call's partial
+    /// input only when streaming, keeps `false`.
     ///
     /// `false` (the default) for a backend that really streams; a wrapper answers what the
     /// backend it wraps answers.

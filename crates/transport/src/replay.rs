@@ -422,6 +422,9 @@ impl fmt::Debug for ReplayBackend {
     }
 }
 
+// `answers_whole` stays `false`: a recorded answer that cut a tool call off at `max_tokens`
+// comes back whole from `send` with the call's input reset, and only `stream` replays the
+// partial input the agent loop needs to see the cut.
 #[async_trait]
 impl Backend for ReplayBackend {
     async fn send(&self, request: &Request) -> Result<Response> {

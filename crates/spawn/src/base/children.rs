@@ -96,7 +96,8 @@ impl ChildLedger {
             status: None,
             usage: Usage::default(),
         });
-        // An id started twice (it cannot be through the service) ends its latest entry.
+        // An id started again (a background child resumed by `SendMessage`) ends its latest
+        // entry, the one its new run reports on.
         ledger.at.insert(id, at);
     }
 

@@ -1267,7 +1267,7 @@ impl TaskService {
         // The child runs inside its supervisor's task (one task per child, not two): the
         // supervisor polls it, catches its panic, and drops it if it must be stopped and its
         // grace passes. It is boxed here, once: the task holds a pointer to it, not a copy of
-        // its ~1.7 KB that the supervisor would move into a box of its own.
+        // its bytes that the supervisor would move into a box of its own.
         let child = Box::pin(async move {
             if let Some(gate) = gate {
                 gate.0.await;

@@ -105,6 +105,11 @@ impl ToolPool {
         PoolIdentity(Arc::downgrade(&self.entries))
     }
 
+    /// The tools, in pool order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<dyn Tool>> {
+        self.entries.iter().map(|e| &e.tool)
+    }
+
     /// The tool names, in pool order.
     pub fn names(&self) -> Vec<&str> {
         self.entries
@@ -225,6 +230,8 @@ mod tests {
     fn keeps_order_and_rejects_duplicates_and_bad_schemas() {
         let pool = ToolPool::new([Fixed::arc("B", "b"), Fixed::arc("A", "a")]).unwrap();
         assert_eq!(pool.names(), ["B", "A"]);
+        let iterated: Vec<&str> = pool.iter().map(|t| t.definition().name.as_str()).collect();
+        assert_eq!(iterated, ["B", "A"]);
         assert_eq!(pool.definitions()[1].name, "A");
 
         let dup = ToolPool::new([Fixed::arc("A", "a"), Fixed::arc("A", "b")]).unwrap_err();

@@ -690,7 +690,7 @@ impl AgentBuilder {
         // Its holds on the definitions' own MCP servers among its tools: the last agent
         // holding one stops it (Agent definitions, §9.6).
         #[cfg(feature = "mcp")]
-        let mcp_holds = crate::mcp::holders(pool.names().into_iter().filter_map(|n| pool.get(n)));
+        let mcp_holds = crate::mcp::holders(pool.iter());
         Ok(Agent {
             shared: Arc::new(AgentShared {
                 backend: self.0.backend,
