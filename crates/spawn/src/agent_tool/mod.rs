@@ -807,6 +807,9 @@ impl AgentTool {
                     out.path().display()
                 ));
             }
+            // It stays in the parent's conversation as long as the parent lives: one exact
+            // allocation, not `format!`'s generous estimate (a wide fan-out keeps thousands).
+            text.shrink_to_fit();
             return Ok(text);
         }
         let end = handle.end().await.map_err(|e| e.to_string())?;

@@ -1331,7 +1331,6 @@ impl TaskService {
         let mut seen = (progress.events(), Instant::now());
         // What is left of the deadline while the child waits for work (its promise set down).
         let mut paused: Option<Duration> = None;
-        let mut watching_held = true;
         let joined = loop {
             let working = paused.is_none();
             tokio::select! {
@@ -1340,14 +1339,9 @@ impl TaskService {
                 () = until(sleep.as_mut()), if working => {
                     break Err(Why::Deadline(deadline.unwrap_or_default()))
                 }
-                changed = held.changed(), if watching_held => {
-                    if changed.is_err() {
-                        // The owner is gone with its promise: nothing more to watch.
-                        watching_held = false;
-                        continue;
-                    }
+                now_held = held.changed() => {
                     let now = tokio::time::Instant::now();
-                    match (*held.borrow_and_update(), paused) {
+                    match (now_held, paused) {
                         // Set down: stop the clocks.
                         (false, None) => {
                             let left = |s: &std::pin::Pin<Box<tokio::time::Sleep>>| {
@@ -1441,7 +1435,7 @@ struct Watch<'a> {
     grace: Duration,
     /// Whether the child holds its promise: while it has set it down (a teammate waiting for
     /// work) its deadline and stall check stand still.
-    held: tokio::sync::watch::Receiver<bool>,
+    held: crate::base::pending::HeldWatch,
 }
 
 /// Waits for `sleep`, or forever when there is none.
