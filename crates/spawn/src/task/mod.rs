@@ -641,8 +641,8 @@ struct Owned {
 /// promise exactly once — through [`finish`](Self::finish), or, if it is dropped unfinished, in
 /// a task its `Drop` starts.
 ///
-/// The owner is boxed: the supervisor's task holds a pointer, not the owner itself, so the
-/// owner's bytes are not reserved twice in the task once it moves into its `finish`.
+/// The owner is boxed, so the supervisor's task holds a pointer to it and stays small; this
+/// moves the owner's bytes out of the task rather than saving them.
 struct ChildGuard(Option<Box<Owned>>);
 
 impl ChildGuard {
