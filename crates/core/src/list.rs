@@ -399,8 +399,13 @@ impl MessageList {
     /// This list followed by `more`, in O(`more`); `self` is unchanged and every earlier
     /// message is shared, not copied.
     pub fn extended(&self, more: impl IntoIterator<Item = Message>) -> Self {
+        self.extended_shared(more.into_iter().map(Arc::new))
+    }
+
+    /// [`extended`](Self::extended) with messages already shared: each `Arc` is kept as it is.
+    pub fn extended_shared(&self, more: impl IntoIterator<Item = Arc<Message>>) -> Self {
         Self {
-            items: self.items.extended(more.into_iter().map(Arc::new)),
+            items: self.items.extended(more),
         }
     }
 

@@ -265,7 +265,28 @@ impl CacheSafeParams {
     /// assert_eq!(turn2.fingerprint(), scratch.fingerprint());
     /// ```
     pub fn append(&self, more: Vec<Message>) -> CacheSafeParams {
-        if more.is_empty() {
+        self.append_shared(more.into_iter().map(Arc::new))
+    }
+
+    /// [`append`](Self::append) for messages already shared: each `Arc` goes into the
+    /// conversation as it is, so whoever else holds it (a snapshot of the turn, an event) shares
+    /// the message instead of copying it.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use forkhive_core::{CacheSafeParams, Message};
+    /// let p = CacheSafeParams::builder("m").build();
+    /// let answer = Arc::new(Message::assistant_text("hello"));
+    /// let next = p.append_shared([Arc::clone(&answer)]);
+    /// assert!(std::ptr::eq(&next.messages()[0], &*answer));
+    /// ```
+    pub fn append_shared<I>(&self, more: I) -> CacheSafeParams
+    where
+        I: IntoIterator<Item = Arc<Message>>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let more = more.into_iter();
+        if more.len() == 0 {
             return self.clone();
         }
         let base = self
@@ -277,7 +298,7 @@ impl CacheSafeParams {
         Self {
             inner: Arc::new(Inner::new(
                 Arc::clone(&self.inner.head),
-                self.inner.messages.extended(more),
+                self.inner.messages.extended_shared(more),
                 base,
             )),
         }

@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use forkhive_core::{CacheSafeParams, ContentBlock, Message, TaskId, TaskKind, ToolDefinition};
+use forkhive_core::{
+    CacheSafeParams, ContentBlock, Message, Role, TaskId, TaskKind, ToolDefinition,
+};
 use forkhive_spawn::runtime::agent::CONTINUE_PROMPT;
 use forkhive_spawn::runtime::{
     Agent, AgentContext, AgentKind, EventKind, Limits, PendingMessage, QuerySource, StopReason,
@@ -545,6 +547,34 @@ async fn cancellation_stops_a_model_request_and_a_tool_round() {
             true
         )
     );
+}
+
+/// A run whose future is dropped in the middle of a tool round leaves the conversation with
+/// no call lacking its result: the answer that called the tool enters the conversation only
+/// with its results, so the next run sends a well-formed conversation.
+#[tokio::test(start_paused = true)]
+async fn a_run_dropped_mid_round_leaves_no_call_without_its_result() {
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(calls(&[("slow", "Wait", "{}")])),
+        Ok(say("done")),
+    ]));
+    let wait = TestTool::sleeper("Wait", false, 3_600_000);
+    let limits = Limits::default().with_tool_timeout(Duration::from_secs(7200));
+    let mut agent = agent_with(backend.clone(), vec![wait.arc()], limits).await;
+    let dropped = tokio::time::timeout(Duration::from_secs(1), agent.run("first")).await;
+    assert!(dropped.is_err(), "the round was still running");
+    let held: Vec<Role> = agent.params().messages().iter().map(|m| m.role).collect();
+    assert_eq!(
+        held,
+        [Role::User],
+        "only the prompt: no call without its result"
+    );
+    let run = agent.run("second").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    assert_eq!(run.final_text, "done");
+    let sent = backend.requests();
+    let roles: Vec<Role> = sent[1].all_messages().iter().map(|m| m.role).collect();
+    assert_eq!(roles, [Role::User, Role::User], "{sent:?}");
 }
 
 #[tokio::test(start_paused = true)]

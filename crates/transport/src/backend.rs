@@ -5,6 +5,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 use futures::{Stream, StreamExt};
 
 use crate::error::Result;
@@ -45,12 +46,23 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 
 #[async_trait]
 impl<B: Backend + ?Sized> Backend for Arc<B> {
-    async fn send(&self, request: &Request) -> Result<Response> {
-        (**self).send(request).await
+    // Forwarded without a box of their own: the inner backend's future is the call's.
+    fn send<'a, 'b, 'f>(&'a self, request: &'b Request) -> BoxFuture<'f, Result<Response>>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        (**self).send(request)
     }
 
-    async fn stream(&self, request: &Request) -> Result<EventStream> {
-        (**self).stream(request).await
+    fn stream<'a, 'b, 'f>(&'a self, request: &'b Request) -> BoxFuture<'f, Result<EventStream>>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        (**self).stream(request)
     }
 
     fn answers_whole(&self) -> bool {
@@ -60,12 +72,23 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
 
 #[async_trait]
 impl<B: Backend + ?Sized> Backend for Box<B> {
-    async fn send(&self, request: &Request) -> Result<Response> {
-        (**self).send(request).await
+    // Forwarded without a box of their own: the inner backend's future is the call's.
+    fn send<'a, 'b, 'f>(&'a self, request: &'b Request) -> BoxFuture<'f, Result<Response>>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        (**self).send(request)
     }
 
-    async fn stream(&self, request: &Request) -> Result<EventStream> {
-        (**self).stream(request).await
+    fn stream<'a, 'b, 'f>(&'a self, request: &'b Request) -> BoxFuture<'f, Result<EventStream>>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        (**self).stream(request)
     }
 
     fn answers_whole(&self) -> bool {

@@ -179,7 +179,7 @@ pub struct TurnRecord {
     /// This turn's tokens.
     pub usage: Usage,
     /// Why the model stopped (`end_turn`, `tool_use`, ...).
-    pub stop_reason: Option<String>,
+    pub stop_reason: Option<ModelStop>,
     /// How many tools it called.
     pub tool_calls: usize,
     /// When its request was sent, in milliseconds since the Unix epoch.
@@ -238,10 +238,6 @@ impl AgentRun {
 }
 
 /// The model's stop reason in Anthropic's spelling, for records.
-pub(crate) fn model_stop_str(stop: Option<&ModelStop>) -> Option<String> {
-    stop.map(|s| s.as_str().to_owned())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

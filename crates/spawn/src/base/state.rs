@@ -140,21 +140,22 @@ impl fmt::Debug for Extensions {
 #[derive(Debug)]
 pub struct TurnSnapshot {
     sent: forkhive_core::CacheSafeParams,
-    assistant: forkhive_core::Message,
+    assistant: Arc<forkhive_core::Message>,
     turn: u32,
     scratch: Extensions,
 }
 
 impl TurnSnapshot {
-    /// A snapshot of turn `turn`.
+    /// A snapshot of turn `turn`. The assistant message may be shared (`Arc<Message>`), as
+    /// the loop shares it with the conversation.
     pub fn new(
         sent: forkhive_core::CacheSafeParams,
-        assistant: forkhive_core::Message,
+        assistant: impl Into<Arc<forkhive_core::Message>>,
         turn: u32,
     ) -> Self {
         Self {
             sent,
-            assistant,
+            assistant: assistant.into(),
             turn,
             scratch: Extensions::default(),
         }

@@ -297,14 +297,33 @@ impl<T: Tool + ?Sized> Tool for Arc<T> {
     fn in_background(&self) -> InBackground {
         (**self).in_background()
     }
-    async fn rooted(&self, root: &std::path::Path) -> Option<Arc<dyn Tool>> {
-        (**self).rooted(root).await
+    // The async methods are forwarded without a box of their own: the inner tool's future
+    // is the call's.
+    fn rooted<'a, 'p, 'f>(
+        &'a self,
+        root: &'p std::path::Path,
+    ) -> futures::future::BoxFuture<'f, Option<Arc<dyn Tool>>>
+    where
+        'a: 'f,
+        'p: 'f,
+        Self: 'f,
+    {
+        (**self).rooted(root)
     }
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         (**self).as_any()
     }
-    async fn call(&self, input: serde_json::Value, cx: &ToolContext) -> ToolOutput {
-        (**self).call(input, cx).await
+    fn call<'a, 'c, 'f>(
+        &'a self,
+        input: serde_json::Value,
+        cx: &'c ToolContext,
+    ) -> futures::future::BoxFuture<'f, ToolOutput>
+    where
+        'a: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        (**self).call(input, cx)
     }
 }
 

@@ -80,49 +80,84 @@ enum Prepared {
     Answered(ToolOutput),
 }
 
+/// One call's place in a round.
+struct Slot {
+    /// Whether it may run beside its neighbours.
+    safe: bool,
+    state: SlotState,
+}
+
+enum SlotState {
+    /// Checked, not started.
+    Ready(Prepared),
+    /// Started (or the round was cancelled while it ran).
+    Taken,
+    /// Answered.
+    Done(ToolOutput),
+}
+
+impl Slot {
+    /// What the call waits with, once.
+    fn take(&mut self) -> Option<Prepared> {
+        match std::mem::replace(&mut self.state, SlotState::Taken) {
+            SlotState::Ready(p) => Some(p),
+            other => {
+                self.state = other;
+                None
+            }
+        }
+    }
+}
+
 impl Round<'_> {
     /// Runs `calls` and returns one `tool_result` block per call, in call order.
     ///
     /// When the agent is cancelled mid-round, calls that had not finished are answered with an
     /// error saying so, so the conversation stays well-formed (and resumable).
     pub(crate) async fn run(&self, calls: &[ToolCall]) -> Vec<ContentBlock> {
-        let prepared: Vec<Prepared> = calls.iter().map(|c| self.prepare(c)).collect();
-        let safe: Vec<bool> = calls
+        // One slot per call, in call order: what it is waiting with, then what it answered.
+        let mut slots: Vec<Slot> = calls
             .iter()
-            .zip(&prepared)
-            .map(|(c, p)| match p {
-                Prepared::Answered(_) => true,
-                // A panicking classification counts as unsafe: run the call alone.
-                Prepared::Run(input) => self.pool.get(&c.name).is_some_and(|t| {
-                    std::panic::catch_unwind(AssertUnwindSafe(|| t.is_concurrency_safe(input)))
-                        .unwrap_or(false)
-                }),
+            .map(|c| {
+                let prepared = self.prepare(c);
+                let safe = match &prepared {
+                    Prepared::Answered(_) => true,
+                    // A panicking classification counts as unsafe: run the call alone.
+                    Prepared::Run(input) => self.pool.get(&c.name).is_some_and(|t| {
+                        std::panic::catch_unwind(AssertUnwindSafe(|| t.is_concurrency_safe(input)))
+                            .unwrap_or(false)
+                    }),
+                };
+                Slot {
+                    safe,
+                    state: SlotState::Ready(prepared),
+                }
             })
             .collect();
 
-        let mut slots: Vec<Option<ToolOutput>> = vec![None; calls.len()];
-        let mut prepared: Vec<Option<Prepared>> = prepared.into_iter().map(Some).collect();
         let mut start = 0;
         'batches: while start < calls.len() {
-            let end = if safe[start] {
-                start + safe[start..].iter().take_while(|s| **s).count()
+            let end = if slots[start].safe {
+                start + slots[start..].iter().take_while(|s| s.safe).count()
             } else {
                 start + 1
             };
             if end == start + 1 {
                 // One call (an unsafe one, or a round of one): run it here, with no stream.
-                if let Some(p) = prepared[start].take() {
+                if let Some(p) = slots[start].take() {
                     tokio::select! {
                         biased;
                         () = self.cx.cancel.cancelled() => break 'batches,
-                        out = self.finish(&calls[start], p) => slots[start] = Some(out),
+                        out = self.finish(&calls[start], p) => slots[start].state = SlotState::Done(out),
                     }
                 }
                 start = end;
                 continue;
             }
-            let batch = (start..end).filter_map(|i| prepared[i].take().map(|p| (i, p)));
-            let mut running = futures::stream::iter(batch.map(|(i, p)| {
+            let batch: Vec<(usize, Prepared)> = (start..end)
+                .filter_map(|i| slots[i].take().map(|p| (i, p)))
+                .collect();
+            let mut running = futures::stream::iter(batch.into_iter().map(|(i, p)| {
                 let call = &calls[i];
                 async move { (i, self.finish(call, p).await) }
             }))
@@ -132,7 +167,7 @@ impl Round<'_> {
                     biased;
                     () = self.cx.cancel.cancelled() => break 'batches,
                     next = running.next() => match next {
-                        Some((i, out)) => slots[i] = Some(out),
+                        Some((i, out)) => slots[i].state = SlotState::Done(out),
                         None => break,
                     },
                 }
@@ -143,14 +178,15 @@ impl Round<'_> {
         calls
             .iter()
             .zip(slots)
-            .map(|(call, out)| {
-                out.unwrap_or_else(|| {
-                    ToolOutput::error(format!(
+            .map(|(call, slot)| {
+                let out = match slot.state {
+                    SlotState::Done(out) => out,
+                    SlotState::Ready(_) | SlotState::Taken => ToolOutput::error(format!(
                         "tool `{}` was cancelled: the agent was stopped before the call finished",
                         call.name
-                    ))
-                })
-                .into_result_block(&*call.id)
+                    )),
+                };
+                out.into_result_block(&*call.id)
             })
             .collect()
     }

@@ -68,8 +68,17 @@ pub trait PermissionPolicy: Send + Sync + fmt::Debug + 'static {
 
 #[async_trait]
 impl<P: PermissionPolicy + ?Sized> PermissionPolicy for Arc<P> {
-    async fn check(&self, request: PermissionRequest<'_>) -> PermissionDecision {
-        (**self).check(request).await
+    // Forwarded without a box of its own: the inner policy's future is the call's.
+    fn check<'a, 'r, 'f>(
+        &'a self,
+        request: PermissionRequest<'r>,
+    ) -> futures::future::BoxFuture<'f, PermissionDecision>
+    where
+        'a: 'f,
+        'r: 'f,
+        Self: 'f,
+    {
+        (**self).check(request)
     }
 }
 

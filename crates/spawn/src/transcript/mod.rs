@@ -285,7 +285,7 @@ impl TranscriptWriter {
             turn: turn.turn,
             fingerprint: turn.fingerprint().to_string(),
             usage: turn.usage,
-            stop_reason: turn.stop_reason.clone(),
+            stop_reason: turn.stop_reason.as_ref().map(|s| s.as_str().to_owned()),
             tool_calls: turn.tool_calls,
             sent_at: Some(turn.sent_at_ms),
             at: Some(now_ms()),

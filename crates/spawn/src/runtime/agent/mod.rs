@@ -16,7 +16,7 @@ use tracing::Instrument;
 use crate::base::children::ChildLedger;
 use crate::base::context::{AgentContext, AgentKind, QuerySource};
 use crate::base::events::{Emitter, EventKind, EventSink};
-use crate::base::outcome::{AgentRun, Limits, StopReason, TurnRecord, model_stop_str};
+use crate::base::outcome::{AgentRun, Limits, StopReason, TurnRecord};
 use crate::base::pending::{PendingMessage, PendingQueue, Wake};
 use crate::base::state::{AgentState, TreeState, TurnSnapshot};
 use crate::definition::AgentDefinition;

@@ -317,7 +317,7 @@ impl Agent {
             turn: self.turn,
             prefix: prefix.clone(),
             usage,
-            stop_reason: model_stop_str(stop_reason.as_ref()),
+            stop_reason: stop_reason.clone(),
             tool_calls: calls.len(),
             sent_at_ms,
         };
@@ -330,8 +330,10 @@ impl Agent {
         }
         run.turns.push(record);
 
+        // One allocation, shared by the conversation and the turn's snapshot.
+        let message = Arc::new(message);
         let snapshot = (!calls.is_empty())
-            .then(|| Arc::new(TurnSnapshot::new(sent, message.clone(), self.turn)));
+            .then(|| Arc::new(TurnSnapshot::new(sent, Arc::clone(&message), self.turn)));
         let has_content = !message.content.is_empty();
         // The limits on continuations and resends count in a row: any other answer resets them.
         let cut_in_text = stop_reason == Some(ModelStop::MaxTokens) && calls.is_empty();
@@ -347,10 +349,20 @@ impl Agent {
             if cut_in_text || stop_reason == Some(ModelStop::PauseTurn) {
                 run.continued.push_str(&text);
                 run.final_text.clone_from(&run.continued);
+            } else if run.continued.is_empty() {
+                run.final_text = text;
             } else {
                 run.final_text = std::mem::take(&mut run.continued) + &text;
             }
-            if let Err(e) = self.push(vec![message]).await {
+            // An answer that called tools enters the conversation with its results (below),
+            // so the conversation never holds a call without its result — not even after a
+            // run dropped mid-round. The transcript records it now, before any tool runs.
+            let written = if calls.is_empty() {
+                self.push_shared([Arc::clone(&message)]).await
+            } else {
+                self.record(&message).await
+            };
+            if let Err(e) = written {
                 run.error = Some(Arc::new(e));
                 return TurnEnd::Stop(StopReason::Failed);
             }
@@ -363,7 +375,15 @@ impl Agent {
             let results = self.tool_round(&calls, &cut_off, snapshot).await;
             let mut blocks = results;
             blocks.extend(self.drain_pending());
-            if let Err(e) = self.push(vec![Message::user(blocks)]).await {
+            let results = Arc::new(Message::user(blocks));
+            let written = match self.record(&results).await {
+                Ok(()) => {
+                    self.commit([message, results]);
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            };
+            if let Err(e) = written {
                 run.error = Some(Arc::new(e));
                 return TurnEnd::Stop(StopReason::Failed);
             }
@@ -499,29 +519,56 @@ impl Agent {
 
     /// Appends messages to the conversation (O(new)) and the transcript.
     async fn push(&mut self, messages: Vec<Message>) -> Result<()> {
-        if let Some(w) = &mut self.transcript {
-            // Boxed, like every file write here: the agent's future stays small.
-            let written = Box::pin(async {
-                for m in &messages {
-                    w.message(m).await?;
-                }
-                Ok::<_, Error>(())
-            })
-            .await;
-            if let Err(e) = written {
-                // Not recorded: a later write must not answer for these.
-                for r in self.receipts.drain(..) {
-                    r.answer(false);
-                }
-                return Err(e);
-            }
+        self.push_shared(messages.into_iter().map(Arc::new)).await
+    }
+
+    /// [`push`](Self::push) for messages already shared.
+    async fn push_shared<I>(&mut self, messages: I) -> Result<()>
+    where
+        I: IntoIterator<Item = Arc<Message>>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let messages = messages.into_iter();
+        if self.transcript.is_none() {
+            self.commit(messages);
+            return Ok(());
         }
-        self.params = self.params.append(messages);
-        // What was injected is in the conversation (and the transcript) now.
+        let messages: Vec<Arc<Message>> = messages.collect();
+        for m in &messages {
+            self.record(m).await?;
+        }
+        self.commit(messages);
+        Ok(())
+    }
+
+    /// Writes `message` to the transcript, if the agent keeps one; the conversation does not
+    /// hold it until [`commit`](Self::commit). A failed write answers the receipts of what
+    /// was injected: not recorded, and a later write must not answer for them.
+    async fn record(&mut self, message: &Message) -> Result<()> {
+        let Some(w) = &mut self.transcript else {
+            return Ok(());
+        };
+        // Boxed, like every file write here: the agent's future stays small.
+        if let Err(e) = Box::pin(w.message(message)).await {
+            for r in self.receipts.drain(..) {
+                r.answer(false);
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Appends messages already [recorded](Self::record) to the conversation, and answers
+    /// the receipts of what was injected: it is in the conversation (and the transcript) now.
+    fn commit<I>(&mut self, messages: I)
+    where
+        I: IntoIterator<Item = Arc<Message>>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        self.params = self.params.append_shared(messages);
         for r in self.receipts.drain(..) {
             r.answer(true);
         }
-        Ok(())
     }
 
     pub(super) async fn finish(&mut self, run: RunState, stop: StopReason) -> AgentRun {
