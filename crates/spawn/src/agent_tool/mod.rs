@@ -621,8 +621,10 @@ impl AgentTool {
         let (worktree, rooted) = match (isolate, &self.config.worktree_repo) {
             (true, Some(repo)) => {
                 let slug = format!("agent-{child_id}");
+                // The worktree's futures are boxed (here and where it is finished): a call that
+                // starts no worktree keeps a small future.
                 let wt = crate::worktree::Unfinished::new(
-                    crate::worktree::Worktree::create(repo, &slug, None)
+                    Box::pin(crate::worktree::Worktree::create(repo, &slug, None))
                         .await
                         .map_err(|e| chain(&e))?,
                 );
@@ -645,7 +647,7 @@ impl AgentTool {
                     Err(e) => {
                         // Nobody owns the tree yet: this call finishes it (untouched: removed).
                         if let Some(wt) = wt.take() {
-                            let _ = wt.finish().await;
+                            let _ = Box::pin(wt.finish()).await;
                         }
                         if asked == Some(true) {
                             return Err(chain(&e));
@@ -709,7 +711,7 @@ impl AgentTool {
             Err(e) => {
                 // Not started: the tree has no owner yet, so this call finishes it.
                 if let Some(wt) = worktree.and_then(|w| w.take()) {
-                    let _ = wt.finish().await;
+                    let _ = Box::pin(wt.finish()).await;
                 }
                 return Err(chain(&e));
             }
@@ -724,7 +726,7 @@ impl AgentTool {
             });
             if let Err(e) = joined {
                 if let Some(wt) = worktree.and_then(|w| w.take()) {
-                    let _ = wt.finish().await;
+                    let _ = Box::pin(wt.finish()).await;
                 }
                 return Err(chain(&e));
             }

@@ -846,10 +846,10 @@ impl Owned {
         match self.mode {
             Mode::Background => {
                 if report {
-                    let summary = n.summary.clone();
+                    let summary = self.events.as_ref().map(|_| n.summary.clone());
                     self.promise
                         .deliver(PendingMessage::new(n.to_xml(), "task-notification"));
-                    if let Some(sink) = &self.events {
+                    if let (Some(sink), Some(summary)) = (&self.events, summary) {
                         sink.emit(AgentEvent {
                             agent: id,
                             turn: self.progress.turns(),
@@ -1143,7 +1143,8 @@ impl TaskService {
         };
         if let (Some(other), Some(n)) = (taken, &name) {
             if let Some(wt) = worktree.and_then(crate::worktree::Unfinished::take) {
-                let _ = wt.finish().await;
+                // Boxed, like every worktree future here: a start without one stays small.
+                let _ = Box::pin(wt.finish()).await;
             }
             return Err(Error::Refused(format!(
                 "the name `{n}` is taken by task {other}; give this agent another name"
@@ -1187,7 +1188,7 @@ impl TaskService {
                 ));
             }
             if let Some(wt) = worktree.and_then(crate::worktree::Unfinished::take) {
-                let _ = wt.finish().await;
+                let _ = Box::pin(wt.finish()).await;
             }
             return Err(e);
         }

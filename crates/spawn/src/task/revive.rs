@@ -432,7 +432,7 @@ impl TaskService {
             Ok((agent, _)) => agent,
             Err(e) => {
                 if let Some(wt) = worktree.and_then(Unfinished::take) {
-                    let _ = wt.finish().await;
+                    let _ = Box::pin(wt.finish()).await;
                 }
                 return Err(give_up(
                     &mut guard,
@@ -445,7 +445,7 @@ impl TaskService {
         };
         if let Err(e) = self.registry.reopen(&id).await {
             if let Some(wt) = worktree.and_then(Unfinished::take) {
-                let _ = wt.finish().await;
+                let _ = Box::pin(wt.finish()).await;
             }
             // A record the registry has forgotten can never be reopened: not resumable.
             if self.registry.get(&id).await.is_none() {

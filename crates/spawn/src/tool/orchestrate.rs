@@ -229,7 +229,12 @@ impl Round<'_> {
         });
         let out = match prepared {
             Prepared::Answered(out) => out,
-            Prepared::Run(input) => self.hooked(call, input).await,
+            Prepared::Run(input) => match self.hook_base {
+                None => self.permitted(call, input).await.0,
+                // Boxed: only an agent with hooks waits on them, and a round without keeps
+                // a small future.
+                Some(base) => Box::pin(self.hooked(call, input, base)).await,
+            },
         };
         self.emit.emit(EventKind::ToolCallFinished {
             id: call.id.clone(),
@@ -244,11 +249,13 @@ impl Round<'_> {
     /// The call between its hooks: `PreToolUse` hooks may block it or rewrite its input
     /// before the policy sees it; `PostToolUse` hooks see what a call that ran answered, and
     /// may add to it.
-    async fn hooked(&self, call: &ToolCall, mut input: serde_json::Value) -> ToolOutput {
+    async fn hooked(
+        &self,
+        call: &ToolCall,
+        mut input: serde_json::Value,
+        base: &crate::hook::HookInput,
+    ) -> ToolOutput {
         use crate::hook::HookEvent;
-        let Some(base) = self.hook_base else {
-            return self.permitted(call, input).await.0;
-        };
         let hook_input = |event: HookEvent, input: &serde_json::Value| {
             let mut i = base.clone();
             i.event = event;

@@ -428,7 +428,9 @@ impl AgentBuilder {
                         .to_owned(),
                 ));
             }
-            let tools = hub.tools().await;
+            // Boxed: only a main agent given a hub waits here, and a child's build future
+            // (held by every spawn) stays small.
+            let tools = Box::pin(hub.tools()).await;
             for (name, status) in hub.status() {
                 if let crate::mcp::McpStatus::Failed(why) = status {
                     warnings.push(format!(
@@ -473,8 +475,19 @@ impl AgentBuilder {
         let mut first_context = Vec::new();
         let mut pool = pool;
         if let Some(d) = def {
-            let (mut tools, context) =
-                definition_extras(d, &tree, self.0.params.is_none(), &mut warnings).await?;
+            // Boxed, and only for a definition that brings something: the common child's
+            // build future stays small.
+            let (mut tools, context) = if brings_extras(d) {
+                Box::pin(definition_extras(
+                    d,
+                    &tree,
+                    self.0.params.is_none(),
+                    &mut warnings,
+                ))
+                .await?
+            } else {
+                (Vec::new(), Vec::new())
+            };
             // A server the definition names that the pool already has (the parent's, shared)
             // is not added twice.
             tools.retain(|t| pool.get(&t.definition().name).is_none());
@@ -740,6 +753,18 @@ fn audience_word(audience: ToolAudience) -> &'static str {
         ToolAudience::Background => "background",
         ToolAudience::Teammate => "teammate",
     }
+}
+
+/// Whether [`definition_extras`] has anything to do for `d`: MCP servers (its own, or required
+/// of the host), memory, skills or an initial prompt. Keep it in step with that function.
+fn brings_extras(d: &AgentDefinition) -> bool {
+    !d.mcp_servers.is_empty()
+        || d.extra.contains_key("requiredMcpServers")
+        || d.memory.is_some()
+        || !d.skills.is_empty()
+        || d.initial_prompt
+            .as_ref()
+            .is_some_and(|p| !p.trim().is_empty())
 }
 
 /// A definition's memory ([`crate::tool::memory`]) and preloaded skills

@@ -322,7 +322,7 @@ impl Agent {
             sent_at_ms,
         };
         if let Some(w) = &mut self.transcript
-            && let Err(e) = w.usage(&record).await
+            && let Err(e) = Box::pin(w.usage(&record)).await
         {
             run.error = Some(Arc::new(e));
             run.turns.push(record);
@@ -469,7 +469,7 @@ impl Agent {
             agent: Arc::clone(&self.shared.cx),
             state: self.shared.state.clone(),
             cancel: self.shared.cancel.clone(),
-            tool_use_id: Arc::from(""),
+            tool_use_id: no_call_yet(),
             caller: Some(Arc::clone(&self.shared) as Arc<dyn crate::tool::Caller>),
             turn,
         };
@@ -611,4 +611,11 @@ impl Agent {
             children: self.shared.children.since(run.children_from),
         }
     }
+}
+
+/// The tool-use id of a round's context before a call is given its own: one shared empty
+/// string, not an allocation per round.
+fn no_call_yet() -> Arc<str> {
+    static EMPTY: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
+    Arc::clone(&EMPTY)
 }
