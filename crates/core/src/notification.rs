@@ -42,6 +42,13 @@ use crate::task_id::TaskId;
 const OPEN: &str = "<task-notification>";
 const CLOSE: &str = "</task-notification>";
 
+/// The searchers for the envelope's tags, built once (a substring search set up per call cost
+/// more than the search).
+static OPEN_FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(OPEN));
+static CLOSE_FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(CLOSE));
+
 /// How a task ended. Deliberately three states: a worker finished, errored, or was stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -175,7 +182,9 @@ impl TaskNotification {
         );
         out.push_str(OPEN);
         out.push('\n');
-        element(&mut out, "task-id", &self.task_id.to_string());
+        // The id and the numbers need no escaping: written straight in, with no string of
+        // their own.
+        raw_element(&mut out, "task-id", &self.task_id);
         if let Some(v) = &self.tool_use_id {
             element(&mut out, "tool-use-id", v);
         }
@@ -191,13 +200,9 @@ impl TaskNotification {
             element(&mut out, "result", v);
         }
         out.push_str("<usage>\n");
-        element(
-            &mut out,
-            "total_tokens",
-            &self.usage.total_tokens.to_string(),
-        );
-        element(&mut out, "tool_uses", &self.usage.tool_uses.to_string());
-        element(&mut out, "duration_ms", &self.usage.duration_ms.to_string());
+        raw_element(&mut out, "total_tokens", &self.usage.total_tokens);
+        raw_element(&mut out, "tool_uses", &self.usage.tool_uses);
+        raw_element(&mut out, "duration_ms", &self.usage.duration_ms);
         out.push_str("</usage>\n");
         if let Some(w) = &self.worktree {
             out.push_str("<worktree>\n");
@@ -248,8 +253,11 @@ pub fn find_notifications(message: &Message) -> Result<Vec<TaskNotification>> {
     }
     for text in message.content.iter().filter_map(|b| b.as_text()) {
         let mut from = 0;
-        while let Some(start) = text[from..].find(OPEN).map(|i| i + from) {
-            let Some(end) = text[start..].find(CLOSE).map(|i| i + start + CLOSE.len()) else {
+        while let Some(start) = OPEN_FINDER.find(&text.as_bytes()[from..]).map(|i| i + from) {
+            let Some(end) = CLOSE_FINDER
+                .find(&text.as_bytes()[start..])
+                .map(|i| i + start + CLOSE.len())
+            else {
                 let p = Parser { text, pos: start };
                 return Err(p.error("<task-notification> is never closed".to_owned()));
             };
@@ -273,16 +281,28 @@ fn element(out: &mut String, tag: &str, value: &str) {
     out.push_str(">\n");
 }
 
+/// `<tag>value</tag>` for a value whose text has nothing to escape (an id, a number).
+fn raw_element(out: &mut String, tag: &str, value: &dyn std::fmt::Display) {
+    use std::fmt::Write as _;
+    out.push('<');
+    out.push_str(tag);
+    out.push('>');
+    // Writing to a `String` cannot fail.
+    let _ = write!(out, "{value}");
+    out.push_str("</");
+    out.push_str(tag);
+    out.push_str(">\n");
+}
+
 fn escape_into(out: &mut String, s: &str) {
     // The three characters are ASCII, and no byte of a multi-byte UTF-8 sequence is ASCII: a
-    // byte scan finds exactly them, and every cut falls on a character boundary.
+    // byte search finds exactly them, and every cut falls on a character boundary.
     let mut last = 0;
-    for (i, b) in s.bytes().enumerate() {
-        let rep = match b {
+    for i in memchr::memchr3_iter(b'&', b'<', b'>', s.as_bytes()) {
+        let rep = match s.as_bytes()[i] {
             b'&' => "&amp;",
             b'<' => "&lt;",
-            b'>' => "&gt;",
-            _ => continue,
+            _ => "&gt;",
         };
         out.push_str(&s[last..i]);
         out.push_str(rep);

@@ -549,32 +549,61 @@ async fn cancellation_stops_a_model_request_and_a_tool_round() {
     );
 }
 
-/// A run whose future is dropped in the middle of a tool round leaves the conversation with
-/// no call lacking its result: the answer that called the tool enters the conversation only
-/// with its results, so the next run sends a well-formed conversation.
-#[tokio::test(start_paused = true)]
-async fn a_run_dropped_mid_round_leaves_no_call_without_its_result() {
+/// A run whose future is dropped in the middle of a tool round leaves an answer whose calls
+/// have no results, in the conversation and the transcript alike. The next run answers each
+/// call with an error ahead of its prompt, so its request is one a provider accepts, and the
+/// transcript still reads back as the conversation.
+#[tokio::test]
+async fn a_run_dropped_mid_round_is_answered_by_the_next() {
     let backend = Arc::new(ScriptedBackend::from_replies([
         Ok(calls(&[("slow", "Wait", "{}")])),
         Ok(say("done")),
     ]));
     let wait = TestTool::sleeper("Wait", false, 3_600_000);
-    let limits = Limits::default().with_tool_timeout(Duration::from_secs(7200));
-    let mut agent = agent_with(backend.clone(), vec![wait.arc()], limits).await;
-    let dropped = tokio::time::timeout(Duration::from_secs(1), agent.run("first")).await;
-    assert!(dropped.is_err(), "the round was still running");
+    let started = Arc::clone(&wait.running);
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = Agent::builder(backend.clone())
+        .model("claude-sonnet-4-5")
+        .system_prompt("You are a test agent.")
+        .tools(ToolPool::new(vec![wait.arc()]).unwrap())
+        .limits(Limits::default().with_tool_timeout(Duration::from_secs(7200)))
+        .transcript_dir(dir.path())
+        .build()
+        .await
+        .unwrap();
+    // Dropped once the tool runs (however slow the machine).
+    tokio::select! {
+        _ = agent.run("first") => panic!("the run ended"),
+        () = async {
+            while started.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        } => {}
+    }
     let held: Vec<Role> = agent.params().messages().iter().map(|m| m.role).collect();
-    assert_eq!(
-        held,
-        [Role::User],
-        "only the prompt: no call without its result"
-    );
+    assert_eq!(held, [Role::User, Role::Assistant]);
+
     let run = agent.run("second").await;
     assert_eq!(run.stop, StopReason::Completed);
     assert_eq!(run.final_text, "done");
-    let sent = backend.requests();
-    let roles: Vec<Role> = sent[1].all_messages().iter().map(|m| m.role).collect();
-    assert_eq!(roles, [Role::User, Role::User], "{sent:?}");
+    let sent = backend.requests()[1].all_messages();
+    let roles: Vec<Role> = sent.iter().map(|m| m.role).collect();
+    assert_eq!(roles, [Role::User, Role::Assistant, Role::User]);
+    let last = sent.last().unwrap();
+    let want = "the call to `Wait` was interrupted: the agent's previous run stopped before it \
+                finished; check its effects and call it again if needed";
+    assert_eq!(
+        message_results(last),
+        [("slow".to_owned(), want.to_owned(), true)]
+    );
+    assert_eq!(
+        last.content.last().and_then(|b| b.as_text()),
+        Some("second")
+    );
+
+    let path = agent.transcript_path().unwrap().to_path_buf();
+    let read = forkhive_spawn::transcript::read(&path).await.unwrap();
+    assert_eq!(read.messages, agent.params().messages().to_vec());
 }
 
 #[tokio::test(start_paused = true)]
@@ -1113,6 +1142,60 @@ impl PermissionPolicy for Panicky {
     }
 }
 
+/// A hand-written policy (no `async fn`) that panics before it returns its future.
+#[derive(Debug)]
+struct PanicsEagerly;
+
+#[async_trait]
+impl PermissionPolicy for PanicsEagerly {
+    fn check<'a, 'r, 'f>(
+        &'a self,
+        _r: PermissionRequest<'r>,
+    ) -> futures::future::BoxFuture<'f, PermissionDecision>
+    where
+        'a: 'f,
+        'r: 'f,
+        Self: 'f,
+    {
+        #[allow(clippy::panic)]
+        {
+            panic!("eager policy bug")
+        }
+    }
+}
+
+/// A hand-written tool whose `call` panics before it returns its future.
+#[derive(Debug)]
+struct CallPanicsEagerly(ToolDefinition);
+
+#[async_trait]
+impl Tool for CallPanicsEagerly {
+    fn definition(&self) -> &ToolDefinition {
+        &self.0
+    }
+    fn is_concurrency_safe(&self, _input: &serde_json::Value) -> bool {
+        true
+    }
+    fn is_read_only(&self) -> bool {
+        true
+    }
+    fn call<'a, 'c, 'f>(
+        &'a self,
+        _input: serde_json::Value,
+        _cx: &'c forkhive_spawn::tool::ToolContext,
+    ) -> futures::future::BoxFuture<'f, ToolOutput>
+    where
+        'a: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        #[allow(clippy::panic)]
+        {
+            panic!("eager tool bug")
+        }
+    }
+}
+
 #[derive(Debug)]
 struct BadClassifier(ToolDefinition);
 
@@ -1167,6 +1250,37 @@ async fn a_panicking_policy_or_classifier_does_not_kill_the_loop() {
     let mut agent = agent_with(backend.clone(), vec![Arc::new(bad)], Limits::default()).await;
     assert_eq!(agent.run("x").await.stop, StopReason::Completed);
     assert_eq!(results(&backend.requests()[1])[0].1, "ran alone");
+
+    // A policy or a tool written by hand may panic before it returns its future: caught the
+    // same way (the pool and the agent hold them behind `Arc`s that forward the call).
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(calls(&[("l", "Look", "{}")])),
+        Ok(say("ok")),
+    ]));
+    let mut agent = Agent::builder(backend.clone())
+        .model("m")
+        .tools(ToolPool::new([TestTool::sleeper("Look", true, 1).arc()]).unwrap())
+        .policy(Arc::new(PanicsEagerly))
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(agent.run("x").await.stop, StopReason::Completed);
+    assert_eq!(
+        results(&backend.requests()[1])[0].1,
+        "the permission policy panicked while checking `Look`: eager policy bug; the call did \
+         not run"
+    );
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(calls(&[("e", "Eager", "{}")])),
+        Ok(say("ok")),
+    ]));
+    let eager = CallPanicsEagerly(ToolDefinition::new("Eager", "eager", OBJECT).unwrap());
+    let mut agent = agent_with(backend.clone(), vec![Arc::new(eager)], Limits::default()).await;
+    assert_eq!(agent.run("x").await.stop, StopReason::Completed);
+    assert_eq!(
+        results(&backend.requests()[1])[0].1,
+        "tool `Eager` panicked: eager tool bug"
+    );
 }
 
 #[tokio::test]

@@ -178,7 +178,8 @@ pub struct TurnRecord {
     pub prefix: CacheSafeParams,
     /// This turn's tokens.
     pub usage: Usage,
-    /// Why the model stopped (`end_turn`, `tool_use`, ...).
+    /// Why the model stopped (`ModelStop::EndTurn`, `ModelStop::ToolUse`, ...); the
+    /// transcript writes its name (`end_turn`, `tool_use`).
     pub stop_reason: Option<ModelStop>,
     /// How many tools it called.
     pub tool_calls: usize,
@@ -237,7 +238,6 @@ impl AgentRun {
     }
 }
 
-/// The model's stop reason in Anthropic's spelling, for records.
 #[cfg(test)]
 mod tests {
     use super::*;

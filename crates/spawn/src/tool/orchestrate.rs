@@ -324,12 +324,18 @@ impl Round<'_> {
                 false,
             );
         };
-        let decision = AssertUnwindSafe(self.policy.check(PermissionRequest {
-            tool: tool.as_ref(),
-            input: &input,
-            agent: &self.cx.agent,
-            tool_use_id: &call.id,
-        }))
+        // The check's future is made inside the guarded block: a hand-written policy that
+        // panics before it returns one is caught like one that panics while it runs.
+        let decision = AssertUnwindSafe(async {
+            self.policy
+                .check(PermissionRequest {
+                    tool: tool.as_ref(),
+                    input: &input,
+                    agent: &self.cx.agent,
+                    tool_use_id: &call.id,
+                })
+                .await
+        })
         .catch_unwind()
         .await;
         let decision = match decision {
@@ -369,7 +375,9 @@ impl Round<'_> {
         };
         let mut cx = self.cx.clone();
         cx.tool_use_id = Arc::clone(&call.id);
-        let run = AssertUnwindSafe(tool.call(input, &cx)).catch_unwind();
+        // Made inside the guarded block, as the check's: a tool that panics before it returns
+        // its future is caught too.
+        let run = AssertUnwindSafe(async { tool.call(input, &cx).await }).catch_unwind();
         let limit = tool.timeout().unwrap_or(self.config.timeout);
         // Timed from when the tool starts, not from the call's start: a policy may wait for a
         // human. A limit too far to represent is thirty years.

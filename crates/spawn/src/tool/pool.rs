@@ -1,6 +1,6 @@
 //! [`ToolPool`]: the tools of one agent, in a fixed order, with their input validators.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 
@@ -25,7 +25,26 @@ struct Entry {
 #[derive(Clone, Default)]
 pub struct ToolPool {
     entries: Arc<[Arc<Entry>]>,
-    index: Arc<HashMap<String, usize>>,
+    index: NameIndex,
+}
+
+/// Names and aliases to entries, sorted by name: a lookup is a binary search of string
+/// comparisons, with no hashing (a tool round looks each call's tool up several times).
+#[derive(Clone, Default)]
+struct NameIndex(Arc<[(Box<str>, usize)]>);
+
+impl NameIndex {
+    fn new(mut names: Vec<(Box<str>, usize)>) -> Self {
+        names.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        Self(names.into())
+    }
+
+    fn get(&self, name: &str) -> Option<usize> {
+        self.0
+            .binary_search_by(|(n, _)| (**n).cmp(name))
+            .ok()
+            .map(|i| self.0[i].1)
+    }
 }
 
 /// Keeps a pool's identity from being reused (a weak reference holds the allocation) while
@@ -39,10 +58,12 @@ impl ToolPool {
     /// Fails with [`Error::Tool`] on a duplicate name or a schema that does not compile.
     pub fn new(tools: impl IntoIterator<Item = Arc<dyn Tool>>) -> Result<Self> {
         let mut entries = Vec::new();
-        let mut index = HashMap::new();
+        let mut index = Vec::new();
+        let mut seen = HashSet::new();
         for tool in tools {
             let def = tool.definition();
-            if index.insert(def.name.clone(), entries.len()).is_some() {
+            index.push((Box::from(def.name.as_str()), entries.len()));
+            if !seen.insert(def.name.clone()) {
                 return Err(Error::Tool {
                     name: def.name.clone(),
                     message: "a tool of this name is already in the pool".to_owned(),
@@ -58,7 +79,8 @@ impl ToolPool {
                 message: format!("input schema is not a valid JSON Schema: {e}"),
             })?;
             for alias in tool.aliases() {
-                if index.insert((*alias).to_owned(), entries.len()).is_some() {
+                index.push((Box::from(*alias), entries.len()));
+                if !seen.insert((*alias).to_owned()) {
                     return Err(Error::Tool {
                         name: (*alias).to_owned(),
                         message: "a tool of this name is already in the pool".to_owned(),
@@ -72,7 +94,7 @@ impl ToolPool {
         }
         Ok(Self {
             entries: entries.into(),
-            index: Arc::new(index),
+            index: NameIndex::new(index),
         })
     }
 
@@ -83,7 +105,7 @@ impl ToolPool {
 
     /// The tool called `name` (or aliased so).
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
-        self.index.get(name).map(|&i| &self.entries[i].tool)
+        self.index.get(name).map(|i| &self.entries[i].tool)
     }
 
     /// The tool definitions, in pool order, as sent to the provider.
@@ -145,16 +167,16 @@ impl ToolPool {
             .filter(|e| keep(e.tool.as_ref()))
             .cloned()
             .collect();
-        let mut index = HashMap::with_capacity(kept.len());
+        let mut index = Vec::with_capacity(kept.len());
         for (i, e) in kept.iter().enumerate() {
-            index.insert(e.tool.definition().name.clone(), i);
+            index.push((Box::from(e.tool.definition().name.as_str()), i));
             for alias in e.tool.aliases() {
-                index.insert((*alias).to_owned(), i);
+                index.push((Box::from(*alias), i));
             }
         }
         Self {
             entries: kept.into(),
-            index: Arc::new(index),
+            index: NameIndex::new(index),
         }
     }
 
@@ -188,7 +210,7 @@ impl ToolPool {
     /// [`Error::InvalidInput`] with every violation, as `at <JSON pointer>: <what is wrong>`
     /// (the root is `at /`).
     pub fn validate(&self, name: &str, input: &serde_json::Value) -> Result<()> {
-        let Some(&i) = self.index.get(name) else {
+        let Some(i) = self.index.get(name) else {
             return Ok(());
         };
         let validator = &self.entries[i].validator;

@@ -81,20 +81,10 @@ impl Agent {
         agent.transcript = Some(writer);
         // A crash in the middle of a tool round leaves calls without results, which no provider
         // accepts: answer each with an error and record it.
-        let interrupted: Vec<ContentBlock> = match params.messages().last() {
-            Some(m) if m.role == Role::Assistant => m
-                .tool_uses()
-                .map(|(id, name, _)| {
-                    ToolOutput::error(format!(
-                        "the call to `{name}` was interrupted: the agent stopped before it \
-                         finished, and was resumed from its transcript; check its effects and \
-                         call it again if needed"
-                    ))
-                    .into_result_block(id)
-                })
-                .collect(),
-            _ => Vec::new(),
-        };
+        let interrupted = super::turn::interrupted_results(
+            params.messages().last(),
+            "the agent stopped before it finished, and was resumed from its transcript",
+        );
         let interrupted_calls = interrupted.len();
         if interrupted_calls > 0 {
             let m = Message::user(interrupted);

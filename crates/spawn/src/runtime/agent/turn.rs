@@ -147,6 +147,7 @@ impl Agent {
         let mut run = self.run_state();
         // How many times in a row stop hooks sent the agent on.
         let mut stop_blocks = 0u32;
+        let first = self.answer_interrupted(first);
         if let Some(first) = first
             && let Err(e) = self.push(vec![Message::user(first)]).await
         {
@@ -215,6 +216,29 @@ impl Agent {
                 },
             }
         }
+    }
+
+    /// `first` led by an error result for each call the conversation's last answer made
+    /// without a result — a run dropped in the middle of its tool round leaves them, in the
+    /// conversation and the transcript alike — so the next request is one a provider accepts
+    /// and the model hears the calls did not finish, as after a resume. Unchanged when there
+    /// are none, or when the messages to send first ([`AgentBuilder::first_request_suffix`])
+    /// follow the answer.
+    ///
+    /// [`AgentBuilder::first_request_suffix`]: super::AgentBuilder::first_request_suffix
+    fn answer_interrupted(&self, first: Option<Vec<ContentBlock>>) -> Option<Vec<ContentBlock>> {
+        if !self.unsent.is_empty() {
+            return first;
+        }
+        let mut blocks = interrupted_results(
+            self.params.messages().last(),
+            "the agent's previous run stopped before it finished",
+        );
+        if blocks.is_empty() {
+            return first;
+        }
+        blocks.extend(first.into_iter().flatten());
+        Some(blocks)
     }
 
     /// `Stop` hooks (`SubagentStop` for a subagent) as the agent is about to end its run: the
@@ -354,15 +378,11 @@ impl Agent {
             } else {
                 run.final_text = std::mem::take(&mut run.continued) + &text;
             }
-            // An answer that called tools enters the conversation with its results (below),
-            // so the conversation never holds a call without its result — not even after a
-            // run dropped mid-round. The transcript records it now, before any tool runs.
-            let written = if calls.is_empty() {
-                self.push_shared([Arc::clone(&message)]).await
-            } else {
-                self.record(&message).await
-            };
-            if let Err(e) = written {
+            // Shared with the turn's snapshot, not copied. In the conversation and the
+            // transcript before any tool runs: the two agree on every path, and a run dropped
+            // mid-round leaves calls without results that the next run answers
+            // ([`Self::interrupted`]), as a resume does.
+            if let Err(e) = self.push_shared([message]).await {
                 run.error = Some(Arc::new(e));
                 return TurnEnd::Stop(StopReason::Failed);
             }
@@ -375,15 +395,7 @@ impl Agent {
             let results = self.tool_round(&calls, &cut_off, snapshot).await;
             let mut blocks = results;
             blocks.extend(self.drain_pending());
-            let results = Arc::new(Message::user(blocks));
-            let written = match self.record(&results).await {
-                Ok(()) => {
-                    self.commit([message, results]);
-                    Ok(())
-                }
-                Err(e) => Err(e),
-            };
-            if let Err(e) = written {
+            if let Err(e) = self.push_shared([Arc::new(Message::user(blocks))]).await {
                 run.error = Some(Arc::new(e));
                 return TurnEnd::Stop(StopReason::Failed);
             }
@@ -618,4 +630,23 @@ impl Agent {
 fn no_call_yet() -> Arc<str> {
     static EMPTY: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(""));
     Arc::clone(&EMPTY)
+}
+
+/// An error result for each call `last` made, when it is an answer (an assistant message):
+/// the calls were interrupted, for the reason `why`. Tool results lead the user message that
+/// follows the calls.
+pub(super) fn interrupted_results(last: Option<&Message>, why: &str) -> Vec<ContentBlock> {
+    match last {
+        Some(m) if m.role == Role::Assistant => m
+            .tool_uses()
+            .map(|(id, name, _)| {
+                ToolOutput::error(format!(
+                    "the call to `{name}` was interrupted: {why}; check its effects and call \
+                     it again if needed"
+                ))
+                .into_result_block(id)
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
 }
