@@ -174,10 +174,10 @@ impl Agent {
             self.turn += 1;
             self.emit.set_turn(self.turn);
             let span = tracing::info_span!("turn", turn = self.turn);
-            // Boxed: a turn's state (stream, tool round) lives only while the turn runs, so
-            // an agent waiting between turns — or thousands of background children not yet
-            // started — hold a small future.
-            let end = Box::pin(self.turn_once(&mut run).instrument(span)).await;
+            // Inline in the run's future, which is itself boxed when the run starts (children
+            // not started yet hold none of it). A box per turn cost an allocation and a copy
+            // of the turn's state each turn, while a run in a turn holds both anyway.
+            let end = self.turn_once(&mut run).instrument(span).await;
             // A halt ends the run here, between turns: after a tool round its results are in
             // the conversation, and a finished turn does not wait for what is promised.
             if !matches!(end, TurnEnd::Stop(_)) && self.shared.halt.take() {
