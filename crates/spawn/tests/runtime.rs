@@ -1225,60 +1225,41 @@ impl Tool for BadClassifier {
 
 #[tokio::test]
 async fn a_panicking_policy_or_classifier_does_not_kill_the_loop() {
-    let backend = Arc::new(ScriptedBackend::from_replies([
-        Ok(calls(&[("l", "Look", "{}")])),
-        Ok(say("ok")),
-    ]));
-    let mut agent = Agent::builder(backend.clone())
-        .model("m")
-        .tools(ToolPool::new([TestTool::sleeper("Look", true, 1).arc()]).unwrap())
-        .policy(Arc::new(Panicky))
-        .build()
-        .await
-        .unwrap();
-    assert_eq!(agent.run("x").await.stop, StopReason::Completed);
+    /// The result an agent with `tool` and `policy` got for one call to `tool`, after which
+    /// its run completed.
+    async fn one_call(tool: Arc<dyn Tool>, policy: Option<Arc<dyn PermissionPolicy>>) -> String {
+        let name = tool.definition().name.clone();
+        let backend = Arc::new(ScriptedBackend::from_replies([
+            Ok(calls(&[("c", &name, "{}")])),
+            Ok(say("ok")),
+        ]));
+        let mut b = Agent::builder(backend.clone())
+            .model("m")
+            .tools(ToolPool::new([tool]).unwrap());
+        if let Some(p) = policy {
+            b = b.policy(p);
+        }
+        let mut agent = b.build().await.unwrap();
+        assert_eq!(agent.run("x").await.stop, StopReason::Completed);
+        results(&backend.requests()[1])[0].1.clone()
+    }
+    let look = || TestTool::sleeper("Look", true, 1).arc();
     assert_eq!(
-        results(&backend.requests()[1])[0].1,
+        one_call(look(), Some(Arc::new(Panicky))).await,
         "the permission policy panicked while checking `Look`: policy bug; the call did not run"
     );
-
-    let backend = Arc::new(ScriptedBackend::from_replies([
-        Ok(calls(&[("b", "Bad", "{}")])),
-        Ok(say("ok")),
-    ]));
     let bad = BadClassifier(ToolDefinition::new("Bad", "bad", OBJECT).unwrap());
-    let mut agent = agent_with(backend.clone(), vec![Arc::new(bad)], Limits::default()).await;
-    assert_eq!(agent.run("x").await.stop, StopReason::Completed);
-    assert_eq!(results(&backend.requests()[1])[0].1, "ran alone");
-
+    assert_eq!(one_call(Arc::new(bad), None).await, "ran alone");
     // A policy or a tool written by hand may panic before it returns its future: caught the
     // same way (the pool and the agent hold them behind `Arc`s that forward the call).
-    let backend = Arc::new(ScriptedBackend::from_replies([
-        Ok(calls(&[("l", "Look", "{}")])),
-        Ok(say("ok")),
-    ]));
-    let mut agent = Agent::builder(backend.clone())
-        .model("m")
-        .tools(ToolPool::new([TestTool::sleeper("Look", true, 1).arc()]).unwrap())
-        .policy(Arc::new(PanicsEagerly))
-        .build()
-        .await
-        .unwrap();
-    assert_eq!(agent.run("x").await.stop, StopReason::Completed);
     assert_eq!(
-        results(&backend.requests()[1])[0].1,
+        one_call(look(), Some(Arc::new(PanicsEagerly))).await,
         "the permission policy panicked while checking `Look`: eager policy bug; the call did \
          not run"
     );
-    let backend = Arc::new(ScriptedBackend::from_replies([
-        Ok(calls(&[("e", "Eager", "{}")])),
-        Ok(say("ok")),
-    ]));
     let eager = CallPanicsEagerly(ToolDefinition::new("Eager", "eager", OBJECT).unwrap());
-    let mut agent = agent_with(backend.clone(), vec![Arc::new(eager)], Limits::default()).await;
-    assert_eq!(agent.run("x").await.stop, StopReason::Completed);
     assert_eq!(
-        results(&backend.requests()[1])[0].1,
+        one_call(Arc::new(eager), None).await,
         "tool `Eager` panicked: eager tool bug"
     );
 }

@@ -44,57 +44,40 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     }
 }
 
-#[async_trait]
-impl<B: Backend + ?Sized> Backend for Arc<B> {
-    // Forwarded without a box of their own: the inner backend's future is the call's.
-    fn send<'a, 'b, 'f>(&'a self, request: &'b Request) -> BoxFuture<'f, Result<Response>>
-    where
-        'a: 'f,
-        'b: 'f,
-        Self: 'f,
-    {
-        (**self).send(request)
-    }
+/// `Backend` for a pointer to one: every method forwarded, the async ones without a box of
+/// their own (the inner backend's future is the call's).
+macro_rules! forward_backend {
+    ($($pointer:ident),+) => {$(
+        impl<B: Backend + ?Sized> Backend for $pointer<B> {
+            fn send<'a, 'b, 'f>(&'a self, request: &'b Request) -> BoxFuture<'f, Result<Response>>
+            where
+                'a: 'f,
+                'b: 'f,
+                Self: 'f,
+            {
+                (**self).send(request)
+            }
 
-    fn stream<'a, 'b, 'f>(&'a self, request: &'b Request) -> BoxFuture<'f, Result<EventStream>>
-    where
-        'a: 'f,
-        'b: 'f,
-        Self: 'f,
-    {
-        (**self).stream(request)
-    }
+            fn stream<'a, 'b, 'f>(
+                &'a self,
+                request: &'b Request,
+            ) -> BoxFuture<'f, Result<EventStream>>
+            where
+                'a: 'f,
+                'b: 'f,
+                Self: 'f,
+            {
+                (**self).stream(request)
+            }
 
-    fn answers_whole(&self) -> bool {
-        (**self).answers_whole()
-    }
+            fn answers_whole(&self) -> bool {
+                (**self).answers_whole()
+            }
+        }
+    )+};
 }
 
-#[async_trait]
-impl<B: Backend + ?Sized> Backend for Box<B> {
-    // Forwarded without a box of their own: the inner backend's future is the call's.
-    fn send<'a, 'b, 'f>(&'a self, request: &'b Request) -> BoxFuture<'f, Result<Response>>
-    where
-        'a: 'f,
-        'b: 'f,
-        Self: 'f,
-    {
-        (**self).send(request)
-    }
-
-    fn stream<'a, 'b, 'f>(&'a self, request: &'b Request) -> BoxFuture<'f, Result<EventStream>>
-    where
-        'a: 'f,
-        'b: 'f,
-        Self: 'f,
-    {
-        (**self).stream(request)
-    }
-
-    fn answers_whole(&self) -> bool {
-        (**self).answers_whole()
-    }
-}
+forward_backend!(Arc, Box);
 
 /// Conveniences for every [`Backend`].
 #[async_trait]
