@@ -606,6 +606,36 @@ async fn a_run_dropped_mid_round_is_answered_by_the_next() {
     assert_eq!(read.messages, agent.params().messages().to_vec());
 }
 
+/// `continue_run` on a conversation that ends with the agent's own answer (a resumed agent
+/// that was waiting at the end of its turn) sends nothing until a message comes: with nothing
+/// pending or promised it completes at once, without a request; with a message queued, its
+/// request ends with that message.
+#[tokio::test]
+async fn continue_run_after_an_answer_waits_for_a_message() {
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(say("first answer")),
+        Ok(say("second answer")),
+    ]));
+    let mut agent = agent_with(backend.clone(), vec![], Limits::default()).await;
+    assert_eq!(agent.run("hi").await.stop, StopReason::Completed);
+    let run = agent.continue_run().await;
+    assert_eq!(run.stop, StopReason::Completed);
+    assert_eq!(
+        backend.requests().len(),
+        1,
+        "nothing to send, so nothing sent"
+    );
+    agent
+        .pending()
+        .push(PendingMessage::new("one more thing", "host"));
+    let run = agent.continue_run().await;
+    assert_eq!(run.final_text, "second answer");
+    let sent = backend.requests()[1].all_messages();
+    let last = sent.last().unwrap();
+    assert_eq!(last.role, Role::User);
+    assert_eq!(last.text(), "one more thing");
+}
+
 #[tokio::test(start_paused = true)]
 async fn cancellation_answers_a_lone_call_that_had_not_finished() {
     // One call (run without a stream), and an unsafe one after a safe one (a batch of one).

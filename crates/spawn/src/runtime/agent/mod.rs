@@ -303,10 +303,26 @@ impl Agent {
         input
     }
 
-    /// Runs the loop on the conversation as it stands — it must end with a user message (or
-    /// [`AgentBuilder::first_request_suffix`] messages), as a fork child's or a resumed agent's
-    /// does — adding only what is pending.
+    /// Runs the loop on the conversation as it stands, adding only what is pending: the next
+    /// request continues the conversation where it ends — a user message (or
+    /// [`AgentBuilder::first_request_suffix`] messages), as a fork child's or a resumed
+    /// agent's does.
+    ///
+    /// Where it ends with the agent's own answer (a resumed agent that was waiting at the end
+    /// of its turn when its process stopped), there is nothing to send until a message comes:
+    /// it waits for what is pending or promised, as [`run_pending`](Self::run_pending) does.
+    /// Where the answer called tools that have no results (its run stopped mid-round), each
+    /// call is answered with an error saying it was interrupted, and the run goes on.
     pub async fn continue_run(&mut self) -> AgentRun {
+        let waiting = self.unsent.is_empty()
+            && self
+                .params
+                .messages()
+                .last()
+                .is_some_and(|m| m.role == Role::Assistant && m.tool_uses().next().is_none());
+        if waiting {
+            return self.run_pending().await;
+        }
         let pending = self.drain_pending();
         self.run_with((!pending.is_empty()).then_some(pending))
             .await
