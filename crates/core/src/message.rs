@@ -11,6 +11,7 @@
 //! Pattern — Why byte-level rather than semantic-level?").
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::{SerializeMap, Serializer};
@@ -48,9 +49,10 @@ impl fmt::Display for Role {
 /// A JSON value kept as the exact bytes it was parsed from.
 ///
 /// Key order, spacing and number spelling survive a parse/serialise round trip, so a model's
-/// `tool_use.input` is sent back byte for byte.
+/// `tool_use.input` is sent back byte for byte. Cloning is O(1): clones share the text (a
+/// message, the calls made from it and the turn's snapshot hold one copy).
 #[derive(Clone)]
-pub struct RawJson(Box<RawValue>);
+pub struct RawJson(Arc<RawValue>);
 
 impl RawJson {
     /// Validates `text` as one JSON value and keeps it verbatim.
@@ -62,25 +64,29 @@ impl RawJson {
                 what: "raw JSON value",
                 source,
             })?;
-        Ok(Self(raw))
+        Ok(Self(Arc::from(raw)))
     }
 
     /// Encodes `value` compactly with `serde_json`.
     pub fn from_value(value: &serde_json::Value) -> Self {
         // A `Value` always serialises; `to_raw_value` only fails for non-string map keys.
         match serde_json::value::to_raw_value(value) {
-            Ok(raw) => Self(raw),
+            Ok(raw) => Self(Arc::from(raw)),
             Err(_) => Self::empty_object(),
         }
     }
 
     /// The empty object `{}`.
     pub fn empty_object() -> Self {
-        match RawValue::from_string("{}".to_owned()) {
-            Ok(raw) => Self(raw),
-            // "{}" is valid JSON; this arm only satisfies the type checker.
-            Err(_) => Self(Box::<RawValue>::default()),
-        }
+        // One shared `{}`: an empty input costs no allocation.
+        static EMPTY: std::sync::LazyLock<Arc<RawValue>> = std::sync::LazyLock::new(|| {
+            match RawValue::from_string("{}".to_owned()) {
+                Ok(raw) => Arc::from(raw),
+                // "{}" is valid JSON; this arm only satisfies the type checker.
+                Err(_) => Arc::from(Box::<RawValue>::default()),
+            }
+        });
+        Self(Arc::clone(&EMPTY))
     }
 
     /// The exact JSON text.
@@ -119,13 +125,13 @@ impl fmt::Display for RawJson {
 
 impl Serialize for RawJson {
     fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
-        self.0.serialize(serializer)
+        (*self.0).serialize(serializer)
     }
 }
 
 impl<'de> Deserialize<'de> for RawJson {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
-        Box::<RawValue>::deserialize(deserializer).map(Self)
+        Box::<RawValue>::deserialize(deserializer).map(|raw| Self(Arc::from(raw)))
     }
 }
 
