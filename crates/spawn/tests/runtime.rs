@@ -636,6 +636,61 @@ async fn continue_run_after_an_answer_waits_for_a_message() {
     assert_eq!(last.text(), "one more thing");
 }
 
+/// An answer cut at `max_tokens` (the run stopped at its continuation limit) is sent again by
+/// `continue_run`, as a prefill the provider continues: only a finished answer waits.
+#[tokio::test]
+async fn continue_run_sends_a_cut_answer_again() {
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(answer("the first half", ModelStop::MaxTokens)),
+        Ok(say("the rest")),
+    ]));
+    let limits = Limits::default().with_max_continuations(0);
+    let mut agent = agent_with(backend.clone(), vec![], limits).await;
+    let run = agent.run("write").await;
+    assert!(
+        matches!(run.stop, StopReason::OutputLimit { .. }),
+        "{:?}",
+        run.stop
+    );
+    let run = agent.continue_run().await;
+    assert_eq!(run.final_text, "the rest");
+    let sent = backend.requests()[1].all_messages();
+    assert_eq!(sent.last().map(|m| m.role), Some(Role::Assistant));
+}
+
+/// A run dropped while it waits out the notification window after a message arrived loses
+/// nothing: the message stays queued until the run takes it, and the next run gets it.
+#[tokio::test(start_paused = true)]
+async fn a_run_dropped_in_the_notification_window_loses_no_message() {
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(say("waiting for both")),
+        Ok(say("got it")),
+    ]));
+    let limits = Limits::default().with_notification_window(Duration::from_secs(10));
+    let mut agent = agent_with(backend.clone(), vec![], limits).await;
+    let queue = agent.pending();
+    let first = queue.expect();
+    let second = queue.expect();
+    tokio::select! {
+        _ = agent.run("go") => panic!("the run ended while two messages were promised"),
+        () = async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            first.deliver(PendingMessage::new("the first result", "test"));
+            // Dropped one second into the ten-second window.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        } => {}
+    }
+    assert_eq!(queue.len(), 1, "still queued");
+    drop(second);
+    let run = agent.run_pending().await;
+    assert_eq!(run.final_text, "got it");
+    let sent = backend.requests()[1].all_messages();
+    assert_eq!(
+        sent.last().map(Message::text).as_deref(),
+        Some("the first result")
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn cancellation_answers_a_lone_call_that_had_not_finished() {
     // One call (run without a stream), and an unsafe one after a safe one (a batch of one).

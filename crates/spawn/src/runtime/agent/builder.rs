@@ -736,6 +736,7 @@ impl AgentBuilder {
                 .expected_prefix
                 .map(|fp| LastPrefix::Expected(Box::new(fp))),
             turn: 0,
+            last_stop: None,
             unsent: self.0.unsent,
             keep_children: self.0.keep_children,
             receipts: Vec::new(),

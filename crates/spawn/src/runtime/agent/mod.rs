@@ -89,6 +89,10 @@ pub struct Agent {
     transcript: Option<TranscriptWriter>,
     last_prefix: Option<LastPrefix>,
     turn: u32,
+    /// Why the model stopped its last answer (`None` before the first): whether a
+    /// conversation that ends with that answer is finished (the agent waits for a message)
+    /// or is to be sent again (cut at `max_tokens`, paused).
+    last_stop: Option<ModelStop>,
     /// Messages already in the conversation but sent as the next request's suffix (a fork
     /// child's first message, so that its boilerplate block gets a cache breakpoint).
     unsent: Vec<Message>,
@@ -231,7 +235,7 @@ impl Agent {
         blocks.push(ContentBlock::text(prompt));
         blocks.extend(extra.into_iter().map(ContentBlock::text));
         blocks.extend(self.drain_pending());
-        self.run_with(Some(blocks)).await
+        self.run_with(Some(blocks), false).await
     }
 
     /// `UserPromptSubmit` (the main agent's prompts) and, on a subagent's first run,
@@ -308,24 +312,42 @@ impl Agent {
     /// [`AgentBuilder::first_request_suffix`] messages), as a fork child's or a resumed
     /// agent's does.
     ///
-    /// Where it ends with the agent's own answer (a resumed agent that was waiting at the end
-    /// of its turn when its process stopped), there is nothing to send until a message comes:
-    /// it waits for what is pending or promised, as [`run_pending`](Self::run_pending) does.
+    /// Where it ends with the agent's own finished answer (a resumed agent that was waiting at
+    /// the end of its turn when its process stopped), there is nothing to send until a message
+    /// comes: the run goes on from that wait, as the loop would have — it waits for what is
+    /// pending or promised (unless the agent was built to
+    /// [`detach_background`](AgentBuilder::detach_background)), then runs on it, or ends as
+    /// any turn ends (stop hooks included). An answer cut at `max_tokens` or paused by the
+    /// provider is sent again, as before, and so is a conversation a host ended with an
+    /// assistant message of its own (a prefill).
     /// Where the answer called tools that have no results (its run stopped mid-round), each
     /// call is answered with an error saying it was interrupted, and the run goes on.
     pub async fn continue_run(&mut self) -> AgentRun {
-        let waiting = self.unsent.is_empty()
+        if self.waiting_after_answer() {
+            // As the loop does after that answer: wait, then run on what came (or end, with
+            // the stop hooks and checks of any end of turn).
+            return self.run_with(None, true).await;
+        }
+        let pending = self.drain_pending();
+        self.run_with((!pending.is_empty()).then_some(pending), false)
+            .await
+    }
+
+    /// Whether the conversation ends with a finished answer of the agent's own (no tool
+    /// calls, not cut at `max_tokens`, not paused), with nothing to send after it: the agent
+    /// was waiting at the end of its turn.
+    fn waiting_after_answer(&self) -> bool {
+        let finished = matches!(
+            &self.last_stop,
+            Some(s) if !matches!(s, ModelStop::MaxTokens | ModelStop::PauseTurn | ModelStop::ToolUse)
+        );
+        finished
+            && self.unsent.is_empty()
             && self
                 .params
                 .messages()
                 .last()
-                .is_some_and(|m| m.role == Role::Assistant && m.tool_uses().next().is_none());
-        if waiting {
-            return self.run_pending().await;
-        }
-        let pending = self.drain_pending();
-        self.run_with((!pending.is_empty()).then_some(pending))
-            .await
+                .is_some_and(|m| m.role == Role::Assistant && m.tool_uses().next().is_none())
     }
 
     /// Runs the loop on whatever is pending (waiting for a promised message if none is
@@ -347,8 +369,8 @@ impl Agent {
                 self.finish(run, stop).await
             }
             Some(Wake::Messages(ms)) => {
-                let blocks = self.woken(ms).await;
-                self.run_with(Some(blocks)).await
+                let blocks = self.inject(ms);
+                self.run_with(Some(blocks), false).await
             }
         }
     }

@@ -95,6 +95,13 @@ impl Agent {
             agent.params = params;
         }
         agent.turn = t.turns.iter().map(|u| u.turn).max().unwrap_or(0);
+        // How its last answer ended: whether `continue_run` waits after it or sends it again.
+        agent.last_stop = t
+            .turns
+            .iter()
+            .max_by_key(|u| u.turn)
+            .and_then(|u| u.stop_reason.as_deref())
+            .map(forkhive_transport::ModelStop::from_anthropic);
         agent.last_prefix = Some(LastPrefix::Sent(agent.params.clone()));
         let report = ResumeReport {
             path: path.to_path_buf(),

@@ -32,10 +32,11 @@ pub(super) struct RunState {
 }
 
 impl Agent {
-    /// After waking on a message while more are promised, waits up to
-    /// `Limits::notification_window` (or until nothing more is promised) and takes what else
-    /// arrived, so children finishing together reach the model in one turn, not one each.
-    pub(super) async fn coalesce(&self, ms: &mut Vec<PendingMessage>) {
+    /// After a message arrived while more are promised, waits up to
+    /// `Limits::notification_window` (or until nothing more is promised), so children
+    /// finishing together reach the model in one turn, not one each. What arrived stays queued
+    /// meanwhile: a run dropped here loses nothing.
+    pub(super) async fn coalesce(&self) {
         let window = self.shared.limits.notification_window;
         if window.is_zero() || self.shared.pending.outstanding() == 0 {
             return;
@@ -46,7 +47,6 @@ impl Agent {
             () = self.shared.pending.settled() => {}
             () = tokio::time::sleep(window) => {}
         }
-        ms.extend(self.shared.pending.drain());
     }
 
     /// `<agent id>-<turn>`, in one allocation.
@@ -70,7 +70,7 @@ impl Agent {
     /// enter the conversation), and the event that tells hosts.
     ///
     /// Their receipts are answered when the message carrying them is recorded ([`Self::push`]).
-    fn inject(&mut self, ms: Vec<PendingMessage>) -> Vec<ContentBlock> {
+    pub(super) fn inject(&mut self, ms: Vec<PendingMessage>) -> Vec<ContentBlock> {
         // Every injection is followed by the `push` that records it; receipts still here are
         // a dropped run's (its future dropped between taking and recording): not recorded.
         for r in self.receipts.drain(..) {
@@ -95,9 +95,10 @@ impl Agent {
         self.inject(self.shared.pending.drain())
     }
 
-    /// What the agent wakes on at the end of a turn: the next queued message, or nothing more
-    /// promised, waiting for either when `wait` (`None`: cancelled first). Without `wait`, only
-    /// what is queued now.
+    /// What the agent wakes on at the end of a turn: the queued messages, with those that
+    /// arrive within the notification window ([`Self::coalesce`]), or nothing more promised,
+    /// waiting for either when `wait` (`None`: cancelled first). Without `wait`, only what is
+    /// queued now. Messages leave the queue only when this returns them.
     pub(super) async fn next_wake(&self, wait: bool) -> Option<Wake> {
         if !wait {
             let ms = self.shared.pending.drain();
@@ -107,24 +108,34 @@ impl Agent {
                 Wake::Messages(ms)
             });
         }
-        tokio::select! {
-            biased;
-            () = self.shared.cancel.cancelled() => None,
-            // A halt while waiting ends the run as if nothing more were promised; the loop
-            // takes the request.
-            () = self.shared.halt.requested() => Some(Wake::Idle),
-            w = self.shared.pending.wait() => Some(w),
+        loop {
+            let arrived = tokio::select! {
+                biased;
+                () = self.shared.cancel.cancelled() => return None,
+                // A halt while waiting ends the run as if nothing more were promised; the loop
+                // takes the request.
+                () = self.shared.halt.requested() => return Some(Wake::Idle),
+                a = self.shared.pending.arrived() => a,
+            };
+            if !arrived {
+                return Some(Wake::Idle);
+            }
+            self.coalesce().await;
+            let ms = self.shared.pending.drain();
+            // (Empty only if someone else drained the queue meanwhile: wait again.)
+            if !ms.is_empty() {
+                return Some(Wake::Messages(ms));
+            }
         }
     }
 
-    /// The blocks for messages that woke the agent, with those that arrive within the
-    /// notification window.
-    pub(super) async fn woken(&mut self, mut ms: Vec<PendingMessage>) -> Vec<ContentBlock> {
-        self.coalesce(&mut ms).await;
-        self.inject(ms)
-    }
-
-    pub(super) async fn run_with(&mut self, first: Option<Vec<ContentBlock>>) -> AgentRun {
+    /// Runs the loop from `first` — or, `waiting`, from the wait at the end of a turn whose
+    /// answer the conversation already ends with.
+    pub(super) async fn run_with(
+        &mut self,
+        first: Option<Vec<ContentBlock>>,
+        waiting: bool,
+    ) -> AgentRun {
         let span = tracing::info_span!(
             "agent",
             agent_id = %self.shared.cx.id(),
@@ -136,10 +147,10 @@ impl Agent {
         // Boxed: the loop's state is allocated when the run starts, so a task holding an
         // agent that has not started yet (a background child behind its gate, or one of
         // thousands just spawned) stays small.
-        Box::pin(cx.scope(self.run_loop(first).instrument(span))).await
+        Box::pin(cx.scope(self.run_loop(first, waiting).instrument(span))).await
     }
 
-    async fn run_loop(&mut self, first: Option<Vec<ContentBlock>>) -> AgentRun {
+    async fn run_loop(&mut self, first: Option<Vec<ContentBlock>>, waiting: bool) -> AgentRun {
         let _live = self.shared.tree.enter();
         for message in std::mem::take(&mut self.warnings) {
             self.emit.emit(EventKind::Warning { message });
@@ -154,7 +165,15 @@ impl Agent {
             run.error = Some(Arc::new(e));
             return self.finish(run, StopReason::Failed).await;
         }
+        // Resumed at the end of a turn: the first step is that turn's wait.
+        let mut at_turn_end = waiting;
         loop {
+            if std::mem::take(&mut at_turn_end) {
+                match self.end_of_turn(&mut run, &mut stop_blocks).await {
+                    Some(stop) => return self.finish(run, stop).await,
+                    None => continue,
+                }
+            }
             if self.shared.cancel.is_cancelled() {
                 return self.finish(run, StopReason::Cancelled).await;
             }
@@ -186,34 +205,48 @@ impl Agent {
             match end {
                 TurnEnd::Continue => {}
                 TurnEnd::Stop(reason) => return self.finish(run, reason).await,
-                TurnEnd::EndTurn => match self.next_wake(self.shared.wait_for_promises).await {
-                    None => return self.finish(run, StopReason::Cancelled).await,
-                    Some(Wake::Idle) if self.shared.halt.take() => {
-                        return self.finish(run, StopReason::Halted).await;
+                TurnEnd::EndTurn => {
+                    if let Some(stop) = self.end_of_turn(&mut run, &mut stop_blocks).await {
+                        return self.finish(run, stop).await;
                     }
-                    Some(Wake::Idle) => {
-                        if let Some(reason) = self.stop_hooks(&run, &mut stop_blocks).await {
-                            // Sent on: the reason is its next message.
-                            let next = vec![Message::user(vec![ContentBlock::text(reason)])];
-                            if let Err(e) = self.push(next).await {
-                                run.error = Some(Arc::new(e));
-                                return self.finish(run, StopReason::Failed).await;
-                            }
-                            continue;
-                        }
-                        if self.shared.cancel.is_cancelled() {
-                            return self.finish(run, StopReason::Cancelled).await;
-                        }
-                        return self.finish(run, StopReason::Completed).await;
+                }
+            }
+        }
+    }
+
+    /// The end of a turn whose answer called no tools: waits for what is promised (when the
+    /// agent waits for its children), then goes on with what came (`None`), or says why the
+    /// run ends — stop hooks may send the agent on instead.
+    async fn end_of_turn(
+        &mut self,
+        run: &mut RunState,
+        stop_blocks: &mut u32,
+    ) -> Option<StopReason> {
+        match self.next_wake(self.shared.wait_for_promises).await {
+            None => Some(StopReason::Cancelled),
+            Some(Wake::Idle) if self.shared.halt.take() => Some(StopReason::Halted),
+            Some(Wake::Idle) => {
+                if let Some(reason) = self.stop_hooks(run, stop_blocks).await {
+                    // Sent on: the reason is its next message.
+                    let next = vec![Message::user(vec![ContentBlock::text(reason)])];
+                    if let Err(e) = self.push(next).await {
+                        run.error = Some(Arc::new(e));
+                        return Some(StopReason::Failed);
                     }
-                    Some(Wake::Messages(ms)) => {
-                        let blocks = self.woken(ms).await;
-                        if let Err(e) = self.push(vec![Message::user(blocks)]).await {
-                            run.error = Some(Arc::new(e));
-                            return self.finish(run, StopReason::Failed).await;
-                        }
-                    }
-                },
+                    return None;
+                }
+                if self.shared.cancel.is_cancelled() {
+                    return Some(StopReason::Cancelled);
+                }
+                Some(StopReason::Completed)
+            }
+            Some(Wake::Messages(ms)) => {
+                let blocks = self.inject(ms);
+                if let Err(e) = self.push(vec![Message::user(blocks)]).await {
+                    run.error = Some(Arc::new(e));
+                    return Some(StopReason::Failed);
+                }
+                None
             }
         }
     }
@@ -336,6 +369,7 @@ impl Agent {
             stop_reason: stop_reason.clone(),
         });
         run.usage += usage;
+        self.last_stop.clone_from(&stop_reason);
         let calls = ToolCall::from_message(&message);
         let record = TurnRecord {
             turn: self.turn,
