@@ -608,7 +608,12 @@ impl forkhive_spawn::tool::PermissionPolicy for Guard {
             r.input.clone(),
             r.tool.is_read_only(),
         ));
-        if r.input["path"].as_str().unwrap_or("").contains("secret") {
+        let path = r.input["path"].as_str().unwrap_or("");
+        #[allow(clippy::panic)]
+        if path.contains("boom") {
+            panic!("the guard tripped");
+        }
+        if path.contains("secret") {
             forkhive_spawn::tool::PermissionDecision::deny("not that file: ask the user")
         } else {
             forkhive_spawn::tool::PermissionDecision::Allow
@@ -693,6 +698,11 @@ async fn a_workers_permission_request_is_decided_in_the_coordinators_process() {
                     "Agent",
                     serde_json::json!({"description": "local", "prompt": "local.txt"}),
                 ),
+                // The coordinator's policy panics on this one: the call is denied, saying so.
+                (
+                    "Agent",
+                    serde_json::json!({"description": "boom", "prompt": "boom.txt"}),
+                ),
             ]),
             _ => Response::say("noted"),
         })
@@ -720,16 +730,23 @@ async fn a_workers_permission_request_is_decided_in_the_coordinators_process() {
         .map(|n| (n.summary, n.result.unwrap_or_default()))
         .collect();
     got.sort();
-    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(got.len(), 4, "{got:?}");
     assert!(
-        got[0].1.contains("this worker never writes there"),
+        got[0].1.contains(
+            "the permission policy panicked while checking `Write`: the guard tripped; the \
+             call did not run"
+        ),
         "{got:?}"
     );
     assert!(
-        got[1].1.contains("Write {") && got[1].1.contains("notes.txt"),
+        got[1].1.contains("this worker never writes there"),
         "{got:?}"
     );
-    assert!(got[2].1.contains("not that file: ask the user"), "{got:?}");
+    assert!(
+        got[2].1.contains("Write {") && got[2].1.contains("notes.txt"),
+        "{got:?}"
+    );
+    assert!(got[3].1.contains("not that file: ask the user"), "{got:?}");
     // Asked here, once per call, about the worker's agents, with the call's own input.
     // (The coordinator's own `Agent` calls are its policy's too.)
     let mut asked: Vec<_> = guard
@@ -741,13 +758,14 @@ async fn a_workers_permission_request_is_decided_in_the_coordinators_process() {
         .cloned()
         .collect();
     asked.sort_by_key(|a| a.2.to_string());
-    assert_eq!(asked.len(), 2, "{asked:?}");
+    assert_eq!(asked.len(), 3, "{asked:?}");
     assert_eq!(
         asked
             .iter()
             .map(|a| (a.1.as_str(), a.2["path"].as_str().unwrap(), a.3))
             .collect::<Vec<_>>(),
         [
+            ("Write", "boom.txt", false),
             ("Write", "notes.txt", false),
             ("Write", "secret.txt", false)
         ]

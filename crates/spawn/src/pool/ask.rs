@@ -331,18 +331,30 @@ async fn answer(
             let cx = AgentContext::new(*task, AgentKind::Subagent, QuerySource::default_agent())
                 .with_lineage(Some(*parent), 1);
             let tool_use_id = field("tool_use_id");
-            let d = policy
-                .check(PermissionRequest {
-                    tool: &remote,
-                    input: &input,
-                    agent: &cx,
-                    tool_use_id: &tool_use_id,
-                })
-                .await;
+            // A policy that panics denies the call, as in a local tool round, instead of
+            // taking this answerer down (the worker would wait out its timeout).
+            let d = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(async {
+                policy
+                    .check(PermissionRequest {
+                        tool: &remote,
+                        input: &input,
+                        agent: &cx,
+                        tool_use_id: &tool_use_id,
+                    })
+                    .await
+            }))
+            .await;
             match d {
-                PermissionDecision::Allow => Answer::Allow,
-                PermissionDecision::Deny { reason } => Answer::Deny { reason },
-                PermissionDecision::AllowWithInput(input) => Answer::Input { input },
+                Ok(PermissionDecision::Allow) => Answer::Allow,
+                Ok(PermissionDecision::Deny { reason }) => Answer::Deny { reason },
+                Ok(PermissionDecision::AllowWithInput(input)) => Answer::Input { input },
+                Err(panic) => Answer::Deny {
+                    reason: format!(
+                        "the permission policy panicked while checking `{tool}`: {}; the call \
+                         did not run",
+                        crate::tool::orchestrate::panic_message(panic.as_ref())
+                    ),
+                },
             }
         }
         _ => Answer::Deny {
