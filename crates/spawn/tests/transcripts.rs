@@ -395,3 +395,39 @@ async fn a_receipt_is_answered_after_the_transcript_holds_the_message() {
     drop(agent);
     assert!(!rx.try_recv().unwrap());
 }
+
+/// A resumed agent reads how its last answer ended: after a finished answer `continue_run`
+/// sends nothing until a message comes (nothing queued or promised: it completes at once);
+/// after an answer cut at `max_tokens` it sends the conversation again, to be continued.
+#[tokio::test]
+async fn a_resumed_agent_continues_after_its_last_answer_as_it_ended() {
+    use forkhive_core::Usage;
+    use forkhive_spawn::runtime::Limits;
+    use forkhive_transport::{ModelStop, Response};
+    for (stop, requests_after) in [(ModelStop::EndTurn, 1), (ModelStop::MaxTokens, 2)] {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = Arc::new(ScriptedBackend::from_replies([
+            Ok(Response {
+                stop_reason: Some(stop.clone()),
+                ..Response::text("the answer", Usage::default())
+            }),
+            Ok(Response::text("more", Usage::default())),
+        ]));
+        let mut agent = Agent::builder(backend.clone())
+            .model("m")
+            .limits(Limits::default().with_max_continuations(0))
+            .transcript_dir(dir.path())
+            .build()
+            .await
+            .unwrap();
+        let _ = agent.run("go").await;
+        let path = agent.transcript_path().unwrap().to_path_buf();
+        drop(agent);
+        let (mut resumed, _) = Agent::resume(Agent::builder(backend.clone()), &path)
+            .await
+            .unwrap();
+        let run = resumed.continue_run().await;
+        assert_eq!(run.stop, StopReason::Completed, "{stop:?}");
+        assert_eq!(backend.requests().len(), requests_after, "{stop:?}");
+    }
+}

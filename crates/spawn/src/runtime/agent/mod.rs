@@ -320,6 +320,7 @@ impl Agent {
     /// any turn ends (stop hooks included). An answer cut at `max_tokens` or paused by the
     /// provider is sent again, as before, and so is a conversation a host ended with an
     /// assistant message of its own (a prefill).
+    ///
     /// Where the answer called tools that have no results (its run stopped mid-round), each
     /// call is answered with an error saying it was interrupted, and the run goes on.
     pub async fn continue_run(&mut self) -> AgentRun {

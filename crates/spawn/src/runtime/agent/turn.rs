@@ -415,7 +415,7 @@ impl Agent {
             // Shared with the turn's snapshot, not copied. In the conversation and the
             // transcript before any tool runs: the two agree on every path, and a run dropped
             // mid-round leaves calls without results that the next run answers
-            // ([`Self::interrupted`]), as a resume does.
+            // (`answer_interrupted`), as a resume does.
             if let Err(e) = self.push_shared([message]).await {
                 run.error = Some(Arc::new(e));
                 return TurnEnd::Stop(StopReason::Failed);
@@ -568,53 +568,35 @@ impl Agent {
         self.push_shared(messages.into_iter().map(Arc::new)).await
     }
 
-    /// [`push`](Self::push) for messages already shared.
+    /// [`push`](Self::push) for messages already shared. A failed transcript write answers
+    /// the receipts of what was injected: not recorded, and a later write must not answer for
+    /// them.
     async fn push_shared<I>(&mut self, messages: I) -> Result<()>
     where
         I: IntoIterator<Item = Arc<Message>>,
         I::IntoIter: ExactSizeIterator,
     {
         let messages = messages.into_iter();
-        if self.transcript.is_none() {
-            self.commit(messages);
-            return Ok(());
-        }
-        let messages: Vec<Arc<Message>> = messages.collect();
-        for m in &messages {
-            self.record(m).await?;
-        }
-        self.commit(messages);
-        Ok(())
-    }
-
-    /// Writes `message` to the transcript, if the agent keeps one; the conversation does not
-    /// hold it until [`commit`](Self::commit). A failed write answers the receipts of what
-    /// was injected: not recorded, and a later write must not answer for them.
-    async fn record(&mut self, message: &Message) -> Result<()> {
-        let Some(w) = &mut self.transcript else {
-            return Ok(());
-        };
-        // Boxed, like every file write here: the agent's future stays small.
-        if let Err(e) = Box::pin(w.message(message)).await {
-            for r in self.receipts.drain(..) {
-                r.answer(false);
+        if let Some(w) = &mut self.transcript {
+            let messages: Vec<Arc<Message>> = messages.collect();
+            for m in &messages {
+                // Boxed, like every file write here: the agent's future stays small.
+                if let Err(e) = Box::pin(w.message(m)).await {
+                    for r in self.receipts.drain(..) {
+                        r.answer(false);
+                    }
+                    return Err(e);
+                }
             }
-            return Err(e);
+            self.params = self.params.append_shared(messages);
+        } else {
+            self.params = self.params.append_shared(messages);
         }
-        Ok(())
-    }
-
-    /// Appends messages already [recorded](Self::record) to the conversation, and answers
-    /// the receipts of what was injected: it is in the conversation (and the transcript) now.
-    fn commit<I>(&mut self, messages: I)
-    where
-        I: IntoIterator<Item = Arc<Message>>,
-        I::IntoIter: ExactSizeIterator,
-    {
-        self.params = self.params.append_shared(messages);
+        // What was injected is in the conversation (and the transcript) now.
         for r in self.receipts.drain(..) {
             r.answer(true);
         }
+        Ok(())
     }
 
     pub(super) async fn finish(&mut self, run: RunState, stop: StopReason) -> AgentRun {
