@@ -262,15 +262,16 @@ impl Worker {
         let _listener =
             AbortOnDropHandle::new(tokio::spawn(Arc::clone(&this).listen(Arc::clone(&running))));
         let slots = Arc::new(Semaphore::new(config.capacity));
-        // A full worker still reports dead workers' tasks (see `reclaim_when_full`).
-        let reclaimed: Arc<Mutex<WorkerReport>> = Arc::default();
-        let _reclaimer = AbortOnDropHandle::new(tokio::spawn(Arc::clone(&this).reclaim_when_full(
-            conn.clone(),
-            Arc::clone(&me),
-            Arc::clone(&running),
-            Arc::clone(&slots),
-            Arc::clone(&reclaimed),
-        )));
+        // A full worker still reports dead workers' tasks (see `reclaim_when_full`). Aborted
+        // only if this future is dropped; at shutdown it finishes the entry it is reporting.
+        let mut reclaimer =
+            AbortOnDropHandle::new(tokio::spawn(Arc::clone(&this).reclaim_when_full(
+                conn.clone(),
+                Arc::clone(&me),
+                Arc::clone(&running),
+                Arc::clone(&slots),
+                shutdown.clone(),
+            )));
         let mut tasks: JoinSet<WorkerReport> = JoinSet::new();
         let mut report = WorkerReport::default();
         let mut reader = Reader::new(&this);
@@ -332,12 +333,8 @@ impl Worker {
                 add(&mut report, done);
             }
         }
-        add(
-            &mut report,
-            Ok(std::mem::take(
-                &mut *reclaimed.lock().unwrap_or_else(|e| e.into_inner()),
-            )),
-        );
+        // Its reports need no slot and no model: a few Redis round trips each.
+        add(&mut report, (&mut reclaimer).await);
         let _ = redis::Script::new(RELEASE_NAME)
             .key(this.pool.key(&format!("worker:{}", this.name)))
             .arg(&*me)
@@ -385,19 +382,27 @@ impl Worker {
     /// `killed`, cancelled, dead-lettered — so a pool whose live workers are all busy still
     /// tells parents within a lease or so. Entries to run stay claimed until a slot frees (the
     /// main loop claims them again then).
+    ///
+    /// Ends at `shutdown`, between entries: an entry it is reporting is reported and counted
+    /// first (the parent may already hold its notification), and its counts are returned.
     async fn reclaim_when_full(
         self: Arc<Self>,
         mut conn: ConnectionManager,
         me: Arc<str>,
         running: Running,
         slots: Arc<Semaphore>,
-        reclaimed: Arc<Mutex<WorkerReport>>,
-    ) {
+        shutdown: CancellationToken,
+    ) -> WorkerReport {
         let lease = self.pool.config.lease;
         let jobs = self.pool.key("jobs");
         let mut from = "0-0".to_owned();
+        let mut report = WorkerReport::default();
         loop {
-            tokio::time::sleep(lease / 2).await;
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return report,
+                () = tokio::time::sleep(lease / 2) => {}
+            }
             if slots.available_permits() > 0 {
                 continue;
             }
@@ -422,6 +427,10 @@ impl Worker {
             };
             from = next;
             for id in ids {
+                if shutdown.is_cancelled() {
+                    // Left claimed without a delivery counted: read again after the lease.
+                    return report;
+                }
                 let fields: redis::RedisResult<redis::streams::StreamRangeReply> =
                     redis::cmd("XRANGE")
                         .arg(&jobs)
@@ -435,10 +444,7 @@ impl Worker {
                 let r = Arc::clone(&self)
                     .handle(Entry::from_stream(&e), conn.clone(), &me, &running, true)
                     .await;
-                add(
-                    &mut reclaimed.lock().unwrap_or_else(|e| e.into_inner()),
-                    Ok(r),
-                );
+                add(&mut report, Ok(r));
             }
         }
     }
