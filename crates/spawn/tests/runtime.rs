@@ -636,6 +636,59 @@ async fn continue_run_after_an_answer_waits_for_a_message() {
     assert_eq!(last.text(), "one more thing");
 }
 
+/// A message queued before the first turn of an agent built with messages to send first (a
+/// fork child's placeholder results) follows them: the conversation's last assistant message
+/// is answered by the very next message, in the request and in the transcript alike.
+#[tokio::test]
+async fn a_message_queued_before_the_first_turn_follows_the_first_request_suffix() {
+    let backend = Arc::new(ScriptedBackend::from_replies([Ok(say("done"))]));
+    let history = CacheSafeParams::builder("m")
+        .messages(vec![
+            Message::user(vec![ContentBlock::text("split the work")]),
+            Message::assistant(vec![ContentBlock::tool_use(
+                "call_1",
+                "Agent",
+                forkhive_core::RawJson::empty_object(),
+            )]),
+        ])
+        .build();
+    let first = Message::user(vec![
+        ContentBlock::tool_result_text("call_1", "Fork started"),
+        ContentBlock::text("your directive"),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = Agent::builder(backend.clone())
+        .params(history)
+        .transcript_dir(dir.path())
+        .first_request_suffix(vec![first.clone()])
+        .build()
+        .await
+        .unwrap();
+    agent
+        .pending()
+        .push(PendingMessage::new("a word from the lead", "send-message"));
+    let run = agent.continue_run().await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let sent = &backend.requests()[0];
+    // The prefix ends with the call; the suffix answers it, then carries the message.
+    assert_eq!(
+        sent.prefix.messages().last().map(|m| m.role),
+        Some(Role::Assistant)
+    );
+    let suffix = sent.suffix.messages();
+    assert_eq!(suffix.len(), 2, "{suffix:?}");
+    assert_eq!(suffix[0], first);
+    assert_eq!(suffix[1].text(), "a word from the lead");
+    let msgs = agent.params().messages().to_vec();
+    assert_eq!(msgs.len(), 5);
+    assert_eq!(msgs[2], first);
+    assert_eq!(msgs[3].text(), "a word from the lead");
+    let read = forkhive_spawn::transcript::read(agent.transcript_path().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(read.messages, msgs);
+}
+
 /// An answer cut at `max_tokens` (the run stopped at its continuation limit) is sent again by
 /// `continue_run`, as a prefill the provider continues: only a finished answer waits.
 #[tokio::test]

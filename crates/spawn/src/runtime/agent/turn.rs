@@ -159,11 +159,16 @@ impl Agent {
         // How many times in a row stop hooks sent the agent on.
         let mut stop_blocks = 0u32;
         let first = self.answer_interrupted(first);
-        if let Some(first) = first
-            && let Err(e) = self.push(vec![Message::user(first)]).await
-        {
-            run.error = Some(Arc::new(e));
-            return self.finish(run, StopReason::Failed).await;
+        if let Some(first) = first {
+            let pushed = if self.unsent.is_empty() {
+                self.push(vec![Message::user(first)]).await
+            } else {
+                self.push_unsent(Message::user(first)).await
+            };
+            if let Err(e) = pushed {
+                run.error = Some(Arc::new(e));
+                return self.finish(run, StopReason::Failed).await;
+            }
         }
         // Resumed at the end of a turn: the first step is that turn's wait.
         let mut at_turn_end = waiting;
@@ -566,6 +571,31 @@ impl Agent {
     /// Appends messages to the conversation (O(new)) and the transcript.
     async fn push(&mut self, messages: Vec<Message>) -> Result<()> {
         self.push_shared(messages.into_iter().map(Arc::new)).await
+    }
+
+    /// Records `message` to go after the messages still to send first
+    /// ([`AgentBuilder::first_request_suffix`]), in the same request's suffix. A fork child's
+    /// first message answers its parent's calls with placeholder results, so nothing may come
+    /// between that call and it (a provider refuses a `tool_use` not answered by the next
+    /// message, and the shared prefix the fork exists for would differ): a message queued
+    /// before the child's first turn follows it. Its receipts are answered as
+    /// [`push`](Self::push) answers them.
+    ///
+    /// [`AgentBuilder::first_request_suffix`]: super::AgentBuilder::first_request_suffix
+    async fn push_unsent(&mut self, message: Message) -> Result<()> {
+        if let Some(w) = &mut self.transcript
+            && let Err(e) = Box::pin(w.message(&message)).await
+        {
+            for r in self.receipts.drain(..) {
+                r.answer(false);
+            }
+            return Err(e);
+        }
+        self.unsent.push(message);
+        for r in self.receipts.drain(..) {
+            r.answer(true);
+        }
+        Ok(())
     }
 
     /// [`push`](Self::push) for messages already shared. A failed transcript write answers
