@@ -431,3 +431,29 @@ async fn a_resumed_agent_continues_after_its_last_answer_as_it_ended() {
         assert_eq!(backend.requests().len(), requests_after, "{stop:?}");
     }
 }
+
+/// A message write whose future is dropped once the record is handed to the file (as when
+/// the agent's future is dropped mid-push) still writes it, and the next message gets the
+/// next index: the transcript stays readable, both messages in order.
+#[tokio::test]
+async fn a_message_write_dropped_mid_flush_keeps_the_indexes_in_order() {
+    use futures::FutureExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (_agent, path) = first_session(dir.path()).await;
+    let before = transcript::read(&path).await.unwrap();
+    let mut w = transcript::TranscriptWriter::reopen(&before).await.unwrap();
+    // One poll hands the record to the file; the flush is still pending when it is dropped.
+    let dropped = w
+        .message(&Message::user_text("dropped mid-flush"))
+        .now_or_never();
+    assert!(dropped.is_none(), "the flush waits for the write");
+    w.message(&Message::user_text("written after"))
+        .await
+        .unwrap();
+    drop(w);
+    let after = transcript::read(&path).await.unwrap();
+    let n = before.messages.len();
+    assert_eq!(after.messages.len(), n + 2, "{:?}", after.dropped);
+    assert_eq!(after.messages[n].text(), "dropped mid-flush");
+    assert_eq!(after.messages[n + 1].text(), "written after");
+}

@@ -234,10 +234,13 @@ impl TranscriptWriter {
             file,
             next_index: header.inherited_messages.unwrap_or(0),
         };
-        w.write_line(&Tagged {
-            kind: "header",
-            body: header,
-        })
+        w.write_line(
+            &Tagged {
+                kind: "header",
+                body: header,
+            },
+            false,
+        )
         .await?;
         Ok(w)
     }
@@ -267,6 +270,11 @@ impl TranscriptWriter {
     }
 
     /// Appends the next message (indexes count up from 0).
+    ///
+    /// The index is taken once the record is handed to the file: a future dropped while the
+    /// write is flushed still writes it (the file finishes the write it was given), so the
+    /// next message gets the next index, and a record that could not be written gives its
+    /// index back.
     pub async fn message(&mut self, message: &Message) -> Result<()> {
         let line = MessageLine {
             kind: "message",
@@ -274,9 +282,7 @@ impl TranscriptWriter {
             message,
             at: now_ms(),
         };
-        self.write_line(&line).await?;
-        self.next_index += 1;
-        Ok(())
+        self.write_line(&line, true).await
     }
 
     /// Appends a usage record for one turn.
@@ -290,10 +296,13 @@ impl TranscriptWriter {
             sent_at: Some(turn.sent_at_ms),
             at: Some(now_ms()),
         };
-        self.write_line(&Tagged {
-            kind: "usage",
-            body: &line,
-        })
+        self.write_line(
+            &Tagged {
+                kind: "usage",
+                body: &line,
+            },
+            false,
+        )
         .await
     }
 
@@ -304,31 +313,45 @@ impl TranscriptWriter {
             usage,
             at: Some(now_ms()),
         };
-        self.write_line(&Tagged {
-            kind: "stop",
-            body: &line,
-        })
+        self.write_line(
+            &Tagged {
+                kind: "stop",
+                body: &line,
+            },
+            false,
+        )
         .await
     }
 
-    async fn write_line<T: Serialize>(&mut self, record: &T) -> Result<()> {
+    /// Writes one record; `indexed`: a message record, which takes `next_index`.
+    async fn write_line<T: Serialize>(&mut self, record: &T, indexed: bool) -> Result<()> {
         let mut line = serde_json::to_vec(record).map_err(|e| Error::Transcript {
             path: self.path.clone(),
             line: 0,
             message: format!("cannot encode a record: {e}"),
         })?;
         line.push(b'\n');
-        // One write per record, so a crash cuts at most the last line.
-        let res = async {
-            self.file.write_all(&line).await?;
-            self.file.flush().await
-        }
-        .await;
-        res.map_err(|source| Error::Io {
+        let io = |source| Error::Io {
             action: "appending to transcript",
             path: self.path.clone(),
             source,
-        })
+        };
+        // One write per record, so a crash cuts at most the last line. Once `write_all`
+        // returns, the file holds the record and writes it even if this future is dropped
+        // before the flush: the index is taken then.
+        if let Err(e) = self.file.write_all(&line).await {
+            return Err(io(e));
+        }
+        if indexed {
+            self.next_index += 1;
+        }
+        if let Err(e) = self.file.flush().await {
+            if indexed {
+                self.next_index -= 1;
+            }
+            return Err(io(e));
+        }
+        Ok(())
     }
 }
 
