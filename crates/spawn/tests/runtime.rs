@@ -637,11 +637,12 @@ async fn continue_run_after_an_answer_waits_for_a_message() {
 }
 
 /// A message queued before the first turn of an agent built with messages to send first (a
-/// fork child's placeholder results) follows them: the conversation's last assistant message
-/// is answered by the very next message, in the request and in the transcript alike.
+/// fork child's placeholder results) never comes between the conversation's last assistant
+/// message and them: the first request sends them alone (the prefix and breakpoint a fork's
+/// siblings share), and the message is taken when that turn ends. A prompt given to `run`
+/// follows them. The transcript keeps the conversation's order.
 #[tokio::test]
 async fn a_message_queued_before_the_first_turn_follows_the_first_request_suffix() {
-    let backend = Arc::new(ScriptedBackend::from_replies([Ok(say("done"))]));
     let history = CacheSafeParams::builder("m")
         .messages(vec![
             Message::user(vec![ContentBlock::text("split the work")]),
@@ -654,39 +655,62 @@ async fn a_message_queued_before_the_first_turn_follows_the_first_request_suffix
         .build();
     let first = Message::user(vec![
         ContentBlock::tool_result_text("call_1", "Fork started"),
+        ContentBlock::text("the shared boilerplate"),
         ContentBlock::text("your directive"),
     ]);
-    let dir = tempfile::tempdir().unwrap();
-    let mut agent = Agent::builder(backend.clone())
-        .params(history)
-        .transcript_dir(dir.path())
-        .first_request_suffix(vec![first.clone()])
-        .build()
-        .await
-        .unwrap();
-    agent
-        .pending()
-        .push(PendingMessage::new("a word from the lead", "send-message"));
-    let run = agent.continue_run().await;
-    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
-    let sent = &backend.requests()[0];
-    // The prefix ends with the call; the suffix answers it, then carries the message.
-    assert_eq!(
-        sent.prefix.messages().last().map(|m| m.role),
-        Some(Role::Assistant)
-    );
-    let suffix = sent.suffix.messages();
-    assert_eq!(suffix.len(), 2, "{suffix:?}");
-    assert_eq!(suffix[0], first);
-    assert_eq!(suffix[1].text(), "a word from the lead");
-    let msgs = agent.params().messages().to_vec();
-    assert_eq!(msgs.len(), 5);
-    assert_eq!(msgs[2], first);
-    assert_eq!(msgs[3].text(), "a word from the lead");
-    let read = forkhive_spawn::transcript::read(agent.transcript_path().unwrap())
-        .await
-        .unwrap();
-    assert_eq!(read.messages, msgs);
+    for via_run in [false, true] {
+        let backend = Arc::new(ScriptedBackend::from_replies([
+            Ok(say("done")),
+            Ok(say("heard")),
+        ]));
+        let dir = tempfile::tempdir().unwrap();
+        let mut agent = Agent::builder(backend.clone())
+            .params(history.clone())
+            .transcript_dir(dir.path())
+            .first_request_suffix(vec![first.clone()])
+            .build()
+            .await
+            .unwrap();
+        agent
+            .pending()
+            .push(PendingMessage::new("a word from the lead", "send-message"));
+        let run = if via_run {
+            agent.run("and a prompt").await
+        } else {
+            agent.continue_run().await
+        };
+        assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+        let sent = backend.requests();
+        // The prefix ends with the call; the suffix answers it first.
+        assert_eq!(
+            sent[0].prefix.messages().last().map(|m| m.role),
+            Some(Role::Assistant)
+        );
+        let suffix = sent[0].suffix.messages();
+        assert_eq!(suffix[0], first);
+        let msgs = agent.params().messages().to_vec();
+        assert_eq!(msgs[2], first);
+        if via_run {
+            // The prompt and the queued message follow it, in the same request.
+            assert_eq!(suffix.len(), 2, "{suffix:?}");
+            assert_eq!(suffix[1].text(), "and a prompta word from the lead");
+            assert_eq!(sent.len(), 1);
+        } else {
+            assert_eq!(suffix.len(), 1, "{suffix:?}");
+            assert_eq!(
+                sent.len(),
+                2,
+                "the message is taken when the first turn ends"
+            );
+            let last = sent[1].all_messages();
+            assert_eq!(last.last().unwrap().text(), "a word from the lead");
+            assert_eq!(run.final_text, "heard");
+        }
+        let read = forkhive_spawn::transcript::read(agent.transcript_path().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(read.messages, msgs);
+    }
 }
 
 /// An answer cut at `max_tokens` (the run stopped at its continuation limit) is sent again by

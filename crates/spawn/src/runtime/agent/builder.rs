@@ -369,9 +369,11 @@ impl AgentBuilder {
     /// Messages that end the conversation but go in the first request's *suffix*, so the
     /// codec can place a cache breakpoint inside them (a fork child's message: its boilerplate
     /// block is shared by every sibling). They are part of the conversation from the start;
-    /// run the agent with [`Agent::continue_run`], which sends them. A message queued before
-    /// that first turn goes after them, in the same suffix (they may answer the conversation's
-    /// last tool calls, and nothing may come between). ([`Agent::run_pending`]
+    /// run the agent with [`Agent::continue_run`], which sends them, alone: a message queued
+    /// before that first turn is taken when it ends, as a running agent takes one (a fork
+    /// child's first request keeps the prefix and cache breakpoint its siblings share). What
+    /// [`Agent::run`] adds goes after them (they may answer the conversation's last tool
+    /// calls, and nothing may come between). ([`Agent::run_pending`]
     /// sends them only with a queued message: with nothing queued or promised it ends at
     /// once.)
     pub fn first_request_suffix(mut self, messages: Vec<Message>) -> Self {

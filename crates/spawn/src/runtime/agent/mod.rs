@@ -329,7 +329,14 @@ impl Agent {
             // the stop hooks and checks of any end of turn).
             return self.run_with(None, true).await;
         }
-        let pending = self.drain_pending();
+        // Messages to send first (a fork child's first message) go alone: its first request
+        // is the one its siblings share a prefix and a cache breakpoint with. What is queued
+        // meanwhile is taken at the first turn's end, as a running agent takes it.
+        let pending = if self.unsent.is_empty() {
+            self.drain_pending()
+        } else {
+            Vec::new()
+        };
         self.run_with((!pending.is_empty()).then_some(pending), false)
             .await
     }
