@@ -180,12 +180,29 @@ struct Tagged<'a, T> {
     body: &'a T,
 }
 
+/// The smallest buffer a transcript file writes through (tokio's default).
+const MIN_WRITE_BUF: usize = 2 << 20;
+
 /// Appends records to one agent's transcript.
 #[derive(Debug)]
 pub struct TranscriptWriter {
     path: PathBuf,
     file: tokio::fs::File,
     next_index: usize,
+    /// The file's length up to the last record known written.
+    len: u64,
+    /// A record handed to the file whose write is not known to have finished (its future was
+    /// dropped before the flush): confirmed, or undone, before the next record.
+    handed: Option<Handed>,
+}
+
+/// A record handed to the file, not yet known written.
+#[derive(Debug, Clone, Copy)]
+struct Handed {
+    /// The file's length once it is written.
+    end: u64,
+    /// A message record: it took an index.
+    indexed: bool,
 }
 
 /// Opens `path` for appending, refusing to follow a symlink; creates it (mode 0600) only when
@@ -233,6 +250,8 @@ impl TranscriptWriter {
             path,
             file,
             next_index: header.inherited_messages.unwrap_or(0),
+            len: 0,
+            handed: None,
         };
         w.write_line(
             &Tagged {
@@ -261,12 +280,19 @@ impl TranscriptWriter {
             path: path.clone(),
             file,
             next_index: transcript.messages.len(),
+            len: transcript.valid_len,
+            handed: None,
         })
     }
 
     /// The file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The index the next message record takes.
+    pub fn next_index(&self) -> usize {
+        self.next_index
     }
 
     /// Appends the next message (indexes count up from 0).
@@ -324,34 +350,67 @@ impl TranscriptWriter {
     }
 
     /// Writes one record; `indexed`: a message record, which takes `next_index`.
+    ///
+    /// The record is handed to the file whole, in one write, so a crash cuts at most the last
+    /// line. Once handed, the file writes it even if this future is dropped before the flush:
+    /// the index is taken then, and the next record first confirms it. A record whose write
+    /// fails is cut off the file (a partial line would make every later record unreadable)
+    /// and gives its index back.
     async fn write_line<T: Serialize>(&mut self, record: &T, indexed: bool) -> Result<()> {
+        if let Some(h) = self.handed {
+            // The last record's write was handed over and its future dropped: its outcome.
+            let done = self.file.flush().await;
+            self.handed = None;
+            match done {
+                Ok(()) => self.len = h.end,
+                Err(e) => return Err(self.undo(h.indexed, e).await),
+            }
+        }
         let mut line = serde_json::to_vec(record).map_err(|e| Error::Transcript {
             path: self.path.clone(),
             line: 0,
             message: format!("cannot encode a record: {e}"),
         })?;
         line.push(b'\n');
-        let io = |source| Error::Io {
-            action: "appending to transcript",
-            path: self.path.clone(),
-            source,
-        };
-        // One write per record, so a crash cuts at most the last line. Once `write_all`
-        // returns, the file holds the record and writes it even if this future is dropped
-        // before the flush: the index is taken then.
+        // Whole: the file takes at most its buffer size per write (2 MiB by default), and a
+        // record cut there, its future dropped, would run into the next one.
+        self.file.set_max_buf_size(line.len().max(MIN_WRITE_BUF));
         if let Err(e) = self.file.write_all(&line).await {
-            return Err(io(e));
+            return Err(self.undo(false, e).await);
         }
+        let h = Handed {
+            end: self.len + line.len() as u64,
+            indexed,
+        };
         if indexed {
             self.next_index += 1;
         }
-        if let Err(e) = self.file.flush().await {
-            if indexed {
-                self.next_index -= 1;
+        self.handed = Some(h);
+        let done = self.file.flush().await;
+        self.handed = None;
+        match done {
+            Ok(()) => {
+                self.len = h.end;
+                Ok(())
             }
-            return Err(io(e));
+            Err(e) => Err(self.undo(indexed, e).await),
         }
-        Ok(())
+    }
+
+    /// After a failed write: the record's index given back (`indexed`), whatever it left of
+    /// itself cut off. Returns the write's error.
+    async fn undo(&mut self, indexed: bool, source: std::io::Error) -> Error {
+        if indexed {
+            self.next_index -= 1;
+        }
+        if let Err(e) = self.file.set_len(self.len).await {
+            tracing::warn!(path = %self.path.display(), "cutting a failed record off the transcript: {e}");
+        }
+        Error::Io {
+            action: "appending to transcript",
+            path: self.path.clone(),
+            source,
+        }
     }
 }
 
