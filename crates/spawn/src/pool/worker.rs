@@ -262,15 +262,17 @@ impl Worker {
         let _listener =
             AbortOnDropHandle::new(tokio::spawn(Arc::clone(&this).listen(Arc::clone(&running))));
         let slots = Arc::new(Semaphore::new(config.capacity));
-        // A full worker still reports dead workers' tasks (see `reclaim_when_full`). Aborted
-        // only if this future is dropped; at shutdown it finishes the entry it is reporting.
+        // A full worker still reports dead workers' tasks (see `reclaim_when_full`), through
+        // the drain too. Aborted only if this future is dropped; stopped after the drain, it
+        // finishes the entry it is reporting.
+        let reclaim_stop = CancellationToken::new();
         let mut reclaimer =
             AbortOnDropHandle::new(tokio::spawn(Arc::clone(&this).reclaim_when_full(
                 conn.clone(),
                 Arc::clone(&me),
                 Arc::clone(&running),
                 Arc::clone(&slots),
-                shutdown.clone(),
+                reclaim_stop.clone(),
             )));
         let mut tasks: JoinSet<WorkerReport> = JoinSet::new();
         let mut report = WorkerReport::default();
@@ -334,6 +336,7 @@ impl Worker {
             }
         }
         // Its reports need no slot and no model: a few Redis round trips each.
+        reclaim_stop.cancel();
         add(&mut report, (&mut reclaimer).await);
         let _ = redis::Script::new(RELEASE_NAME)
             .key(this.pool.key(&format!("worker:{}", this.name)))
@@ -383,15 +386,16 @@ impl Worker {
     /// tells parents within a lease or so. Entries to run stay claimed until a slot frees (the
     /// main loop claims them again then).
     ///
-    /// Ends at `shutdown`, between entries: an entry it is reporting is reported and counted
-    /// first (the parent may already hold its notification), and its counts are returned.
+    /// Ends at `stop` (the worker cancels it after its drain), between entries: an entry it
+    /// is reporting is reported and counted first (the parent may already hold its
+    /// notification), and its counts are returned.
     async fn reclaim_when_full(
         self: Arc<Self>,
         mut conn: ConnectionManager,
         me: Arc<str>,
         running: Running,
         slots: Arc<Semaphore>,
-        shutdown: CancellationToken,
+        stop: CancellationToken,
     ) -> WorkerReport {
         let lease = self.pool.config.lease;
         let jobs = self.pool.key("jobs");
@@ -400,7 +404,7 @@ impl Worker {
         loop {
             tokio::select! {
                 biased;
-                () = shutdown.cancelled() => return report,
+                () = stop.cancelled() => return report,
                 () = tokio::time::sleep(lease / 2) => {}
             }
             if slots.available_permits() > 0 {
@@ -427,7 +431,7 @@ impl Worker {
             };
             from = next;
             for id in ids {
-                if shutdown.is_cancelled() {
+                if stop.is_cancelled() {
                     // Left claimed without a delivery counted: read again after the lease.
                     return report;
                 }
