@@ -432,11 +432,9 @@ async fn a_resumed_agent_continues_after_its_last_answer_as_it_ended() {
     }
 }
 
-/// A message write whose future is dropped once the record is handed to the file (as when
-/// the agent's future is dropped mid-push) still writes it, and the next message gets the
-/// next index: the transcript stays readable, both messages in order.
-#[tokio::test]
-async fn a_message_write_dropped_mid_flush_keeps_the_indexes_in_order() {
+/// Writes `text` as a message whose future is dropped after one poll, then one more message,
+/// and checks the transcript reads back both, in order, after what it held.
+async fn drop_one_write_then_write_another(text: &str) {
     use futures::FutureExt;
     let dir = tempfile::tempdir().unwrap();
     let (_agent, path) = first_session(dir.path()).await;
@@ -444,9 +442,7 @@ async fn a_message_write_dropped_mid_flush_keeps_the_indexes_in_order() {
     let mut w = transcript::TranscriptWriter::reopen(&before).await.unwrap();
     // One poll hands the record to the file; the flush may still be pending when it is
     // dropped (or the file's thread may have finished the write first: the same outcome).
-    let _ = w
-        .message(&Message::user_text("dropped mid-flush"))
-        .now_or_never();
+    let _ = w.message(&Message::user_text(text)).now_or_never();
     w.message(&Message::user_text("written after"))
         .await
         .unwrap();
@@ -454,30 +450,23 @@ async fn a_message_write_dropped_mid_flush_keeps_the_indexes_in_order() {
     let after = transcript::read(&path).await.unwrap();
     let n = before.messages.len();
     assert_eq!(after.messages.len(), n + 2, "{:?}", after.dropped);
-    assert_eq!(after.messages[n].text(), "dropped mid-flush");
+    assert_eq!(after.messages[n].text(), text);
     assert_eq!(after.messages[n + 1].text(), "written after");
+}
+
+/// A message write whose future is dropped once the record is handed to the file (as when
+/// the agent's future is dropped mid-push) still writes it, and the next message gets the
+/// next index: the transcript stays readable, both messages in order.
+#[tokio::test]
+async fn a_message_write_dropped_mid_flush_keeps_the_indexes_in_order() {
+    drop_one_write_then_write_another("dropped mid-flush").await;
 }
 
 /// A record longer than the file's default buffer (2 MiB) is handed over whole: dropped after
 /// one poll, it is still written in one piece, and the next record starts a line of its own.
 #[tokio::test]
 async fn a_long_record_dropped_mid_write_is_written_whole() {
-    use futures::FutureExt;
-    let dir = tempfile::tempdir().unwrap();
-    let (_agent, path) = first_session(dir.path()).await;
-    let before = transcript::read(&path).await.unwrap();
-    let mut w = transcript::TranscriptWriter::reopen(&before).await.unwrap();
-    let long = "y".repeat(3 << 20);
-    let _ = w.message(&Message::user_text(long.clone())).now_or_never();
-    w.message(&Message::user_text("after the long one"))
-        .await
-        .unwrap();
-    drop(w);
-    let after = transcript::read(&path).await.unwrap();
-    let n = before.messages.len();
-    assert_eq!(after.messages.len(), n + 2, "{:?}", after.dropped);
-    assert_eq!(after.messages[n].text(), long);
-    assert_eq!(after.messages[n + 1].text(), "after the long one");
+    drop_one_write_then_write_another(&"y".repeat(3 << 20)).await;
 }
 
 /// A message whose write was handed over, its future dropped, and which then failed (the
