@@ -706,7 +706,7 @@ impl AgentTool {
                 background,
             )
             .await;
-        let prepared = match prepared {
+        let mut prepared = match prepared {
             Ok(p) => p,
             Err(e) => {
                 // Not started: the tree has no owner yet, so this call finishes it.
@@ -716,7 +716,6 @@ impl AgentTool {
                 return Err(chain(&e));
             }
         };
-        let mut prepared = prepared;
         if let Some((team, name)) = &team {
             let joined = team.join(crate::team::Member {
                 name: name.clone(),

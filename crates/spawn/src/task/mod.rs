@@ -1065,20 +1065,23 @@ impl TaskService {
     /// Registers a child and starts it under its owner (see [`TaskService`]): in the
     /// background, reporting through one notification, or in the foreground, reporting through
     /// the returned handle.
-    pub async fn start(self: &Arc<Self>, launch: Launch, mode: Mode) -> Result<ChildHandle> {
-        self.start_as(launch, mode, None).await
+    // A plain `fn`: an `async fn` here would hold the launch again beside `start_as`'s future,
+    // and every `Agent` call's future holds this one.
+    pub fn start(
+        self: &Arc<Self>,
+        launch: Launch,
+        mode: Mode,
+    ) -> impl Future<Output = Result<ChildHandle>> + Send + '_ {
+        self.start_as(launch, mode, None)
     }
 
     /// [`start`](Self::start), or — with `resumed`, the recipe it was revived from — the next
     /// run of an ended task whose record [`revive`](Self::revive) has already reopened.
     async fn start_as(
         self: &Arc<Self>,
-        launch: Launch,
-        mode: Mode,
-        resumed: Option<revive::Recipe>,
-    ) -> Result<ChildHandle> {
-        let reopened = resumed.is_some();
-        let Launch {
+        // Taken apart in the signature: bound whole and then taken apart, the launch would
+        // be held twice in the future.
+        Launch {
             mut agent,
             first,
             description,
@@ -1094,7 +1097,13 @@ impl TaskService {
             deadline,
             worktree,
             name,
-        } = launch;
+        }: Launch,
+        mode: Mode,
+        // Boxed: the future holds it twice (its argument and its binding), and a fresh start
+        // has none.
+        resumed: Option<Box<revive::Recipe>>,
+    ) -> Result<ChildHandle> {
+        let reopened = resumed.is_some();
         let id = *agent.id();
         let parent = agent.context().parent().copied().unwrap_or(id);
         let agent_type = match agent.context().agent_type() {
@@ -1232,15 +1241,16 @@ impl TaskService {
         };
         // What resuming it for a message needs: a background child that keeps a transcript.
         let revive = match (mode, &record.transcript) {
-            (Mode::Background, Some(path)) if self.config.max_resumable > 0 => Some(Box::new(
-                resumed
-                    .unwrap_or_else(|| revive::Recipe::of(&agent, path.clone()))
-                    .with(
-                        name,
-                        deadline,
-                        worktree.as_ref().and_then(|w| w.get().cloned()),
-                    ),
-            )),
+            (Mode::Background, Some(path)) if self.config.max_resumable > 0 => {
+                let mut recipe =
+                    resumed.unwrap_or_else(|| Box::new(revive::Recipe::of(&agent, path.clone())));
+                recipe.set(
+                    name,
+                    deadline,
+                    worktree.as_ref().and_then(|w| w.get().cloned()),
+                );
+                Some(recipe)
+            }
             _ => None,
         };
         claim.disarm();

@@ -65,17 +65,16 @@ impl Recipe {
         }
     }
 
-    /// With the run's name, deadline and worktree.
-    pub(super) fn with(
-        mut self,
+    /// Sets the run's name, deadline and worktree.
+    pub(super) fn set(
+        &mut self,
         name: Option<String>,
         deadline: Option<Duration>,
         worktree: Option<Worktree>,
-    ) -> Self {
+    ) {
         self.name = name;
         self.deadline = deadline;
         self.worktree = worktree;
-        self
     }
 }
 
@@ -473,7 +472,7 @@ impl TaskService {
         // Reopened: from here the new run's owner ends the record, whatever happens.
         guard.armed = false;
         let started = self
-            .start_as(launch, Mode::Background, Some(recipe))
+            .start_as(launch, Mode::Background, Some(Box::new(recipe)))
             .await?
             .id();
         // The new run's owner holds its own promise now.
