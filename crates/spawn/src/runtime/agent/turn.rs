@@ -577,9 +577,9 @@ impl Agent {
     /// ([`AgentBuilder::first_request_suffix`]), in the same request's suffix. A fork child's
     /// first message answers its parent's calls with placeholder results, so nothing may come
     /// between that call and it (a provider refuses a `tool_use` not answered by the next
-    /// message, and the shared prefix the fork exists for would differ): a message queued
-    /// before the child's first turn follows it. Its receipts are answered as
-    /// [`push`](Self::push) answers them.
+    /// message, and the shared prefix the fork exists for would differ): what a first run
+    /// adds ([`Agent::run`]'s prompt, what [`Agent::run_pending`] takes) follows it. Its
+    /// receipts are answered as [`push`](Self::push) answers them.
     ///
     /// [`AgentBuilder::first_request_suffix`]: super::AgentBuilder::first_request_suffix
     async fn push_unsent(&mut self, message: Message) -> Result<()> {
