@@ -8,7 +8,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -85,13 +85,16 @@ impl TaskKind {
 }
 
 /// A validated task id such as `a0k3x9zq2`.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct TaskId {
     kind: TaskKind,
     suffix: [u8; 8],
 }
 
 impl TaskId {
+    /// The length of every id's text: its kind's letter and 8 characters.
+    pub const LEN: usize = 9;
+
     /// A fresh random id of the given kind.
     ///
     /// What it is: 8 base-36 characters drawn from 64 bits of the operating system's
@@ -128,16 +131,46 @@ impl TaskId {
     pub fn kind(&self) -> TaskKind {
         self.kind
     }
+
+    /// Appends the id's text (as [`Display`](fmt::Display) writes it) to `out`, without the
+    /// formatting machinery: for labels built once per request.
+    ///
+    /// ```
+    /// use forkhive_core::task_id::{TaskId, TaskKind};
+    /// let id = TaskId::from_entropy(TaskKind::Agent, 42);
+    /// let mut out = String::from("id ");
+    /// id.push_to(&mut out);
+    /// assert_eq!(out, format!("id {id}"));
+    /// ```
+    pub fn push_to(&self, out: &mut String) {
+        if let Ok(text) = std::str::from_utf8(&self.bytes()) {
+            out.push_str(text);
+        }
+    }
+
+    /// The id's text as bytes: its kind's letter, then the suffix (ASCII only).
+    fn bytes(&self) -> [u8; Self::LEN] {
+        let mut buf = [0u8; Self::LEN];
+        // The prefix is ASCII, so it fits in one byte.
+        buf[0] = self.kind.prefix() as u8;
+        buf[1..].copy_from_slice(&self.suffix);
+        buf
+    }
+}
+
+/// One word to the hasher instead of three (the kind's discriminant, the array's length, its
+/// bytes): every registry, roster and live-child map is keyed by task ids. Equal ids write
+/// equal words, so the hash agrees with `Eq`.
+impl Hash for TaskId {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(u64::from_le_bytes(self.suffix) ^ ((self.kind as u64) << 56));
+    }
 }
 
 impl fmt::Display for TaskId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut buf = [0u8; 9];
-        // The prefix is ASCII, so it fits in one byte.
-        buf[0] = self.kind.prefix() as u8;
-        buf[1..].copy_from_slice(&self.suffix);
         // Only ASCII bytes are ever stored.
-        f.write_str(std::str::from_utf8(&buf).map_err(|_| fmt::Error)?)
+        f.write_str(std::str::from_utf8(&self.bytes()).map_err(|_| fmt::Error)?)
     }
 }
 

@@ -241,9 +241,9 @@ pub struct Decision {
     pub warnings: Vec<String>,
 }
 
-/// Hooks in order. Cheap to clone.
+/// Hooks in order. Cheap to clone; none costs no allocation (every agent has a set).
 #[derive(Debug, Clone, Default)]
-pub struct Hooks(Arc<Vec<Arc<dyn Hook>>>);
+pub struct Hooks(Option<Arc<[Arc<dyn Hook>]>>);
 
 impl Hooks {
     /// No hooks.
@@ -253,17 +253,22 @@ impl Hooks {
 
     /// These hooks, in order.
     pub fn of(hooks: impl IntoIterator<Item = Arc<dyn Hook>>) -> Self {
-        Self(Arc::new(hooks.into_iter().collect()))
+        let hooks: Arc<[Arc<dyn Hook>]> = hooks.into_iter().collect();
+        Self((!hooks.is_empty()).then_some(hooks))
+    }
+
+    fn list(&self) -> &[Arc<dyn Hook>] {
+        self.0.as_deref().unwrap_or_default()
     }
 
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.list().is_empty()
     }
 
     /// How many there are.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.list().len()
     }
 
     /// These hooks, then `more`'s.
@@ -271,22 +276,23 @@ impl Hooks {
         if more.is_empty() {
             return self.clone();
         }
-        Hooks(Arc::new(
-            self.0.iter().chain(more.0.iter()).cloned().collect(),
-        ))
+        if self.is_empty() {
+            return more.clone();
+        }
+        Hooks::of(self.list().iter().chain(more.list()).cloned())
     }
 
     /// Whether any hook runs for `event` on `subject` (callers skip building an input when
     /// none does).
     pub fn wants(&self, event: HookEvent, subject: Option<&str>) -> bool {
-        self.0.iter().any(|h| h.matches(event, subject))
+        self.list().iter().any(|h| h.matches(event, subject))
     }
 
     /// Runs the hooks that match `input`, in order: the first block ends the chain; a rewrite
     /// is the input of the hooks after it.
     pub async fn run(&self, mut input: HookInput) -> Decision {
         let mut d = Decision::default();
-        for hook in self.0.iter() {
+        for hook in self.list() {
             if !hook.matches(input.event, input.subject()) {
                 continue;
             }

@@ -549,6 +549,80 @@ async fn cancellation_stops_a_model_request_and_a_tool_round() {
     );
 }
 
+/// A tool that stops on its token and answers with its own text loses the race to the agent's
+/// cancellation: the token is polled before a call that had to wait, so the call is answered as
+/// cancelled (one call alone, and two run together), and the run stops `Cancelled`.
+#[tokio::test(start_paused = true)]
+async fn a_call_that_stops_on_the_token_is_answered_as_cancelled() {
+    for ids in [&["one"][..], &["one", "two"][..]] {
+        let replies: Vec<(&str, &str, &str)> = ids.iter().map(|id| (*id, "Obey", "{}")).collect();
+        let backend = Arc::new(ScriptedBackend::from_replies([Ok(calls(&replies))]));
+        let obey = TestTool::new("Obey", OBJECT, true, |_, cx| async move {
+            cx.cancellation().cancelled().await;
+            ToolOutput::text("saw the token")
+        });
+        let mut agent = agent_with(backend, vec![obey.arc()], Limits::default()).await;
+        let token = agent.cancellation().clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            token.cancel();
+        });
+        let run = agent.run("x").await;
+        assert_eq!(run.stop, StopReason::Cancelled, "{ids:?}");
+        let got = result_texts(run.new_messages.last().unwrap());
+        assert_eq!(got.len(), ids.len(), "{ids:?}");
+        for g in got {
+            assert_eq!(
+                g,
+                (
+                    "tool `Obey` was cancelled: the agent was stopped before the call finished"
+                        .to_owned(),
+                    true
+                ),
+                "{ids:?}"
+            );
+        }
+    }
+}
+
+/// A model whose answer arrives in the same wake-up as the agent's cancellation: the token is
+/// polled first, so the answer is not taken into the conversation.
+#[derive(Debug, Default)]
+struct AnswersOnCancel(std::sync::Mutex<Option<tokio_util::sync::CancellationToken>>);
+
+#[async_trait]
+impl Backend for AnswersOnCancel {
+    async fn send(&self, _r: &Request) -> forkhive_transport::Result<Response> {
+        let token = self.0.lock().unwrap().clone().unwrap();
+        token.cancelled().await;
+        Ok(say("too late"))
+    }
+    async fn stream(&self, r: &Request) -> forkhive_transport::Result<EventStream> {
+        let response = self.send(r).await?;
+        let events = forkhive_transport::request::events_for(&response, 4096);
+        Ok(Box::pin(futures::stream::iter(events.into_iter().map(Ok))))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_arriving_with_the_cancellation_is_not_taken() {
+    let backend = Arc::new(AnswersOnCancel::default());
+    let mut agent = agent_with(backend.clone(), vec![], Limits::default()).await;
+    let token = agent.cancellation().clone();
+    *backend.0.lock().unwrap() = Some(token.clone());
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        token.cancel();
+    });
+    let run = agent.run("x").await;
+    assert_eq!(run.stop, StopReason::Cancelled);
+    assert!(
+        run.new_messages.iter().all(|m| m.role != Role::Assistant),
+        "{:?}",
+        run.new_messages
+    );
+}
+
 /// A run whose future is dropped in the middle of a tool round leaves an answer whose calls
 /// have no results, in the conversation and the transcript alike. The next run answers each
 /// call with an error ahead of its prompt, so its request is one a provider accepts, and the

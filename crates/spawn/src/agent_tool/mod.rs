@@ -795,22 +795,39 @@ impl AgentTool {
             ));
         }
         if background {
-            let id = handle.id();
-            let mut text = format!(
-                "Agent \"{}\" started in the background as task {id} ({}). You will be \
-                 notified with its result when it finishes; do not wait or poll for it.",
-                input.description,
-                strategy.name()
-            );
-            if let Some(out) = &output {
-                text.push_str(&format!(
-                    " Its output is written to {}.",
-                    out.path().display()
-                ));
-            }
+            const STARTED: &str = "\" started in the background as task ";
+            const NOTIFIED: &str = "). You will be notified with its result when it finishes; \
+                                    do not wait or poll for it.";
+            const OUTPUT: [&str; 2] = [" Its output is written to ", "."];
+            let path = output.as_ref().map(|o| o.path().to_string_lossy());
+            let kind = strategy.name();
             // It stays in the parent's conversation as long as the parent lives: one exact
-            // allocation, not `format!`'s generous estimate (a wide fan-out keeps thousands).
-            text.shrink_to_fit();
+            // allocation, written without the formatting machinery (a wide fan-out keeps
+            // thousands, and writes one per child).
+            let mut text = String::with_capacity(
+                "Agent \"".len()
+                    + input.description.len()
+                    + STARTED.len()
+                    + forkhive_core::task_id::TaskId::LEN
+                    + " (".len()
+                    + kind.len()
+                    + NOTIFIED.len()
+                    + path
+                        .as_ref()
+                        .map_or(0, |p| OUTPUT[0].len() + p.len() + OUTPUT[1].len()),
+            );
+            text.push_str("Agent \"");
+            text.push_str(&input.description);
+            text.push_str(STARTED);
+            handle.id().push_to(&mut text);
+            text.push_str(" (");
+            text.push_str(kind);
+            text.push_str(NOTIFIED);
+            if let Some(path) = &path {
+                text.push_str(OUTPUT[0]);
+                text.push_str(path);
+                text.push_str(OUTPUT[1]);
+            }
             return Ok(text);
         }
         let end = handle.end().await.map_err(|e| e.to_string())?;

@@ -220,8 +220,10 @@ impl AgentContext {
 
     /// Runs `fut` with `self` as [`current`](Self::current). Use it for work a tool spawns
     /// onto another tokio task, which does not inherit the scope.
-    pub async fn scope<F: Future>(self: Arc<Self>, fut: F) -> F::Output {
-        CURRENT.scope(self, fut).await
+    // A plain `fn`: an `async fn` would hold `fut` twice, as its argument and inside the
+    // scope's future (an agent's whole run loop, boxed once per run).
+    pub fn scope<F: Future>(self: Arc<Self>, fut: F) -> impl Future<Output = F::Output> {
+        CURRENT.scope(self, fut)
     }
 }
 

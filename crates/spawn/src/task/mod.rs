@@ -646,9 +646,15 @@ struct Owned {
 struct ChildGuard(Option<Box<Owned>>);
 
 impl ChildGuard {
-    async fn finish(mut self, ended: Ended) {
-        if let Some(owned) = self.0.take() {
-            owned.finish(ended).await;
+    /// The owner's future (a plain `fn`: an `async fn` would hold its arguments twice, and
+    /// every child's task allocates this). The guard is taken only when it is first polled: a
+    /// future dropped unpolled drops the guard, which finishes the child.
+    #[allow(clippy::manual_async_fn)]
+    fn finish(mut self, ended: Ended) -> impl Future<Output = ()> + Send {
+        async move {
+            if let Some(owned) = self.0.take() {
+                owned.finish(ended).await;
+            }
         }
     }
 
@@ -747,49 +753,56 @@ impl Owned {
         })
     }
 
-    async fn finish(mut self, ended: Ended) {
-        let id = self.record.id;
-        let mut n = self.begin(&ended);
-        // The worktree: gone when nothing changed; otherwise kept, and the parent told where.
-        if let Some(wt) = self.worktree.take() {
-            match tokio::time::timeout(DISK_LIMIT, wt.finish()).await {
-                Ok(crate::worktree::Finished::Removed) => {}
-                Ok(crate::worktree::Finished::Kept(why)) => keep(&mut n, &wt, &why.to_string()),
-                Err(_) => keep(&mut n, &wt, "git did not answer in time"),
+    // A plain `fn` returning an `async move` block, which holds the box and the end once; a
+    // worktree's future (large, and rare) is boxed apart.
+    #[allow(clippy::manual_async_fn)]
+    fn finish(mut self: Box<Self>, ended: Ended) -> impl Future<Output = ()> + Send {
+        async move {
+            let id = self.record.id;
+            let mut n = self.begin(&ended);
+            // The worktree: gone when nothing changed; otherwise kept, and the parent told where.
+            if let Some(wt) = self.worktree.take() {
+                match Box::pin(tokio::time::timeout(DISK_LIMIT, wt.finish())).await {
+                    Ok(crate::worktree::Finished::Removed) => {}
+                    Ok(crate::worktree::Finished::Kept(why)) => keep(&mut n, &wt, &why.to_string()),
+                    Err(_) => keep(&mut n, &wt, "git did not answer in time"),
+                }
             }
-        }
-        // 3. The stop record, when the child could not write its own.
-        if let (Some(path), Some(stop)) = (&self.record.transcript, ended.unrecorded_stop()) {
-            let usage = self.progress.usage();
-            match tokio::time::timeout(DISK_LIMIT, transcript::append_stop(path, &stop, usage))
-                .await
+            // 3. The stop record, when the child could not write its own.
+            if let (Some(path), Some(stop)) = (&self.record.transcript, ended.unrecorded_stop()) {
+                let usage = self.progress.usage();
+                match tokio::time::timeout(DISK_LIMIT, transcript::append_stop(path, &stop, usage))
+                    .await
+                {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(task = %id, "could not record the child's stop: {e}")
+                    }
+                    Err(_) => tracing::warn!(task = %id, "recording the child's stop timed out"),
+                }
+            }
+            // The output file is complete before anyone is told where it is.
+            if let Some(out) = &self.output
+                && tokio::time::timeout(DISK_LIMIT, out.flush()).await.is_err()
             {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::warn!(task = %id, "could not record the child's stop: {e}"),
-                Err(_) => tracing::warn!(task = %id, "recording the child's stop timed out"),
+                tracing::warn!(task = %id, "flushing the child's output file timed out");
             }
-        }
-        // The output file is complete before anyone is told where it is.
-        if let Some(out) = &self.output
-            && tokio::time::timeout(DISK_LIMIT, out.flush()).await.is_err()
-        {
-            tracing::warn!(task = %id, "flushing the child's output file timed out");
-        }
-        // 4. The usage roll-up.
-        if let Err(e) = self.service.registry.roll_up(&id, self.usage(&ended)).await {
-            tracing::warn!(task = %id, "could not roll the child's usage up: {e}");
-        }
-        // 5. The record's end: the gate of exactly-once delivery.
-        let registry = Arc::clone(&self.service.registry);
-        let to = TaskState::ended(n.status);
-        let report = match registry.transition(&id, to).await {
-            Ok(_) => true,
-            Err(e) => {
-                let now = registry.get(&id).await.map(|r| r.state);
-                refused_or_failed(&id, &e, now)
+            // 4. The usage roll-up.
+            if let Err(e) = self.service.registry.roll_up(&id, self.usage(&ended)).await {
+                tracing::warn!(task = %id, "could not roll the child's usage up: {e}");
             }
-        };
-        self.report(ended, n, report);
+            // 5. The record's end: the gate of exactly-once delivery.
+            let registry = Arc::clone(&self.service.registry);
+            let to = TaskState::ended(n.status);
+            let report = match registry.transition(&id, to).await {
+                Ok(_) => true,
+                Err(e) => {
+                    let now = registry.get(&id).await.map(|r| r.state);
+                    refused_or_failed(&id, &e, now)
+                }
+            };
+            (*self).report(ended, n, report);
+        }
     }
 
     /// Finishing without a runtime to wait on (the supervisor was dropped while the runtime
@@ -1077,11 +1090,17 @@ impl TaskService {
 
     /// [`start`](Self::start), or — with `resumed`, the recipe it was revived from — the next
     /// run of an ended task whose record [`revive`](Self::revive) has already reopened.
-    async fn start_as(
+    // A plain `fn` taking the launch apart before its `async move` block: each part is held
+    // once. (An `async fn` holds its arguments twice — as given and as bound — and its
+    // future is part of every `Agent` call's.)
+    fn start_as(
         self: &Arc<Self>,
-        // Taken apart in the signature: bound whole and then taken apart, the launch would
-        // be held twice in the future.
-        Launch {
+        launch: Launch,
+        mode: Mode,
+        // Boxed: a fresh start has none.
+        resumed: Option<Box<revive::Recipe>>,
+    ) -> impl Future<Output = Result<ChildHandle>> + Send + '_ {
+        let Launch {
             mut agent,
             first,
             description,
@@ -1097,215 +1116,212 @@ impl TaskService {
             deadline,
             worktree,
             name,
-        }: Launch,
-        mode: Mode,
-        // Boxed: the future holds it twice (its argument and its binding), and a fresh start
-        // has none.
-        resumed: Option<Box<revive::Recipe>>,
-    ) -> Result<ChildHandle> {
-        let reopened = resumed.is_some();
-        let id = *agent.id();
-        let parent = agent.context().parent().copied().unwrap_or(id);
-        let agent_type = match agent.context().agent_type() {
-            Some(t) => t.to_owned(),
-            None if agent.context().query_source().is_fork() => "fork".to_owned(),
-            None => String::new(),
-        };
-        // Reachable (to stop, to message) from here on; a name is claimed in the same step it
-        // is checked, so two children started together cannot both take it.
-        let cancel = agent.cancellation().clone();
-        let taken = {
-            let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
-            let taken = match &name {
-                Some(n) if !reopened => tokens
-                    .iter()
-                    .find(|(_, c)| c.parent == parent && c.name.as_deref() == Some(n))
-                    .map(|(id, _)| *id)
-                    .or_else(|| {
-                        self.dormant
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .named(&parent, n)
-                    }),
+        } = launch;
+        async move {
+            let reopened = resumed.is_some();
+            let id = *agent.id();
+            let parent = agent.context().parent().copied().unwrap_or(id);
+            let agent_type = match agent.context().agent_type() {
+                Some(t) => t.to_owned(),
+                None if agent.context().query_source().is_fork() => "fork".to_owned(),
+                None => String::new(),
+            };
+            // Reachable (to stop, to message) from here on; a name is claimed in the same step it
+            // is checked, so two children started together cannot both take it.
+            let cancel = agent.cancellation().clone();
+            let taken = {
+                let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+                let taken = match &name {
+                    Some(n) if !reopened => tokens
+                        .iter()
+                        .find(|(_, c)| c.parent == parent && c.name.as_deref() == Some(n))
+                        .map(|(id, _)| *id)
+                        .or_else(|| {
+                            self.dormant
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .named(&parent, n)
+                        }),
+                    _ => None,
+                };
+                if reopened {
+                    // Live again: no longer resumable, in the same step.
+                    self.dormant
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .take(&id);
+                }
+                if taken.is_none() {
+                    tokens.insert(
+                        id,
+                        LiveChild {
+                            cancel: cancel.clone(),
+                            parent,
+                            name: name.clone(),
+                            inbox: agent.shared().pending.clone(),
+                            parent_inbox: parent_queue.clone(),
+                        },
+                    );
+                }
+                taken
+            };
+            if let (Some(other), Some(n)) = (taken, &name) {
+                if let Some(wt) = worktree.and_then(crate::worktree::Unfinished::take) {
+                    // Boxed, like every worktree future here: a start without one stays small.
+                    let _ = Box::pin(wt.finish()).await;
+                }
+                return Err(Error::Refused(format!(
+                    "the name `{n}` is taken by task {other}; give this agent another name"
+                )));
+            }
+            // Until its owner exists, a start that fails or is dropped takes the entry away again.
+            let claim = Claim {
+                service: self,
+                id: Some(id),
+            };
+            let mut record = TaskRecord::new(id, parent, description);
+            record.agent_type = agent_type;
+            record.transcript = agent.transcript_path().map(PathBuf::from);
+            record.output = output.as_ref().map(|o| o.path().to_path_buf());
+            // Not started if the registry refuses it: a worktree made for it is finished here, the
+            // one owner it has until then.
+            let registered = match reopened {
+                true => Ok(()),
+                false => match self.registry.create(record.clone()).await {
+                    Ok(()) => self
+                        .registry
+                        .transition(&id, TaskState::Running)
+                        .await
+                        .map(|_| ()),
+                    Err(e) => Err(e),
+                },
+            };
+            if let Err(e) = registered {
+                drop(claim);
+                // Messages sent to it by name in the meantime go back to its parent, with why.
+                let unread = unread_messages(&agent.pending());
+                if !unread.is_empty() {
+                    parent_queue.push(PendingMessage::new(
+                        format!(
+                            "task {id} could not start ({}), so these messages to it were not \
+                         delivered: {}",
+                            error_chain(&e),
+                            unread.join(" ")
+                        ),
+                        crate::base::pending::SEND_MESSAGE_ORIGIN,
+                    ));
+                }
+                if let Some(wt) = worktree.and_then(crate::worktree::Unfinished::take) {
+                    let _ = Box::pin(wt.finish()).await;
+                }
+                return Err(e);
+            }
+            // Started: the parent's ledger and sink hear of it before the child's first event.
+            let background = mode == Mode::Background;
+            if let Some(ledger) = &ledger {
+                ledger.started(
+                    id,
+                    record.agent_type.clone(),
+                    agent.params().model().to_owned(),
+                    record.description.clone(),
+                    background,
+                );
+            }
+            if let Some(sink) = &events {
+                sink.emit(AgentEvent {
+                    agent: parent,
+                    turn: parent_turn,
+                    kind: EventKind::ChildStarted {
+                        task: id,
+                        agent_type: record.agent_type.clone(),
+                        description: record.description.clone(),
+                        background,
+                        resumed: reopened,
+                    },
+                });
+            }
+            // A cancelled child first waits up to its own `cancel_grace` for its children; it is
+            // dropped only `kill_grace` after that, so its stop record is never cut off.
+            let grace = agent.shared().limits.cancel_grace + self.config.kill_grace;
+            let deadline = deadline.or(match mode {
+                Mode::Background => self.config.deadline,
+                Mode::Foreground => None,
+            });
+            let (report, end) = match mode {
+                Mode::Foreground => {
+                    let (tx, rx) = oneshot::channel();
+                    (Some(tx), Some(rx))
+                }
+                Mode::Background => (None, None),
+            };
+            // What resuming it for a message needs: a background child that keeps a transcript.
+            let revive = match (mode, &record.transcript) {
+                (Mode::Background, Some(path)) if self.config.max_resumable > 0 => {
+                    let mut recipe = resumed
+                        .unwrap_or_else(|| Box::new(revive::Recipe::of(&agent, path.clone())));
+                    recipe.set(
+                        name,
+                        deadline,
+                        worktree.as_ref().and_then(|w| w.get().cloned()),
+                    );
+                    Some(recipe)
+                }
                 _ => None,
             };
-            if reopened {
-                // Live again: no longer resumable, in the same step.
-                self.dormant
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .take(&id);
-            }
-            if taken.is_none() {
-                tokens.insert(
-                    id,
-                    LiveChild {
-                        cancel: cancel.clone(),
-                        parent,
-                        name: name.clone(),
-                        inbox: agent.shared().pending.clone(),
-                        parent_inbox: parent_queue.clone(),
-                    },
-                );
-            }
-            taken
-        };
-        if let (Some(other), Some(n)) = (taken, &name) {
-            if let Some(wt) = worktree.and_then(crate::worktree::Unfinished::take) {
-                // Boxed, like every worktree future here: a start without one stays small.
-                let _ = Box::pin(wt.finish()).await;
-            }
-            return Err(Error::Refused(format!(
-                "the name `{n}` is taken by task {other}; give this agent another name"
-            )));
-        }
-        // Until its owner exists, a start that fails or is dropped takes the entry away again.
-        let claim = Claim {
-            service: self,
-            id: Some(id),
-        };
-        let mut record = TaskRecord::new(id, parent, description);
-        record.agent_type = agent_type;
-        record.transcript = agent.transcript_path().map(PathBuf::from);
-        record.output = output.as_ref().map(|o| o.path().to_path_buf());
-        // Not started if the registry refuses it: a worktree made for it is finished here, the
-        // one owner it has until then.
-        let registered = match reopened {
-            true => Ok(()),
-            false => match self.registry.create(record.clone()).await {
-                Ok(()) => self
-                    .registry
-                    .transition(&id, TaskState::Running)
-                    .await
-                    .map(|_| ()),
-                Err(e) => Err(e),
-            },
-        };
-        if let Err(e) = registered {
-            drop(claim);
-            // Messages sent to it by name in the meantime go back to its parent, with why.
-            let unread = unread_messages(&agent.pending());
-            if !unread.is_empty() {
-                parent_queue.push(PendingMessage::new(
-                    format!(
-                        "task {id} could not start ({}), so these messages to it were not \
-                         delivered: {}",
-                        error_chain(&e),
-                        unread.join(" ")
-                    ),
-                    crate::base::pending::SEND_MESSAGE_ORIGIN,
-                ));
-            }
-            if let Some(wt) = worktree.and_then(crate::worktree::Unfinished::take) {
-                let _ = Box::pin(wt.finish()).await;
-            }
-            return Err(e);
-        }
-        // Started: the parent's ledger and sink hear of it before the child's first event.
-        let background = mode == Mode::Background;
-        if let Some(ledger) = &ledger {
-            ledger.started(
-                id,
-                record.agent_type.clone(),
-                agent.params().model().to_owned(),
-                record.description.clone(),
-                background,
-            );
-        }
-        if let Some(sink) = &events {
-            sink.emit(AgentEvent {
-                agent: parent,
-                turn: parent_turn,
-                kind: EventKind::ChildStarted {
-                    task: id,
-                    agent_type: record.agent_type.clone(),
-                    description: record.description.clone(),
-                    background,
-                    resumed: reopened,
-                },
+            claim.disarm();
+            let promise = crate::base::pending::OwnedPromise::new(&parent_queue);
+            let handle = promise.handle();
+            let held = promise.held();
+            let mut guard = ChildGuard(Some(Box::new(Owned {
+                service: Arc::clone(self),
+                record,
+                mode,
+                cancel: cancel.clone(),
+                slot: Some(slot),
+                promise,
+                progress: Arc::clone(&progress),
+                output,
+                tool_use_id,
+                events,
+                ledger,
+                worktree: worktree.and_then(crate::worktree::Unfinished::take),
+                report,
+                revive,
+                _settled: None,
+                _active: Active::new(self),
+            })));
+            // The child runs inside its supervisor's task (one task per child, not two): the
+            // supervisor polls it, catches its panic, and drops it if it must be stopped and its
+            // grace passes. It is boxed here, once: the task holds a pointer to it, not a copy of
+            // its bytes that the supervisor would move into a box of its own.
+            let child = Box::pin(async move {
+                if let Some(gate) = gate {
+                    gate.0.await;
+                }
+                let run = match first {
+                    FirstInput::Prompt(p) => agent.run(p).await,
+                    FirstInput::Continue => agent.continue_run().await,
+                    FirstInput::Custom(run) => run(&mut agent, handle).await,
+                };
+                (run, agent)
             });
-        }
-        // A cancelled child first waits up to its own `cancel_grace` for its children; it is
-        // dropped only `kill_grace` after that, so its stop record is never cut off.
-        let grace = agent.shared().limits.cancel_grace + self.config.kill_grace;
-        let deadline = deadline.or(match mode {
-            Mode::Background => self.config.deadline,
-            Mode::Foreground => None,
-        });
-        let (report, end) = match mode {
-            Mode::Foreground => {
-                let (tx, rx) = oneshot::channel();
-                (Some(tx), Some(rx))
-            }
-            Mode::Background => (None, None),
-        };
-        // What resuming it for a message needs: a background child that keeps a transcript.
-        let revive = match (mode, &record.transcript) {
-            (Mode::Background, Some(path)) if self.config.max_resumable > 0 => {
-                let mut recipe =
-                    resumed.unwrap_or_else(|| Box::new(revive::Recipe::of(&agent, path.clone())));
-                recipe.set(
-                    name,
+            let service = Arc::clone(self);
+            // Both halves are boxed so the task itself stays small: thousands of children that
+            // have not started yet hold little more than their agents.
+            tokio::spawn(async move {
+                let watch = Watch {
+                    cancel: &cancel,
+                    progress: &progress,
+                    id: &id,
                     deadline,
-                    worktree.as_ref().and_then(|w| w.get().cloned()),
-                );
-                Some(recipe)
-            }
-            _ => None,
-        };
-        claim.disarm();
-        let promise = crate::base::pending::OwnedPromise::new(&parent_queue);
-        let handle = promise.handle();
-        let held = promise.held();
-        let mut guard = ChildGuard(Some(Box::new(Owned {
-            service: Arc::clone(self),
-            record,
-            mode,
-            cancel: cancel.clone(),
-            slot: Some(slot),
-            promise,
-            progress: Arc::clone(&progress),
-            output,
-            tool_use_id,
-            events,
-            ledger,
-            worktree: worktree.and_then(crate::worktree::Unfinished::take),
-            report,
-            revive,
-            _settled: None,
-            _active: Active::new(self),
-        })));
-        // The child runs inside its supervisor's task (one task per child, not two): the
-        // supervisor polls it, catches its panic, and drops it if it must be stopped and its
-        // grace passes. It is boxed here, once: the task holds a pointer to it, not a copy of
-        // its bytes that the supervisor would move into a box of its own.
-        let child = Box::pin(async move {
-            if let Some(gate) = gate {
-                gate.0.await;
-            }
-            let run = match first {
-                FirstInput::Prompt(p) => agent.run(p).await,
-                FirstInput::Continue => agent.continue_run().await,
-                FirstInput::Custom(run) => run(&mut agent, handle).await,
-            };
-            (run, agent)
-        });
-        let service = Arc::clone(self);
-        // Both halves are boxed so the task itself stays small: thousands of children that
-        // have not started yet hold little more than their agents.
-        tokio::spawn(async move {
-            let watch = Watch {
-                cancel: &cancel,
-                progress: &progress,
-                id: &id,
-                deadline,
-                grace,
-                held,
-            };
-            let ended = Box::pin(service.supervise(child, watch, guard.report_mut())).await;
-            Box::pin(guard.finish(ended)).await;
-        });
-        Ok(ChildHandle { id, end })
+                    grace,
+                    held,
+                };
+                let ended = Box::pin(service.supervise(child, watch, guard.report_mut())).await;
+                Box::pin(guard.finish(ended)).await;
+            });
+            Ok(ChildHandle { id, end })
+        }
     }
 
     async fn supervise(

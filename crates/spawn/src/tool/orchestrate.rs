@@ -8,6 +8,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use forkhive_core::{ContentBlock, RawJson};
@@ -76,7 +77,8 @@ pub(crate) struct Round<'a> {
 
 /// A call checked before it runs: either ready to run, or already answered.
 enum Prepared {
-    Run(serde_json::Value),
+    /// The input, and where the tool is in the pool (looked up once per call).
+    Run(serde_json::Value, usize),
     Answered(ToolOutput),
 }
 
@@ -123,10 +125,11 @@ impl Round<'_> {
                 let safe = match &prepared {
                     Prepared::Answered(_) => true,
                     // A panicking classification counts as unsafe: run the call alone.
-                    Prepared::Run(input) => self.pool.get(&c.name).is_some_and(|t| {
+                    Prepared::Run(input, at) => {
+                        let t = self.pool.tool_at(*at);
                         std::panic::catch_unwind(AssertUnwindSafe(|| t.is_concurrency_safe(input)))
                             .unwrap_or(false)
-                    }),
+                    }
                 };
                 Slot {
                     safe,
@@ -145,11 +148,22 @@ impl Round<'_> {
             if end == start + 1 {
                 // One call (an unsafe one, or a round of one): run it here, with no stream.
                 if let Some(p) = slots[start].take() {
-                    tokio::select! {
-                        biased;
-                        () = self.cx.cancel.cancelled() => break 'batches,
-                        out = self.finish(&calls[start], p) => slots[start].state = SlotState::Done(out),
+                    // The token checked, the call polled once, and only a call that has to
+                    // wait races the token (polled first, as always): a call that is ready at
+                    // once registers no waiter on the token.
+                    if self.cx.cancel.is_cancelled() {
+                        break 'batches;
                     }
+                    let mut call = std::pin::pin!(self.finish(&calls[start], p));
+                    let out = match futures::poll!(call.as_mut()) {
+                        Poll::Ready(out) => out,
+                        Poll::Pending => tokio::select! {
+                            biased;
+                            () = self.cx.cancel.cancelled() => break 'batches,
+                            out = &mut call => out,
+                        },
+                    };
+                    slots[start].state = SlotState::Done(out);
                 }
                 start = end;
                 continue;
@@ -163,13 +177,22 @@ impl Round<'_> {
             }))
             .buffer_unordered(self.config.max_concurrency.max(1));
             loop {
-                tokio::select! {
-                    biased;
-                    () = self.cx.cancel.cancelled() => break 'batches,
-                    next = running.next() => match next {
-                        Some((i, out)) => slots[i].state = SlotState::Done(out),
-                        None => break,
+                // As above: checked, polled once, and raced against the token only when the
+                // calls have to wait.
+                if self.cx.cancel.is_cancelled() {
+                    break 'batches;
+                }
+                let next = match futures::poll!(running.next()) {
+                    Poll::Ready(next) => next,
+                    Poll::Pending => tokio::select! {
+                        biased;
+                        () = self.cx.cancel.cancelled() => break 'batches,
+                        next = running.next() => next,
                     },
+                };
+                match next {
+                    Some((i, out)) => slots[i].state = SlotState::Done(out),
+                    None => break,
                 }
             }
             start = end;
@@ -193,7 +216,7 @@ impl Round<'_> {
 
     /// Looks the tool up, parses and validates the input.
     fn prepare(&self, call: &ToolCall) -> Prepared {
-        if self.pool.get(&call.name).is_none() {
+        let Some(at) = self.pool.position(&call.name) else {
             let names = self.pool.names();
             let known = if names.is_empty() {
                 "this agent has no tools".to_owned()
@@ -204,7 +227,7 @@ impl Round<'_> {
                 "unknown tool `{}`; {known}",
                 call.name
             )));
-        }
+        };
         let input: serde_json::Value = match call.input.to_value() {
             Ok(v) => v,
             Err(e) => {
@@ -214,8 +237,8 @@ impl Round<'_> {
                 )));
             }
         };
-        match self.pool.validate(&call.name, &input) {
-            Ok(()) => Prepared::Run(input),
+        match self.pool.validate_at(at, &call.name, &input) {
+            Ok(()) => Prepared::Run(input, at),
             Err(e) => Prepared::Answered(ToolOutput::error(e.to_string())),
         }
     }
@@ -229,11 +252,11 @@ impl Round<'_> {
         });
         let out = match prepared {
             Prepared::Answered(out) => out,
-            Prepared::Run(input) => match self.hook_base {
-                None => self.permitted(call, input).await.0,
+            Prepared::Run(input, at) => match self.hook_base {
+                None => self.permitted(call, input, at).await.0,
                 // Boxed: only an agent with hooks waits on them, and a round without keeps
                 // a small future.
-                Some(base) => Box::pin(self.hooked(call, input, base)).await,
+                Some(base) => Box::pin(self.hooked(call, input, at, base)).await,
             },
         };
         self.emit.emit(EventKind::ToolCallFinished {
@@ -253,6 +276,7 @@ impl Round<'_> {
         &self,
         call: &ToolCall,
         mut input: serde_json::Value,
+        at: usize,
         base: &crate::hook::HookInput,
     ) -> ToolOutput {
         use crate::hook::HookEvent;
@@ -279,7 +303,7 @@ impl Round<'_> {
                 ));
             }
             if let Some(rewritten) = d.input {
-                if let Err(e) = self.pool.validate(&call.name, &rewritten) {
+                if let Err(e) = self.pool.validate_at(at, &call.name, &rewritten) {
                     return ToolOutput::error(format!(
                         "a PreToolUse hook rewrote the input of `{}` into one that does not \
                          match its schema: {e}",
@@ -291,7 +315,7 @@ impl Round<'_> {
         }
         let post = self.hooks.wants(HookEvent::PostToolUse, Some(&call.name));
         let kept = post.then(|| input.clone());
-        let (mut out, ran) = self.permitted(call, input).await;
+        let (mut out, ran) = self.permitted(call, input, at).await;
         if let (true, Some(input)) = (ran, kept) {
             let mut i = hook_input(HookEvent::PostToolUse, &input);
             i.tool_response = Some(serde_json::json!({
@@ -316,28 +340,33 @@ impl Round<'_> {
         out
     }
 
-    /// Asks the policy and runs the tool; whether it ran.
-    async fn permitted(&self, call: &ToolCall, input: serde_json::Value) -> (ToolOutput, bool) {
-        let Some(tool) = self.pool.get(&call.name) else {
-            return (
-                ToolOutput::error(format!("unknown tool `{}`", call.name)),
-                false,
-            );
+    /// Asks the policy and runs the tool (at `at` in the pool); whether it ran.
+    async fn permitted(
+        &self,
+        call: &ToolCall,
+        input: serde_json::Value,
+        at: usize,
+    ) -> (ToolOutput, bool) {
+        let tool = self.pool.tool_at(at);
+        let request = PermissionRequest {
+            tool: tool.as_ref(),
+            input: &input,
+            agent: &self.cx.agent,
+            tool_use_id: &call.id,
         };
-        // The check's future is made inside the guarded block: a hand-written policy that
-        // panics before it returns one is caught like one that panics while it runs.
-        let decision = AssertUnwindSafe(async {
-            self.policy
-                .check(PermissionRequest {
-                    tool: tool.as_ref(),
-                    input: &input,
-                    agent: &self.cx.agent,
-                    tool_use_id: &call.id,
-                })
-                .await
-        })
-        .catch_unwind()
-        .await;
+        // A decision that needs no waiting first; else the check's future, made inside the
+        // guarded block: a hand-written policy that panics before it returns one is caught
+        // like one that panics while it runs.
+        let decision =
+            match std::panic::catch_unwind(AssertUnwindSafe(|| self.policy.decide_now(&request))) {
+                Ok(Some(d)) => Ok(d),
+                Ok(None) => {
+                    AssertUnwindSafe(async { self.policy.check(request).await })
+                        .catch_unwind()
+                        .await
+                }
+                Err(panic) => Err(panic),
+            };
         let decision = match decision {
             Ok(d) => d,
             Err(panic) => {
@@ -356,7 +385,7 @@ impl Round<'_> {
             PermissionDecision::Allow => input,
             PermissionDecision::Deny { reason } => return (ToolOutput::error(reason), false),
             PermissionDecision::AllowWithInput(rewritten) => {
-                if let Err(e) = self.pool.validate(&call.name, &rewritten) {
+                if let Err(e) = self.pool.validate_at(at, &call.name, &rewritten) {
                     let problems = match e {
                         crate::Error::InvalidInput { problems, .. } => problems.join("\n"),
                         other => other.to_string(),

@@ -64,6 +64,15 @@ impl PermissionRequest<'_> {
 pub trait PermissionPolicy: Send + Sync + fmt::Debug + 'static {
     /// The decision on `request`. May wait (for a human, a remote service, a parent agent).
     async fn check(&self, request: PermissionRequest<'_>) -> PermissionDecision;
+
+    /// The decision on `request` when it needs no waiting, or `None` to be asked through
+    /// [`check`](Self::check). Asked first, before every call: a policy that decides from the
+    /// request alone answers here and spares the call a boxed future. The default asks
+    /// `check`. When it answers, it must answer as `check` would.
+    fn decide_now(&self, request: &PermissionRequest<'_>) -> Option<PermissionDecision> {
+        let _ = request;
+        None
+    }
 }
 
 #[async_trait]
@@ -80,6 +89,10 @@ impl<P: PermissionPolicy + ?Sized> PermissionPolicy for Arc<P> {
     {
         (**self).check(request)
     }
+
+    fn decide_now(&self, request: &PermissionRequest<'_>) -> Option<PermissionDecision> {
+        (**self).decide_now(request)
+    }
 }
 
 /// Allows every call.
@@ -90,6 +103,10 @@ pub struct AllowAll;
 impl PermissionPolicy for AllowAll {
     async fn check(&self, _request: PermissionRequest<'_>) -> PermissionDecision {
         PermissionDecision::Allow
+    }
+
+    fn decide_now(&self, _request: &PermissionRequest<'_>) -> Option<PermissionDecision> {
+        Some(PermissionDecision::Allow)
     }
 }
 
@@ -117,6 +134,16 @@ impl Default for ReadOnly {
 #[async_trait]
 impl PermissionPolicy for ReadOnly {
     async fn check(&self, request: PermissionRequest<'_>) -> PermissionDecision {
+        self.decide(&request)
+    }
+
+    fn decide_now(&self, request: &PermissionRequest<'_>) -> Option<PermissionDecision> {
+        Some(self.decide(request))
+    }
+}
+
+impl ReadOnly {
+    fn decide(&self, request: &PermissionRequest<'_>) -> PermissionDecision {
         if request.tool.is_read_only() {
             PermissionDecision::Allow
         } else {
@@ -147,6 +174,10 @@ impl PermissionPolicy for BubbleToParent {
     async fn check(&self, request: PermissionRequest<'_>) -> PermissionDecision {
         self.parent.check(request).await
     }
+
+    fn decide_now(&self, request: &PermissionRequest<'_>) -> Option<PermissionDecision> {
+        self.parent.decide_now(request)
+    }
 }
 
 /// Allows read-only tools and the file-editing tools (`Edit`, `Write`, `NotebookEdit`, and any
@@ -162,11 +193,25 @@ pub const EDIT_TOOLS: [&str; 4] = ["Edit", "Write", "NotebookEdit", "MultiEdit"]
 #[async_trait]
 impl PermissionPolicy for AcceptEdits {
     async fn check(&self, request: PermissionRequest<'_>) -> PermissionDecision {
-        if request.tool.is_read_only() || EDIT_TOOLS.contains(&request.tool_name()) {
+        if Self::allows(&request) {
             PermissionDecision::Allow
         } else {
             self.rest.check(request).await
         }
+    }
+
+    fn decide_now(&self, request: &PermissionRequest<'_>) -> Option<PermissionDecision> {
+        if Self::allows(request) {
+            Some(PermissionDecision::Allow)
+        } else {
+            self.rest.decide_now(request)
+        }
+    }
+}
+
+impl AcceptEdits {
+    fn allows(request: &PermissionRequest<'_>) -> bool {
+        request.tool.is_read_only() || EDIT_TOOLS.contains(&request.tool_name())
     }
 }
 
@@ -201,6 +246,15 @@ impl PermissionPolicy for Both {
                 }
             }
             deny => deny,
+        }
+    }
+
+    /// Both decide now, or `check` asks both (a rewritten input goes through `check` too).
+    fn decide_now(&self, request: &PermissionRequest<'_>) -> Option<PermissionDecision> {
+        match self.first.decide_now(request)? {
+            PermissionDecision::Allow => self.then.decide_now(request),
+            PermissionDecision::AllowWithInput(_) => None,
+            deny => Some(deny),
         }
     }
 }

@@ -108,6 +108,17 @@ impl ToolPool {
         self.index.get(name).map(|i| &self.entries[i].tool)
     }
 
+    /// Where the tool `name` (or an alias) is in the pool: looked up once per call, then used
+    /// with [`tool_at`](Self::tool_at) and [`validate_at`](Self::validate_at).
+    pub(crate) fn position(&self, name: &str) -> Option<usize> {
+        self.index.get(name)
+    }
+
+    /// The tool at `at`, a [`position`](Self::position) in this pool.
+    pub(crate) fn tool_at(&self, at: usize) -> &Arc<dyn Tool> {
+        &self.entries[at].tool
+    }
+
     /// The tool definitions, in pool order, as sent to the provider.
     pub fn definitions(&self) -> Vec<ToolDefinition> {
         self.entries
@@ -210,10 +221,21 @@ impl ToolPool {
     /// [`Error::InvalidInput`] with every violation, as `at <JSON pointer>: <what is wrong>`
     /// (the root is `at /`).
     pub fn validate(&self, name: &str, input: &serde_json::Value) -> Result<()> {
-        let Some(i) = self.index.get(name) else {
-            return Ok(());
-        };
-        let validator = &self.entries[i].validator;
+        match self.index.get(name) {
+            Some(at) => self.validate_at(at, name, input),
+            None => Ok(()),
+        }
+    }
+
+    /// [`validate`](Self::validate) for the tool at `at`, a [`position`](Self::position) in
+    /// this pool (`name` is what the call named it, for the error).
+    pub(crate) fn validate_at(
+        &self,
+        at: usize,
+        name: &str,
+        input: &serde_json::Value,
+    ) -> Result<()> {
+        let validator = &self.entries[at].validator;
         // The common case, a valid input, allocates nothing.
         if validator.is_valid(input) {
             return Ok(());

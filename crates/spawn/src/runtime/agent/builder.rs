@@ -30,7 +30,8 @@ pub(super) struct BuilderParts {
     pub(super) limits: Limits,
     pub(super) settings: RequestSettings,
     pub(super) context: Option<AgentContext>,
-    pub(super) state: AgentState,
+    /// Made at `build` when no seed gave one (a child's comes from its parent).
+    pub(super) state: Option<AgentState>,
     pub(super) tree: Option<Arc<TreeState>>,
     pub(super) cancel: Option<CancellationToken>,
     pub(super) events: Option<Arc<dyn EventSink>>,
@@ -66,6 +67,12 @@ impl fmt::Debug for Extension {
     }
 }
 
+/// The default policy, one for the process: a builder made per child allocates none.
+fn allow_all() -> Arc<dyn PermissionPolicy> {
+    static ALLOW_ALL: std::sync::OnceLock<Arc<dyn PermissionPolicy>> = std::sync::OnceLock::new();
+    Arc::clone(ALLOW_ALL.get_or_init(|| Arc::new(AllowAll)))
+}
+
 impl AgentBuilder {
     pub(super) fn new(backend: Arc<dyn Backend>) -> Self {
         Self(Box::new(BuilderParts {
@@ -80,12 +87,12 @@ impl AgentBuilder {
             filter: None,
             audience: None,
             trust_modes: false,
-            policy: Arc::new(AllowAll),
+            policy: allow_all(),
             parent_policy: None,
             limits: Limits::default(),
             settings: RequestSettings::default(),
             context: None,
-            state: AgentState::default(),
+            state: None,
             tree: None,
             cancel: None,
             events: None,
@@ -277,7 +284,7 @@ impl AgentBuilder {
     /// linked cancellation and the parent's policy (for `bubble`).
     pub fn child_of(mut self, seed: ChildSeed) -> Self {
         self.0.context = Some(seed.context);
-        self.0.state = seed.state;
+        self.0.state = Some(seed.state);
         self.0.tree = Some(seed.tree);
         self.0.cancel = Some(seed.cancel);
         self.0.parent_policy = Some(seed.parent_policy);
@@ -718,7 +725,7 @@ impl AgentBuilder {
                 limits,
                 settings,
                 cx,
-                state: self.0.state,
+                state: self.0.state.unwrap_or_default(),
                 tree,
                 cancel: self.0.cancel.unwrap_or_default(),
                 pending: self.0.pending,

@@ -51,9 +51,10 @@ impl Agent {
 
     /// `<agent id>-<turn>`, in one allocation.
     fn request_label(&self) -> String {
-        use std::fmt::Write as _;
         let mut label = String::with_capacity(24);
-        let _ = write!(label, "{}-{}", self.shared.cx.id(), self.turn);
+        self.shared.cx.id().push_to(&mut label);
+        label.push('-');
+        push_decimal(&mut label, self.turn);
         label
     }
 
@@ -347,10 +348,22 @@ impl Agent {
         self.last_prefix = Some(LastPrefix::Sent(prefix.clone()));
         let sent_at_ms = crate::transcript::now_ms();
 
-        let answer = tokio::select! {
-            biased;
-            () = self.shared.cancel.cancelled() => return TurnEnd::Stop(StopReason::Cancelled),
-            a = self.stream(&request) => a,
+        // The token checked, the model asked once, and only an answer that has to wait races
+        // the token (polled first, as always): an answer that is ready at once registers no
+        // waiter on the token.
+        if self.shared.cancel.is_cancelled() {
+            return TurnEnd::Stop(StopReason::Cancelled);
+        }
+        let answer = {
+            let mut asked = std::pin::pin!(self.stream(&request));
+            match futures::poll!(asked.as_mut()) {
+                std::task::Poll::Ready(a) => a,
+                std::task::Poll::Pending => tokio::select! {
+                    biased;
+                    () = self.shared.cancel.cancelled() => return TurnEnd::Stop(StopReason::Cancelled),
+                    a = &mut asked => a,
+                },
+            }
         };
         let (response, cut_off) = match answer {
             Ok(r) => r,
@@ -694,5 +707,37 @@ pub(super) fn interrupted_results(last: Option<&Message>, why: &str) -> Vec<Cont
             })
             .collect(),
         _ => Vec::new(),
+    }
+}
+
+/// Appends `n` in decimal to `out`, without the formatting machinery (a request label is built
+/// every turn).
+fn push_decimal(out: &mut String, mut n: u32) {
+    let mut digits = [0u8; 10];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if let Ok(text) = std::str::from_utf8(&digits[at..]) {
+        out.push_str(text);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::push_decimal;
+
+    #[test]
+    fn push_decimal_writes_what_display_writes() {
+        for n in [0, 7, 10, 99, 100, 4_096, 1_000_000, u32::MAX] {
+            let mut out = String::from("x-");
+            push_decimal(&mut out, n);
+            assert_eq!(out, format!("x-{n}"));
+        }
     }
 }
