@@ -3,6 +3,31 @@
 //! Everything here produces exactly the bytes `serde_json` produces for the same value, so a
 //! prefix encoded by hand and a value serialised by `serde_json` can be spliced together.
 
+/// Appends `n` in decimal to `out`: the text `Display` (and a JSON number) writes, without the
+/// formatting machinery. For text built once per request or per child (labels, notifications).
+///
+/// ```
+/// let mut out = String::from("turn-");
+/// forkhive_core::json::push_decimal(&mut out, 4_096);
+/// assert_eq!(out, "turn-4096");
+/// ```
+pub fn push_decimal(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    // Only ASCII digits were written.
+    if let Ok(text) = std::str::from_utf8(&digits[at..]) {
+        out.push_str(text);
+    }
+}
+
 /// Appends the JSON string escape of `s` to `out`, without the surrounding quotes.
 ///
 /// The escapes are `serde_json`'s: `\"`, `\\`, `\n`, `\r`, `\t`, `\b`, `\f`, and `\u00xx`
@@ -65,6 +90,26 @@ pub fn write_str(out: &mut Vec<u8>, s: &str) {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn push_decimal_writes_what_display_writes() {
+        for n in [
+            0,
+            7,
+            10,
+            99,
+            100,
+            4_096,
+            1_000_000,
+            u64::from(u32::MAX),
+            u64::MAX,
+        ] {
+            let mut out = String::from("x-");
+            super::push_decimal(&mut out, n);
+            assert_eq!(out, format!("x-{n}"));
+        }
+    }
+
     use super::*;
     use proptest::prelude::*;
 

@@ -184,7 +184,7 @@ impl TaskNotification {
         out.push('\n');
         // The id and the numbers need no escaping: written straight in, with no string of
         // their own.
-        raw_element(&mut out, "task-id", &self.task_id);
+        raw_element(&mut out, "task-id", |out| self.task_id.push_to(out));
         if let Some(v) = &self.tool_use_id {
             element(&mut out, "tool-use-id", v);
         }
@@ -200,9 +200,13 @@ impl TaskNotification {
             element(&mut out, "result", v);
         }
         out.push_str("<usage>\n");
-        raw_element(&mut out, "total_tokens", &self.usage.total_tokens);
-        raw_element(&mut out, "tool_uses", &self.usage.tool_uses);
-        raw_element(&mut out, "duration_ms", &self.usage.duration_ms);
+        for (tag, n) in [
+            ("total_tokens", self.usage.total_tokens),
+            ("tool_uses", self.usage.tool_uses),
+            ("duration_ms", self.usage.duration_ms),
+        ] {
+            raw_element(&mut out, tag, |out| crate::json::push_decimal(out, n));
+        }
         out.push_str("</usage>\n");
         if let Some(w) = &self.worktree {
             out.push_str("<worktree>\n");
@@ -281,14 +285,13 @@ fn element(out: &mut String, tag: &str, value: &str) {
     out.push_str(">\n");
 }
 
-/// `<tag>value</tag>` for a value whose text has nothing to escape (an id, a number).
-fn raw_element(out: &mut String, tag: &str, value: &dyn std::fmt::Display) {
-    use std::fmt::Write as _;
+/// `<tag>value</tag>` for a value whose text has nothing to escape (an id, a number), which
+/// `value` writes straight into `out`.
+fn raw_element(out: &mut String, tag: &str, value: impl FnOnce(&mut String)) {
     out.push('<');
     out.push_str(tag);
     out.push('>');
-    // Writing to a `String` cannot fail.
-    let _ = write!(out, "{value}");
+    value(out);
     out.push_str("</");
     out.push_str(tag);
     out.push_str(">\n");

@@ -448,224 +448,237 @@ impl AgentTool {
         ))
     }
 
-    async fn spawn(&self, input: AgentInput, cx: &ToolContext) -> Result<String, String> {
-        let caller = crate::runtime::AgentShared::of(cx)
-            .ok_or("the Agent tool only works inside an agent loop")?;
-        let turn = cx
-            .turn()
-            .ok_or("the Agent tool only works inside an agent loop")?;
-        let me = caller.cx.as_ref();
-        // Recursive fork protection: the query source survives compaction; the boilerplate
-        // scan catches a fork whose identity was lost.
-        if me.query_source().is_fork() || is_in_fork_child(turn.sent().messages().iter()) {
-            return Err(FORK_REFUSAL_TEXT.to_owned());
-        }
-        // A teammate: `name` and `team_name`, in the host's team, started by its lead only.
-        let team = match (&input.name, &input.team_name) {
-            (Some(name), Some(team_name)) => {
-                if !self.config.teams_enabled {
-                    return Err(
-                        "teammates are not available: this host has not enabled teams".to_owned(),
-                    );
-                }
-                let team = crate::team::led_by(&caller.tree, team_name, me)?;
-                Some((team, name.clone()))
+    // A plain `fn` returning an `async move` block: the input is held once (an `async fn`
+    // holds it as given and as bound), and every `Agent` call's boxed future holds this one.
+    #[allow(clippy::manual_async_fn)]
+    fn spawn<'a>(
+        &'a self,
+        input: AgentInput,
+        cx: &'a ToolContext,
+    ) -> impl Future<Output = Result<String, String>> + Send + 'a {
+        async move {
+            let caller = crate::runtime::AgentShared::of(cx)
+                .ok_or("the Agent tool only works inside an agent loop")?;
+            let turn = cx
+                .turn()
+                .ok_or("the Agent tool only works inside an agent loop")?;
+            let me = caller.cx.as_ref();
+            // Recursive fork protection: the query source survives compaction; the boilerplate
+            // scan catches a fork whose identity was lost.
+            if me.query_source().is_fork() || is_in_fork_child(turn.sent().messages().iter()) {
+                return Err(FORK_REFUSAL_TEXT.to_owned());
             }
-            _ => None,
-        };
-        // A teammate's permission mode: `plan` holds it to read-only tools until the lead
-        // approves its plan; a mode that tightens applies on top of the caller's policy; one
-        // that loosens is not the model's to give, so the caller's policy decides.
-        let plan_mode = match (&input.mode, &team) {
-            (None, _) => false,
-            (Some(_), None) => {
-                return Err(
+            // A teammate: `name` and `team_name`, in the host's team, started by its lead only.
+            let team = match (&input.name, &input.team_name) {
+                (Some(name), Some(team_name)) => {
+                    if !self.config.teams_enabled {
+                        return Err(
+                            "teammates are not available: this host has not enabled teams"
+                                .to_owned(),
+                        );
+                    }
+                    let team = crate::team::led_by(&caller.tree, team_name, me)?;
+                    Some((team, name.clone()))
+                }
+                _ => None,
+            };
+            // A teammate's permission mode: `plan` holds it to read-only tools until the lead
+            // approves its plan; a mode that tightens applies on top of the caller's policy; one
+            // that loosens is not the model's to give, so the caller's policy decides.
+            let plan_mode = match (&input.mode, &team) {
+                (None, _) => false,
+                (Some(_), None) => {
+                    return Err(
                     "`mode` is a teammate's permission mode: give `name` and `team_name` with it"
                         .to_owned(),
                 );
-            }
-            (Some(m), Some(_)) => {
-                let mode: crate::definition::PermissionMode =
-                    m.parse().map_err(|e| format!("teammate `mode`: {e}"))?;
-                mode == crate::definition::PermissionMode::Plan
-            }
-        };
-        let policy: Option<Arc<dyn crate::tool::PermissionPolicy>> = match (&input.mode, &team) {
-            (Some(_), Some((team, name))) if plan_mode => {
-                Some(Arc::new(crate::tool::permission::Both::new(
-                    Arc::new(crate::team::PlanMode::new(team, name)),
-                    Arc::clone(&caller.policy),
-                )))
-            }
-            (Some(m), Some(_)) => m
-                .parse::<crate::definition::PermissionMode>()
-                .ok()
-                .map(|mode| {
-                    crate::tool::permission::policy_for_mode(
-                        Some(&mode),
-                        Arc::clone(&caller.policy),
-                        Some(Arc::clone(&caller.policy)),
-                        false,
-                    )
-                }),
-            _ => None,
-        };
-        if let Some(name) = &input.name {
-            check_name(name)?;
-        }
-        // `None` here: the call did not say, and the agent type decides below.
-        let asked = match input.isolation.as_deref() {
-            None => None,
-            Some("none") if self.config.isolation_enabled => Some(false),
-            Some("worktree") if self.config.isolation_enabled => match &self.config.worktree_repo {
-                Some(_) => Some(true),
-                None => {
-                    return Err(
-                        "worktree isolation is on but this host named no repository \
-                                (`AgentToolConfig::worktree_repo`)"
-                            .to_owned(),
-                    );
                 }
-            },
-            Some(other) if self.config.isolation_enabled => {
-                return Err(format!(
-                    "isolation `{other}` is not available on this host; use `worktree` or `none`"
-                ));
+                (Some(m), Some(_)) => {
+                    let mode: crate::definition::PermissionMode =
+                        m.parse().map_err(|e| format!("teammate `mode`: {e}"))?;
+                    mode == crate::definition::PermissionMode::Plan
+                }
+            };
+            let policy: Option<Arc<dyn crate::tool::PermissionPolicy>> = match (&input.mode, &team)
+            {
+                (Some(_), Some((team, name))) if plan_mode => {
+                    Some(Arc::new(crate::tool::permission::Both::new(
+                        Arc::new(crate::team::PlanMode::new(team, name)),
+                        Arc::clone(&caller.policy),
+                    )))
+                }
+                (Some(m), Some(_)) => {
+                    m.parse::<crate::definition::PermissionMode>()
+                        .ok()
+                        .map(|mode| {
+                            crate::tool::permission::policy_for_mode(
+                                Some(&mode),
+                                Arc::clone(&caller.policy),
+                                Some(Arc::clone(&caller.policy)),
+                                false,
+                            )
+                        })
+                }
+                _ => None,
+            };
+            if let Some(name) = &input.name {
+                check_name(name)?;
             }
-            Some(_) => {
-                return Err("worktree isolation is not available on this host".to_owned());
-            }
-        };
-        if me.depth() + 1 > self.config.max_depth {
-            return Err(format!(
-                "cannot start an agent: this agent is at depth {}, and agents may nest at most \
-                 {} levels; do the work directly",
-                me.depth(),
-                self.config.max_depth
-            ));
-        }
-        let fork = self.config.forks() && input.subagent_type.is_none();
-        if fork && asked == Some(true) {
-            return Err(
-                "a fork shares its parent's tools and directory (and prompt cache); name \
-                        a `subagent_type` to start a worker in its own worktree"
-                    .to_owned(),
-            );
-        }
-        let strategy: &dyn SpawnStrategy = if fork { &Fork } else { &Subagent };
-        let definition = if fork {
-            None
-        } else {
-            Some(Subagent::definition(&self.config.registry, &input).map_err(|e| chain(&e))?)
-        };
-        self.check_model(&input, turn.sent().model(), definition.map(|d| &**d))?;
-        // Unless the call said: a definition's own `isolation: worktree`, and in coordinator
-        // mode any worker that can write, gets a worktree — two writers in one directory lose
-        // edits silently ("Coordinator Mode: A Working Multi-Agent System, From the Source —
-        // gotchas").
-        let isolate = asked.unwrap_or_else(|| {
-            let Some(def) = definition else { return false };
-            if !self.config.isolation_enabled || self.config.worktree_repo.is_none() {
-                return false;
-            }
-            if def.isolation.as_deref() == Some("worktree") {
-                return true;
-            }
-            let base = &self.subagent_base(&caller.pool);
-            self.config.coordinator_mode
-                && self
-                    .filter
-                    .pool(
-                        base,
-                        crate::tool::ToolAudience::Background,
-                        def.tools.as_deref(),
-                        def.disallowed_tools.as_deref(),
-                    )
-                    .names()
-                    .iter()
-                    .any(|n| base.get(n).is_some_and(|t| !t.is_read_only()))
-        });
-        let definition_background = definition.is_none_or(|d| d.background);
-        let background = team.is_some()
-            || should_run_async(AsyncInputs {
-                run_in_background: input.run_in_background.unwrap_or(false),
-                definition_background,
-                coordinator: self.config.coordinator_mode,
-                // Fork mode forces every spawn into the background, typed subagents too: the
-                // fork experiment's `forceAsync` is a mode, not a property of one fork ("Coordinator
-                // Mode: A Working Multi-Agent System, From the Source — The Sync-vs-Async
-                // Decision").
-                fork_force_async: self.config.forks(),
-                assistant_force_async: self.config.assistant_force_async,
-                proactive_active: self.config.proactive_active,
-                background_disabled: self.config.background_disabled,
-            });
-        // The tree's one service: the host's (`AgentBuilder::tasks` or inserted), else one
-        // with the defaults. Its `TaskConfig` is the only one there is.
-        let service = caller.tree.extensions().get_or_insert_with(|| {
-            TaskService::unshared(Arc::new(MemoryTaskRegistry::new()), TaskConfig::default())
-        });
-        let slot = service.acquire(*me.id()).map_err(|e| chain(&e))?;
-        let progress = Arc::new(Progress::default());
-        let child_id = TaskId::generate(TaskKind::Agent);
-        let output = match &service.config().output {
-            Some(cfg) if background => Some(Arc::new(
-                OutputFile::create(cfg, &child_id)
-                    .await
-                    .map_err(|e| format!("could not start the agent: {e}"))?,
-            )),
-            _ => None,
-        };
-        // Its own checkout on its own branch: its tools work there, and its owner removes it
-        // at the end only if nothing changed.
-        let (worktree, rooted) = match (isolate, &self.config.worktree_repo) {
-            (true, Some(repo)) => {
-                let slug = format!("agent-{child_id}");
-                // The worktree's futures are boxed (here and where it is finished): a call that
-                // starts no worktree keeps a small future.
-                let wt = crate::worktree::Unfinished::new(
-                    Box::pin(crate::worktree::Worktree::create(repo, &slug, None))
-                        .await
-                        .map_err(|e| chain(&e))?,
-                );
-                // The tools it will have (its definition's, through the layers), moved there.
-                let base = &self.subagent_base(&caller.pool);
-                let audience = if background {
-                    crate::tool::ToolAudience::Background
-                } else {
-                    crate::tool::ToolAudience::Foreground
-                };
-                let base = self.filter.pool(
-                    base,
-                    audience,
-                    definition.and_then(|d| d.tools.as_deref()),
-                    definition.and_then(|d| d.disallowed_tools.as_deref()),
-                );
-                let path = wt.get().map(|w| w.path().to_path_buf()).unwrap_or_default();
-                match base.rooted(&path).await {
-                    Ok(pool) => (Some(wt), Some(pool)),
-                    Err(e) => {
-                        // Nobody owns the tree yet: this call finishes it (untouched: removed).
-                        if let Some(wt) = wt.take() {
-                            let _ = Box::pin(wt.finish()).await;
+            // `None` here: the call did not say, and the agent type decides below.
+            let asked = match input.isolation.as_deref() {
+                None => None,
+                Some("none") if self.config.isolation_enabled => Some(false),
+                Some("worktree") if self.config.isolation_enabled => {
+                    match &self.config.worktree_repo {
+                        Some(_) => Some(true),
+                        None => {
+                            return Err(
+                                "worktree isolation is on but this host named no repository \
+                                (`AgentToolConfig::worktree_repo`)"
+                                    .to_owned(),
+                            );
                         }
-                        if asked == Some(true) {
-                            return Err(chain(&e));
-                        }
-                        // Chosen by default, not asked for: the worker works as it would have.
-                        tracing::warn!("no worktree for this worker: {}", chain(&e));
-                        (None, None)
                     }
                 }
+                Some(other) if self.config.isolation_enabled => {
+                    return Err(format!(
+                        "isolation `{other}` is not available on this host; use `worktree` or `none`"
+                    ));
+                }
+                Some(_) => {
+                    return Err("worktree isolation is not available on this host".to_owned());
+                }
+            };
+            if me.depth() + 1 > self.config.max_depth {
+                return Err(format!(
+                    "cannot start an agent: this agent is at depth {}, and agents may nest at most \
+                 {} levels; do the work directly",
+                    me.depth(),
+                    self.config.max_depth
+                ));
             }
-            _ => (None, None),
-        };
-        // A worker in a worktree is told where it works, and where to commit.
-        let with_tree;
-        let user_context = match worktree.as_ref().and_then(|w| w.get()) {
-            Some(wt) => {
-                let mut uc = self.config.subagent_user_context.clone();
-                uc.push((
+            let fork = self.config.forks() && input.subagent_type.is_none();
+            if fork && asked == Some(true) {
+                return Err(
+                    "a fork shares its parent's tools and directory (and prompt cache); name \
+                        a `subagent_type` to start a worker in its own worktree"
+                        .to_owned(),
+                );
+            }
+            let strategy: &dyn SpawnStrategy = if fork { &Fork } else { &Subagent };
+            let definition = if fork {
+                None
+            } else {
+                Some(Subagent::definition(&self.config.registry, &input).map_err(|e| chain(&e))?)
+            };
+            self.check_model(&input, turn.sent().model(), definition.map(|d| &**d))?;
+            // Unless the call said: a definition's own `isolation: worktree`, and in coordinator
+            // mode any worker that can write, gets a worktree — two writers in one directory lose
+            // edits silently ("Coordinator Mode: A Working Multi-Agent System, From the Source —
+            // gotchas").
+            let isolate = asked.unwrap_or_else(|| {
+                let Some(def) = definition else { return false };
+                if !self.config.isolation_enabled || self.config.worktree_repo.is_none() {
+                    return false;
+                }
+                if def.isolation.as_deref() == Some("worktree") {
+                    return true;
+                }
+                let base = &self.subagent_base(&caller.pool);
+                self.config.coordinator_mode
+                    && self
+                        .filter
+                        .pool(
+                            base,
+                            crate::tool::ToolAudience::Background,
+                            def.tools.as_deref(),
+                            def.disallowed_tools.as_deref(),
+                        )
+                        .names()
+                        .iter()
+                        .any(|n| base.get(n).is_some_and(|t| !t.is_read_only()))
+            });
+            let definition_background = definition.is_none_or(|d| d.background);
+            let background = team.is_some()
+                || should_run_async(AsyncInputs {
+                    run_in_background: input.run_in_background.unwrap_or(false),
+                    definition_background,
+                    coordinator: self.config.coordinator_mode,
+                    // Fork mode forces every spawn into the background, typed subagents too: the
+                    // fork experiment's `forceAsync` is a mode, not a property of one fork ("Coordinator
+                    // Mode: A Working Multi-Agent System, From the Source — The Sync-vs-Async
+                    // Decision").
+                    fork_force_async: self.config.forks(),
+                    assistant_force_async: self.config.assistant_force_async,
+                    proactive_active: self.config.proactive_active,
+                    background_disabled: self.config.background_disabled,
+                });
+            // The tree's one service: the host's (`AgentBuilder::tasks` or inserted), else one
+            // with the defaults. Its `TaskConfig` is the only one there is.
+            let service = caller.tree.extensions().get_or_insert_with(|| {
+                TaskService::unshared(Arc::new(MemoryTaskRegistry::new()), TaskConfig::default())
+            });
+            let slot = service.acquire(*me.id()).map_err(|e| chain(&e))?;
+            let progress = Arc::new(Progress::default());
+            let child_id = TaskId::generate(TaskKind::Agent);
+            let output = match &service.config().output {
+                Some(cfg) if background => Some(Arc::new(
+                    OutputFile::create(cfg, &child_id)
+                        .await
+                        .map_err(|e| format!("could not start the agent: {e}"))?,
+                )),
+                _ => None,
+            };
+            // Its own checkout on its own branch: its tools work there, and its owner removes it
+            // at the end only if nothing changed.
+            let (worktree, rooted) = match (isolate, &self.config.worktree_repo) {
+                (true, Some(repo)) => {
+                    let slug = format!("agent-{child_id}");
+                    // The worktree's futures are boxed (here and where it is finished): a call that
+                    // starts no worktree keeps a small future.
+                    let wt = crate::worktree::Unfinished::new(
+                        Box::pin(crate::worktree::Worktree::create(repo, &slug, None))
+                            .await
+                            .map_err(|e| chain(&e))?,
+                    );
+                    // The tools it will have (its definition's, through the layers), moved there.
+                    let base = &self.subagent_base(&caller.pool);
+                    let audience = if background {
+                        crate::tool::ToolAudience::Background
+                    } else {
+                        crate::tool::ToolAudience::Foreground
+                    };
+                    let base = self.filter.pool(
+                        base,
+                        audience,
+                        definition.and_then(|d| d.tools.as_deref()),
+                        definition.and_then(|d| d.disallowed_tools.as_deref()),
+                    );
+                    let path = wt.get().map(|w| w.path().to_path_buf()).unwrap_or_default();
+                    match base.rooted(&path).await {
+                        Ok(pool) => (Some(wt), Some(pool)),
+                        Err(e) => {
+                            // Nobody owns the tree yet: this call finishes it (untouched: removed).
+                            if let Some(wt) = wt.take() {
+                                let _ = Box::pin(wt.finish()).await;
+                            }
+                            if asked == Some(true) {
+                                return Err(chain(&e));
+                            }
+                            // Chosen by default, not asked for: the worker works as it would have.
+                            tracing::warn!("no worktree for this worker: {}", chain(&e));
+                            (None, None)
+                        }
+                    }
+                }
+                _ => (None, None),
+            };
+            // A worker in a worktree is told where it works, and where to commit.
+            let with_tree;
+            let user_context = match worktree.as_ref().and_then(|w| w.get()) {
+                Some(wt) => {
+                    let mut uc = self.config.subagent_user_context.clone();
+                    uc.push((
                     "worktree".to_owned(),
                     format!(
                         "You work in your own git worktree at {} on branch {}. Commit your work \
@@ -674,164 +687,167 @@ impl AgentTool {
                         wt.branch()
                     ),
                 ));
-                with_tree = uc;
-                &with_tree
-            }
-            None => &self.config.subagent_user_context,
-        };
-        let subagent_base = self
-            .config
-            .subagent_tools
-            .as_ref()
-            .map(|_| self.subagent_base(&caller.pool));
-        let prepared = strategy
-            .prepare(
-                &input,
-                SpawnContext {
-                    caller,
-                    turn,
-                    policy,
-                    registry: &self.config.registry,
-                    subagent_tools: rooted.as_ref().or(subagent_base.as_ref()),
-                    filter: &self.filter,
-                    heads: &self.heads,
-                    child_limits: &self.config.child_limits,
-                    user_context,
-                    fork_layout: self.config.fork_layout,
-                    warm_fanout: self.config.warm_fanout,
-                    progress: Arc::clone(&progress),
-                    output: output.clone(),
-                    child_id,
-                },
-                background,
-            )
-            .await;
-        let mut prepared = match prepared {
-            Ok(p) => p,
-            Err(e) => {
-                // Not started: the tree has no owner yet, so this call finishes it.
-                if let Some(wt) = worktree.and_then(|w| w.take()) {
-                    let _ = Box::pin(wt.finish()).await;
+                    with_tree = uc;
+                    &with_tree
                 }
-                return Err(chain(&e));
-            }
-        };
-        if let Some((team, name)) = &team {
-            let joined = team.join(crate::team::Member {
-                name: name.clone(),
-                task: child_id,
-                agent_type: definition.map(|d| d.name.clone()).unwrap_or_default(),
-                state: crate::team::MemberState::Running,
-            });
-            if let Err(e) = joined {
-                if let Some(wt) = worktree.and_then(|w| w.take()) {
-                    let _ = Box::pin(wt.finish()).await;
+                None => &self.config.subagent_user_context,
+            };
+            let subagent_base = self
+                .config
+                .subagent_tools
+                .as_ref()
+                .map(|_| self.subagent_base(&caller.pool));
+            // One binding: a second (`let prepared = …; let mut prepared = match prepared`) would
+            // keep both in the call's future across the start below.
+            let mut prepared = match strategy
+                .prepare(
+                    &input,
+                    SpawnContext {
+                        caller,
+                        turn,
+                        policy,
+                        registry: &self.config.registry,
+                        subagent_tools: rooted.as_ref().or(subagent_base.as_ref()),
+                        filter: &self.filter,
+                        heads: &self.heads,
+                        child_limits: &self.config.child_limits,
+                        user_context,
+                        fork_layout: self.config.fork_layout,
+                        warm_fanout: self.config.warm_fanout,
+                        progress: Arc::clone(&progress),
+                        output: output.clone(),
+                        child_id,
+                    },
+                    background,
+                )
+                .await
+            {
+                Ok(p) => p,
+                Err(e) => {
+                    // Not started: the tree has no owner yet, so this call finishes it.
+                    if let Some(wt) = worktree.and_then(|w| w.take()) {
+                        let _ = Box::pin(wt.finish()).await;
+                    }
+                    return Err(chain(&e));
                 }
-                return Err(chain(&e));
+            };
+            if let Some((team, name)) = &team {
+                let joined = team.join(crate::team::Member {
+                    name: name.clone(),
+                    task: child_id,
+                    agent_type: definition.map(|d| d.name.clone()).unwrap_or_default(),
+                    state: crate::team::MemberState::Running,
+                });
+                if let Err(e) = joined {
+                    if let Some(wt) = worktree.and_then(|w| w.take()) {
+                        let _ = Box::pin(wt.finish()).await;
+                    }
+                    return Err(chain(&e));
+                }
+                if plan_mode {
+                    team.enter_plan_mode(name);
+                }
+                team.serve_lead(caller.pending.clone());
+                prepared.first = FirstInput::Custom(crate::team::teammate_run(
+                    Arc::clone(team),
+                    name.clone(),
+                    crate::team::teammate_prompt(team.name(), name, plan_mode, &input.prompt),
+                ));
             }
-            if plan_mode {
-                team.enter_plan_mode(name);
-            }
-            team.serve_lead(caller.pending.clone());
-            prepared.first = FirstInput::Custom(crate::team::teammate_run(
-                Arc::clone(team),
-                name.clone(),
-                crate::team::teammate_prompt(team.name(), name, plan_mode, &input.prompt),
-            ));
-        }
-        let mode = if background {
-            Mode::Background
-        } else {
-            Mode::Foreground
-        };
-        // Foreground or background, the child is started through the one service that owns
-        // its life: a foreground call only awaits its handle, so a call that times out or is
-        // dropped with its parent stops the child, which still ends recorded and accounted.
-        let handle = service
-            .start(
-                Launch {
-                    agent: prepared.agent,
-                    first: prepared.first,
-                    description: input.description.clone(),
-                    tool_use_id: Some(cx.tool_use_id().to_owned()),
-                    parent_queue: caller.pending.clone(),
-                    progress,
-                    output: output.clone(),
-                    slot,
-                    gate: prepared.gate,
-                    events: caller.events.clone(),
-                    ledger: Some(caller.children.clone()),
-                    parent_turn: turn.turn(),
-                    worktree,
-                    // The host's deadline for the type, else the definition's own.
-                    deadline: self
-                        .config
-                        .deadlines
-                        .get(definition.map_or("fork", |d| d.name.as_str()))
-                        .copied()
-                        .or(definition.and_then(|d| d.deadline)),
-                    name: input.name.clone(),
-                },
-                mode,
-            )
-            .await
-            // A teammate that never started is stopped on the roster by its run's guard,
-            // dropped with the launch.
-            .map_err(|e| format!("could not start the agent: {e}"))?;
-        if let Some((team, name)) = &team {
-            let id = handle.id();
-            return Ok(format!(
-                "Teammate `{name}` started in team `{}` as task {id}. It works on its prompt, \
+            let mode = if background {
+                Mode::Background
+            } else {
+                Mode::Foreground
+            };
+            // Foreground or background, the child is started through the one service that owns
+            // its life: a foreground call only awaits its handle, so a call that times out or is
+            // dropped with its parent stops the child, which still ends recorded and accounted.
+            let handle = service
+                .start(
+                    Launch {
+                        agent: prepared.agent,
+                        first: prepared.first,
+                        description: input.description.clone(),
+                        tool_use_id: Some(cx.tool_use_id().to_owned()),
+                        parent_queue: caller.pending.clone(),
+                        progress,
+                        output: output.clone(),
+                        slot,
+                        gate: prepared.gate,
+                        events: caller.events.clone(),
+                        ledger: Some(caller.children.clone()),
+                        parent_turn: turn.turn(),
+                        worktree,
+                        // The host's deadline for the type, else the definition's own.
+                        deadline: self
+                            .config
+                            .deadlines
+                            .get(definition.map_or("fork", |d| d.name.as_str()))
+                            .copied()
+                            .or(definition.and_then(|d| d.deadline)),
+                        name: input.name.clone(),
+                    },
+                    mode,
+                )
+                .await
+                // A teammate that never started is stopped on the roster by its run's guard,
+                // dropped with the launch.
+                .map_err(|e| format!("could not start the agent: {e}"))?;
+            if let Some((team, name)) = &team {
+                let id = handle.id();
+                return Ok(format!(
+                    "Teammate `{name}` started in team `{}` as task {id}. It works on its prompt, \
                  then goes idle and you get an idle_notification; it stays until you send it a \
                  shutdown_request. Write to it with SendMessage (`to`: `{name}`); its letters \
                  reach you as <teammate-message> blocks.{}",
-                team.name(),
-                if plan_mode {
-                    " It is in plan mode: it sends you its plan, and changes nothing before you \
+                    team.name(),
+                    if plan_mode {
+                        " It is in plan mode: it sends you its plan, and changes nothing before you \
                      answer with a plan_approval_response."
-                } else {
-                    ""
-                }
-            ));
-        }
-        if background {
-            const STARTED: &str = "\" started in the background as task ";
-            const NOTIFIED: &str = "). You will be notified with its result when it finishes; \
-                                    do not wait or poll for it.";
-            const OUTPUT: [&str; 2] = [" Its output is written to ", "."];
-            let path = output.as_ref().map(|o| o.path().to_string_lossy());
-            let kind = strategy.name();
-            // It stays in the parent's conversation as long as the parent lives: one exact
-            // allocation, written without the formatting machinery (a wide fan-out keeps
-            // thousands, and writes one per child).
-            let mut text = String::with_capacity(
-                "Agent \"".len()
-                    + input.description.len()
-                    + STARTED.len()
-                    + forkhive_core::task_id::TaskId::LEN
-                    + " (".len()
-                    + kind.len()
-                    + NOTIFIED.len()
-                    + path
-                        .as_ref()
-                        .map_or(0, |p| OUTPUT[0].len() + p.len() + OUTPUT[1].len()),
-            );
-            text.push_str("Agent \"");
-            text.push_str(&input.description);
-            text.push_str(STARTED);
-            handle.id().push_to(&mut text);
-            text.push_str(" (");
-            text.push_str(kind);
-            text.push_str(NOTIFIED);
-            if let Some(path) = &path {
-                text.push_str(OUTPUT[0]);
-                text.push_str(path);
-                text.push_str(OUTPUT[1]);
+                    } else {
+                        ""
+                    }
+                ));
             }
-            return Ok(text);
+            if background {
+                const STARTED: &str = "\" started in the background as task ";
+                const NOTIFIED: &str = "). You will be notified with its result when it finishes; \
+                                    do not wait or poll for it.";
+                const OUTPUT: [&str; 2] = [" Its output is written to ", "."];
+                let path = output.as_ref().map(|o| o.path().to_string_lossy());
+                let kind = strategy.name();
+                // It stays in the parent's conversation as long as the parent lives: one exact
+                // allocation, written without the formatting machinery (a wide fan-out keeps
+                // thousands, and writes one per child).
+                let mut text = String::with_capacity(
+                    "Agent \"".len()
+                        + input.description.len()
+                        + STARTED.len()
+                        + forkhive_core::task_id::TaskId::LEN
+                        + " (".len()
+                        + kind.len()
+                        + NOTIFIED.len()
+                        + path
+                            .as_ref()
+                            .map_or(0, |p| OUTPUT[0].len() + p.len() + OUTPUT[1].len()),
+                );
+                text.push_str("Agent \"");
+                text.push_str(&input.description);
+                text.push_str(STARTED);
+                handle.id().push_to(&mut text);
+                text.push_str(" (");
+                text.push_str(kind);
+                text.push_str(NOTIFIED);
+                if let Some(path) = &path {
+                    text.push_str(OUTPUT[0]);
+                    text.push_str(path);
+                    text.push_str(OUTPUT[1]);
+                }
+                return Ok(text);
+            }
+            let end = handle.end().await.map_err(|e| e.to_string())?;
+            foreground_result(&end)
         }
-        let end = handle.end().await.map_err(|e| e.to_string())?;
-        foreground_result(&end)
     }
 }
 

@@ -71,12 +71,13 @@ impl QuerySource {
 
     /// A built-in agent type.
     pub fn builtin(agent_type: &str) -> Self {
-        Self(format!("agent:builtin:{agent_type}"))
+        // Concatenated, not formatted: every child's source is made once at its start.
+        Self(["agent:builtin:", agent_type].concat())
     }
 
     /// A custom agent type.
     pub fn custom(agent_type: &str) -> Self {
-        Self(format!("agent:custom:{agent_type}"))
+        Self(["agent:custom:", agent_type].concat())
     }
 
     /// An agent without a definition.

@@ -1507,7 +1507,8 @@ fn notification(
             // One mapping of stop reasons to ends, shared with the foreground and `verify`.
             let status = run.stop.task_status();
             let summary = match (&run.stop, status) {
-                (StopReason::Completed, _) => format!("Agent \"{d}\" finished"),
+                // Every finished child's: concatenated, not formatted.
+                (StopReason::Completed, _) => ["Agent \"", d, "\" finished"].concat(),
                 (_, Completed) => format!("Agent \"{d}\" {}", run.stop),
                 (_, Killed) => format!("Agent \"{d}\" was stopped"),
                 (StopReason::Refusal, _) => format!("Agent \"{d}\" failed: the model refused"),

@@ -54,7 +54,7 @@ impl Agent {
         let mut label = String::with_capacity(24);
         self.shared.cx.id().push_to(&mut label);
         label.push('-');
-        push_decimal(&mut label, self.turn);
+        forkhive_core::json::push_decimal(&mut label, u64::from(self.turn));
         label
     }
 
@@ -707,37 +707,5 @@ pub(super) fn interrupted_results(last: Option<&Message>, why: &str) -> Vec<Cont
             })
             .collect(),
         _ => Vec::new(),
-    }
-}
-
-/// Appends `n` in decimal to `out`, without the formatting machinery (a request label is built
-/// every turn).
-fn push_decimal(out: &mut String, mut n: u32) {
-    let mut digits = [0u8; 10];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    if let Ok(text) = std::str::from_utf8(&digits[at..]) {
-        out.push_str(text);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::push_decimal;
-
-    #[test]
-    fn push_decimal_writes_what_display_writes() {
-        for n in [0, 7, 10, 99, 100, 4_096, 1_000_000, u32::MAX] {
-            let mut out = String::from("x-");
-            push_decimal(&mut out, n);
-            assert_eq!(out, format!("x-{n}"));
-        }
     }
 }
