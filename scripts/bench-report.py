@@ -6,6 +6,7 @@ Usage: cargo bench --bench fork_prefix && python3 scripts/bench-report.py [fork_
        cargo bench --bench send_message && python3 scripts/bench-report.py send_message
        cargo bench --bench mailbox && python3 scripts/bench-report.py mailbox
        cargo bench --bench mailbox && python3 scripts/bench-report.py notify
+       cargo bench --bench fanout && python3 scripts/bench-report.py fanout
 """
 import json
 import pathlib
@@ -42,6 +43,20 @@ if group == "send_message":
             print(f"{name:>12}: {fmt(got[name])} from send to the request that carries it")
     if "next_round" in got and "end_of_turn" in got:
         print(f"end_of_turn / next_round: {got['end_of_turn'] / got['next_round']:,.0f}x")
+    sys.exit(0)
+
+if group == "fanout":
+    # Ids are "forkhive/<n>" and "naive/<n>": one fan-out to n background children.
+    got = {}
+    for est in sorted(root.glob("*/*/new/estimates.json")):
+        variant, n = est.parts[-4], int(est.parts[-3])
+        got[(variant, n)] = median_ns(est) / n
+    print(f"{'children':>8} {'forkhive/child':>15} {'naive/child':>12} {'forkhive - naive':>17} {'ratio':>6}")
+    for n in sorted({n for _, n in got}):
+        ours, floor = got.get(("forkhive", n)), got.get(("naive", n))
+        if ours is None or floor is None:
+            continue
+        print(f"{n:>8} {fmt(ours):>15} {fmt(floor):>12} {fmt(ours - floor):>17} {ours / floor:>5.1f}x")
     sys.exit(0)
 
 if group == "agent_turns":
