@@ -46,12 +46,15 @@ if group == "send_message":
     sys.exit(0)
 
 if group == "fanout":
-    # Ids are "forkhive/<n>" and "naive/<n>": one fan-out to n background children.
+    # Ids are "forkhive/<n>" and "naive/<n>" (the floor): one fan-out to n background children,
+    # each median divided by n.
+    if not any(root.glob("*/*/new/estimates.json")):
+        sys.exit(f"no results under {root}: run `cargo bench --bench fanout` from the repository root first")
     got = {}
     for est in sorted(root.glob("*/*/new/estimates.json")):
         variant, n = est.parts[-4], int(est.parts[-3])
         got[(variant, n)] = median_ns(est) / n
-    print(f"{'children':>8} {'forkhive/child':>15} {'naive/child':>12} {'forkhive - naive':>17} {'ratio':>6}")
+    print(f"{'children':>8} {'forkhive/child':>15} {'floor/child':>12} {'forkhive - floor':>17} {'ratio':>6}")
     for n in sorted({n for _, n in got}):
         ours, floor = got.get(("forkhive", n)), got.get(("naive", n))
         if ours is None or floor is None:

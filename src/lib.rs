@@ -114,6 +114,11 @@ pub struct TimelineDocDoctests;
 #[doc = include_str!("../docs/teams.md")]
 pub struct TeamsDocDoctests;
 
+/// The code in `docs/tools.md`, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/tools.md")]
+pub struct ToolsDocDoctests;
+
 /// The code in `docs/hooks.md`, compiled and run as a doctest.
 #[cfg(doctest)]
 #[doc = include_str!("../docs/hooks.md")]
@@ -164,7 +169,8 @@ pub mod prelude {
     pub use forkhive_spawn::tool::memory::MemoryRoots;
     #[doc(inline)]
     pub use forkhive_spawn::tool::{
-        FnTool, InBackground, PermissionPolicy, Tool, ToolContext, ToolOutput, ToolPool,
+        FnTool, InBackground, PermissionDecision, PermissionPolicy, PermissionRequest, Tool,
+        ToolContext, ToolOutput, ToolPool,
     };
     #[doc(inline)]
     pub use forkhive_transport::simulator::PromptCacheSimulator;
