@@ -713,3 +713,36 @@ impl Hook for CommandHook {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn hook(matcher: &str) -> Arc<dyn Hook> {
+        Arc::new(CommandHook::new(HookEvent::PreToolUse, matcher, "true").unwrap())
+    }
+
+    /// No hooks, made any way, is empty and wants nothing; `then` keeps the order and either
+    /// side may be empty.
+    #[test]
+    fn empty_and_chained_hooks() {
+        for none in [Hooks::new(), Hooks::default(), Hooks::of([])] {
+            assert!(none.is_empty());
+            assert_eq!(none.len(), 0);
+            assert!(!none.wants(HookEvent::PreToolUse, Some("Bash")));
+            assert!(none.then(&Hooks::new()).is_empty());
+        }
+        let bash = Hooks::of([hook("Bash")]);
+        let read = Hooks::of([hook("Read")]);
+        for one in [Hooks::new().then(&bash), bash.then(&Hooks::new())] {
+            assert_eq!(one.len(), 1);
+            assert!(one.wants(HookEvent::PreToolUse, Some("Bash")));
+            assert!(!one.wants(HookEvent::PreToolUse, Some("Read")));
+        }
+        let both = bash.then(&read);
+        assert_eq!(both.len(), 2);
+        assert!(both.wants(HookEvent::PreToolUse, Some("Read")));
+        assert!(!both.wants(HookEvent::PostToolUse, Some("Read")));
+    }
+}

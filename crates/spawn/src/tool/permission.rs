@@ -306,3 +306,94 @@ pub fn policy_for_mode(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use crate::tool::{FnTool, ToolOutput};
+    use forkhive_core::ToolDefinition;
+
+    fn tool(name: &str, read_only: bool) -> FnTool {
+        let t = FnTool::new(
+            ToolDefinition::new(name, "a tool", r#"{"type":"object"}"#).unwrap(),
+            |_, _| async { ToolOutput::text("ran") },
+        );
+        if read_only { t.read_only() } else { t }
+    }
+
+    /// Asks `first` and rewrites the input: its answer can only come from `check`.
+    #[derive(Debug)]
+    struct Rewrites;
+
+    #[async_trait]
+    impl PermissionPolicy for Rewrites {
+        async fn check(&self, _request: PermissionRequest<'_>) -> PermissionDecision {
+            PermissionDecision::AllowWithInput(serde_json::json!({"safe": true}))
+        }
+    }
+
+    /// Every built-in that answers through `decide_now` answers as its `check` does, for a
+    /// read-only tool, an editing tool and a shell; `Both` leaves a rewritten input to `check`.
+    #[tokio::test]
+    async fn decide_now_answers_as_check_does() {
+        let deny: Arc<dyn PermissionPolicy> = Arc::new(ReadOnly::new("no"));
+        let allow: Arc<dyn PermissionPolicy> = Arc::new(AllowAll);
+        let policies: Vec<(&str, Arc<dyn PermissionPolicy>)> = vec![
+            ("AllowAll", Arc::clone(&allow)),
+            ("ReadOnly", Arc::clone(&deny)),
+            (
+                "AcceptEdits",
+                Arc::new(AcceptEdits {
+                    rest: Arc::clone(&deny),
+                }),
+            ),
+            (
+                "BubbleToParent",
+                Arc::new(BubbleToParent::new(Arc::clone(&deny))),
+            ),
+            (
+                "Both",
+                Arc::new(Both::new(Arc::clone(&allow), Arc::clone(&deny))),
+            ),
+            ("Arc", Arc::new(Arc::clone(&deny))),
+        ];
+        let agent = AgentContext::main();
+        let input = serde_json::json!({});
+        for t in [tool("Read", true), tool("Edit", false), tool("Bash", false)] {
+            let request = PermissionRequest {
+                tool: &t,
+                input: &input,
+                agent: &agent,
+                tool_use_id: "toolu_1",
+            };
+            for (name, p) in &policies {
+                let now = p.decide_now(&request);
+                assert!(
+                    now.is_some(),
+                    "{name} answers {} at once",
+                    request.tool_name()
+                );
+                assert_eq!(
+                    now,
+                    Some(p.check(request).await),
+                    "{name} on {}",
+                    request.tool_name()
+                );
+            }
+        }
+        let rewriting = Both::new(Arc::new(Rewrites), allow);
+        let t = tool("Bash", false);
+        let request = PermissionRequest {
+            tool: &t,
+            input: &input,
+            agent: &agent,
+            tool_use_id: "toolu_2",
+        };
+        assert_eq!(rewriting.decide_now(&request), None);
+        assert_eq!(
+            rewriting.check(request).await,
+            PermissionDecision::AllowWithInput(serde_json::json!({"safe": true}))
+        );
+    }
+}
