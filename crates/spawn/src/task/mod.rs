@@ -626,7 +626,7 @@ struct Owned {
     tool_use_id: Option<String>,
     events: Option<Arc<dyn EventSink>>,
     ledger: Option<ChildLedger>,
-    worktree: Option<crate::worktree::Worktree>,
+    worktree: Option<Box<crate::worktree::Worktree>>,
     report: Option<oneshot::Sender<ChildEnd>>,
     /// How to resume it for a message after it ends (a background child with a transcript);
     /// boxed, since most children have none and every owner is allocated whole.
@@ -1284,7 +1284,9 @@ impl TaskService {
                 tool_use_id,
                 events,
                 ledger,
-                worktree: worktree.and_then(crate::worktree::Unfinished::take),
+                worktree: worktree
+                    .and_then(crate::worktree::Unfinished::take)
+                    .map(Box::new),
                 report,
                 revive,
                 _settled: None,

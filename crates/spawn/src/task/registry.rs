@@ -211,7 +211,9 @@ struct Entry {
 
 #[derive(Debug, Default)]
 struct Inner {
-    tasks: IdMap<Entry>,
+    /// Boxed: the table holds a pointer per slot, so its spare capacity (up to half of it
+    /// after a resize) and a resize's copy cost pointers, not whole records.
+    tasks: IdMap<Box<Entry>>,
     /// Each parent's children, in creation order.
     order: IdMap<BTreeMap<u64, TaskId>>,
     /// Usage of everything below a task (registered or not) that has ended.
@@ -365,12 +367,12 @@ impl TaskRegistry for MemoryTaskRegistry {
         }
         inner.tasks.insert(
             id,
-            Entry {
+            Box::new(Entry {
                 record,
                 seq,
                 live_below: 0,
                 ancestors,
-            },
+            }),
         );
         Ok(())
     }

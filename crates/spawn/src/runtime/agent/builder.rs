@@ -689,7 +689,7 @@ impl AgentBuilder {
                 for m in params.messages().iter().skip(skip).chain(&self.0.unsent) {
                     w.message(m).await?;
                 }
-                Some(w)
+                Some(Box::new(w))
             }
             None => None,
         };

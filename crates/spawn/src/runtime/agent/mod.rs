@@ -86,7 +86,9 @@ pub struct Agent {
     shared: Arc<AgentShared>,
     params: CacheSafeParams,
     emit: Emitter,
-    transcript: Option<TranscriptWriter>,
+    /// Boxed: most agents write none, and one that has not started yet (a background child
+    /// of a wide fan-out) should hold a pointer, not the writer's state.
+    transcript: Option<Box<TranscriptWriter>>,
     last_prefix: Option<LastPrefix>,
     turn: u32,
     /// Why the model stopped its last answer (`None` before the first): whether a
@@ -191,7 +193,7 @@ impl Agent {
 
     /// The transcript file, if one is written.
     pub fn transcript_path(&self) -> Option<&Path> {
-        self.transcript.as_ref().map(TranscriptWriter::path)
+        self.transcript.as_deref().map(TranscriptWriter::path)
     }
 
     /// Model turns over the agent's life.

@@ -78,7 +78,7 @@ impl Agent {
         }))
         .build()
         .await?;
-        agent.transcript = Some(writer);
+        agent.transcript = Some(Box::new(writer));
         // A crash in the middle of a tool round leaves calls without results, which no provider
         // accepts: answer each with an error and record it.
         let interrupted = super::turn::interrupted_results(
