@@ -1586,6 +1586,21 @@ mod tests {
     use super::*;
     use forkhive_core::TaskKind;
 
+    /// Every child of a wide fan-out that has not run yet holds its owner (and its agent, in
+    /// the future the task polls): 10,000 of them at once is the fan-out the docs measure. A
+    /// field that grows these is a decision to take knowingly (box what is rare).
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn what_an_unstarted_child_holds_stays_small() {
+        let owned = std::mem::size_of::<Owned>();
+        assert!(owned <= 416, "task::Owned grew to {owned} bytes (was 416)");
+        let agent = std::mem::size_of::<crate::runtime::Agent>();
+        assert!(
+            agent <= 208,
+            "runtime::Agent grew to {agent} bytes (was 208)"
+        );
+    }
+
     #[test]
     fn a_child_sink_counts_only_its_own_events_and_forwards_all() {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
