@@ -68,7 +68,9 @@ pub trait PermissionPolicy: Send + Sync + fmt::Debug + 'static {
     /// The decision on `request` when it needs no waiting, or `None` to be asked through
     /// [`check`](Self::check). Asked first, before every call: a policy that decides from the
     /// request alone answers here and spares the call a boxed future. The default asks
-    /// `check`. When it answers, it must answer as `check` would.
+    /// `check`. When it answers, it must answer as `check` would. It may be asked more than
+    /// once about one call (a [`Both`] asks its halves' fast paths again in its `check`), so it
+    /// must have no side effects: a policy that records or asks anything does so in `check`.
     fn decide_now(&self, request: &PermissionRequest<'_>) -> Option<PermissionDecision> {
         let _ = request;
         None
@@ -233,7 +235,15 @@ impl Both {
 #[async_trait]
 impl PermissionPolicy for Both {
     async fn check(&self, request: PermissionRequest<'_>) -> PermissionDecision {
-        match self.first.check(request).await {
+        // `first` answers through its fast path when it has one: a call that reached `check`
+        // because `then` could not answer at once has already had `first`'s fast answer, and
+        // asking `first.check` as well would ask a policy with side effects in `check` (an
+        // audit log, a counter) about one call twice.
+        let first = match self.first.decide_now(&request) {
+            Some(decision) => decision,
+            None => self.first.check(request).await,
+        };
+        match first {
             PermissionDecision::Allow => self.then.check(request).await,
             PermissionDecision::AllowWithInput(input) => {
                 let rewritten = PermissionRequest {
@@ -395,5 +405,65 @@ mod tests {
             rewriting.check(request).await,
             PermissionDecision::AllowWithInput(serde_json::json!({"safe": true}))
         );
+    }
+
+    /// A policy whose `check` counts its calls, with or without a fast path that allows.
+    #[derive(Debug, Default)]
+    struct Counted {
+        fast: bool,
+        checks: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait]
+    impl PermissionPolicy for Counted {
+        async fn check(&self, _request: PermissionRequest<'_>) -> PermissionDecision {
+            self.checks
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            PermissionDecision::Allow
+        }
+        fn decide_now(&self, _request: &PermissionRequest<'_>) -> Option<PermissionDecision> {
+            self.fast.then_some(PermissionDecision::Allow)
+        }
+    }
+
+    /// As a round asks a policy (its fast path, then `check` when that has no answer), `Both`
+    /// asks each half's `check` at most once per call: a first half that answered at once is
+    /// not asked again through `check` because the second half had to be.
+    #[tokio::test]
+    async fn both_asks_each_half_once_per_call() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let agent = AgentContext::main();
+        let input = serde_json::json!({});
+        let t = tool("Bash", false);
+        let request = PermissionRequest {
+            tool: &t,
+            input: &input,
+            agent: &agent,
+            tool_use_id: "toolu_3",
+        };
+        for first_fast in [true, false] {
+            let first = Arc::new(Counted {
+                fast: first_fast,
+                ..Counted::default()
+            });
+            let then = Arc::new(Counted::default());
+            let both = Both::new(
+                Arc::clone(&first) as Arc<dyn PermissionPolicy>,
+                Arc::clone(&then) as Arc<dyn PermissionPolicy>,
+            );
+            // What a round does.
+            let decision = match both.decide_now(&request) {
+                Some(d) => d,
+                None => both.check(request).await,
+            };
+            assert_eq!(decision, PermissionDecision::Allow);
+            let expected_first = usize::from(!first_fast);
+            assert_eq!(
+                first.checks.load(SeqCst),
+                expected_first,
+                "first half's check (fast path: {first_fast})"
+            );
+            assert_eq!(then.checks.load(SeqCst), 1, "second half's check");
+        }
     }
 }
