@@ -1029,3 +1029,40 @@ async fn a_full_worker_still_reports_a_dead_workers_task() {
     let r = w.await.unwrap().unwrap();
     assert_eq!(r.reclaimed_killed, 1, "{r:?}");
 }
+
+/// A run that panics — here the host's agent factory — is reported `failed` at once, with
+/// the panic's message, and counted; the worker goes on and runs the next job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_that_panics_is_reported_failed_and_the_worker_goes_on() {
+    let Some(url) = url() else { return };
+    let p = prefix("panics");
+    let pool = Pool::new(&url, &p, "p", fast()).unwrap();
+    let backend = answering(Duration::ZERO);
+    let w = Worker::new(pool.reopen(), "w1", move |job: &Job| {
+        assert!(job.prompt != "boom", "the factory cannot build `boom`");
+        Ok(Agent::builder(Arc::clone(&backend)).model("m"))
+    })
+    .unwrap();
+    let stop = CancellationToken::new();
+    let w = tokio::spawn(w.run(stop.clone()));
+    let dad = parent();
+    let bad = Job::new(dad, "bad", "boom");
+    pool.submit(&bad).await.unwrap();
+    let got = pending_n(&pool, &dad, 1).await;
+    assert_eq!((got[0].task_id, got[0].status), (bad.task, TaskStatus::Failed));
+    assert_eq!(
+        got[0].summary,
+        "Agent \"bad\" failed: it panicked: the factory cannot build `boom`"
+    );
+    let good = Job::new(dad, "good", "fine");
+    pool.submit(&good).await.unwrap();
+    let got = pending_n(&pool, &dad, 2).await;
+    assert_eq!(
+        (got[1].task_id, got[1].status),
+        (good.task, TaskStatus::Completed)
+    );
+    stop.cancel();
+    let r = w.await.unwrap().unwrap();
+    assert_eq!((r.ran, r.reported), (2, 2), "{r:?}");
+    assert_eq!(pool.backlog().await.unwrap(), 0, "both entries acknowledged");
+}

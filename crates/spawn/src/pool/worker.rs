@@ -2,12 +2,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use forkhive_core::{TaskId, TaskNotification, TaskStatus};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamReadReply};
 use tokio::sync::Semaphore;
@@ -445,10 +446,26 @@ impl Worker {
                 let Some(e) = fields.ok().and_then(|r| r.ids.into_iter().next()) else {
                     continue;
                 };
-                let r = Arc::clone(&self)
-                    .handle(Entry::from_stream(&e), conn.clone(), &me, &running, true)
-                    .await;
-                add(&mut report, Ok(r));
+                // One entry's panic ends that entry's handling, not the reclaimer: its counts
+                // so far are kept, and a full worker goes on reporting dead workers' tasks.
+                let r = AssertUnwindSafe(Arc::clone(&self).handle(
+                    Entry::from_stream(&e),
+                    conn.clone(),
+                    &me,
+                    &running,
+                    true,
+                ))
+                .catch_unwind()
+                .await
+                .map_err(|panic| crate::tool::orchestrate::panic_message(&*panic));
+                match r {
+                    Ok(r) => add(&mut report, Ok(r)),
+                    Err(msg) => tracing::error!(
+                        worker = %self.name,
+                        entry = %id,
+                        "reporting a dead worker's entry panicked: {msg}"
+                    ),
+                }
             }
         }
     }
@@ -609,7 +626,25 @@ impl Worker {
                 }
                 report.ran += 1;
                 super::record(&self.pool, &job.task, crate::task::TaskState::Running, None).await;
-                match self.execute(&job, &entry.id, me, running).await {
+                // A panic in the run (the host's factory, its model, a bug) ends it `failed`,
+                // reported now: uncaught, it would end the job's task unreported, and the
+                // entry would come back after the lease as `killed`, or run again and panic
+                // again until dead-lettered.
+                let executed = AssertUnwindSafe(self.execute(&job, &entry.id, me, running))
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|panic| {
+                        let msg = crate::tool::orchestrate::panic_message(&*panic);
+                        tracing::error!(worker = %self.name, task = %job.task, "the run panicked: {msg}");
+                        let n = TaskNotification::new(
+                            job.task,
+                            TaskStatus::Failed,
+                            format!("Agent \"{d}\" failed: it panicked: {msg}"),
+                            Default::default(),
+                        );
+                        Some((n, Arc::default(), forkhive_core::Usage::default()))
+                    });
+                match executed {
                     Some((n, recorded, usage)) => {
                         let r = self
                             .report_task(
