@@ -1049,7 +1049,10 @@ async fn a_run_that_panics_is_reported_failed_and_the_worker_goes_on() {
     let bad = Job::new(dad, "bad", "boom");
     pool.submit(&bad).await.unwrap();
     let got = pending_n(&pool, &dad, 1).await;
-    assert_eq!((got[0].task_id, got[0].status), (bad.task, TaskStatus::Failed));
+    assert_eq!(
+        (got[0].task_id, got[0].status),
+        (bad.task, TaskStatus::Failed)
+    );
     assert_eq!(
         got[0].summary,
         "Agent \"bad\" failed: it panicked: the factory cannot build `boom`"
@@ -1064,5 +1067,9 @@ async fn a_run_that_panics_is_reported_failed_and_the_worker_goes_on() {
     stop.cancel();
     let r = w.await.unwrap().unwrap();
     assert_eq!((r.ran, r.reported), (2, 2), "{r:?}");
-    assert_eq!(pool.backlog().await.unwrap(), 0, "both entries acknowledged");
+    assert_eq!(
+        pool.backlog().await.unwrap(),
+        0,
+        "both entries acknowledged"
+    );
 }

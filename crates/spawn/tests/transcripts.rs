@@ -520,3 +520,101 @@ async fn a_dropped_write_that_fails_gives_its_index_back() {
     assert!(matches!(err, Error::Io { .. }), "{err:?}");
     assert_eq!(w.next_index(), n);
 }
+
+/// A run dropped at any point — a host's timeout, a `select!` — leaves the agent's
+/// conversation holding what its transcript holds: a message whose write was handed to the
+/// file before the drop is in both, its receipt answered `true`; one not handed is in
+/// neither, its receipt answered `false` (or, not taken yet, still queued). The next run
+/// starts from there: no message recorded twice, no call answered twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_dropped_at_any_point_leaves_the_conversation_as_its_transcript() {
+    use forkhive_spawn::runtime::PendingMessage;
+    use std::sync::Mutex;
+    let letter = "a letter from the lead";
+    let mut dropped_mid_run = 0;
+    for polls in 1..=60 {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = Arc::new(ScriptedBackend::from_replies([
+            Ok(calls(&[("t1", "Look", "{}")])),
+            Ok(say("first answer")),
+            Ok(say("second answer")),
+            Ok(say("third answer")),
+        ]));
+        let mut agent = Agent::builder(backend)
+            .model("m")
+            .tools(ToolPool::new([look()]).unwrap())
+            .transcript_dir(dir.path())
+            .build()
+            .await
+            .unwrap();
+        // Queued before the run (taken with its prompt), or once it has started (taken into
+        // the message after the tool round).
+        let answered: Arc<Mutex<Vec<bool>>> = Arc::default();
+        let a = Arc::clone(&answered);
+        let queue = agent.pending();
+        let mut letter_to_send = Some(
+            PendingMessage::new(letter, "lead").with_receipt(move |ok| a.lock().unwrap().push(ok)),
+        );
+        if polls % 2 == 0 {
+            queue.push(letter_to_send.take().unwrap());
+        }
+        {
+            let mut run = std::pin::pin!(agent.run("take a look"));
+            let mut finished = false;
+            for _ in 0..polls {
+                let ready = futures::poll!(run.as_mut()).is_ready();
+                if let Some(l) = letter_to_send.take() {
+                    queue.push(l);
+                }
+                if ready {
+                    finished = true;
+                    break;
+                }
+                // Lets the file's thread move on, so drops land at different points of a write.
+                tokio::task::yield_now().await;
+            }
+            dropped_mid_run += usize::from(!finished);
+        }
+        let run = agent.run("go on").await;
+        let path = agent.transcript_path().unwrap().to_path_buf();
+        let recorded = transcript::read(&path).await.unwrap();
+        assert!(recorded.dropped.is_none(), "after {polls} polls");
+        let live = agent.params().messages().to_vec();
+        assert_eq!(
+            recorded.messages.len(),
+            live.len(),
+            "after {polls} polls ({:?}): transcript {:#?}\nconversation {:#?}",
+            run.stop,
+            recorded.messages,
+            live
+        );
+        for (i, (r, l)) in recorded.messages.iter().zip(&live).enumerate() {
+            assert_eq!(r, l, "message {i} after {polls} polls");
+        }
+        let letters = recorded
+            .messages
+            .iter()
+            .filter(|m| m.text().contains(letter))
+            .count();
+        let answers = answered.lock().unwrap().clone();
+        // Answered once at most; `true` exactly when it is in the conversation, once.
+        assert!(answers.len() <= 1, "after {polls} polls: {answers:?}");
+        match answers.first() {
+            Some(true) => assert_eq!(letters, 1, "after {polls} polls"),
+            Some(false) => assert_eq!(letters, 0, "after {polls} polls"),
+            None => assert!(letters <= 1, "after {polls} polls"),
+        }
+        // Every call has one result.
+        let results = recorded
+            .messages
+            .iter()
+            .flat_map(|m| m.content.iter())
+            .filter(|b| matches!(b, forkhive_core::ContentBlock::ToolResult { .. }))
+            .count();
+        assert!(
+            results <= 1,
+            "after {polls} polls: {results} results for one call"
+        );
+    }
+    assert!(dropped_mid_run > 0, "no run was dropped before it finished");
+}

@@ -689,7 +689,7 @@ impl AgentBuilder {
                 for m in params.messages().iter().skip(skip).chain(&self.0.unsent) {
                     w.message(m).await?;
                 }
-                Some(Box::new(w))
+                Some(super::Recorder::new(w))
             }
             None => None,
         };

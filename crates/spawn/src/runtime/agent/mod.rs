@@ -88,7 +88,7 @@ pub struct Agent {
     emit: Emitter,
     /// Boxed: most agents write none, and one that has not started yet (a background child
     /// of a wide fan-out) should hold a pointer, not the writer's state.
-    transcript: Option<Box<TranscriptWriter>>,
+    transcript: Option<Box<Recorder>>,
     last_prefix: Option<LastPrefix>,
     turn: u32,
     /// Why the model stopped its last answer (`None` before the first): whether a
@@ -109,6 +109,34 @@ pub struct Agent {
     /// What the first run's message starts with (a definition's memory, skills and initial
     /// prompt), taken by that run.
     first_context: Vec<String>,
+}
+
+/// An agent's transcript writer, with the messages a `push` was recording when its future
+/// was dropped (the agent's run dropped mid-write): the writer knows how many it took, and
+/// the agent takes the same ones into its conversation before it next records or runs
+/// (`Agent::settle_dropped_push`), so the two never disagree.
+#[derive(Debug)]
+pub(super) struct Recorder {
+    pub(super) writer: TranscriptWriter,
+    pub(super) in_flight: Option<InFlight>,
+}
+
+impl Recorder {
+    pub(super) fn new(writer: TranscriptWriter) -> Box<Self> {
+        Box::new(Self {
+            writer,
+            in_flight: None,
+        })
+    }
+}
+
+/// The messages of a `push` being recorded: the index the first takes, and where they go once
+/// recorded (the conversation, or the messages still to send first).
+#[derive(Debug)]
+pub(super) struct InFlight {
+    pub(super) first: usize,
+    pub(super) messages: Vec<Arc<Message>>,
+    pub(super) unsent: bool,
 }
 
 /// Dropping an agent stops everything it started that still runs: a run that ended at a limit
@@ -193,7 +221,7 @@ impl Agent {
 
     /// The transcript file, if one is written.
     pub fn transcript_path(&self) -> Option<&Path> {
-        self.transcript.as_deref().map(TranscriptWriter::path)
+        self.transcript.as_deref().map(|r| r.writer.path())
     }
 
     /// Model turns over the agent's life.

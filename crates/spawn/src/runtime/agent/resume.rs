@@ -78,7 +78,7 @@ impl Agent {
         }))
         .build()
         .await?;
-        agent.transcript = Some(Box::new(writer));
+        agent.transcript = Some(super::Recorder::new(writer));
         // A crash in the middle of a tool round leaves calls without results, which no provider
         // accepts: answer each with an error and record it.
         let interrupted = super::turn::interrupted_results(
@@ -88,8 +88,8 @@ impl Agent {
         let interrupted_calls = interrupted.len();
         if interrupted_calls > 0 {
             let m = Message::user(interrupted);
-            if let Some(w) = &mut agent.transcript {
-                w.message(&m).await?;
+            if let Some(r) = &mut agent.transcript {
+                r.writer.message(&m).await?;
             }
             params = params.append(vec![m]);
             agent.params = params;

@@ -72,8 +72,11 @@ impl Agent {
     ///
     /// Their receipts are answered when the message carrying them is recorded ([`Self::push`]).
     pub(super) fn inject(&mut self, ms: Vec<PendingMessage>) -> Vec<ContentBlock> {
-        // Every injection is followed by the `push` that records it; receipts still here are
-        // a dropped run's (its future dropped between taking and recording): not recorded.
+        // A record whose future was dropped mid-write answers its own receipts (what it wrote
+        // is recorded). Every injection is followed by the `push` that records it; receipts
+        // still here are a dropped run's (its future dropped between taking and recording):
+        // not recorded.
+        self.settle_dropped_push();
         for r in self.receipts.drain(..) {
             r.answer(false);
         }
@@ -153,6 +156,9 @@ impl Agent {
 
     async fn run_loop(&mut self, first: Option<Vec<ContentBlock>>, waiting: bool) -> AgentRun {
         let _live = self.shared.tree.enter();
+        // What a dropped run's last record wrote is in the conversation before anything looks
+        // at its end (`answer_interrupted`).
+        self.settle_dropped_push();
         for message in std::mem::take(&mut self.warnings) {
             self.emit.emit(EventKind::Warning { message });
         }
@@ -397,8 +403,8 @@ impl Agent {
             tool_calls: calls.len(),
             sent_at_ms,
         };
-        if let Some(w) = &mut self.transcript
-            && let Err(e) = Box::pin(w.usage(&record)).await
+        if let Some(r) = &mut self.transcript
+            && let Err(e) = Box::pin(r.writer.usage(&record)).await
         {
             run.error = Some(Arc::new(e));
             run.turns.push(record);
@@ -596,19 +602,7 @@ impl Agent {
     ///
     /// [`AgentBuilder::first_request_suffix`]: super::AgentBuilder::first_request_suffix
     async fn push_unsent(&mut self, message: Message) -> Result<()> {
-        if let Some(w) = &mut self.transcript
-            && let Err(e) = Box::pin(w.message(&message)).await
-        {
-            for r in self.receipts.drain(..) {
-                r.answer(false);
-            }
-            return Err(e);
-        }
-        self.unsent.push(message);
-        for r in self.receipts.drain(..) {
-            r.answer(true);
-        }
-        Ok(())
+        self.record(vec![Arc::new(message)], true).await
     }
 
     /// [`push`](Self::push) for messages already shared. A failed transcript write answers
@@ -619,27 +613,98 @@ impl Agent {
         I: IntoIterator<Item = Arc<Message>>,
         I::IntoIter: ExactSizeIterator,
     {
-        let messages = messages.into_iter();
-        if let Some(w) = &mut self.transcript {
-            let messages: Vec<Arc<Message>> = messages.collect();
-            for m in &messages {
-                // Boxed, like every file write here: the agent's future stays small.
-                if let Err(e) = Box::pin(w.message(m)).await {
-                    for r in self.receipts.drain(..) {
-                        r.answer(false);
-                    }
-                    return Err(e);
-                }
+        if self.transcript.is_none() {
+            self.params = self.params.append_shared(messages);
+            // What was injected is in the conversation now.
+            for r in self.receipts.drain(..) {
+                r.answer(true);
             }
-            self.params = self.params.append_shared(messages);
-        } else {
+            return Ok(());
+        }
+        self.record(messages.into_iter().collect(), false).await
+    }
+
+    /// Writes `messages` to the transcript, then takes them into the conversation (or, with
+    /// `unsent`, the messages still to send first) and answers the receipts of what was
+    /// injected: `true` once every one is recorded.
+    ///
+    /// The conversation and the transcript hold the same messages on every path. A message
+    /// whose write fails is in neither (the writer cuts it off and gives its index back); those
+    /// before it are in both, and the run fails. When this future is dropped mid-write (the
+    /// agent's run dropped: a timeout, a `select!`), the writer still writes what it was
+    /// handed, so what it took is taken into the conversation, and the receipts answered, by
+    /// [`settle_dropped_push`](Self::settle_dropped_push) before the agent next records or
+    /// runs. Before, the conversation missed what the transcript held: a receipt answered
+    /// `false` for a recorded message had its sender send it again (recorded twice), and tool
+    /// results recorded but not taken were answered again as interrupted (two results for one
+    /// call, which a resumed conversation would send).
+    async fn record(&mut self, messages: Vec<Arc<Message>>, unsent: bool) -> Result<()> {
+        self.settle_dropped_push();
+        let Some(rec) = self.transcript.as_deref_mut() else {
+            // No transcript: nothing to write, so nothing can be dropped mid-write.
+            self.take_recorded(messages, unsent, true);
+            return Ok(());
+        };
+        let n = messages.len();
+        rec.in_flight = Some(super::InFlight {
+            first: rec.writer.next_index(),
+            messages,
+            unsent,
+        });
+        let mut failed = None;
+        for i in 0..n {
+            let Some(m) = rec
+                .in_flight
+                .as_ref()
+                .and_then(|f| f.messages.get(i))
+                .cloned()
+            else {
+                break;
+            };
+            // Boxed, like every file write here: the agent's future stays small.
+            if let Err(e) = Box::pin(rec.writer.message(&m)).await {
+                failed = Some(e);
+                break;
+            }
+        }
+        self.settle_dropped_push();
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Takes what the last [`record`](Self::record) wrote into the conversation and answers
+    /// its receipts (`true` only if it wrote every message). Nothing to do when no write is in
+    /// flight. Called where the record ends, and — for one whose future was dropped — before
+    /// the agent next records, injects or runs.
+    pub(super) fn settle_dropped_push(&mut self) {
+        let Some(rec) = self.transcript.as_deref_mut() else {
+            return;
+        };
+        let Some(f) = rec.in_flight.take() else {
+            return;
+        };
+        // Taken once handed to the file: a write whose future was dropped is still written.
+        // (If that write then fails, the next record reports it and the run fails.)
+        let landed = rec
+            .writer
+            .next_index()
+            .saturating_sub(f.first)
+            .min(f.messages.len());
+        let all = landed == f.messages.len();
+        let mut messages = f.messages;
+        messages.truncate(landed);
+        self.take_recorded(messages, f.unsent, all);
+    }
+
+    fn take_recorded(&mut self, messages: Vec<Arc<Message>>, unsent: bool, all: bool) {
+        if unsent {
+            self.unsent
+                .extend(messages.into_iter().map(Arc::unwrap_or_clone));
+        } else if !messages.is_empty() {
             self.params = self.params.append_shared(messages);
         }
-        // What was injected is in the conversation (and the transcript) now.
         for r in self.receipts.drain(..) {
-            r.answer(true);
+            r.answer(all);
         }
-        Ok(())
     }
 
     pub(super) async fn finish(&mut self, run: RunState, stop: StopReason) -> AgentRun {
@@ -650,8 +715,8 @@ impl Agent {
             let grace = self.shared.limits.cancel_grace;
             let _ = Box::pin(tokio::time::timeout(grace, self.shared.pending.settled())).await;
         }
-        if let Some(w) = &mut self.transcript
-            && let Err(e) = Box::pin(w.stop(&stop, run.usage)).await
+        if let Some(r) = &mut self.transcript
+            && let Err(e) = Box::pin(r.writer.stop(&stop, run.usage)).await
         {
             tracing::warn!(agent = %self.shared.cx.id(), "could not record the stop: {e}");
             if run.error.is_none() {
