@@ -469,15 +469,14 @@ async fn a_long_record_dropped_mid_write_is_written_whole() {
     drop_one_write_then_write_another(&"y".repeat(3 << 20)).await;
 }
 
-/// A message whose write was handed over, its future dropped, and which then failed (the
-/// device is full) gives its index back: the next write reports the failure, and the one
-/// after takes the same index, so no index is skipped.
-#[tokio::test]
-async fn a_dropped_write_that_fails_gives_its_index_back() {
+/// A writer on a full device (`/dev/full`) holding a message whose write was handed over and
+/// is still running, its future dropped; and the index that message took. `None` where the
+/// system has no `/dev/full`.
+async fn a_failing_write_handed_over() -> Option<(transcript::TranscriptWriter, usize)> {
     use futures::FutureExt;
     if !std::path::Path::new("/dev/full").exists() {
         eprintln!("skipped: this system has no /dev/full");
-        return;
+        return None;
     }
     let dir = tempfile::tempdir().unwrap();
     let (_agent, path) = first_session(dir.path()).await;
@@ -489,132 +488,253 @@ async fn a_dropped_write_that_fails_gives_its_index_back() {
     // The file's thread may finish the write before the flush is first polled: then the
     // write failed within the poll and gave its index back (the poll may end while the
     // failed record is being cut off). Tried again until one is still running after a poll.
-    let mut handed = false;
     for _ in 0..1000 {
         let r = w
             .message(&Message::user_text("handed, then failed"))
             .now_or_never();
         if r.is_none() && w.next_index() == n + 1 {
-            handed = true;
-            break;
+            return Some((w, n));
         }
         assert!(r.is_none_or(|r| r.is_err()));
         assert_eq!(w.next_index(), n);
     }
-    assert!(
-        handed,
-        "no write was still running after one poll in 1,000 tries"
-    );
+    panic!("no write was still running after one poll in 1,000 tries");
+}
+
+fn is_enospc(err: &Error) -> bool {
+    matches!(err, Error::Io { action: "appending to transcript", source, .. }
+        if source.raw_os_error() == Some(28))
+}
+
+/// A message whose write was handed over, its future dropped, and which then failed (the
+/// device is full) gives its index back: the next write reports the failure, and the one
+/// after takes the same index, so no index is skipped.
+#[tokio::test]
+async fn a_dropped_write_that_fails_gives_its_index_back() {
+    let Some((mut w, n)) = a_failing_write_handed_over().await else {
+        return;
+    };
     assert_eq!(w.next_index(), n + 1, "taken once handed over");
     let err = w
         .message(&Message::user_text("after it"))
         .await
         .unwrap_err();
-    assert!(
-        matches!(&err, Error::Io { action: "appending to transcript", source, .. }
-            if source.raw_os_error() == Some(28)),
-        "{err:?}"
-    );
+    assert!(is_enospc(&err), "{err:?}");
     assert_eq!(w.next_index(), n, "both indexes given back");
     let err = w.message(&Message::user_text("again")).await.unwrap_err();
     assert!(matches!(err, Error::Io { .. }), "{err:?}");
     assert_eq!(w.next_index(), n);
 }
 
+/// `confirm` waits for a dropped write's outcome without writing anything: a failed one is
+/// reported and gives its index back (what an agent checks before it takes a dropped run's
+/// messages into its conversation); with nothing pending it answers `Ok`.
+#[tokio::test]
+async fn confirm_reports_a_dropped_write_that_failed() {
+    let Some((mut w, n)) = a_failing_write_handed_over().await else {
+        return;
+    };
+    let err = w.confirm().await.unwrap_err();
+    assert!(is_enospc(&err), "{err:?}");
+    assert_eq!(w.next_index(), n, "its index given back");
+    w.confirm().await.unwrap();
+    assert_eq!(w.next_index(), n);
+}
+
 /// A run dropped at any point — a host's timeout, a `select!` — leaves the agent's
 /// conversation holding what its transcript holds: a message whose write was handed to the
 /// file before the drop is in both, its receipt answered `true`; one not handed is in
-/// neither, its receipt answered `false` (or, not taken yet, still queued). The next run
-/// starts from there: no message recorded twice, no call answered twice.
+/// neither, its receipt answered `false` (or, not taken yet, still queued). Whatever comes
+/// next — another run, `continue_run`, or dropping the agent — starts from there: no message
+/// recorded twice, every call answered once, no request that ends with the agent's own
+/// answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_dropped_at_any_point_leaves_the_conversation_as_its_transcript() {
+    use forkhive_core::{ContentBlock, Role};
     use forkhive_spawn::runtime::PendingMessage;
+    use std::collections::HashMap;
     use std::sync::Mutex;
     let letter = "a letter from the lead";
-    let mut dropped_mid_run = 0;
+    // Drops that left a message in the file but not yet in the conversation: the state the
+    // agent must settle.
+    let mut in_flight_seen = 0;
     for polls in 1..=60 {
+        for next in ["run", "continue_run", "drop"] {
+            let dir = tempfile::tempdir().unwrap();
+            let backend = Arc::new(ScriptedBackend::from_replies([
+                Ok(calls(&[("t1", "Look", "{}")])),
+                Ok(say("first answer")),
+                Ok(say("second answer")),
+                Ok(say("third answer")),
+            ]));
+            let mut agent = Agent::builder(backend.clone())
+                .model("m")
+                .tools(ToolPool::new([look()]).unwrap())
+                .transcript_dir(dir.path())
+                .build()
+                .await
+                .unwrap();
+            let path = agent.transcript_path().unwrap().to_path_buf();
+            // Queued before the run (taken with its prompt), or once it has started (taken
+            // into the message after the tool round).
+            let answered: Arc<Mutex<Vec<bool>>> = Arc::default();
+            let a = Arc::clone(&answered);
+            let queue = agent.pending();
+            let mut to_send = Some(
+                PendingMessage::new(letter, "lead")
+                    .with_receipt(move |ok| a.lock().unwrap().push(ok)),
+            );
+            if polls % 2 == 0 {
+                queue.push(to_send.take().unwrap());
+            }
+            let mut finished = false;
+            {
+                let mut run = std::pin::pin!(agent.run("take a look"));
+                for _ in 0..polls {
+                    let ready = futures::poll!(run.as_mut()).is_ready();
+                    if let Some(l) = to_send.take() {
+                        queue.push(l);
+                    }
+                    if ready {
+                        finished = true;
+                        break;
+                    }
+                    // Lets the file's thread move on, so drops land at different points.
+                    tokio::task::yield_now().await;
+                }
+            }
+            if !finished {
+                // Give the file's thread time to finish what it was handed.
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                let file = transcript::read(&path).await.unwrap().messages.len();
+                in_flight_seen += usize::from(file > agent.params().messages().len());
+            }
+            let live = match next {
+                "run" => {
+                    let run = agent.run("go on").await;
+                    assert_eq!(run.stop, StopReason::Completed, "run after {polls} polls");
+                    Some(agent.params().messages().to_vec())
+                }
+                "continue_run" => {
+                    let run = agent.continue_run().await;
+                    assert_eq!(
+                        run.stop,
+                        StopReason::Completed,
+                        "continue_run after {polls} polls"
+                    );
+                    Some(agent.params().messages().to_vec())
+                }
+                _ => {
+                    drop(agent);
+                    None
+                }
+            };
+            let at = format!("{next} after {polls} polls");
+            let recorded = transcript::read(&path).await.unwrap();
+            assert!(recorded.dropped.is_none(), "{at}");
+            if let Some(live) = &live {
+                assert_eq!(recorded.messages, *live, "{at}");
+            }
+            let letters = recorded
+                .messages
+                .iter()
+                .filter(|m| m.text().contains(letter))
+                .count();
+            let answers = answered.lock().unwrap().clone();
+            match (next, answers.as_slice()) {
+                // Recorded exactly when its receipt says so.
+                (_, [true]) => assert_eq!(letters, 1, "{at}"),
+                (_, [false]) => assert_eq!(letters, 0, "{at}"),
+                // Never taken: still queued when the agent was dropped (its receipt then
+                // says `false` when the queue goes).
+                ("drop", []) => assert_eq!(letters, 0, "{at}"),
+                (_, other) => panic!("{at}: receipt answered {other:?}, {letters} recorded"),
+            }
+            // Every call has exactly one result.
+            let mut results: HashMap<String, usize> = HashMap::new();
+            for m in &recorded.messages {
+                for b in &m.content {
+                    match b {
+                        ContentBlock::ToolUse { id, .. } => {
+                            results.entry(id.to_string()).or_default();
+                        }
+                        ContentBlock::ToolResult { tool_use_id, .. } => {
+                            *results.entry(tool_use_id.to_string()).or_default() += 1;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            if next != "drop" {
+                assert!(results.values().all(|n| *n == 1), "{at}: {results:?}");
+            } else {
+                assert!(results.values().all(|n| *n <= 1), "{at}: {results:?}");
+            }
+            // No request continued the agent's own finished answer (a prefill).
+            for r in backend.requests() {
+                let last = r.prefix.messages().last().map(|m| m.role);
+                let last = r.suffix.messages().last().map(|m| m.role).or(last);
+                assert_ne!(last, Some(Role::Assistant), "{at}");
+            }
+        }
+    }
+    assert!(
+        in_flight_seen > 0,
+        "no drop left a recorded message outside the conversation"
+    );
+}
+
+/// A run dropped while its final answer was being recorded: `continue_run` finds the
+/// conversation ending with that answer (as the transcript does) and waits, as a resumed agent
+/// would, instead of sending the answer back to the model to continue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn continue_run_after_a_run_dropped_mid_answer_waits() {
+    use forkhive_core::Role;
+    let mut answer_in_flight = 0;
+    for polls in 1..=40 {
         let dir = tempfile::tempdir().unwrap();
         let backend = Arc::new(ScriptedBackend::from_replies([
-            Ok(calls(&[("t1", "Look", "{}")])),
             Ok(say("first answer")),
             Ok(say("second answer")),
-            Ok(say("third answer")),
         ]));
-        let mut agent = Agent::builder(backend)
+        let mut agent = Agent::builder(backend.clone())
             .model("m")
-            .tools(ToolPool::new([look()]).unwrap())
             .transcript_dir(dir.path())
             .build()
             .await
             .unwrap();
-        // Queued before the run (taken with its prompt), or once it has started (taken into
-        // the message after the tool round).
-        let answered: Arc<Mutex<Vec<bool>>> = Arc::default();
-        let a = Arc::clone(&answered);
-        let queue = agent.pending();
-        let mut letter_to_send = Some(
-            PendingMessage::new(letter, "lead").with_receipt(move |ok| a.lock().unwrap().push(ok)),
-        );
-        if polls % 2 == 0 {
-            queue.push(letter_to_send.take().unwrap());
-        }
+        let path = agent.transcript_path().unwrap().to_path_buf();
         {
-            let mut run = std::pin::pin!(agent.run("take a look"));
-            let mut finished = false;
+            let mut run = std::pin::pin!(agent.run("answer once"));
             for _ in 0..polls {
-                let ready = futures::poll!(run.as_mut()).is_ready();
-                if let Some(l) = letter_to_send.take() {
-                    queue.push(l);
-                }
-                if ready {
-                    finished = true;
+                if futures::poll!(run.as_mut()).is_ready() {
                     break;
                 }
-                // Lets the file's thread move on, so drops land at different points of a write.
                 tokio::task::yield_now().await;
             }
-            dropped_mid_run += usize::from(!finished);
         }
-        let run = agent.run("go on").await;
-        let path = agent.transcript_path().unwrap().to_path_buf();
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        let file = transcript::read(&path).await.unwrap().messages;
+        answer_in_flight += usize::from(
+            file.len() > agent.params().messages().len()
+                && file.last().is_some_and(|m| m.role == Role::Assistant),
+        );
+        let run = agent.continue_run().await;
+        assert_eq!(run.stop, StopReason::Completed, "after {polls} polls");
         let recorded = transcript::read(&path).await.unwrap();
-        assert!(recorded.dropped.is_none(), "after {polls} polls");
-        let live = agent.params().messages().to_vec();
         assert_eq!(
-            recorded.messages.len(),
-            live.len(),
-            "after {polls} polls ({:?}): transcript {:#?}\nconversation {:#?}",
-            run.stop,
             recorded.messages,
-            live
+            agent.params().messages().to_vec(),
+            "after {polls} polls"
         );
-        for (i, (r, l)) in recorded.messages.iter().zip(&live).enumerate() {
-            assert_eq!(r, l, "message {i} after {polls} polls");
+        for r in backend.requests() {
+            let last = r.prefix.messages().last().map(|m| m.role);
+            let last = r.suffix.messages().last().map(|m| m.role).or(last);
+            assert_ne!(last, Some(Role::Assistant), "after {polls} polls");
         }
-        let letters = recorded
-            .messages
-            .iter()
-            .filter(|m| m.text().contains(letter))
-            .count();
-        let answers = answered.lock().unwrap().clone();
-        // Answered once at most; `true` exactly when it is in the conversation, once.
-        assert!(answers.len() <= 1, "after {polls} polls: {answers:?}");
-        match answers.first() {
-            Some(true) => assert_eq!(letters, 1, "after {polls} polls"),
-            Some(false) => assert_eq!(letters, 0, "after {polls} polls"),
-            None => assert!(letters <= 1, "after {polls} polls"),
-        }
-        // Every call has one result.
-        let results = recorded
-            .messages
-            .iter()
-            .flat_map(|m| m.content.iter())
-            .filter(|b| matches!(b, forkhive_core::ContentBlock::ToolResult { .. }))
-            .count();
-        assert!(
-            results <= 1,
-            "after {polls} polls: {results} results for one call"
-        );
     }
-    assert!(dropped_mid_run > 0, "no run was dropped before it finished");
+    assert!(
+        answer_in_flight > 0,
+        "no drop left the answer in the file but not in the conversation"
+    );
 }

@@ -69,7 +69,7 @@ pub trait PermissionPolicy: Send + Sync + fmt::Debug + 'static {
     /// [`check`](Self::check). Asked first, before every call: a policy that decides from the
     /// request alone answers here and spares the call a boxed future. The default asks
     /// `check`. When it answers, it must answer as `check` would. It may be asked more than
-    /// once about one call (a [`Both`] asks its halves' fast paths again in its `check`), so it
+    /// once about one call (a [`Both`] asks its first half's fast path again in its `check`), so it
     /// must have no side effects: a policy that records or asks anything does so in `check`.
     fn decide_now(&self, request: &PermissionRequest<'_>) -> Option<PermissionDecision> {
         let _ = request;

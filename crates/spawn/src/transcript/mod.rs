@@ -295,6 +295,26 @@ impl TranscriptWriter {
         self.next_index
     }
 
+    /// Waits for the outcome of a record handed to the file whose future was dropped before
+    /// its write was known to have finished. A write that failed is cut off the file and gives
+    /// its index back (so [`next_index`](Self::next_index) no longer counts it), and its error
+    /// is returned. Nothing to do, and `Ok`, when no such write is pending; every record
+    /// confirms the last one first.
+    pub async fn confirm(&mut self) -> Result<()> {
+        let Some(h) = self.handed else {
+            return Ok(());
+        };
+        let done = self.file.flush().await;
+        self.handed = None;
+        match done {
+            Ok(()) => {
+                self.len = h.end;
+                Ok(())
+            }
+            Err(e) => Err(self.undo(h.indexed, e).await),
+        }
+    }
+
     /// Appends the next message (indexes count up from 0).
     ///
     /// The index is taken once the record is handed to the file: a future dropped while the
@@ -357,15 +377,7 @@ impl TranscriptWriter {
     /// fails is cut off the file (a partial line would make every later record unreadable)
     /// and gives its index back.
     async fn write_line<T: Serialize>(&mut self, record: &T, indexed: bool) -> Result<()> {
-        if let Some(h) = self.handed {
-            // The last record's write was handed over and its future dropped: its outcome.
-            let done = self.file.flush().await;
-            self.handed = None;
-            match done {
-                Ok(()) => self.len = h.end,
-                Err(e) => return Err(self.undo(h.indexed, e).await),
-            }
-        }
+        self.confirm().await?;
         let mut line = serde_json::to_vec(record).map_err(|e| Error::Transcript {
             path: self.path.clone(),
             line: 0,

@@ -147,6 +147,10 @@ pub(super) struct InFlight {
 /// [`AgentBuilder::cancel_children_on_drop`].
 impl Drop for Agent {
     fn drop(&mut self) {
+        // A run dropped mid-record, then the agent: what the writer took is in the file, so
+        // the receipts of what it carried say recorded (without waiting for the write's
+        // outcome, which the file finishes on its own).
+        self.settle_dropped_push();
         if !self.keep_children {
             self.shared.cancel.cancel();
         }
@@ -247,6 +251,9 @@ impl Agent {
     /// also runs `SubagentStart` hooks, whose context follows too.
     pub async fn run(&mut self, prompt: impl Into<String>) -> AgentRun {
         let prompt: String = prompt.into();
+        // Every entry point first settles a record a dropped run left in flight: what the
+        // conversation ends with decides what the run does.
+        self.settle_recorded().await;
         // The hooks' part is its own future, boxed, and only for an agent with hooks: a child's
         // future is allocated whole when it is spawned, so what it would hold inline every
         // child would pay for, hooks or not.
@@ -354,6 +361,7 @@ impl Agent {
     /// Where the answer called tools that have no results (its run stopped mid-round), each
     /// call is answered with an error saying it was interrupted, and the run goes on.
     pub async fn continue_run(&mut self) -> AgentRun {
+        self.settle_recorded().await;
         if self.waiting_after_answer() {
             // As the loop does after that answer: wait, then run on what came (or end, with
             // the stop hooks and checks of any end of turn).
@@ -392,6 +400,7 @@ impl Agent {
     /// queued yet). Returns at once, [`StopReason::Completed`], when nothing is pending or
     /// expected.
     pub async fn run_pending(&mut self) -> AgentRun {
+        self.settle_recorded().await;
         match self.next_wake(true).await {
             None => {
                 let run = self.run_state();

@@ -156,9 +156,6 @@ impl Agent {
 
     async fn run_loop(&mut self, first: Option<Vec<ContentBlock>>, waiting: bool) -> AgentRun {
         let _live = self.shared.tree.enter();
-        // What a dropped run's last record wrote is in the conversation before anything looks
-        // at its end (`answer_interrupted`).
-        self.settle_dropped_push();
         for message in std::mem::take(&mut self.warnings) {
             self.emit.emit(EventKind::Warning { message });
         }
@@ -639,7 +636,7 @@ impl Agent {
     /// results recorded but not taken were answered again as interrupted (two results for one
     /// call, which a resumed conversation would send).
     async fn record(&mut self, messages: Vec<Arc<Message>>, unsent: bool) -> Result<()> {
-        self.settle_dropped_push();
+        self.settle_recorded().await;
         let Some(rec) = self.transcript.as_deref_mut() else {
             // No transcript: nothing to write, so nothing can be dropped mid-write.
             self.take_recorded(messages, unsent, true);
@@ -669,6 +666,22 @@ impl Agent {
         }
         self.settle_dropped_push();
         failed.map_or(Ok(()), Err)
+    }
+
+    /// Before a run or a record: the outcome of a write that a dropped run left in flight, then
+    /// what it wrote taken into the conversation ([`settle_dropped_push`]). A write that
+    /// failed once confirmed is in neither (the writer cut it off and gave its index back), and
+    /// its receipt is answered `false`; the agent goes on, with a warning.
+    ///
+    /// [`settle_dropped_push`]: Self::settle_dropped_push
+    pub(super) async fn settle_recorded(&mut self) {
+        if let Some(rec) = self.transcript.as_deref_mut()
+            && rec.in_flight.is_some()
+            && let Err(e) = Box::pin(rec.writer.confirm()).await
+        {
+            tracing::warn!(agent = %self.shared.cx.id(), "a message a dropped run was recording was not written: {e}");
+        }
+        self.settle_dropped_push();
     }
 
     /// Takes what the last [`record`](Self::record) wrote into the conversation and answers
