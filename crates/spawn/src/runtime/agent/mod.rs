@@ -253,7 +253,9 @@ impl Agent {
         let prompt: String = prompt.into();
         // Every entry point first settles a record a dropped run left in flight: what the
         // conversation ends with decides what the run does.
-        self.settle_recorded().await;
+        if self.left_a_record() {
+            Box::pin(self.settle_recorded()).await;
+        }
         // The hooks' part is its own future, boxed, and only for an agent with hooks: a child's
         // future is allocated whole when it is spawned, so what it would hold inline every
         // child would pay for, hooks or not.
@@ -361,7 +363,9 @@ impl Agent {
     /// Where the answer called tools that have no results (its run stopped mid-round), each
     /// call is answered with an error saying it was interrupted, and the run goes on.
     pub async fn continue_run(&mut self) -> AgentRun {
-        self.settle_recorded().await;
+        if self.left_a_record() {
+            Box::pin(self.settle_recorded()).await;
+        }
         if self.waiting_after_answer() {
             // As the loop does after that answer: wait, then run on what came (or end, with
             // the stop hooks and checks of any end of turn).
@@ -400,7 +404,9 @@ impl Agent {
     /// queued yet). Returns at once, [`StopReason::Completed`], when nothing is pending or
     /// expected.
     pub async fn run_pending(&mut self) -> AgentRun {
-        self.settle_recorded().await;
+        if self.left_a_record() {
+            Box::pin(self.settle_recorded()).await;
+        }
         match self.next_wake(true).await {
             None => {
                 let run = self.run_state();

@@ -636,7 +636,9 @@ impl Agent {
     /// results recorded but not taken were answered again as interrupted (two results for one
     /// call, which a resumed conversation would send).
     async fn record(&mut self, messages: Vec<Arc<Message>>, unsent: bool) -> Result<()> {
-        self.settle_recorded().await;
+        if self.left_a_record() {
+            Box::pin(self.settle_recorded()).await;
+        }
         let Some(rec) = self.transcript.as_deref_mut() else {
             // No transcript: nothing to write, so nothing can be dropped mid-write.
             self.take_recorded(messages, unsent, true);
@@ -666,6 +668,14 @@ impl Agent {
         }
         self.settle_dropped_push();
         failed.map_or(Ok(()), Err)
+    }
+
+    /// Whether a dropped run left a record in flight (checked before boxing the rare
+    /// [`settle_recorded`](Self::settle_recorded), so a run's future holds none of it).
+    pub(super) fn left_a_record(&self) -> bool {
+        self.transcript
+            .as_deref()
+            .is_some_and(|r| r.in_flight.is_some())
     }
 
     /// Before a run or a record: the outcome of a write that a dropped run left in flight, then
