@@ -778,35 +778,10 @@ async fn a_workers_permission_request_is_decided_in_the_coordinators_process() {
     worker.await.unwrap().unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn send_message_reaches_a_task_running_on_a_worker() {
-    let Some(url) = url() else { return };
-    let pool = Pool::new(&url, &prefix("send"), "p", fast()).unwrap();
-    // The worker's agent looks for a while, then repeats what its last message held.
-    let model = Arc::new(ScriptedBackend::from_fn(|r: &Request| {
-        let msgs = r.all_messages();
-        if msgs.len() == 1 {
-            return Ok(Response::tool_calls([("Look", serde_json::json!({}))]));
-        }
-        let texts: Vec<String> = msgs
-            .last()
-            .unwrap()
-            .content
-            .iter()
-            .filter_map(|b| b.as_text().map(str::to_owned))
-            .collect();
-        Ok(Response::say(format!("heard: {}", texts.join(" "))))
-    }));
-    let w = Worker::new(pool.reopen(), "w1", move |_job: &Job| {
-        // Read-only, and slow: the agent is mid-tool-round when the message arrives.
-        let look = support::TestTool::sleeper("Look", true, 700).arc();
-        Ok(Agent::builder(model.clone())
-            .model("m")
-            .tools(ToolPool::new([look]).unwrap()))
-    })
-    .unwrap();
-    let stop = CancellationToken::new();
-    let worker = tokio::spawn(w.run(stop.clone()));
+/// A coordinator on `pool` that starts one task ("look around"), sends it "use the staging
+/// database" by the id its tool result gave while it runs, and "and one more thing" once its
+/// notification has arrived.
+async fn messaging_coordinator(pool: &Pool) -> Agent {
     // The coordinator starts a task, then sends it a message by the id its tool result gave.
     let coordinator = ScriptedBackend::from_fn(|r: &Request| {
         let msgs = r.all_messages();
@@ -837,12 +812,44 @@ async fn send_message_reaches_a_task_running_on_a_worker() {
         Arc::new(PoolAgentTool::new(pool.clone()).unwrap()),
         Arc::new(forkhive_spawn::control::SendMessageTool::new().unwrap()),
     ];
-    let mut agent = Agent::builder(Arc::new(coordinator))
+    Agent::builder(Arc::new(coordinator))
         .model("m")
         .tools(ToolPool::new(tools).unwrap())
         .build()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn send_message_reaches_a_task_running_on_a_worker() {
+    let Some(url) = url() else { return };
+    let pool = Pool::new(&url, &prefix("send"), "p", fast()).unwrap();
+    // The worker's agent looks for a while, then repeats what its last message held.
+    let model = Arc::new(ScriptedBackend::from_fn(|r: &Request| {
+        let msgs = r.all_messages();
+        if msgs.len() == 1 {
+            return Ok(Response::tool_calls([("Look", serde_json::json!({}))]));
+        }
+        let texts: Vec<String> = msgs
+            .last()
+            .unwrap()
+            .content
+            .iter()
+            .filter_map(|b| b.as_text().map(str::to_owned))
+            .collect();
+        Ok(Response::say(format!("heard: {}", texts.join(" "))))
+    }));
+    let w = Worker::new(pool.reopen(), "w1", move |_job: &Job| {
+        // Read-only, and slow: the agent is mid-tool-round when the message arrives.
+        let look = support::TestTool::sleeper("Look", true, 700).arc();
+        Ok(Agent::builder(model.clone())
+            .model("m")
+            .tools(ToolPool::new([look]).unwrap()))
+    })
+    .unwrap();
+    let stop = CancellationToken::new();
+    let worker = tokio::spawn(w.run(stop.clone()));
+    let mut agent = messaging_coordinator(&pool).await;
     let run = tokio::time::timeout(Duration::from_secs(30), agent.run("go"))
         .await
         .unwrap();
@@ -1072,4 +1079,47 @@ async fn a_run_that_panics_is_reported_failed_and_the_worker_goes_on() {
         0,
         "both entries acknowledged"
     );
+}
+
+/// A run that panics after its conversation recorded a letter: the task is reported `failed`,
+/// and the letter counts as read (it is not listed as one that arrived after the task stopped
+/// reading).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_that_panics_after_reading_a_letter_counts_it_read() {
+    let Some(url) = url() else { return };
+    let pool = Pool::new(&url, &prefix("panic-read"), "p", fast()).unwrap();
+    // Looks for a while; the request that carries the letter panics.
+    let model = Arc::new(ScriptedBackend::from_fn(|r: &Request| {
+        let msgs = r.all_messages();
+        if msgs.len() == 1 {
+            return Ok(Response::tool_calls([("Look", serde_json::json!({}))]));
+        }
+        panic!("the model cannot answer a letter");
+    }));
+    let w = Worker::new(pool.reopen(), "w1", move |_job: &Job| {
+        let look = support::TestTool::sleeper("Look", true, 700).arc();
+        Ok(Agent::builder(model.clone())
+            .model("m")
+            .tools(ToolPool::new([look]).unwrap()))
+    })
+    .unwrap();
+    let stop = CancellationToken::new();
+    let worker = tokio::spawn(w.run(stop.clone()));
+    let mut agent = messaging_coordinator(&pool).await;
+    let run = tokio::time::timeout(Duration::from_secs(30), agent.run("go"))
+        .await
+        .unwrap();
+    assert_eq!(run.stop, forkhive_spawn::runtime::StopReason::Completed);
+    let got = notifications(&agent);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].status, TaskStatus::Failed);
+    assert_eq!(
+        got[0].summary,
+        "Agent \"look\" failed: it panicked: the model cannot answer a letter"
+    );
+    let note = got[0].note.clone().unwrap_or_default();
+    assert!(!note.contains("arrived after it stopped reading"), "{note}");
+    stop.cancel();
+    let r = worker.await.unwrap().unwrap();
+    assert_eq!((r.ran, r.reported), (1, 1), "{r:?}");
 }

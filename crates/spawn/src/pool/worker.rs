@@ -630,8 +630,17 @@ impl Worker {
                 // reported now: uncaught, it would end the job's task unreported, and the
                 // entry would come back after the lease as `killed`, or run again and panic
                 // again until dead-lettered.
-                let executed = AssertUnwindSafe(self.execute(&job, &entry.id, me, running))
-                    .catch_unwind()
+                // Letters its conversation recorded: kept here, so a run that panics still
+                // tells their senders they were read.
+                let recorded: Arc<Mutex<HashSet<String>>> = Arc::default();
+                let executed = AssertUnwindSafe(self.execute(
+                    &job,
+                    &entry.id,
+                    me,
+                    running,
+                    Arc::clone(&recorded),
+                ))
+                .catch_unwind()
                     .await
                     .unwrap_or_else(|panic| {
                         let msg = crate::tool::orchestrate::panic_message(&*panic);
@@ -642,7 +651,7 @@ impl Worker {
                             format!("Agent \"{d}\" failed: it panicked: {msg}"),
                             Default::default(),
                         );
-                        Some((n, Arc::default(), forkhive_core::Usage::default()))
+                        Some((n, recorded, forkhive_core::Usage::default()))
                     });
                 match executed {
                     Some((n, recorded, usage)) => {
@@ -754,6 +763,7 @@ impl Worker {
         entry: &str,
         me: &str,
         running: &Running,
+        recorded: Arc<Mutex<HashSet<String>>>,
     ) -> Option<(
         TaskNotification,
         Arc<Mutex<HashSet<String>>>,
@@ -939,8 +949,7 @@ impl Worker {
             return None;
         }
         // Messages to this task (`Pool::send_message`): into its queue, acknowledged once its
-        // conversation records them.
-        let recorded: Arc<Mutex<HashSet<String>>> = Arc::default();
+        // conversation records them (in `recorded`).
         let relay = AbortOnDropHandle::new(tokio::spawn(relay(
             self.pool.clone(),
             job.task,
