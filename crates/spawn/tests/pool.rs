@@ -778,6 +778,41 @@ async fn a_workers_permission_request_is_decided_in_the_coordinators_process() {
     worker.await.unwrap().unwrap();
 }
 
+/// A worker on `pool` whose agents look for a while (a read-only `Look` of 700 ms, so an agent
+/// is mid-tool-round when a message arrives), then answer with `then`; and the
+/// [`messaging_coordinator`]'s run against it, which must complete. Returns the coordinator,
+/// the worker and its stop token.
+async fn message_a_looking_task(
+    pool: &Pool,
+    then: impl Fn(&Request) -> forkhive_transport::Result<Response> + Send + Sync + 'static,
+) -> (
+    Agent,
+    tokio::task::JoinHandle<forkhive_spawn::Result<WorkerReport>>,
+    CancellationToken,
+) {
+    let model = Arc::new(ScriptedBackend::from_fn(move |r: &Request| {
+        if r.all_messages().len() == 1 {
+            return Ok(Response::tool_calls([("Look", serde_json::json!({}))]));
+        }
+        then(r)
+    }));
+    let w = Worker::new(pool.reopen(), "w1", move |_job: &Job| {
+        let look = support::TestTool::sleeper("Look", true, 700).arc();
+        Ok(Agent::builder(model.clone())
+            .model("m")
+            .tools(ToolPool::new([look]).unwrap()))
+    })
+    .unwrap();
+    let stop = CancellationToken::new();
+    let worker = tokio::spawn(w.run(stop.clone()));
+    let mut agent = messaging_coordinator(pool).await;
+    let run = tokio::time::timeout(Duration::from_secs(30), agent.run("go"))
+        .await
+        .unwrap();
+    assert_eq!(run.stop, forkhive_spawn::runtime::StopReason::Completed);
+    (agent, worker, stop)
+}
+
 /// A coordinator on `pool` that starts one task ("look around"), sends it "use the staging
 /// database" by the id its tool result gave while it runs, and "and one more thing" once its
 /// notification has arrived.
@@ -824,13 +859,10 @@ async fn messaging_coordinator(pool: &Pool) -> Agent {
 async fn send_message_reaches_a_task_running_on_a_worker() {
     let Some(url) = url() else { return };
     let pool = Pool::new(&url, &prefix("send"), "p", fast()).unwrap();
-    // The worker's agent looks for a while, then repeats what its last message held.
-    let model = Arc::new(ScriptedBackend::from_fn(|r: &Request| {
-        let msgs = r.all_messages();
-        if msgs.len() == 1 {
-            return Ok(Response::tool_calls([("Look", serde_json::json!({}))]));
-        }
-        let texts: Vec<String> = msgs
+    // The worker's agent repeats what its last message held.
+    let (agent, worker, stop) = message_a_looking_task(&pool, |r: &Request| {
+        let texts: Vec<String> = r
+            .all_messages()
             .last()
             .unwrap()
             .content
@@ -838,22 +870,8 @@ async fn send_message_reaches_a_task_running_on_a_worker() {
             .filter_map(|b| b.as_text().map(str::to_owned))
             .collect();
         Ok(Response::say(format!("heard: {}", texts.join(" "))))
-    }));
-    let w = Worker::new(pool.reopen(), "w1", move |_job: &Job| {
-        // Read-only, and slow: the agent is mid-tool-round when the message arrives.
-        let look = support::TestTool::sleeper("Look", true, 700).arc();
-        Ok(Agent::builder(model.clone())
-            .model("m")
-            .tools(ToolPool::new([look]).unwrap()))
     })
-    .unwrap();
-    let stop = CancellationToken::new();
-    let worker = tokio::spawn(w.run(stop.clone()));
-    let mut agent = messaging_coordinator(&pool).await;
-    let run = tokio::time::timeout(Duration::from_secs(30), agent.run("go"))
-        .await
-        .unwrap();
-    assert_eq!(run.stop, forkhive_spawn::runtime::StopReason::Completed);
+    .await;
     let sent = support_texts(&agent);
     assert!(
         sent.iter().any(|t| t.starts_with("Sent to pool task ")),
@@ -1088,28 +1106,11 @@ async fn a_run_that_panics_is_reported_failed_and_the_worker_goes_on() {
 async fn a_run_that_panics_after_reading_a_letter_counts_it_read() {
     let Some(url) = url() else { return };
     let pool = Pool::new(&url, &prefix("panic-read"), "p", fast()).unwrap();
-    // Looks for a while; the request that carries the letter panics.
-    let model = Arc::new(ScriptedBackend::from_fn(|r: &Request| {
-        let msgs = r.all_messages();
-        if msgs.len() == 1 {
-            return Ok(Response::tool_calls([("Look", serde_json::json!({}))]));
-        }
-        panic!("the model cannot answer a letter");
-    }));
-    let w = Worker::new(pool.reopen(), "w1", move |_job: &Job| {
-        let look = support::TestTool::sleeper("Look", true, 700).arc();
-        Ok(Agent::builder(model.clone())
-            .model("m")
-            .tools(ToolPool::new([look]).unwrap()))
+    // The request that carries the letter panics.
+    let (agent, worker, stop) = message_a_looking_task(&pool, |_r: &Request| {
+        panic!("the model cannot answer a letter")
     })
-    .unwrap();
-    let stop = CancellationToken::new();
-    let worker = tokio::spawn(w.run(stop.clone()));
-    let mut agent = messaging_coordinator(&pool).await;
-    let run = tokio::time::timeout(Duration::from_secs(30), agent.run("go"))
-        .await
-        .unwrap();
-    assert_eq!(run.stop, forkhive_spawn::runtime::StopReason::Completed);
+    .await;
     let got = notifications(&agent);
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(got[0].status, TaskStatus::Failed);

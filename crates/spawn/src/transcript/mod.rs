@@ -398,15 +398,7 @@ impl TranscriptWriter {
             self.next_index += 1;
         }
         self.handed = Some(h);
-        let done = self.file.flush().await;
-        self.handed = None;
-        match done {
-            Ok(()) => {
-                self.len = h.end;
-                Ok(())
-            }
-            Err(e) => Err(self.undo(indexed, e).await),
-        }
+        self.confirm().await
     }
 
     /// After a failed write: the record's index given back (`indexed`), whatever it left of
