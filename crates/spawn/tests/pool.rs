@@ -1100,8 +1100,8 @@ async fn a_run_that_panics_is_reported_failed_and_the_worker_goes_on() {
 }
 
 /// A run that panics after its conversation recorded a letter: the task is reported `failed`,
-/// and the letter counts as read (it is not listed as one that arrived after the task stopped
-/// reading).
+/// with the tool uses and time it had spent, and the letter counts as read (it is not listed as
+/// one that arrived after the task stopped reading).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_run_that_panics_after_reading_a_letter_counts_it_read() {
     let Some(url) = url() else { return };
@@ -1120,6 +1120,9 @@ async fn a_run_that_panics_after_reading_a_letter_counts_it_read() {
     );
     let note = got[0].note.clone().unwrap_or_default();
     assert!(!note.contains("arrived after it stopped reading"), "{note}");
+    // What it had done before it panicked: one look, taking its 700 ms.
+    assert_eq!(got[0].usage.tool_uses, 1, "{:?}", got[0].usage);
+    assert!(got[0].usage.duration_ms >= 700, "{:?}", got[0].usage);
     stop.cancel();
     let r = worker.await.unwrap().unwrap();
     assert_eq!((r.ran, r.reported), (1, 1), "{r:?}");

@@ -545,7 +545,7 @@ async fn confirm_reports_a_dropped_write_that_failed() {
 /// conversation holding what its transcript holds: a message whose write was handed to the
 /// file before the drop is in both, its receipt answered `true`; one not handed is in
 /// neither, its receipt answered `false` (or, not taken yet, still queued). Whatever comes
-/// next — another run, `continue_run`, or dropping the agent — starts from there: no message
+/// next — another run, `continue_run`, `settle`, or dropping the agent — starts from there: no message
 /// recorded twice, every call answered once, no request that ends with the agent's own
 /// answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -559,7 +559,7 @@ async fn a_run_dropped_at_any_point_leaves_the_conversation_as_its_transcript() 
     // agent must settle.
     let mut in_flight_seen = 0;
     for polls in 1..=60 {
-        for next in ["run", "continue_run", "drop"] {
+        for next in ["run", "continue_run", "settle", "drop"] {
             let dir = tempfile::tempdir().unwrap();
             let backend = Arc::new(ScriptedBackend::from_replies([
                 Ok(calls(&[("t1", "Look", "{}")])),
@@ -624,6 +624,10 @@ async fn a_run_dropped_at_any_point_leaves_the_conversation_as_its_transcript() 
                     );
                     Some(agent.params().messages().to_vec())
                 }
+                "settle" => {
+                    agent.settle().await;
+                    Some(agent.params().messages().to_vec())
+                }
                 _ => {
                     drop(agent);
                     None
@@ -646,8 +650,8 @@ async fn a_run_dropped_at_any_point_leaves_the_conversation_as_its_transcript() 
                 (_, [true]) => assert_eq!(letters, 1, "{at}"),
                 (_, [false]) => assert_eq!(letters, 0, "{at}"),
                 // Never taken: still queued when the agent was dropped (its receipt then
-                // says `false` when the queue goes).
-                ("drop", []) => assert_eq!(letters, 0, "{at}"),
+                // says `false` when the queue goes), or when it settled without running.
+                ("drop" | "settle", []) => assert_eq!(letters, 0, "{at}"),
                 (_, other) => panic!("{at}: receipt answered {other:?}, {letters} recorded"),
             }
             // Every call has exactly one result.
@@ -665,7 +669,7 @@ async fn a_run_dropped_at_any_point_leaves_the_conversation_as_its_transcript() 
                     }
                 }
             }
-            if next != "drop" {
+            if next == "run" || next == "continue_run" {
                 assert!(results.values().all(|n| *n == 1), "{at}: {results:?}");
             } else {
                 assert!(results.values().all(|n| *n <= 1), "{at}: {results:?}");

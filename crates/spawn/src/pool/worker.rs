@@ -630,27 +630,41 @@ impl Worker {
                 // reported now: uncaught, it would end the job's task unreported, and the
                 // entry would come back after the lease as `killed`, or run again and panic
                 // again until dead-lettered.
-                // Letters its conversation recorded: kept here, so a run that panics still
-                // tells their senders they were read.
+                // Letters its conversation recorded, and its progress: kept here, so a run
+                // that panics still tells their senders they were read, and its parent what
+                // it had done.
                 let recorded: Arc<Mutex<HashSet<String>>> = Arc::default();
+                let progress = Arc::new(Progress::default());
                 let executed = AssertUnwindSafe(self.execute(
                     &job,
                     &entry.id,
                     me,
                     running,
-                    Arc::clone(&recorded),
+                    (Arc::clone(&recorded), Arc::clone(&progress)),
                 ))
                 .catch_unwind()
                     .await
                     .unwrap_or_else(|panic| {
                         let msg = crate::tool::orchestrate::panic_message(&*panic);
                         tracing::error!(worker = %self.name, task = %job.task, "the run panicked: {msg}");
-                        let n = TaskNotification::new(
+                        // As a run that failed reports: its tool uses, its time, and the text it
+                        // had streamed (its tokens died with its future).
+                        let usage = forkhive_core::Usage {
+                            tool_uses: progress.tool_uses(),
+                            ..Default::default()
+                        };
+                        let mut n = TaskNotification::new(
                             job.task,
                             TaskStatus::Failed,
                             format!("Agent \"{d}\" failed: it panicked: {msg}"),
-                            Default::default(),
+                            usage.to_notification(),
                         );
+                        n.usage.duration_ms =
+                            u64::try_from(progress.elapsed().as_millis()).unwrap_or(u64::MAX);
+                        let partial = progress.last_text();
+                        if !partial.is_empty() {
+                            n = n.with_result(partial);
+                        }
                         Some((n, recorded, forkhive_core::Usage::default()))
                     });
                 match executed {
@@ -763,7 +777,7 @@ impl Worker {
         entry: &str,
         me: &str,
         running: &Running,
-        recorded: Arc<Mutex<HashSet<String>>>,
+        (recorded, progress): (Arc<Mutex<HashSet<String>>>, Arc<Progress>),
     ) -> Option<(
         TaskNotification,
         Arc<Mutex<HashSet<String>>>,
@@ -779,7 +793,6 @@ impl Worker {
             token.clone(),
             Arc::clone(&stopped_by_shutdown),
         );
-        let progress = Arc::new(Progress::default());
         let why: Arc<Mutex<Option<Stop>>> = Arc::default();
         // The lease: renewed every third of it, with the output so far; lost, the run stops.
         let renew = {

@@ -400,6 +400,48 @@ impl Agent {
                 .is_some_and(|m| m.role == Role::Assistant && m.tool_uses().next().is_none())
     }
 
+    /// Brings the conversation up to date after a run's future was dropped while it recorded a
+    /// message (a timeout around [`run`](Self::run), a `select!` that took another branch): waits
+    /// for the outcome of the write the dropped run left, takes what reached the transcript
+    /// into the conversation, and answers the receipts of queued messages by it
+    /// (`docs/transcripts.md`). Every run does this first; call it to read
+    /// [`params`](Self::params) after a dropped run without starting another. Nothing to do,
+    /// at once, when no run was dropped mid-record or the agent keeps no transcript.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use forkhive_spawn::runtime::Agent;
+    /// use forkhive_transport::{Response, ScriptedBackend};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let dir = tempfile::tempdir().unwrap();
+    /// // A model that takes a minute to answer.
+    /// let model = ScriptedBackend::from_async_fn(|_r: forkhive_transport::Request| async {
+    ///     tokio::time::sleep(Duration::from_secs(60)).await;
+    ///     Ok(Response::say("late"))
+    /// });
+    /// let mut agent = Agent::builder(Arc::new(model))
+    ///     .model("m")
+    ///     .transcript_dir(dir.path())
+    ///     .build()
+    ///     .await?;
+    /// let timed_out = tokio::time::timeout(Duration::from_millis(200), agent.run("hello")).await;
+    /// assert!(timed_out.is_err());
+    /// agent.settle().await;
+    /// // The prompt was recorded before the model was asked: the conversation and the
+    /// // transcript both hold it.
+    /// let recorded = forkhive_spawn::transcript::read(agent.transcript_path().unwrap()).await?;
+    /// assert_eq!(recorded.messages, agent.params().messages().to_vec());
+    /// assert_eq!(recorded.messages.len(), 1);
+    /// # Ok::<(), forkhive_spawn::Error>(()) }).unwrap();
+    /// ```
+    pub async fn settle(&mut self) {
+        if self.left_a_record() {
+            Box::pin(self.settle_recorded()).await;
+        }
+    }
+
     /// Runs the loop on whatever is pending (waiting for a promised message if none is
     /// queued yet). Returns at once, [`StopReason::Completed`], when nothing is pending or
     /// expected.
