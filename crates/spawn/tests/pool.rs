@@ -792,7 +792,14 @@ async fn message_a_looking_task(
 ) {
     let model = Arc::new(ScriptedBackend::from_fn(move |r: &Request| {
         if r.all_messages().len() == 1 {
-            return Ok(Response::tool_calls([("Look", serde_json::json!({}))]));
+            return Ok(Response {
+                usage: forkhive_core::Usage {
+                    input_tokens: 10,
+                    output_tokens: 5,
+                    ..Default::default()
+                },
+                ..Response::tool_calls([("Look", serde_json::json!({}))])
+            });
         }
         then(r)
     }));
@@ -1100,7 +1107,7 @@ async fn a_run_that_panics_is_reported_failed_and_the_worker_goes_on() {
 }
 
 /// A run that panics after its conversation recorded a letter: the task is reported `failed`,
-/// with the tool uses and time it had spent, and the letter counts as read (it is not listed as
+/// with the tokens, tool uses and time it had spent, and the letter counts as read (it is not listed as
 /// one that arrived after the task stopped reading).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_run_that_panics_after_reading_a_letter_counts_it_read() {
@@ -1120,7 +1127,8 @@ async fn a_run_that_panics_after_reading_a_letter_counts_it_read() {
     );
     let note = got[0].note.clone().unwrap_or_default();
     assert!(!note.contains("arrived after it stopped reading"), "{note}");
-    // What it had done before it panicked: one look, taking its 700 ms.
+    // What it had done before it panicked: one answer of 15 tokens, one look of 700 ms.
+    assert_eq!(got[0].usage.total_tokens, 15, "{:?}", got[0].usage);
     assert_eq!(got[0].usage.tool_uses, 1, "{:?}", got[0].usage);
     assert!(got[0].usage.duration_ms >= 700, "{:?}", got[0].usage);
     stop.cancel();

@@ -647,12 +647,11 @@ impl Worker {
                     .unwrap_or_else(|panic| {
                         let msg = crate::tool::orchestrate::panic_message(&*panic);
                         tracing::error!(worker = %self.name, task = %job.task, "the run panicked: {msg}");
-                        // As a run that failed reports: its tool uses, its time, and the text it
-                        // had streamed (its tokens died with its future).
-                        let usage = forkhive_core::Usage {
-                            tool_uses: progress.tool_uses(),
-                            ..Default::default()
-                        };
+                        // As a run that failed reports: what its answers used (as their
+                        // events counted it), its tool uses, its time, and the text it had
+                        // streamed.
+                        let mut usage = progress.usage();
+                        usage.tool_uses = progress.tool_uses();
                         let mut n = TaskNotification::new(
                             job.task,
                             TaskStatus::Failed,
@@ -665,7 +664,7 @@ impl Worker {
                         if !partial.is_empty() {
                             n = n.with_result(partial);
                         }
-                        Some((n, recorded, forkhive_core::Usage::default()))
+                        Some((n, recorded, usage))
                     });
                 match executed {
                     Some((n, recorded, usage)) => {
