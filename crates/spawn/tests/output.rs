@@ -58,17 +58,57 @@ impl Backend for Firehose {
 
 /// The runtime checks its timers after every task poll (`event_interval(1)`), so the worst gap
 /// between two ticks is the longest single poll of the child — any blocking write would show.
+/// The same stream without an output file, run just before, is the yardstick: what the child's
+/// own work (and a busy machine) costs the timer, without any file.
 #[test]
 fn streaming_ten_megabytes_to_an_output_file_never_stalls_the_runtime() {
-    tokio::runtime::Builder::new_current_thread()
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .event_interval(1)
         .build()
-        .unwrap()
-        .block_on(stream_ten_megabytes());
+        .unwrap();
+    let without = rt.block_on(stream_ten_megabytes(false));
+    let with = rt.block_on(stream_ten_megabytes(true));
+    // A tick is 1 ms. Nine gaps in ten stay within 2 ms of the stream's own without a file
+    // (and within 3 ms on a quiet machine, where that is about 1 ms): the child's deltas go to
+    // the file through the writer task, never a blocking write on this thread. A machine
+    // whose other cores are busy stretches both runs alike (about 4.5 ms each with three
+    // CPU-bound processes on two cores).
+    let bound = Duration::from_millis(3).max(without.p90 + Duration::from_millis(2));
+    assert!(
+        with.p90 <= bound,
+        "the timer's 90th-percentile gap was {:?} over {} ticks (without a file: {:?})",
+        with.p90,
+        with.ticks,
+        without.p90
+    );
+    // The single worst gap (about 13 ms in an unoptimised build, with or without the output
+    // file) is where the 10 MB answer's in-memory text doubles its buffer at 8 MB: bounded
+    // loosely, since a busy machine (another build, an install) stretches that one gap (47 ms
+    // seen under load).
+    assert!(
+        with.worst <= Duration::from_millis(100),
+        "the timer missed by {:?} over {} ticks",
+        with.worst,
+        with.ticks
+    );
+    eprintln!(
+        "10 MB streamed: {} ticks, p90 gap {:?} (without a file {:?}), worst gap {:?}",
+        with.ticks, with.p90, without.p90, with.worst
+    );
 }
 
-async fn stream_ten_megabytes() {
+/// How a 1 ms timer kept its beat while a child streamed.
+struct Gaps {
+    p90: Duration,
+    worst: Duration,
+    ticks: u32,
+}
+
+/// Streams 10 MB from a background child, with its output file on or off, while a 1 ms timer
+/// on the same thread ticks; checks the child's notification (and, with the file, what it
+/// holds).
+async fn stream_ten_megabytes(with_file: bool) -> Gaps {
     let dir = tempfile::tempdir().unwrap();
     let service = TaskService::new(
         Arc::new(MemoryTaskRegistry::new()),
@@ -78,11 +118,15 @@ async fn stream_ten_megabytes() {
     );
     let root = AgentContext::main();
     let id = TaskId::generate(TaskKind::Agent);
-    let output = Arc::new(
-        OutputFile::create(&OutputConfig::new(dir.path(), "s"), &id)
-            .await
-            .unwrap(),
-    );
+    let output = if with_file {
+        Some(Arc::new(
+            OutputFile::create(&OutputConfig::new(dir.path(), "s"), &id)
+                .await
+                .unwrap(),
+        ))
+    } else {
+        None
+    };
     let progress = Arc::new(Progress::default());
     let done = Arc::new(AtomicBool::new(false));
     let events = events_for(&Response::text("x".repeat(TOTAL), usage(10, 5)), 4096);
@@ -95,7 +139,7 @@ async fn stream_ten_megabytes() {
     .events(Arc::new(ChildSink {
         child: id,
         progress: Arc::clone(&progress),
-        output: Some(Arc::clone(&output)),
+        output: output.clone(),
         forward: None,
     }))
     .build()
@@ -109,7 +153,7 @@ async fn stream_ten_megabytes() {
         Start {
             description: "firehose".into(),
             progress,
-            output: Some(Arc::clone(&output)),
+            output: output.clone(),
             ..Start::under(*root.id())
         },
     )
@@ -135,32 +179,23 @@ async fn stream_ten_megabytes() {
         last = now;
         ticks += 1;
     }
+    assert!(ticks > 0);
     gaps.sort();
     let p90 = gaps[gaps.len() * 9 / 10];
     service.wait_idle().await;
     let n = TaskNotification::parse(&queue.drain()[0].text).unwrap();
-    assert_eq!(
-        n.output_file.as_deref(),
-        Some(output.path().to_str().unwrap())
-    );
-    // The notification came after the whole stream was on disk.
-    let len = std::fs::metadata(output.path()).unwrap().len() as usize;
-    let text = std::fs::read_to_string(output.path()).unwrap();
-    assert!(!text.contains("dropped"), "the writer kept up");
-    assert!(len >= TOTAL, "{len} bytes written");
-    assert!(ticks > 0);
-    // A tick is 1 ms. Nine gaps in ten stay within a few ms: the child's deltas go to the
-    // file through the writer task, never a blocking write on this thread. The single worst
-    // gap (about 13 ms in an unoptimised build, with or without the output file) is where the
-    // 10 MB answer's in-memory text doubles its buffer at 8 MB: bounded loosely, since a busy
-    // machine (another build, an install) stretches that one gap (47 ms seen under load).
-    assert!(
-        p90 <= Duration::from_millis(3),
-        "the timer's 90th-percentile gap was {p90:?} over {ticks} ticks"
-    );
-    assert!(
-        worst <= Duration::from_millis(100),
-        "the timer missed by {worst:?} over {ticks} ticks"
-    );
-    eprintln!("10 MB streamed: {ticks} ticks, p90 gap {p90:?}, worst gap {worst:?}");
+    if let Some(output) = output {
+        assert_eq!(
+            n.output_file.as_deref(),
+            Some(output.path().to_str().unwrap())
+        );
+        // The notification came after the whole stream was on disk.
+        let len = std::fs::metadata(output.path()).unwrap().len() as usize;
+        let text = std::fs::read_to_string(output.path()).unwrap();
+        assert!(!text.contains("dropped"), "the writer kept up");
+        assert!(len >= TOTAL, "{len} bytes written");
+    } else {
+        assert_eq!(n.output_file, None);
+    }
+    Gaps { p90, worst, ticks }
 }
