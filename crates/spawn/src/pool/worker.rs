@@ -626,15 +626,15 @@ impl Worker {
                 }
                 report.ran += 1;
                 super::record(&self.pool, &job.task, crate::task::TaskState::Running, None).await;
-                // A panic in the run (the host's factory, its model, a bug) ends it `failed`,
-                // reported now: uncaught, it would end the job's task unreported, and the
-                // entry would come back after the lease as `killed`, or run again and panic
-                // again until dead-lettered.
                 // Letters its conversation recorded, and its progress: kept here, so a run
                 // that panics still tells their senders they were read, and its parent what
                 // it had done.
                 let recorded: Arc<Mutex<HashSet<String>>> = Arc::default();
                 let progress = Arc::new(Progress::default());
+                // A panic in the run (the host's factory, its model, a bug) ends it `failed`,
+                // reported now: uncaught, it would end the job's task unreported, and the
+                // entry would come back after the lease as `killed`, or run again and panic
+                // again until dead-lettered.
                 let executed = AssertUnwindSafe(self.execute(
                     &job,
                     &entry.id,

@@ -706,7 +706,8 @@ impl Agent {
             return;
         };
         // Taken once handed to the file: a write whose future was dropped is still written.
-        // (If that write then fails, the next record reports it and the run fails.)
+        // Runs and records confirm such a write first (`settle_recorded`), so one that failed
+        // is not counted; dropping the agent cannot wait, and counts it as written.
         let landed = rec
             .writer
             .next_index()
