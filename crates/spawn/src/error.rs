@@ -143,6 +143,17 @@ pub enum Error {
         attempts: u32,
     },
 
+    /// Another writer holds a transcript's lock: an agent that is still alive appends to it, or
+    /// one that was dropped is still finishing its last write. Nothing was read or written;
+    /// drop that agent (or let its write finish) and try again.
+    #[error("transcript {} is held by another writer (still held after {waited:?}): an agent that is still alive appends to it, or a dropped one is finishing its last write", path.display())]
+    TranscriptBusy {
+        /// The transcript file.
+        path: PathBuf,
+        /// How long it was waited for.
+        waited: std::time::Duration,
+    },
+
     /// A structured team message was refused: from the wrong sender, for no open request, or
     /// not the kind expected.
     #[error("team protocol: {0}")]

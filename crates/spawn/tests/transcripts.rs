@@ -336,6 +336,7 @@ async fn a_resumed_agent_keeps_its_definitions_restrictions() {
         .unwrap();
     let _ = agent.run("plan").await;
     let path = agent.transcript_path().unwrap().to_path_buf();
+    drop(agent);
     let t = transcript::read(&path).await.unwrap();
     assert_eq!(t.header.permission_mode.as_deref(), Some("plan"));
     assert_eq!(t.header.max_turns, Some(7));
@@ -437,7 +438,9 @@ async fn a_resumed_agent_continues_after_its_last_answer_as_it_ended() {
 async fn drop_one_write_then_write_another(text: &str) {
     use futures::FutureExt;
     let dir = tempfile::tempdir().unwrap();
-    let (_agent, path) = first_session(dir.path()).await;
+    let (agent, path) = first_session(dir.path()).await;
+    // Its writer holds the file for as long as it lives.
+    drop(agent);
     let before = transcript::read(&path).await.unwrap();
     let mut w = transcript::TranscriptWriter::reopen(&before).await.unwrap();
     // One poll hands the record to the file; the flush may still be pending when it is
@@ -497,6 +500,8 @@ async fn a_failing_write_handed_over() -> Option<(transcript::TranscriptWriter, 
         }
         assert!(r.is_none_or(|r| r.is_err()));
         assert_eq!(w.next_index(), n);
+        // Let the file finish cutting the failed try off (on the blocking pool) first.
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
     panic!("no write was still running after one poll in 1,000 tries");
 }
@@ -630,6 +635,9 @@ async fn a_run_dropped_at_any_point_leaves_the_conversation_as_its_transcript() 
                 }
                 _ => {
                     drop(agent);
+                    // A write still unconfirmed is finished by a task that took the writer
+                    // over and answers the receipts: it lets the file's lock go after that.
+                    drop(transcript::TranscriptWriter::resume(&path).await.unwrap());
                     None
                 }
             };
@@ -714,6 +722,14 @@ async fn continue_run_after_a_run_dropped_mid_answer_waits() {
                 if futures::poll!(run.as_mut()).is_ready() {
                     break;
                 }
+                // Every other case drops the run as soon as the answer is in the file while
+                // the run still waits on its write: that state is reached however busy the
+                // machine is (the blocking pool's pace decides where a plain count lands).
+                if polls % 2 == 1
+                    && std::fs::read_to_string(&path).is_ok_and(|f| f.contains("first answer"))
+                {
+                    break;
+                }
                 tokio::task::yield_now().await;
             }
         }
@@ -740,5 +756,154 @@ async fn continue_run_after_a_run_dropped_mid_answer_waits() {
     assert!(
         answer_in_flight > 0,
         "no drop left the answer in the file but not in the conversation"
+    );
+}
+
+/// Resuming reads under the file's lock, which a transcript writer keeps until its last write
+/// is finished: a dropped agent whose write is still running (stood in for here by a handle
+/// holding the lock, which writes that record and lets go) is waited for, so the resumed agent
+/// has the record and its next message takes the next index. Read before the write landed,
+/// the record would be missing and the next message would repeat its index.
+#[cfg(unix)]
+#[tokio::test]
+async fn resuming_waits_for_the_last_write_of_a_dropped_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let (agent, path) = first_session(dir.path()).await;
+    drop(agent);
+    let n = transcript::read(&path).await.unwrap().messages.len();
+    let held = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    rustix::fs::flock(&held, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+    let resume = tokio::spawn({
+        let path = path.clone();
+        async move {
+            let backend = Arc::new(ScriptedBackend::from_texts(["after the late one"]));
+            let builder = Agent::builder(backend).tools(ToolPool::new([look()]).unwrap());
+            Agent::resume(builder, &path).await
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(
+        !resume.is_finished(),
+        "resumed while a writer held the file"
+    );
+    // The dropped writer's record lands, then its handle goes.
+    let late = Message::user_text("the late record");
+    let line = serde_json::json!({"type": "message", "index": n, "message": late, "at": 0});
+    let mut held = held;
+    std::io::Write::write_all(&mut held, format!("{line}\n").as_bytes()).unwrap();
+    drop(held);
+    let (mut resumed, report) = resume.await.unwrap().unwrap();
+    assert_eq!(report.messages, n + 1);
+    assert_eq!(resumed.params().messages()[n].text(), "the late record");
+    assert_eq!(resumed.run("go on").await.stop, StopReason::Completed);
+    drop(resumed);
+    let t = transcript::read(&path).await.unwrap();
+    assert_eq!(
+        t.messages.len(),
+        n + 3,
+        "the late record, the prompt, the answer"
+    );
+    assert_eq!(t.messages[n + 1].text(), "go on");
+}
+
+/// The transcript of an agent that is still alive is refused after the wait, naming the file:
+/// two writers would repeat each other's indexes. Once the agent is dropped it resumes.
+#[cfg(unix)]
+#[tokio::test(start_paused = true)]
+async fn resuming_the_transcript_of_a_live_agent_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (agent, path) = first_session(dir.path()).await;
+    let resume = || {
+        let backend = Arc::new(ScriptedBackend::from_texts(["again"]));
+        Agent::resume(
+            Agent::builder(backend).tools(ToolPool::new([look()]).unwrap()),
+            &path,
+        )
+    };
+    let err = resume().await.unwrap_err();
+    match &err {
+        Error::TranscriptBusy { path: p, waited } => {
+            assert_eq!(p, &path);
+            assert!(*waited >= transcript::WRITER_WAIT, "{waited:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        err.to_string().starts_with(&format!(
+            "transcript {} is held by another writer (still held after",
+            path.display()
+        )),
+        "{err}"
+    );
+    // Nothing was written meanwhile, and the agent goes on as before.
+    let before = transcript::read(&path).await.unwrap().messages.len();
+    assert_eq!(agent.params().messages().len(), before);
+    drop(agent);
+    let (_resumed, report) = resume().await.unwrap();
+    assert_eq!(report.messages, before);
+}
+
+/// `reopen` of a transcript that another writer appended to since it was read is refused: the
+/// records this writer would add would repeat the indexes of those it did not read.
+#[tokio::test]
+async fn reopening_a_transcript_changed_since_it_was_read_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (agent, path) = first_session(dir.path()).await;
+    drop(agent);
+    let stale = transcript::read(&path).await.unwrap();
+    let backend = Arc::new(ScriptedBackend::from_texts(["more"]));
+    let builder = Agent::builder(backend).tools(ToolPool::new([look()]).unwrap());
+    let (mut resumed, _) = Agent::resume(builder, &path).await.unwrap();
+    assert_eq!(
+        resumed.run("more, please").await.stop,
+        StopReason::Completed
+    );
+    drop(resumed);
+    let now = std::fs::metadata(&path).unwrap().len();
+    let err = transcript::TranscriptWriter::reopen(&stale)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "transcript {}:0: it changed since it was read ({} bytes then, {now} now): another \
+             writer appended to it; read it again",
+            path.display(),
+            stale.valid_len
+        )
+    );
+    // Read again, it reopens.
+    let fresh = transcript::read(&path).await.unwrap();
+    let w = transcript::TranscriptWriter::reopen(&fresh).await.unwrap();
+    assert_eq!(w.next_index(), stale.messages.len() + 2);
+}
+
+/// A supervisor's stop record for an agent that could not write its own waits for the agent's
+/// writer to let the file go, so it lands after the last record that writer was handed (it
+/// would otherwise cut a line still being written, which then lands after the stop).
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_supervisors_stop_record_waits_for_the_agents_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (agent, path) = first_session(dir.path()).await;
+    let stop = tokio::spawn({
+        let path = path.clone();
+        async move { transcript::append_stop(&path, &StopReason::Cancelled, Default::default()).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(
+        !stop.is_finished(),
+        "appended while the agent's writer held the file"
+    );
+    drop(agent);
+    stop.await.unwrap().unwrap();
+    let t = transcript::read(&path).await.unwrap();
+    assert_eq!(t.dropped, None);
+    assert_eq!(
+        t.stops.iter().map(|s| s.stop.clone()).collect::<Vec<_>>(),
+        [StopReason::Completed, StopReason::Cancelled]
     );
 }

@@ -17,6 +17,7 @@
 //! [`Error::Transcript`] naming the line.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use forkhive_core::{CacheSafeParams, Message, TaskId, ThinkingConfig, ToolDefinition, Usage};
 use serde::{Deserialize, Serialize};
@@ -221,6 +222,108 @@ async fn open_no_follow(path: &Path, create: bool) -> std::io::Result<tokio::fs:
     opts.open(path).await
 }
 
+/// How long a writer waits for a transcript whose lock another writer holds: long enough for
+/// a dropped agent's last write to finish (the file finishes a write it was handed, then lets
+/// the lock go); an agent that is still alive holds it for good, and the wait ends in
+/// [`Error::TranscriptBusy`].
+pub const WRITER_WAIT: Duration = Duration::from_secs(5);
+
+/// The longest pause between two tries of a held lock.
+const LOCK_PAUSE_MAX: Duration = Duration::from_millis(50);
+
+/// Tries `file`'s exclusive lock once: `true` taken (or the platform has no such locks),
+/// `false` held by another open of the file.
+///
+/// Unix only: there the lock is advisory (`flock`), so readers are never kept out; elsewhere a
+/// whole-file lock would keep out the readers a fork child's resume needs, and none is taken.
+fn try_lock_once(file: &std::fs::File) -> std::io::Result<bool> {
+    #[cfg(unix)]
+    {
+        use rustix::fs::{FlockOperation, flock};
+        match flock(file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => Ok(true),
+            Err(e) if e == rustix::io::Errno::WOULDBLOCK => Ok(false),
+            // A file system without locks (some network mounts): written as before.
+            Err(e) if e == rustix::io::Errno::NOLCK || e == rustix::io::Errno::OPNOTSUPP => {
+                Ok(true)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = file;
+        Ok(true)
+    }
+}
+
+/// Takes `file`'s exclusive lock, waiting up to [`WRITER_WAIT`] while another writer holds it
+/// (backing off from 1 ms to 50 ms). The lock goes with the last handle to the open file:
+/// a writer's, or the one its unfinished write still holds.
+async fn lock_for_writing(file: &std::fs::File, path: &Path) -> Result<()> {
+    let start = tokio::time::Instant::now();
+    let mut pause = Duration::from_millis(1);
+    loop {
+        if lock_tried(file, path, start.elapsed())? {
+            return Ok(());
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(LOCK_PAUSE_MAX);
+    }
+}
+
+/// [`lock_for_writing`] on the calling thread (for the blocking pool, or no runtime at all).
+fn lock_for_writing_blocking(file: &std::fs::File, path: &Path) -> Result<()> {
+    let start = std::time::Instant::now();
+    let mut pause = Duration::from_millis(1);
+    loop {
+        if lock_tried(file, path, start.elapsed())? {
+            return Ok(());
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(LOCK_PAUSE_MAX);
+    }
+}
+
+/// One try of the lock, `waited` into the wait: taken, or not yet, or an error (it failed, or
+/// the wait is over).
+fn lock_tried(file: &std::fs::File, path: &Path, waited: Duration) -> Result<bool> {
+    match try_lock_once(file) {
+        Ok(true) => Ok(true),
+        Ok(false) if waited >= WRITER_WAIT => Err(Error::TranscriptBusy {
+            path: path.to_path_buf(),
+            waited,
+        }),
+        Ok(false) => Ok(false),
+        Err(source) => Err(Error::Io {
+            action: "locking transcript",
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// `file` with its lock taken ([`lock_for_writing`]) when it is a regular file (a device has
+/// no records of its own to keep in order, and may be shared by unrelated writers).
+async fn locked(file: tokio::fs::File, path: &Path) -> Result<tokio::fs::File> {
+    // Just opened: no operation is in flight, so this hands the handle over at once.
+    let std = file.into_std().await;
+    if is_regular(&std, path)? {
+        lock_for_writing(&std, path).await?;
+    }
+    Ok(tokio::fs::File::from_std(std))
+}
+
+fn is_regular(file: &std::fs::File, path: &Path) -> Result<bool> {
+    file.metadata()
+        .map(|m| m.is_file())
+        .map_err(|source| Error::Io {
+            action: "locking transcript",
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
 impl TranscriptWriter {
     /// Creates `<dir>/<agent id>.jsonl` (never overwriting: an existing file or a planted
     /// symlink is an error) and writes the header. When the header inherits messages from the
@@ -246,6 +349,7 @@ impl TranscriptWriter {
             other => other,
         }
         .map_err(io("creating transcript", &path))?;
+        let file = locked(file, &path).await?;
         let mut w = Self {
             path,
             file,
@@ -265,19 +369,73 @@ impl TranscriptWriter {
     }
 
     /// Reopens a transcript read by [`read`] for appending, cutting off a damaged tail first.
+    ///
+    /// The writer holds the file's lock for as long as it lives (see [`WRITER_WAIT`]). A file
+    /// that changed since `transcript` was read is refused ([`Error::Transcript`]): another
+    /// writer appended to it, and the records this one would write would repeat its indexes.
+    /// [`resume`](Self::resume) reads under the lock, so nothing can come between.
     pub async fn reopen(transcript: &Transcript) -> Result<Self> {
-        let path = transcript.path.clone();
-        let io = |source| Error::Io {
+        let path = &transcript.path;
+        let file = open_no_follow(path, false)
+            .await
+            .map_err(|source| Error::Io {
+                action: "reopening transcript",
+                path: path.clone(),
+                source,
+            })?;
+        let file = locked(file, path).await?;
+        let meta = file.metadata().await.map_err(|source| Error::Io {
             action: "reopening transcript",
             path: path.clone(),
             source,
-        };
-        let file = open_no_follow(&path, false).await.map_err(io)?;
+        })?;
+        let read = transcript.valid_len + transcript.dropped.as_ref().map_or(0, |d| d.bytes as u64);
+        if meta.is_file() && meta.len() != read {
+            return Err(Error::Transcript {
+                path: path.clone(),
+                line: 0,
+                message: format!(
+                    "it changed since it was read ({read} bytes then, {} now): another writer \
+                     appended to it; read it again",
+                    meta.len()
+                ),
+            });
+        }
+        Self::reopened(file, transcript).await
+    }
+
+    /// Reads the transcript at `path` (as [`read`] does) and reopens it for appending, under
+    /// the file's lock: a dropped agent's last write is waited for (up to [`WRITER_WAIT`])
+    /// before anything is read, so the records read are every record written; an agent that
+    /// is still alive keeps it, and this fails with [`Error::TranscriptBusy`].
+    pub async fn resume(path: &Path) -> Result<(Transcript, Self)> {
+        let file = open_no_follow(path, false)
+            .await
+            .map_err(|source| Error::Io {
+                action: "reopening transcript",
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let file = locked(file, path).await?;
+        let t = read(path).await?;
+        let w = Self::reopened(file, &t).await?;
+        Ok((t, w))
+    }
+
+    /// A writer appending to `file` (locked), which holds `transcript`: its damaged tail cut.
+    async fn reopened(file: tokio::fs::File, transcript: &Transcript) -> Result<Self> {
+        let path = transcript.path.clone();
         if transcript.dropped.is_some() {
-            file.set_len(transcript.valid_len).await.map_err(io)?;
+            file.set_len(transcript.valid_len)
+                .await
+                .map_err(|source| Error::Io {
+                    action: "reopening transcript",
+                    path: path.clone(),
+                    source,
+                })?;
         }
         Ok(Self {
-            path: path.clone(),
+            path,
             file,
             next_index: transcript.messages.len(),
             len: transcript.valid_len,
@@ -313,6 +471,12 @@ impl TranscriptWriter {
             }
             Err(e) => Err(self.undo(h.indexed, e).await),
         }
+    }
+
+    /// Whether a record was handed to the file and its outcome is not known yet (its future
+    /// was dropped before the flush): [`confirm`](Self::confirm) waits for it.
+    pub(crate) fn has_unconfirmed(&self) -> bool {
+        self.handed.is_some()
     }
 
     /// Appends the next message (indexes count up from 0).
@@ -422,7 +586,8 @@ impl TranscriptWriter {
 /// own: it panicked, or its owner dropped it past its grace. A last line cut mid-write is cut
 /// off first (as [`TranscriptWriter::reopen`] does), so the file stays readable and its last
 /// record says how the agent ended. The file is opened without following a symlink and never
-/// created.
+/// created. The agent's own writer is waited for (its lock, up to [`WRITER_WAIT`]): a write it
+/// was handed before it was dropped lands first, and the stop record after it.
 pub async fn append_stop(path: &Path, stop: &StopReason, usage: Usage) -> Result<()> {
     let owned = path.to_path_buf();
     let stop = stop.clone();
@@ -452,16 +617,11 @@ pub fn append_stop_blocking(path: &Path, stop: &StopReason, usage: Usage) -> Res
         message: format!("cannot encode a record: {e}"),
     })?;
     line.push(b'\n');
-    append_after_last_line(path, &line).map_err(|source| Error::Io {
+    let io = |source| Error::Io {
         action: "appending a stop record to transcript",
         path: path.to_path_buf(),
         source,
-    })
-}
-
-/// Cuts whatever follows the last newline of the file at `path`, then appends `line`.
-fn append_after_last_line(path: &Path, line: &[u8]) -> std::io::Result<()> {
-    use std::io::{Read, Seek, SeekFrom, Write};
+    };
     let mut opts = std::fs::OpenOptions::new();
     opts.read(true).write(true);
     #[cfg(unix)]
@@ -469,7 +629,18 @@ fn append_after_last_line(path: &Path, line: &[u8]) -> std::io::Result<()> {
         use std::os::unix::fs::OpenOptionsExt;
         opts.custom_flags(libc::O_NOFOLLOW);
     }
-    let mut f = opts.open(path)?;
+    let mut f = opts.open(path).map_err(io)?;
+    // The agent's own writer lets go once its last write is finished: only then is the file's
+    // last line what it will stay.
+    if is_regular(&f, path)? {
+        lock_for_writing_blocking(&f, path)?;
+    }
+    append_after_last_line(&mut f, &line).map_err(io)
+}
+
+/// Cuts whatever follows the last newline of `f`, then appends `line`.
+fn append_after_last_line(f: &mut std::fs::File, line: &[u8]) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom, Write};
     let len = f.metadata()?.len();
     let mut end = len;
     let mut buf = [0u8; 4096];

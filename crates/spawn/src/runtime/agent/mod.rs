@@ -147,10 +147,13 @@ pub(super) struct InFlight {
 /// [`AgentBuilder::cancel_children_on_drop`].
 impl Drop for Agent {
     fn drop(&mut self) {
-        // A run dropped mid-record, then the agent: what the writer took is in the file, so
-        // the receipts of what it carried say recorded (without waiting for the write's
-        // outcome, which the file finishes on its own).
-        self.settle_dropped_push();
+        // A run dropped mid-record, then the agent: the receipts of what that record carried
+        // are answered by what reached the file. A write still running is waited for by a
+        // task that takes the writer over; without a runtime to run it on, it is counted as
+        // written (the file finishes a write it was handed).
+        if !self.hand_over_dropped_push() {
+            self.settle_dropped_push();
+        }
         if !self.keep_children {
             self.shared.cancel.cancel();
         }
@@ -476,6 +479,65 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use forkhive_core::ToolDefinition;
+
+    /// An agent dropped while a write its dropped run handed to the file is still running
+    /// answers that message's receipt by the write's outcome: here the device is full, so
+    /// `false` (the sender may send it again). Counting it written, as a drop without a
+    /// runtime must, would have said `true` for a message the transcript does not hold.
+    #[tokio::test]
+    async fn dropping_the_agent_answers_a_receipt_by_its_writes_outcome() {
+        use futures::FutureExt;
+        if !Path::new("/dev/full").exists() {
+            eprintln!("skipped: this system has no /dev/full");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let backend = Arc::new(forkhive_transport::ScriptedBackend::from_texts(["hello"]));
+        let mut agent = Agent::builder(backend)
+            .model("m")
+            .transcript_dir(dir.path())
+            .build()
+            .await
+            .unwrap();
+        let _ = agent.run("hi").await;
+        let path = agent.transcript_path().unwrap().to_path_buf();
+        let mut full = crate::transcript::read(&path).await.unwrap();
+        full.path = "/dev/full".into();
+        let mut writer = TranscriptWriter::reopen(&full).await.unwrap();
+        let first = writer.next_index();
+        let letter = Arc::new(Message::user_text("a letter"));
+        // Tried until a write is still running after one poll (handed over, not yet failed).
+        let mut handed = false;
+        for _ in 0..1000 {
+            let r = writer.message(&letter).now_or_never();
+            if r.is_none() && writer.has_unconfirmed() {
+                handed = true;
+                break;
+            }
+            // A try that failed within its poll left the file cutting it off: let that finish
+            // (on the blocking pool) before the next.
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        assert!(
+            handed,
+            "no write was still running after one poll in 1,000 tries"
+        );
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut rec = Recorder::new(writer);
+        rec.in_flight = Some(InFlight {
+            first,
+            messages: vec![letter],
+            unsent: false,
+        });
+        agent.transcript = Some(rec);
+        agent
+            .receipts
+            .push(crate::base::pending::Receipt::new(move |ok| {
+                let _ = tx.send(ok);
+            }));
+        drop(agent);
+        assert!(!rx.await.unwrap(), "answered as recorded");
+    }
 
     fn params(tool: &str) -> CacheSafeParams {
         CacheSafeParams::builder("m")

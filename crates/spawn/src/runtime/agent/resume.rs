@@ -26,8 +26,15 @@ impl Agent {
     /// prompt, contexts, tool array and conversation come from the transcript, so the resumed
     /// agent's next request extends the cache it left. A last line cut by a crash is left out
     /// (and cut from the file) and reported; any other damage is [`Error::Transcript`].
+    ///
+    /// The file is read under its lock, which an agent's transcript writer holds for as long
+    /// as the agent lives, and a dropped agent's until its last write is finished: that write
+    /// is waited for (up to [`transcript::WRITER_WAIT`]), and the transcript of an agent that
+    /// is still alive is refused with [`Error::TranscriptBusy`] — drop it first.
     pub async fn resume(builder: AgentBuilder, path: &Path) -> Result<(Agent, ResumeReport)> {
-        let t = transcript::read(path).await?;
+        // Read under the file's lock, which the writer keeps: a dropped agent's last write is
+        // waited for, and a live one's transcript is refused (two writers would repeat indexes).
+        let (t, writer) = TranscriptWriter::resume(path).await?;
         let id: TaskId = t.header.agent_id.parse().map_err(|e| Error::Transcript {
             path: path.to_path_buf(),
             line: 1,
@@ -68,7 +75,6 @@ impl Agent {
             }
         };
         let mut params = t.params();
-        let writer = TranscriptWriter::reopen(&t).await?;
         let mut agent = AgentBuilder(Box::new(BuilderParts {
             params: Some(params.clone()),
             context: Some(cx),

@@ -719,6 +719,44 @@ impl Agent {
         self.take_recorded(messages, f.unsent, all);
     }
 
+    /// Dropping the agent while a dropped run's write is still running: a task on the runtime
+    /// takes the writer over, waits for the write's outcome ([`TranscriptWriter::confirm`]),
+    /// and answers the receipts by it — `false` for a message the file refused, which the
+    /// sender may send again. The writer (and the file's lock) goes with that task. `false`
+    /// when there is nothing to wait for, or no runtime to wait on.
+    ///
+    /// [`TranscriptWriter::confirm`]: crate::transcript::TranscriptWriter::confirm
+    pub(super) fn hand_over_dropped_push(&mut self) -> bool {
+        let waiting = self
+            .transcript
+            .as_deref()
+            .is_some_and(|r| r.in_flight.is_some() && r.writer.has_unconfirmed());
+        if !waiting {
+            return false;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        let Some(mut rec) = self.transcript.take() else {
+            return false;
+        };
+        let receipts = std::mem::take(&mut self.receipts);
+        let agent = *self.shared.cx.id();
+        runtime.spawn(async move {
+            if let Err(e) = rec.writer.confirm().await {
+                tracing::warn!(%agent, "a message a dropped run was recording was not written: {e}");
+            }
+            // As `settle_dropped_push` counts: a failed write gave its index back.
+            let all = rec.in_flight.take().is_some_and(|f| {
+                rec.writer.next_index().saturating_sub(f.first) >= f.messages.len()
+            });
+            for r in receipts {
+                r.answer(all);
+            }
+        });
+        true
+    }
+
     fn take_recorded(&mut self, messages: Vec<Arc<Message>>, unsent: bool, all: bool) {
         if unsent {
             self.unsent
