@@ -145,13 +145,27 @@ pub enum Error {
 
     /// Another writer holds a transcript's lock: an agent that is still alive appends to it, or
     /// one that was dropped is still finishing its last write. Nothing was read or written;
-    /// drop that agent (or let its write finish) and try again.
+    /// drop that agent (or let its write finish) and try again. (Unix only: other platforms
+    /// take no lock.)
     #[error("transcript {} is held by another writer (still held after {waited:?}): an agent that is still alive appends to it, or a dropped one is finishing its last write", path.display())]
     TranscriptBusy {
         /// The transcript file.
         path: PathBuf,
         /// How long it was waited for.
         waited: std::time::Duration,
+    },
+
+    /// A transcript's length changed between reading it and reopening it for appending:
+    /// another writer wrote to it, so records appended from what was read could repeat its
+    /// indexes. Nothing was written; read it again.
+    #[error("transcript {} changed since it was read ({read} bytes then, {now} now): read it again before appending", path.display())]
+    TranscriptChanged {
+        /// The transcript file.
+        path: PathBuf,
+        /// Its length when it was read.
+        read: u64,
+        /// Its length now.
+        now: u64,
     },
 
     /// A structured team message was refused: from the wrong sender, for no open request, or

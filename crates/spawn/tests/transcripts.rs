@@ -546,6 +546,27 @@ async fn confirm_reports_a_dropped_write_that_failed() {
     assert_eq!(w.next_index(), n);
 }
 
+/// Waits until no writer holds the transcript at `path` (takes its lock, then lets it go),
+/// leaving the file as it is. Elsewhere than Unix no lock is taken: a pause instead.
+async fn wait_for_the_writer(path: &std::path::Path) {
+    #[cfg(unix)]
+    {
+        let file = std::fs::File::open(path).unwrap();
+        for _ in 0..5000 {
+            match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => return,
+                Err(e) if e == rustix::io::Errno::WOULDBLOCK => {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+                Err(e) => panic!("locking {}: {e}", path.display()),
+            }
+        }
+        panic!("the writer of {} never let it go", path.display());
+    }
+    #[cfg(not(unix))]
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+}
+
 /// A run dropped at any point — a host's timeout, a `select!` — leaves the agent's
 /// conversation holding what its transcript holds: a message whose write was handed to the
 /// file before the drop is in both, its receipt answered `true`; one not handed is in
@@ -637,7 +658,7 @@ async fn a_run_dropped_at_any_point_leaves_the_conversation_as_its_transcript() 
                     drop(agent);
                     // A write still unconfirmed is finished by a task that took the writer
                     // over and answers the receipts: it lets the file's lock go after that.
-                    drop(transcript::TranscriptWriter::resume(&path).await.unwrap());
+                    wait_for_the_writer(&path).await;
                     None
                 }
             };
@@ -866,11 +887,16 @@ async fn reopening_a_transcript_changed_since_it_was_read_is_refused() {
     let err = transcript::TranscriptWriter::reopen(&stale)
         .await
         .unwrap_err();
+    assert!(
+        matches!(&err, Error::TranscriptChanged { path: p, read, now: n }
+            if *p == path && *read == stale.valid_len && *n == now),
+        "{err:?}"
+    );
     assert_eq!(
         err.to_string(),
         format!(
-            "transcript {}:0: it changed since it was read ({} bytes then, {now} now): another \
-             writer appended to it; read it again",
+            "transcript {} changed since it was read ({} bytes then, {now} now): read it again \
+             before appending",
             path.display(),
             stale.valid_len
         )
@@ -905,5 +931,57 @@ async fn a_supervisors_stop_record_waits_for_the_agents_writer() {
     assert_eq!(
         t.stops.iter().map(|s| s.stop.clone()).collect::<Vec<_>>(),
         [StopReason::Completed, StopReason::Cancelled]
+    );
+}
+
+/// A resume that refuses the transcript's header leaves the file as it was, a last line cut by
+/// a crash included: only a transcript that will be appended to is cut.
+#[tokio::test]
+async fn a_refused_resume_leaves_the_file_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let (agent, path) = first_session(dir.path()).await;
+    let id = agent.id().to_string();
+    drop(agent);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let damaged = text.replacen(
+        &format!("\"agent_id\":\"{id}\""),
+        "\"agent_id\":\"nobody\"",
+        1,
+    ) + "{\"type\":\"mess";
+    assert_ne!(damaged.len(), text.len() + 15, "the header was changed");
+    std::fs::write(&path, &damaged).unwrap();
+    let backend = Arc::new(ScriptedBackend::from_texts(["never"]));
+    let err = Agent::resume(Agent::builder(backend), &path)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Transcript { line: 1, message, .. } if message.starts_with("bad agent_id")),
+        "{err:?}"
+    );
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), damaged);
+}
+
+/// On the thread of a current-thread runtime, the blocking stop record tries the lock once:
+/// the writer holding it may be a task of that runtime, which cannot run while the thread
+/// waits. A live agent's transcript is refused at once, and left as it was.
+#[cfg(unix)]
+#[tokio::test]
+async fn a_blocking_stop_record_on_the_runtimes_only_thread_does_not_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let (agent, path) = first_session(dir.path()).await;
+    let before = std::fs::read(&path).unwrap();
+    let err = transcript::append_stop_blocking(&path, &StopReason::Cancelled, Default::default())
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::TranscriptBusy { path: p, waited } if *p == path && waited.is_zero()),
+        "{err:?}"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+    drop(agent);
+    transcript::append_stop_blocking(&path, &StopReason::Cancelled, Default::default()).unwrap();
+    let t = transcript::read(&path).await.unwrap();
+    assert_eq!(
+        t.stops.last().map(|s| s.stop.clone()),
+        Some(StopReason::Cancelled)
     );
 }

@@ -225,7 +225,7 @@ async fn open_no_follow(path: &Path, create: bool) -> std::io::Result<tokio::fs:
 /// How long a writer waits for a transcript whose lock another writer holds: long enough for
 /// a dropped agent's last write to finish (the file finishes a write it was handed, then lets
 /// the lock go); an agent that is still alive holds it for good, and the wait ends in
-/// [`Error::TranscriptBusy`].
+/// [`Error::TranscriptBusy`]. (On Unix; other platforms take no lock, and nothing waits.)
 pub const WRITER_WAIT: Duration = Duration::from_secs(5);
 
 /// The longest pause between two tries of a held lock.
@@ -234,10 +234,19 @@ const LOCK_PAUSE_MAX: Duration = Duration::from_millis(50);
 /// Tries `file`'s exclusive lock once: `true` taken (or the platform has no such locks),
 /// `false` held by another open of the file.
 ///
-/// Unix only: there the lock is advisory (`flock`), so readers are never kept out; elsewhere a
-/// whole-file lock would keep out the readers a fork child's resume needs, and none is taken.
+/// Unix only (where `flock` exists: not Solaris): there the lock is advisory, so readers are
+/// never kept out; elsewhere a whole-file lock would keep out the readers a fork child's resume
+/// needs, and none is taken.
 fn try_lock_once(file: &std::fs::File) -> std::io::Result<bool> {
-    #[cfg(unix)]
+    #[cfg(all(
+        unix,
+        not(any(
+            target_os = "solaris",
+            target_os = "espidf",
+            target_os = "horizon",
+            target_os = "vita"
+        ))
+    ))]
     {
         use rustix::fs::{FlockOperation, flock};
         match flock(file, FlockOperation::NonBlockingLockExclusive) {
@@ -250,7 +259,15 @@ fn try_lock_once(file: &std::fs::File) -> std::io::Result<bool> {
             Err(e) => Err(e.into()),
         }
     }
-    #[cfg(not(unix))]
+    #[cfg(not(all(
+        unix,
+        not(any(
+            target_os = "solaris",
+            target_os = "espidf",
+            target_os = "horizon",
+            target_os = "vita"
+        ))
+    )))]
     {
         let _ = file;
         Ok(true)
@@ -273,7 +290,22 @@ async fn lock_for_writing(file: &std::fs::File, path: &Path) -> Result<()> {
 }
 
 /// [`lock_for_writing`] on the calling thread (for the blocking pool, or no runtime at all).
+///
+/// On the thread of a current-thread runtime it tries once: the writer holding the lock may be
+/// a task of that runtime (an agent's last write, handed over when it was dropped), which
+/// cannot run while this thread waits.
 fn lock_for_writing_blocking(file: &std::fs::File, path: &Path) -> Result<()> {
+    let on_the_only_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
+    if on_the_only_thread {
+        return match lock_tried(file, path, Duration::ZERO)? {
+            true => Ok(()),
+            false => Err(Error::TranscriptBusy {
+                path: path.to_path_buf(),
+                waited: Duration::ZERO,
+            }),
+        };
+    }
     let start = std::time::Instant::now();
     let mut pause = Duration::from_millis(1);
     loop {
@@ -371,9 +403,10 @@ impl TranscriptWriter {
     /// Reopens a transcript read by [`read`] for appending, cutting off a damaged tail first.
     ///
     /// The writer holds the file's lock for as long as it lives (see [`WRITER_WAIT`]). A file
-    /// that changed since `transcript` was read is refused ([`Error::Transcript`]): another
-    /// writer appended to it, and the records this one would write would repeat its indexes.
-    /// [`resume`](Self::resume) reads under the lock, so nothing can come between.
+    /// whose length changed since `transcript` was read is refused
+    /// ([`Error::TranscriptChanged`]): another writer wrote to it, and the records this one
+    /// would write could repeat its indexes. [`resume`](Self::resume) reads under the lock, so
+    /// nothing can come between.
     pub async fn reopen(transcript: &Transcript) -> Result<Self> {
         let path = &transcript.path;
         let file = open_no_follow(path, false)
@@ -391,14 +424,10 @@ impl TranscriptWriter {
         })?;
         let read = transcript.valid_len + transcript.dropped.as_ref().map_or(0, |d| d.bytes as u64);
         if meta.is_file() && meta.len() != read {
-            return Err(Error::Transcript {
+            return Err(Error::TranscriptChanged {
                 path: path.clone(),
-                line: 0,
-                message: format!(
-                    "it changed since it was read ({read} bytes then, {} now): another writer \
-                     appended to it; read it again",
-                    meta.len()
-                ),
+                read,
+                now: meta.len(),
             });
         }
         Self::reopened(file, transcript).await
@@ -407,8 +436,19 @@ impl TranscriptWriter {
     /// Reads the transcript at `path` (as [`read`] does) and reopens it for appending, under
     /// the file's lock: a dropped agent's last write is waited for (up to [`WRITER_WAIT`])
     /// before anything is read, so the records read are every record written; an agent that
-    /// is still alive keeps it, and this fails with [`Error::TranscriptBusy`].
+    /// is still alive keeps it, and this fails with [`Error::TranscriptBusy`]. A last line cut
+    /// by a crash is cut from the file.
     pub async fn resume(path: &Path) -> Result<(Transcript, Self)> {
+        let (t, w, ()) = Self::resume_checked(path, |_| Ok(())).await?;
+        Ok((t, w))
+    }
+
+    /// [`resume`](Self::resume), with `check` run on what was read before anything in the file
+    /// is changed: a transcript it refuses is left as it was.
+    pub(crate) async fn resume_checked<T>(
+        path: &Path,
+        check: impl FnOnce(&Transcript) -> Result<T>,
+    ) -> Result<(Transcript, Self, T)> {
         let file = open_no_follow(path, false)
             .await
             .map_err(|source| Error::Io {
@@ -418,8 +458,9 @@ impl TranscriptWriter {
             })?;
         let file = locked(file, path).await?;
         let t = read(path).await?;
+        let checked = check(&t)?;
         let w = Self::reopened(file, &t).await?;
-        Ok((t, w))
+        Ok((t, w, checked))
     }
 
     /// A writer appending to `file` (locked), which holds `transcript`: its damaged tail cut.

@@ -539,6 +539,60 @@ mod tests {
         assert!(!rx.await.unwrap(), "answered as recorded");
     }
 
+    /// An agent dropped while its runtime shuts down (the task owning it dropped unrun), with a
+    /// dropped run's write handed to the file: the task it hands the writer to is dropped
+    /// unrun too, and the receipt is answered as a drop without a runtime answers it — by
+    /// what the writer took (here everything: `true`), not `false` for a message the file
+    /// holds.
+    #[test]
+    fn an_agent_dropped_as_its_runtime_shuts_down_answers_by_what_the_writer_took() {
+        use futures::FutureExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let backend = Arc::new(forkhive_transport::ScriptedBackend::from_texts(["hello"]));
+            let mut agent = Agent::builder(backend)
+                .model("m")
+                .transcript_dir(dir.path())
+                .build()
+                .await
+                .unwrap();
+            let _ = agent.run("hi").await;
+            // The agent's own writer, a message handed to the file and not yet confirmed.
+            let mut rec = agent.transcript.take().unwrap();
+            let first = rec.writer.next_index();
+            let letter = Arc::new(Message::user_text("a letter"));
+            let handed = rec.writer.message(&letter).now_or_never().is_none();
+            assert!(
+                handed && rec.writer.has_unconfirmed(),
+                "handed, not confirmed"
+            );
+            rec.in_flight = Some(InFlight {
+                first,
+                messages: vec![letter],
+                unsent: false,
+            });
+            agent.transcript = Some(rec);
+            agent
+                .receipts
+                .push(crate::base::pending::Receipt::new(move |ok| {
+                    let _ = tx.send(ok);
+                }));
+            // Owned by a task that never finishes: dropped when the runtime shuts down.
+            tokio::spawn(async move {
+                let _agent = agent;
+                std::future::pending::<()>().await;
+            });
+            tokio::task::yield_now().await;
+        });
+        drop(runtime);
+        assert!(rx.recv().unwrap(), "answered as not recorded");
+    }
+
     fn params(tool: &str) -> CacheSafeParams {
         CacheSafeParams::builder("m")
             .tool(ToolDefinition::new(tool, "a tool", r#"{"type":"object"}"#).unwrap())

@@ -33,47 +33,10 @@ impl Agent {
     /// is still alive is refused with [`Error::TranscriptBusy`] — drop it first.
     pub async fn resume(builder: AgentBuilder, path: &Path) -> Result<(Agent, ResumeReport)> {
         // Read under the file's lock, which the writer keeps: a dropped agent's last write is
-        // waited for, and a live one's transcript is refused (two writers would repeat indexes).
-        let (t, writer) = TranscriptWriter::resume(path).await?;
-        let id: TaskId = t.header.agent_id.parse().map_err(|e| Error::Transcript {
-            path: path.to_path_buf(),
-            line: 1,
-            message: format!("bad agent_id: {e}"),
-        })?;
-        let parent: Option<TaskId> = match &t.header.parent_id {
-            Some(p) => Some(p.parse().map_err(|e| Error::Transcript {
-                path: path.to_path_buf(),
-                line: 1,
-                message: format!("bad parent_id: {e}"),
-            })?),
-            None => None,
-        };
-        let source = QuerySource::from_label(t.header.query_source.clone());
-        let mut cx =
-            AgentContext::new(id, t.header.kind, source).with_lineage(parent, t.header.depth);
-        if let Some(d) = &t.header.definition {
-            cx = cx.with_agent_type(d.clone());
-        }
-        // The definition's restrictions survive a resume: its tools are the header's tool array
-        // (the pool is narrowed to it), its permission mode and turn limit are re-applied.
-        let definition = match (&t.header.permission_mode, t.header.max_turns) {
-            (None, None) => None,
-            (mode, max_turns) => {
-                let name = t.header.definition.clone().unwrap_or_default();
-                let mut d =
-                    AgentDefinition::new(name, "", crate::definition::DefinitionSource::BuiltIn);
-                d.max_turns = max_turns;
-                d.permission_mode = match mode {
-                    Some(m) => Some(m.parse().map_err(|e| Error::Transcript {
-                        path: path.to_path_buf(),
-                        line: 1,
-                        message: format!("bad permission_mode: {e}"),
-                    })?),
-                    None => None,
-                };
-                Some(d)
-            }
-        };
+        // waited for, and a live one's transcript is refused (two writers would repeat
+        // indexes). The header is checked before a cut-off last line is cut from the file.
+        let (t, writer, (cx, definition)) =
+            TranscriptWriter::resume_checked(path, |t| identity(t, path)).await?;
         let mut params = t.params();
         let mut agent = AgentBuilder(Box::new(BuilderParts {
             params: Some(params.clone()),
@@ -118,4 +81,50 @@ impl Agent {
         };
         Ok((agent, report))
     }
+}
+
+/// The identity and the definition's restrictions a transcript's header names.
+fn identity(
+    t: &transcript::Transcript,
+    path: &Path,
+) -> Result<(AgentContext, Option<AgentDefinition>)> {
+    let id: TaskId = t.header.agent_id.parse().map_err(|e| Error::Transcript {
+        path: path.to_path_buf(),
+        line: 1,
+        message: format!("bad agent_id: {e}"),
+    })?;
+    let parent: Option<TaskId> = match &t.header.parent_id {
+        Some(p) => Some(p.parse().map_err(|e| Error::Transcript {
+            path: path.to_path_buf(),
+            line: 1,
+            message: format!("bad parent_id: {e}"),
+        })?),
+        None => None,
+    };
+    let source = QuerySource::from_label(t.header.query_source.clone());
+    let mut cx = AgentContext::new(id, t.header.kind, source).with_lineage(parent, t.header.depth);
+    if let Some(d) = &t.header.definition {
+        cx = cx.with_agent_type(d.clone());
+    }
+    // The definition's restrictions survive a resume: its tools are the header's tool array
+    // (the pool is narrowed to it), its permission mode and turn limit are re-applied.
+    let definition = match (&t.header.permission_mode, t.header.max_turns) {
+        (None, None) => None,
+        (mode, max_turns) => {
+            let name = t.header.definition.clone().unwrap_or_default();
+            let mut d =
+                AgentDefinition::new(name, "", crate::definition::DefinitionSource::BuiltIn);
+            d.max_turns = max_turns;
+            d.permission_mode = match mode {
+                Some(m) => Some(m.parse().map_err(|e| Error::Transcript {
+                    path: path.to_path_buf(),
+                    line: 1,
+                    message: format!("bad permission_mode: {e}"),
+                })?),
+                None => None,
+            };
+            Some(d)
+        }
+    };
+    Ok((cx, definition))
 }

@@ -706,8 +706,9 @@ impl Agent {
             return;
         };
         // Taken once handed to the file: a write whose future was dropped is still written.
-        // Runs and records confirm such a write first (`settle_recorded`), so one that failed
-        // is not counted; dropping the agent cannot wait, and counts it as written.
+        // Runs and records confirm such a write first (`settle_recorded`), and so does the task
+        // a dropped agent hands its writer to (`hand_over_dropped_push`), so one that failed
+        // is not counted; only a drop with no runtime to wait on counts it as written.
         let landed = rec
             .writer
             .next_index()
@@ -740,17 +741,21 @@ impl Agent {
         let Some(mut rec) = self.transcript.take() else {
             return false;
         };
-        let receipts = std::mem::take(&mut self.receipts);
+        // If the task never runs (the runtime is shutting down: its tasks are dropped unrun),
+        // the receipts are answered as a drop without a runtime answers them: by what the
+        // writer took, which the file finishes writing on its own.
+        let mut receipts = Answer {
+            receipts: std::mem::take(&mut self.receipts),
+            unrun: all_taken(&rec),
+        };
         let agent = *self.shared.cx.id();
         runtime.spawn(async move {
             if let Err(e) = rec.writer.confirm().await {
                 tracing::warn!(%agent, "a message a dropped run was recording was not written: {e}");
             }
-            // As `settle_dropped_push` counts: a failed write gave its index back.
-            let all = rec.in_flight.take().is_some_and(|f| {
-                rec.writer.next_index().saturating_sub(f.first) >= f.messages.len()
-            });
-            for r in receipts {
+            // A failed write gave its index back.
+            let all = all_taken(&rec);
+            for r in receipts.receipts.drain(..) {
                 r.answer(all);
             }
         });
@@ -807,6 +812,28 @@ impl Agent {
             error: run.error,
             new_messages,
             children: self.shared.children.since(run.children_from),
+        }
+    }
+}
+
+/// Whether the writer took every message of the record in flight (none: nothing to count).
+fn all_taken(rec: &super::Recorder) -> bool {
+    rec.in_flight
+        .as_ref()
+        .is_some_and(|f| rec.writer.next_index().saturating_sub(f.first) >= f.messages.len())
+}
+
+/// Receipts handed to a task with a dropped agent's writer: answered by the task, or — if it
+/// is dropped before it runs — with `unrun`.
+struct Answer {
+    receipts: Vec<crate::base::pending::Receipt>,
+    unrun: bool,
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        for r in self.receipts.drain(..) {
+            r.answer(self.unrun);
         }
     }
 }
