@@ -335,6 +335,22 @@ fn lock_tried(file: &std::fs::File, path: &Path, waited: Duration) -> Result<boo
     }
 }
 
+/// The error of a failed step of reopening the transcript at `path`.
+fn reopening(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        action: "reopening transcript",
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The existing transcript at `path`, opened for appending (never through a symlink) with its
+/// lock taken ([`locked`]).
+async fn open_locked(path: &Path) -> Result<tokio::fs::File> {
+    let file = open_no_follow(path, false).await.map_err(reopening(path))?;
+    locked(file, path).await
+}
+
 /// `file` with its lock taken ([`lock_for_writing`]) when it is a regular file (a device has
 /// no records of its own to keep in order, and may be shared by unrelated writers).
 async fn locked(file: tokio::fs::File, path: &Path) -> Result<tokio::fs::File> {
@@ -409,19 +425,8 @@ impl TranscriptWriter {
     /// nothing can come between.
     pub async fn reopen(transcript: &Transcript) -> Result<Self> {
         let path = &transcript.path;
-        let file = open_no_follow(path, false)
-            .await
-            .map_err(|source| Error::Io {
-                action: "reopening transcript",
-                path: path.clone(),
-                source,
-            })?;
-        let file = locked(file, path).await?;
-        let meta = file.metadata().await.map_err(|source| Error::Io {
-            action: "reopening transcript",
-            path: path.clone(),
-            source,
-        })?;
+        let file = open_locked(path).await?;
+        let meta = file.metadata().await.map_err(reopening(path))?;
         let read = transcript.valid_len + transcript.dropped.as_ref().map_or(0, |d| d.bytes as u64);
         if meta.is_file() && meta.len() != read {
             return Err(Error::TranscriptChanged {
@@ -449,14 +454,7 @@ impl TranscriptWriter {
         path: &Path,
         check: impl FnOnce(&Transcript) -> Result<T>,
     ) -> Result<(Transcript, Self, T)> {
-        let file = open_no_follow(path, false)
-            .await
-            .map_err(|source| Error::Io {
-                action: "reopening transcript",
-                path: path.to_path_buf(),
-                source,
-            })?;
-        let file = locked(file, path).await?;
+        let file = open_locked(path).await?;
         let t = read(path).await?;
         let checked = check(&t)?;
         let w = Self::reopened(file, &t).await?;
@@ -469,11 +467,7 @@ impl TranscriptWriter {
         if transcript.dropped.is_some() {
             file.set_len(transcript.valid_len)
                 .await
-                .map_err(|source| Error::Io {
-                    action: "reopening transcript",
-                    path: path.clone(),
-                    source,
-                })?;
+                .map_err(reopening(&path))?;
         }
         Ok(Self {
             path,

@@ -480,61 +480,72 @@ mod tests {
     use super::*;
     use forkhive_core::ToolDefinition;
 
+    /// An agent with a transcript in `dir`, after one run.
+    async fn agent_with_a_transcript(dir: &Path) -> Agent {
+        let backend = Arc::new(forkhive_transport::ScriptedBackend::from_texts(["hello"]));
+        let mut agent = Agent::builder(backend)
+            .model("m")
+            .transcript_dir(dir)
+            .build()
+            .await
+            .unwrap();
+        let _ = agent.run("hi").await;
+        agent
+    }
+
+    /// Writes `letter` through `writer` until a write is still running after one poll (handed
+    /// to the file, its outcome not known), as a run dropped mid-record leaves it; then gives
+    /// `agent` that writer, that record in flight, and a receipt that reports to `answered`.
+    async fn leave_a_write_running(
+        agent: &mut Agent,
+        mut writer: TranscriptWriter,
+        answered: impl FnOnce(bool) + Send + 'static,
+    ) {
+        use futures::FutureExt;
+        let letter = Arc::new(Message::user_text("a letter"));
+        for _ in 0..1000 {
+            let first = writer.next_index();
+            if writer.message(&letter).now_or_never().is_none() && writer.has_unconfirmed() {
+                let mut rec = Recorder::new(writer);
+                rec.in_flight = Some(InFlight {
+                    first,
+                    messages: vec![letter],
+                    unsent: false,
+                });
+                agent.transcript = Some(rec);
+                agent
+                    .receipts
+                    .push(crate::base::pending::Receipt::new(answered));
+                return;
+            }
+            // A try that ended within its poll may have left the file busy (cutting a failed
+            // write off): let that finish on the blocking pool before the next.
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        panic!("no write was still running after one poll in 1,000 tries");
+    }
+
     /// An agent dropped while a write its dropped run handed to the file is still running
     /// answers that message's receipt by the write's outcome: here the device is full, so
     /// `false` (the sender may send it again). Counting it written, as a drop without a
     /// runtime must, would have said `true` for a message the transcript does not hold.
     #[tokio::test]
     async fn dropping_the_agent_answers_a_receipt_by_its_writes_outcome() {
-        use futures::FutureExt;
         if !Path::new("/dev/full").exists() {
             eprintln!("skipped: this system has no /dev/full");
             return;
         }
         let dir = tempfile::tempdir().unwrap();
-        let backend = Arc::new(forkhive_transport::ScriptedBackend::from_texts(["hello"]));
-        let mut agent = Agent::builder(backend)
-            .model("m")
-            .transcript_dir(dir.path())
-            .build()
-            .await
-            .unwrap();
-        let _ = agent.run("hi").await;
+        let mut agent = agent_with_a_transcript(dir.path()).await;
         let path = agent.transcript_path().unwrap().to_path_buf();
         let mut full = crate::transcript::read(&path).await.unwrap();
         full.path = "/dev/full".into();
-        let mut writer = TranscriptWriter::reopen(&full).await.unwrap();
-        let first = writer.next_index();
-        let letter = Arc::new(Message::user_text("a letter"));
-        // Tried until a write is still running after one poll (handed over, not yet failed).
-        let mut handed = false;
-        for _ in 0..1000 {
-            let r = writer.message(&letter).now_or_never();
-            if r.is_none() && writer.has_unconfirmed() {
-                handed = true;
-                break;
-            }
-            // A try that failed within its poll left the file cutting it off: let that finish
-            // (on the blocking pool) before the next.
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
-        assert!(
-            handed,
-            "no write was still running after one poll in 1,000 tries"
-        );
+        let writer = TranscriptWriter::reopen(&full).await.unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let mut rec = Recorder::new(writer);
-        rec.in_flight = Some(InFlight {
-            first,
-            messages: vec![letter],
-            unsent: false,
-        });
-        agent.transcript = Some(rec);
-        agent
-            .receipts
-            .push(crate::base::pending::Receipt::new(move |ok| {
-                let _ = tx.send(ok);
-            }));
+        leave_a_write_running(&mut agent, writer, move |ok| {
+            let _ = tx.send(ok);
+        })
+        .await;
         drop(agent);
         assert!(!rx.await.unwrap(), "answered as recorded");
     }
@@ -546,7 +557,6 @@ mod tests {
     /// holds.
     #[test]
     fn an_agent_dropped_as_its_runtime_shuts_down_answers_by_what_the_writer_took() {
-        use futures::FutureExt;
         let dir = tempfile::tempdir().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -554,34 +564,13 @@ mod tests {
             .build()
             .unwrap();
         runtime.block_on(async {
-            let backend = Arc::new(forkhive_transport::ScriptedBackend::from_texts(["hello"]));
-            let mut agent = Agent::builder(backend)
-                .model("m")
-                .transcript_dir(dir.path())
-                .build()
-                .await
-                .unwrap();
-            let _ = agent.run("hi").await;
-            // The agent's own writer, a message handed to the file and not yet confirmed.
-            let mut rec = agent.transcript.take().unwrap();
-            let first = rec.writer.next_index();
-            let letter = Arc::new(Message::user_text("a letter"));
-            let handed = rec.writer.message(&letter).now_or_never().is_none();
-            assert!(
-                handed && rec.writer.has_unconfirmed(),
-                "handed, not confirmed"
-            );
-            rec.in_flight = Some(InFlight {
-                first,
-                messages: vec![letter],
-                unsent: false,
-            });
-            agent.transcript = Some(rec);
-            agent
-                .receipts
-                .push(crate::base::pending::Receipt::new(move |ok| {
-                    let _ = tx.send(ok);
-                }));
+            let mut agent = agent_with_a_transcript(dir.path()).await;
+            // Its own writer, a message handed to the file and not yet confirmed.
+            let writer = agent.transcript.take().unwrap().writer;
+            leave_a_write_running(&mut agent, writer, move |ok| {
+                let _ = tx.send(ok);
+            })
+            .await;
             // Owned by a task that never finishes: dropped when the runtime shuts down.
             tokio::spawn(async move {
                 let _agent = agent;
