@@ -147,7 +147,7 @@ pub enum Error {
     /// one that was dropped is still finishing its last write. Nothing was read or written;
     /// drop that agent (or let its write finish) and try again. (Unix only: other platforms
     /// take no lock.)
-    #[error("transcript {} is held by another writer (still held after {waited:?}): an agent that is still alive appends to it, or a dropped one is finishing its last write", path.display())]
+    #[error("transcript {} is held by another writer (still held after {waited:?}): an agent that is still alive appends to it (drop it before resuming or reopening its transcript), or a dropped one is finishing its last write", path.display())]
     TranscriptBusy {
         /// The transcript file.
         path: PathBuf,
