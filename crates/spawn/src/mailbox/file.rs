@@ -231,7 +231,17 @@ fn fail(inbox: &Inbox, message: String) -> Error {
 
 /// The inbox's entries; a missing file is an empty inbox.
 async fn read(inbox: &Inbox, path: &Path) -> Result<Vec<Value>> {
-    let bytes = match tokio::fs::read(path).await {
+    entries(inbox, path, tokio::fs::read(path).await)
+}
+
+/// [`read`] on the calling thread (for an update on the blocking pool).
+fn read_now(inbox: &Inbox, path: &Path) -> Result<Vec<Value>> {
+    entries(inbox, path, std::fs::read(path))
+}
+
+/// The entries of an inbox file read as `read`.
+fn entries(inbox: &Inbox, path: &Path, read: std::io::Result<Vec<u8>>) -> Result<Vec<Value>> {
+    let bytes = match read {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(fail(inbox, format!("reading {}: {e}", path.display()))),
@@ -296,17 +306,31 @@ impl Drop for Lock {
     }
 }
 
+/// One try of the lock file: created (and held), or the open's error.
+///
+/// On the blocking pool, with the guard made there: a caller whose future is dropped while the
+/// file is being created never leaves a lock without a holder (the guard is dropped with the
+/// task's unread output, and removes it). Before, such a lock stood until it was stale (10 s),
+/// and every writer to the inbox spent its budget on it meanwhile.
+async fn try_lock(lock: &Path) -> std::io::Result<Lock> {
+    let lock = lock.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&lock)
+            .map(|_| Lock(lock))
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
 async fn lock(inbox: &Inbox, path: &Path) -> Result<Lock> {
     let lock = path.with_extension("json.lock");
     let mut delay = Duration::from_millis(5);
     for attempt in 1..=LOCK_ATTEMPTS {
-        let made = tokio::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&lock)
-            .await;
-        match made {
-            Ok(_) => return Ok(Lock(lock)),
+        match try_lock(&lock).await {
+            Ok(held) => return Ok(held),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 let stale = tokio::fs::metadata(&lock)
                     .await
@@ -340,20 +364,46 @@ async fn lock(inbox: &Inbox, path: &Path) -> Result<Lock> {
     })
 }
 
-/// Writes `entries` to a temporary file beside `path` and renames it over `path`.
-async fn write(inbox: &Inbox, path: &Path, entries: &[Value]) -> Result<()> {
+/// Takes the inbox's lock, then reads its entries, gives them to `change`, and writes back
+/// what it returns (`None`: nothing to write) — all of it after the lock on the blocking pool,
+/// holding the lock until the rename is done. A caller whose future is dropped meanwhile does
+/// not stop it: the update runs to its end and only then lets the lock go. Before, the lock
+/// went with the dropped future while its rename was still queued, and a writer that took the
+/// lock then had its letter overwritten by that rename.
+async fn update<R: Send + 'static>(
+    inbox: &Inbox,
+    path: &Path,
+    change: impl FnOnce(Vec<Value>) -> (Option<Vec<Value>>, R) + Send + 'static,
+) -> Result<R> {
+    let held = lock(inbox, path).await?;
+    let (to, file) = (inbox.clone(), path.to_path_buf());
+    tokio::task::spawn_blocking(move || {
+        let _held = held;
+        // Read under the lock: every entry written before it is kept.
+        let (write, out) = change(read_now(&to, &file)?);
+        if let Some(entries) = write {
+            write_now(&to, &file, &entries)?;
+        }
+        Ok(out)
+    })
+    .await
+    .map_err(|e| fail(inbox, format!("updating {}: {e}", path.display())))?
+}
+
+/// Writes `entries` to a temporary file beside `path` and renames it over `path`; a temporary
+/// file that could not be written or renamed is removed.
+fn write_now(inbox: &Inbox, path: &Path, entries: &[Value]) -> Result<()> {
     let bytes =
         serde_json::to_vec(entries).map_err(|e| fail(inbox, format!("encoding the inbox: {e}")))?;
     let tmp = path.with_extension(format!("json.tmp-{}", new_id()));
     let io = |what: &str, e: std::io::Error| fail(inbox, format!("{what} {}: {e}", tmp.display()));
-    tokio::fs::write(&tmp, &bytes)
-        .await
-        .map_err(|e| io("writing", e))?;
-    if let Err(e) = tokio::fs::rename(&tmp, path).await {
-        let _ = tokio::fs::remove_file(&tmp).await;
-        return Err(io("renaming", e));
+    let done = std::fs::write(&tmp, &bytes)
+        .map_err(|e| io("writing", e))
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| io("renaming", e)));
+    if done.is_err() {
+        let _ = std::fs::remove_file(&tmp);
     }
-    Ok(())
+    done
 }
 
 #[async_trait]
@@ -381,15 +431,16 @@ impl Mailbox for FileMailbox {
         if let Some(c) = letter.color {
             entry.insert("color".into(), Value::String(c));
         }
-        let _lock = lock(to, &path).await?;
-        // Read under the lock: every entry written before it is kept.
-        let mut entries = read(to, &path).await?;
-        // A repeated send of a letter still unacknowledged stores it once.
-        if chosen && ids(&entries).contains(&id) {
-            return Ok(id);
-        }
-        entries.push(Value::Object(entry));
-        write(to, &path, &entries).await?;
+        let stored = id.clone();
+        update(to, &path, move |mut entries| {
+            // A repeated send of a letter still unacknowledged stores it once.
+            if chosen && ids(&entries).contains(&stored) {
+                return (None, ());
+            }
+            entries.push(Value::Object(entry));
+            (Some(entries), ())
+        })
+        .await?;
         Ok(id)
     }
 
@@ -420,21 +471,19 @@ impl Mailbox for FileMailbox {
         if !tokio::fs::try_exists(&path).await.unwrap_or(false) {
             return Ok(());
         }
-        let acked: HashSet<&str> = acked.iter().map(String::as_str).collect();
-        let _lock = lock(inbox, &path).await?;
-        let entries = read(inbox, &path).await?;
-        let ids = ids(&entries);
-        let before = entries.len();
-        let kept: Vec<Value> = entries
-            .into_iter()
-            .zip(ids)
-            .filter(|(e, id)| !is_read(e) && !acked.contains(id.as_str()))
-            .map(|(e, _)| e)
-            .collect();
-        if kept.len() != before {
-            write(inbox, &path, &kept).await?;
-        }
-        Ok(())
+        let acked: HashSet<String> = acked.iter().cloned().collect();
+        update(inbox, &path, move |entries| {
+            let ids = ids(&entries);
+            let before = entries.len();
+            let kept: Vec<Value> = entries
+                .into_iter()
+                .zip(ids)
+                .filter(|(e, id)| !is_read(e) && !acked.contains(id.as_str()))
+                .map(|(e, _)| e)
+                .collect();
+            ((kept.len() != before).then_some(kept), ())
+        })
+        .await
     }
 
     async fn stored(&self, inbox: &Inbox) -> Result<usize> {
