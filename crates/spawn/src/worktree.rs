@@ -110,7 +110,24 @@ impl Worktree {
     ///
     /// Errors ([`Error::Worktree`]): a bad slug, a directory that is not in a git repository,
     /// or git refusing (a branch or directory of that name exists), with git's own words.
+    ///
+    /// The tree is made on a task of its own: a caller whose future is dropped meanwhile (a
+    /// cancelled spawn) does not leave a half-made tree and its branch behind — the task
+    /// finishes making it, finds nobody to hand it to, and removes it (see [`Unfinished`]).
     pub async fn create(repo: &Path, slug: &str, root: Option<&Path>) -> Result<Self> {
+        let (repo, slug, root) = (
+            repo.to_path_buf(),
+            slug.to_owned(),
+            root.map(Path::to_path_buf),
+        );
+        let at = repo.clone();
+        made(at, async move {
+            Self::create_here(&repo, &slug, root.as_deref()).await
+        })
+        .await
+    }
+
+    async fn create_here(repo: &Path, slug: &str, root: Option<&Path>) -> Result<Self> {
         let fail = |message: String| Error::Worktree {
             path: repo.to_path_buf(),
             message,
@@ -144,7 +161,14 @@ impl Worktree {
     /// branch if it still exists, else from the current `HEAD`.
     ///
     /// Errors ([`Error::Worktree`]): git refusing, with its own words.
+    ///
+    /// Made again on a task of its own, as [`create`](Self::create) makes a tree.
     pub async fn reopen(&self) -> Result<Self> {
+        let this = self.clone();
+        made(self.path.clone(), async move { this.reopen_here().await }).await
+    }
+
+    async fn reopen_here(&self) -> Result<Self> {
         if tokio::fs::try_exists(self.path.join(".git"))
             .await
             .unwrap_or(false)
@@ -431,8 +455,16 @@ async fn add(
     }
     // The tree's own index and files: nothing shared with the other trees is locked.
     if let Err(e) = git(path, &["reset", "--hard", "--quiet"]).await {
-        // Nobody has worked in it: take the half-made tree away again.
+        // Nobody has worked in it: take the half-made tree away again, and the branch made
+        // for it (only while it still points where it started).
         let _ = git(top, &["worktree", "remove", "--force", &path_arg]).await;
+        if let Some(b) = branch {
+            let _ = git(
+                top,
+                &["update-ref", "-d", &format!("refs/heads/{b}"), start],
+            )
+            .await;
+        }
         return Err(format!("checking out the worktree failed: {e}"));
     }
     Ok(())
@@ -487,6 +519,40 @@ impl Unfinished {
     /// The worktree, while guarded.
     pub fn get(&self) -> Option<&Worktree> {
         self.0.as_ref()
+    }
+
+    /// Finishes the tree now ([`Worktree::finish`]: removed when nobody worked in it), on a
+    /// task of its own, and waits for it: dropping this future does not stop the finish
+    /// halfway.
+    pub async fn finish(mut self) -> Finished {
+        let Some(wt) = self.0.take() else {
+            return Finished::Removed;
+        };
+        match tokio::spawn(async move { wt.finish().await }).await {
+            Ok(done) => done,
+            Err(e) => Finished::Kept(Keep::Unknown(format!("finishing it failed: {e}"))),
+        }
+    }
+}
+
+/// Runs `making` (a tree being made) on a task of its own and waits for the tree. If this
+/// future is dropped first, the task goes on, and the tree it makes — held by an
+/// [`Unfinished`] nobody takes — is finished when the task's output is dropped.
+async fn made(
+    at: PathBuf,
+    making: impl Future<Output = Result<Worktree>> + Send + 'static,
+) -> Result<Worktree> {
+    let task = tokio::spawn(async move { making.await.map(Unfinished::new) });
+    match task.await {
+        Ok(Ok(guard)) => guard.take().ok_or_else(|| Error::Worktree {
+            path: at,
+            message: "the tree was taken before it was handed over".to_owned(),
+        }),
+        Ok(Err(e)) => Err(e),
+        Err(e) => Err(Error::Worktree {
+            path: at,
+            message: format!("making the worktree failed: {e}"),
+        }),
     }
 }
 

@@ -161,6 +161,70 @@ async fn an_unowned_worktree_is_finished_when_dropped() {
 }
 
 /// Ignored files and commits moved off HEAD are work too: the tree is kept.
+/// A creation whose future is dropped at any point (a spawn cancelled while git writes the
+/// tree) leaves neither the tree nor its branch: the tree is made on a task of its own, which
+/// removes it when nobody is left to take it. Before, git was killed with the dropped future
+/// and the registered tree and its branch stayed, with no owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_creation_dropped_at_any_point_leaves_nothing_behind() {
+    let repo = repo();
+    // Enough files that writing the tree takes a while.
+    for i in 0..200 {
+        std::fs::write(
+            repo.path().join(format!("f{i}.rs")),
+            "fn f() {}\n".repeat(50),
+        )
+        .unwrap();
+    }
+    git(repo.path(), &["add", "."]);
+    git(repo.path(), &["commit", "-q", "-m", "files"]);
+    let mut made_after_drop = 0;
+    for (round, wait_ms) in [0u64, 2, 5, 10, 20, 40, 80].into_iter().enumerate() {
+        let slug = format!("cut-{round}");
+        let create = Worktree::create(repo.path(), &slug, None);
+        if let Ok(made) =
+            tokio::time::timeout(std::time::Duration::from_millis(wait_ms), create).await
+        {
+            // Made in time: the caller owns it, and finishes it.
+            assert_eq!(made.unwrap().finish().await, Finished::Removed);
+        }
+        // Settles: made and removed, or never made.
+        let tree = repo.path().join(".forkhive/worktrees").join(&slug);
+        let mut settled = false;
+        for _ in 0..400 {
+            // Listed while a tree is being registered, git may fail to read its half-written
+            // admin files: not settled yet.
+            let listed = Command::new("git")
+                .arg("-C")
+                .arg(repo.path())
+                .args(["worktree", "list", "--porcelain"])
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+            if listed.is_some_and(|l| !l.contains(&slug))
+                && branches(repo.path()).is_empty()
+                && !tree.exists()
+            {
+                settled = true;
+                break;
+            }
+            made_after_drop += 1;
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        assert!(
+            settled,
+            "after a drop at {wait_ms} ms: {} / {}",
+            git(repo.path(), &["worktree", "list"]),
+            branches(repo.path())
+        );
+    }
+    assert!(
+        made_after_drop > 0,
+        "no drop came while the tree was being made"
+    );
+}
+
 #[tokio::test]
 async fn ignored_files_and_commits_off_head_keep_the_tree() {
     let repo = repo();

@@ -659,9 +659,7 @@ impl AgentTool {
                         Ok(pool) => (Some(wt), Some(pool)),
                         Err(e) => {
                             // Nobody owns the tree yet: this call finishes it (untouched: removed).
-                            if let Some(wt) = wt.take() {
-                                let _ = Box::pin(wt.finish()).await;
-                            }
+                            let _ = Box::pin(wt.finish()).await;
                             if asked == Some(true) {
                                 return Err(chain(&e));
                             }

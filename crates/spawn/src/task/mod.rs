@@ -1166,7 +1166,7 @@ impl TaskService {
                 taken
             };
             if let (Some(other), Some(n)) = (taken, &name) {
-                if let Some(wt) = worktree.and_then(crate::worktree::Unfinished::take) {
+                if let Some(wt) = worktree {
                     // Boxed, like every worktree future here: a start without one stays small.
                     let _ = Box::pin(wt.finish()).await;
                 }
@@ -1211,7 +1211,7 @@ impl TaskService {
                         crate::base::pending::SEND_MESSAGE_ORIGIN,
                     ));
                 }
-                if let Some(wt) = worktree.and_then(crate::worktree::Unfinished::take) {
+                if let Some(wt) = worktree {
                     let _ = Box::pin(wt.finish()).await;
                 }
                 return Err(e);

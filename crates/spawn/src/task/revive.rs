@@ -430,7 +430,7 @@ impl TaskService {
         let agent = match Agent::resume(builder, &recipe.transcript).await {
             Ok((agent, _)) => agent,
             Err(e) => {
-                if let Some(wt) = worktree.and_then(Unfinished::take) {
+                if let Some(wt) = worktree {
                     let _ = Box::pin(wt.finish()).await;
                 }
                 return Err(give_up(
@@ -443,7 +443,7 @@ impl TaskService {
             }
         };
         if let Err(e) = self.registry.reopen(&id).await {
-            if let Some(wt) = worktree.and_then(Unfinished::take) {
+            if let Some(wt) = worktree {
                 let _ = Box::pin(wt.finish()).await;
             }
             // A record the registry has forgotten can never be reopened: not resumable.
