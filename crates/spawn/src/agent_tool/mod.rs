@@ -723,7 +723,7 @@ impl AgentTool {
                 Ok(p) => p,
                 Err(e) => {
                     // Not started: the tree has no owner yet, so this call finishes it.
-                    if let Some(wt) = worktree.and_then(|w| w.take()) {
+                    if let Some(wt) = worktree {
                         let _ = Box::pin(wt.finish()).await;
                     }
                     return Err(chain(&e));
@@ -745,7 +745,7 @@ impl AgentTool {
                 if plan_mode {
                     team.enter_plan_mode(name);
                 }
-                team.serve_lead(caller.pending.clone());
+                team.serve_lead(caller.pending.clone(), caller.cancel.clone());
                 prepared.first = FirstInput::Custom(crate::team::teammate_run(
                     Arc::clone(team),
                     name.clone(),

@@ -175,6 +175,13 @@ pub struct PendingQueue {
     inner: Arc<Inner>,
 }
 
+impl PendingQueue {
+    /// Whether `other` is this queue (a clone of it), not merely an equal one.
+    pub(crate) fn is(&self, other: &PendingQueue) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
 /// What [`PendingQueue::wait`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Wake {

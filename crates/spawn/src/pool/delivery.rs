@@ -188,7 +188,7 @@ impl Delivery {
         if let Some(team) = &team {
             // Its relay first: the teammates' answers, and the last letters of those that
             // ended while it was away, are read and never shown raw.
-            team.serve_lead(agent.pending());
+            team.serve_lead(agent.pending(), agent.cancellation().clone());
             for (name, task) in teammates {
                 // Held until it says what it is doing.
                 if let Some(handle) = d.expect_teammate(task, true) {
@@ -752,7 +752,7 @@ impl PoolAgentTool {
         // roster and withdraws its promise.
         let mut unsent = Withdraw(Some((delivery.clone(), job.task)));
         let mut off_roster = Leave(Some((Arc::clone(&team), name.clone())));
-        team.serve_lead(caller.pending().clone());
+        team.serve_lead(caller.pending().clone(), cx.cancellation().clone());
         // On record for the other hosts before it runs, so a teammate started with it finds
         // it; refused while another of the name runs on the pool. A record whose job is never
         // submitted is not live (see `Pool::team`).

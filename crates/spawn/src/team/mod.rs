@@ -153,7 +153,7 @@ pub struct Team {
     members: Mutex<BTreeMap<String, Member>>,
     /// Moves the lead's letters into its conversation; started with the first teammate and
     /// stopped with the team.
-    lead_poller: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    lead_poller: Mutex<Option<(tokio::task::JoinHandle<()>, PendingQueue)>>,
     /// Each teammate's plan approvals.
     plans: Mutex<std::collections::HashMap<String, PlanGate>>,
     /// Where the roster is kept (`config.json`), if anywhere.
@@ -207,7 +207,7 @@ impl Drop for Team {
             .unwrap_or_else(|e| e.into_inner())
             .take()
         {
-            p.abort();
+            p.0.abort();
         }
     }
 }
@@ -1212,18 +1212,31 @@ impl Team {
         }
     }
 
-    /// Starts moving the lead's letters into `lead` (its pending queue), once.
-    pub(crate) fn serve_lead(self: &Arc<Self>, lead: PendingQueue) {
+    /// Starts moving the lead's letters into `lead` (its pending queue) until `until` (the
+    /// lead's token) is cancelled — the lead was dropped or cancelled. Once per lead: a relay
+    /// already serving this queue is left as it is; one serving another lead (a new lead on a
+    /// team that outlived the first) is stopped, and this lead is served instead. Letters the
+    /// stopped relay had put in the old queue but not acknowledged stay in the inbox, and come
+    /// to the new lead.
+    pub(crate) fn serve_lead(
+        self: &Arc<Self>,
+        lead: PendingQueue,
+        until: tokio_util::sync::CancellationToken,
+    ) {
         let mut p = self.lead_poller.lock().unwrap_or_else(|e| e.into_inner());
-        if p.as_ref().is_some_and(|h| !h.is_finished()) {
-            return;
+        if let Some((relay, served)) = p.as_ref() {
+            if !relay.is_finished() && served.is(&lead) {
+                return;
+            }
+            relay.abort();
         }
         let Ok(inbox) = self.inbox(LEAD) else { return };
         self.holds().lead = Some(lead.clone());
         let mailbox = Arc::clone(&self.mailbox);
         let team = Arc::downgrade(self);
-        *p = Some(tokio::spawn(async move {
-            let mut relay = Relay::new(mailbox, inbox, lead, team.clone(), None);
+        let queue = lead.clone();
+        let relay = tokio::spawn(async move {
+            let mut relay = Relay::new(mailbox, inbox, queue, team.clone(), None);
             loop {
                 let step = relay.step(|d| {
                     if team.upgrade().is_some_and(|team| team.take_bookkeeping(d)) {
@@ -1232,11 +1245,17 @@ impl Team {
                         Intercept::Show
                     }
                 });
-                if step.await.is_err() {
+                let failed = tokio::select! {
+                    biased;
+                    () = until.cancelled() => return,
+                    r = step => r.is_err(),
+                };
+                if failed {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
             }
-        }));
+        });
+        *p = Some((relay, lead));
     }
 }
 
@@ -1869,7 +1888,7 @@ mod tests {
         })
         .unwrap();
         let lead = PendingQueue::new();
-        team.serve_lead(lead.clone());
+        team.serve_lead(lead.clone(), tokio_util::sync::CancellationToken::new());
         (team, lead)
     }
 
@@ -1913,6 +1932,70 @@ mod tests {
         // Alice stops: what she will never take holds nothing.
         team.stopped("alice");
         assert_eq!(lead.outstanding(), 0);
+    }
+
+    /// The lead's relay ends with its lead: once the lead's token is cancelled (the lead was
+    /// dropped or cancelled), a letter to the lead stays in the inbox instead of going into a
+    /// queue nobody reads. A new lead on the same team is then served — also while the first
+    /// lead's relay still runs (its lead kept on, `cancel_children_on_drop(false)`): before,
+    /// the second lead was silently left without its teammates' letters.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_leads_relay_ends_with_its_lead_and_a_new_lead_is_served() {
+        let mail = Arc::new(Flaky::default());
+        let (team, _) = team(&mail);
+        let first = PendingQueue::new();
+        let first_token = tokio_util::sync::CancellationToken::new();
+        team.serve_lead(first.clone(), first_token.clone());
+        team.send(LEAD, Letter::new("alice", "to the first"))
+            .await
+            .unwrap();
+        until("the letter reached the first lead", || first.len() == 1).await;
+        // A second lead while the first's relay runs: it takes over.
+        let second = PendingQueue::new();
+        let second_token = tokio_util::sync::CancellationToken::new();
+        team.serve_lead(second.clone(), second_token.clone());
+        team.send(LEAD, Letter::new("alice", "to the second"))
+            .await
+            .unwrap();
+        until("the letter reached the second lead", || {
+            second
+                .drain()
+                .iter()
+                .any(|m| m.text.contains("to the second"))
+        })
+        .await;
+        assert_eq!(first.len(), 1, "nothing more went to the first lead");
+        // The second lead goes: its relay ends, and letters wait in the inbox.
+        second_token.cancel();
+        until("the relay ended", || {
+            team.lead_poller
+                .lock()
+                .unwrap()
+                .as_ref()
+                .is_some_and(|(r, _)| r.is_finished())
+        })
+        .await;
+        team.send(LEAD, Letter::new("alice", "to nobody"))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(second.is_empty());
+        let inbox = team.inbox(LEAD).unwrap();
+        let waiting: Vec<String> = mail
+            .receive(&inbox)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|d| d.text)
+            .collect();
+        assert!(waiting.iter().any(|t| t == "to nobody"), "{waiting:?}");
+        // A third lead finds it there.
+        let third = PendingQueue::new();
+        team.serve_lead(third.clone(), tokio_util::sync::CancellationToken::new());
+        until("the waiting letter reached the third lead", || {
+            third.drain().iter().any(|m| m.text.contains("to nobody"))
+        })
+        .await;
     }
 
     /// The lead's relay acknowledges again after an acknowledgement failed, so the letter's
