@@ -737,7 +737,7 @@ impl AgentTool {
                     state: crate::team::MemberState::Running,
                 });
                 if let Err(e) = joined {
-                    if let Some(wt) = worktree.and_then(|w| w.take()) {
+                    if let Some(wt) = worktree {
                         let _ = Box::pin(wt.finish()).await;
                     }
                     return Err(chain(&e));
