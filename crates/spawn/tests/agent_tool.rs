@@ -820,6 +820,67 @@ async fn a_detached_parent_stops_and_a_background_child_writes_its_output_file()
     assert!(text.ends_with("[stopped: completed]\n"), "{text}");
 }
 
+/// A background spawn that fails after its output file was made (here: the worktree it asked
+/// for cannot be made, the directory is no git repository) leaves no output file behind named
+/// after a task that never existed.
+#[tokio::test]
+async fn a_spawn_that_fails_after_making_its_output_file_removes_it() {
+    use forkhive_spawn::task::OutputConfig;
+    let dir = tempfile::tempdir().unwrap();
+    let not_a_repo = tempfile::tempdir().unwrap();
+    let b = brain(|r| {
+        if is_parent(r) {
+            return match r.all_messages().len() {
+                1 => Plan::Reply(calls_owned(&[agent_call(
+                    "bg",
+                    serde_json::json!({"description": "scan", "prompt": "scan it", "subagent_type": "worker", "run_in_background": true, "isolation": "worktree"}),
+                )])),
+                _ => Plan::Reply(say("it could not start")),
+            };
+        }
+        Plan::Reply(say("never"))
+    });
+    let config = AgentToolConfig::default()
+        .with_registry(worker_registry())
+        .with_isolation_enabled(true)
+        .with_worktree_repo(Some(not_a_repo.path().to_path_buf()));
+    let tool = AgentTool::new(config).unwrap();
+    let mut p = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(ToolPool::new([Arc::new(tool) as Arc<dyn Tool>]).unwrap())
+        .build()
+        .await
+        .unwrap();
+    let tasks = TaskConfig::default().with_output(Some(OutputConfig::new(dir.path(), "session-1")));
+    let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), tasks);
+    p.tree().extensions().insert(Arc::clone(&service));
+    let run = p.run("scan").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    let result = run
+        .new_messages
+        .iter()
+        .flat_map(|m| m.content.iter())
+        .find_map(|b| match b {
+            forkhive_core::ContentBlock::ToolResult { is_error: true, .. } => Some(b.clone()),
+            _ => None,
+        });
+    assert!(result.is_some(), "the spawn failed: {:?}", run.new_messages);
+    // Removed off the async threads: give the blocking pool a moment.
+    let tasks_dir = dir.path().join("session-1/tasks");
+    let mut left = Vec::new();
+    for _ in 0..100 {
+        left = std::fs::read_dir(&tasks_dir)
+            .map(|d| d.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
 #[tokio::test]
 async fn a_host_sees_each_notification_once_as_it_is_queued() {
     let b = brain(|r| {
