@@ -297,12 +297,19 @@ fn is_read(e: &Value) -> bool {
     e.get("read").and_then(Value::as_bool).unwrap_or(false)
 }
 
-/// Holds an inbox's lock file; removes it when dropped.
-struct Lock(PathBuf);
+/// Holds an inbox's lock file, which holds this holder's token; removes it when dropped — if
+/// it is still this holder's. (A holder slower than [`STALE_LOCK`] has had its lock broken, and
+/// the file there now is another writer's.)
+struct Lock {
+    path: PathBuf,
+    token: String,
+}
 
 impl Drop for Lock {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        if std::fs::read(&self.path).is_ok_and(|held| held == self.token.as_bytes()) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -315,11 +322,18 @@ impl Drop for Lock {
 async fn try_lock(lock: &Path) -> std::io::Result<Lock> {
     let lock = lock.to_path_buf();
     tokio::task::spawn_blocking(move || {
-        std::fs::OpenOptions::new()
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
-            .open(&lock)
-            .map(|_| Lock(lock))
+            .open(&lock)?;
+        // Held from here: the guard removes the file whatever happens next.
+        let held = Lock {
+            path: lock,
+            token: new_id(),
+        };
+        file.write_all(held.token.as_bytes())?;
+        Ok(held)
     })
     .await
     .map_err(std::io::Error::other)?
@@ -543,5 +557,28 @@ impl Mailbox for FileMailbox {
                 None => tokio::time::sleep((until - now).min(POLL)).await,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A holder whose lock was broken as stale, and taken by another writer, leaves the other
+    /// writer's lock in place when it lets go; its own is removed.
+    #[tokio::test]
+    async fn a_holder_removes_only_its_own_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = dir.path().join("a.json.lock");
+        let held = try_lock(&lock).await.unwrap();
+        assert!(try_lock(&lock).await.is_err(), "held");
+        // Broken as stale, and taken by another writer.
+        std::fs::remove_file(&lock).unwrap();
+        let other = try_lock(&lock).await.unwrap();
+        drop(held);
+        assert!(lock.exists(), "the other writer's lock was removed");
+        drop(other);
+        assert!(!lock.exists());
     }
 }
