@@ -158,7 +158,8 @@ impl Worktree {
 
     /// The same worktree for a worker resumed after it ended: this one if it is still there
     /// (it was kept), otherwise made again at the same path on the same branch — from the
-    /// branch if it still exists, else from the current `HEAD`.
+    /// branch if it still exists (its start kept: the branch's commits still keep it), else
+    /// from the current `HEAD`.
     ///
     /// Errors ([`Error::Worktree`]): git refusing, with its own words.
     ///
@@ -189,7 +190,11 @@ impl Worktree {
         let (new_branch, base) = match git(&self.repo, &["rev-parse", "--verify", &branch_ref])
             .await
         {
-            Ok(tip) => (None, tip.trim().to_owned()),
+            // The branch survived its tree (removed by hand, say): made again from it, with
+            // the first start kept, so the commits a previous run made on it still keep it.
+            // From its tip, they would count as nothing new, and `finish` would delete the
+            // branch that holds them.
+            Ok(_) => (None, self.base.clone()),
             Err(_) => (
                 Some(self.branch.as_str()),
                 git(&self.repo, &["rev-parse", "HEAD"])
@@ -420,9 +425,10 @@ async fn add(
     start: &str,
 ) -> std::result::Result<(), String> {
     let path_arg = path.to_string_lossy().into_owned();
-    let mut args = vec!["worktree", "add", "--no-checkout", "--no-track"];
+    let mut args = vec!["worktree", "add", "--no-checkout"];
     if let Some(b) = branch {
-        args.extend(["-b", b]);
+        // `--no-track` only with a new branch: git refuses it for an existing one.
+        args.extend(["--no-track", "-b", b]);
     }
     args.extend([path_arg.as_str(), start]);
     {

@@ -86,6 +86,28 @@ async fn a_worktree_reopens_as_kept_or_is_made_again_at_its_path() {
     assert_eq!(branches(repo.path()), "");
 }
 
+/// A tree removed by hand while its branch, with a run's commit, stays: made again from the
+/// branch with the first start, so the commit still keeps it and its branch is never deleted.
+/// (Started from the branch's tip, the commit counted as nothing new, and finishing deleted the
+/// branch that held it.)
+#[tokio::test]
+async fn a_tree_made_again_from_its_surviving_branch_keeps_the_branchs_commits() {
+    let repo = repo();
+    let wt = Worktree::create(repo.path(), "kept", None).await.unwrap();
+    std::fs::write(wt.path().join("new.rs"), "fn b() {}\n").unwrap();
+    git(wt.path(), &["add", "."]);
+    git(wt.path(), &["commit", "-q", "-m", "work"]);
+    git(
+        repo.path(),
+        &["worktree", "remove", &wt.path().to_string_lossy()],
+    );
+    let made = wt.reopen().await.unwrap();
+    assert_eq!(made.base(), wt.base());
+    assert!(made.path().join("new.rs").is_file(), "from the branch");
+    assert_eq!(made.finish().await, Finished::Kept(Keep::Commits(1)));
+    assert_eq!(branches(repo.path()).trim(), "+ forkhive/kept");
+}
+
 /// Stale trees of a process that is gone: a clean one is removed with its branch; one with a
 /// commit only its branch holds, or an untracked file, is kept and says why; a live or young
 /// one is left alone and not listed.
@@ -160,7 +182,6 @@ async fn an_unowned_worktree_is_finished_when_dropped() {
     assert!(owned.path().exists());
 }
 
-/// Ignored files and commits moved off HEAD are work too: the tree is kept.
 /// A creation whose future is dropped at any point (a spawn cancelled while git writes the
 /// tree) leaves neither the tree nor its branch: the tree is made on a task of its own, which
 /// removes it when nobody is left to take it. Before, git was killed with the dropped future
@@ -225,6 +246,7 @@ async fn a_creation_dropped_at_any_point_leaves_nothing_behind() {
     );
 }
 
+/// Ignored files and commits moved off HEAD are work too: the tree is kept.
 #[tokio::test]
 async fn ignored_files_and_commits_off_head_keep_the_tree() {
     let repo = repo();

@@ -327,13 +327,13 @@ async fn try_lock(lock: &Path) -> std::io::Result<Lock> {
             .write(true)
             .create_new(true)
             .open(&lock)?;
-        // Held from here: the guard removes the file whatever happens next.
-        let held = Lock {
-            path: lock,
-            token: new_id(),
-        };
-        file.write_all(held.token.as_bytes())?;
-        Ok(held)
+        let token = new_id();
+        if let Err(e) = file.write_all(token.as_bytes()) {
+            // Not ours by its content yet: removed here, or it would stand until stale.
+            let _ = std::fs::remove_file(&lock);
+            return Err(e);
+        }
+        Ok(Lock { path: lock, token })
     })
     .await
     .map_err(std::io::Error::other)?

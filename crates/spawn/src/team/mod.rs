@@ -153,7 +153,7 @@ pub struct Team {
     members: Mutex<BTreeMap<String, Member>>,
     /// Moves the lead's letters into its conversation; started with the first teammate and
     /// stopped with the team.
-    lead_poller: Mutex<Option<(tokio::task::JoinHandle<()>, PendingQueue)>>,
+    lead_poller: Mutex<Option<LeadRelay>>,
     /// Each teammate's plan approvals.
     plans: Mutex<std::collections::HashMap<String, PlanGate>>,
     /// Where the roster is kept (`config.json`), if anywhere.
@@ -199,6 +199,14 @@ impl fmt::Debug for Team {
     }
 }
 
+/// The task moving the lead's letters into its queue, the queue, and the token of the lead it
+/// serves (the latest lead to ask for that queue: it ends when that token is cancelled).
+struct LeadRelay {
+    task: tokio::task::JoinHandle<()>,
+    queue: PendingQueue,
+    until: tokio::sync::watch::Sender<tokio_util::sync::CancellationToken>,
+}
+
 impl Drop for Team {
     fn drop(&mut self) {
         if let Some(p) = self
@@ -207,7 +215,7 @@ impl Drop for Team {
             .unwrap_or_else(|e| e.into_inner())
             .take()
         {
-            p.0.abort();
+            p.task.abort();
         }
     }
 }
@@ -1224,17 +1232,21 @@ impl Team {
         until: tokio_util::sync::CancellationToken,
     ) {
         let mut p = self.lead_poller.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((relay, served)) = p.as_ref() {
-            if !relay.is_finished() && served.is(&lead) {
+        if let Some(r) = p.as_ref() {
+            if !r.task.is_finished() && r.queue.is(&lead) {
+                // The same queue: the relay goes on, for the lead asking now (a lead built on
+                // another's queue with `AgentBuilder::pending` is served until its own end).
+                r.until.send_replace(until);
                 return;
             }
-            relay.abort();
+            r.task.abort();
         }
         let Ok(inbox) = self.inbox(LEAD) else { return };
         self.holds().lead = Some(lead.clone());
         let mailbox = Arc::clone(&self.mailbox);
         let team = Arc::downgrade(self);
         let queue = lead.clone();
+        let (watched, latest) = tokio::sync::watch::channel(until);
         let relay = tokio::spawn(async move {
             let mut relay = Relay::new(mailbox, inbox, queue, team.clone(), None);
             loop {
@@ -1245,9 +1257,16 @@ impl Team {
                         Intercept::Show
                     }
                 });
+                let until = latest.borrow().clone();
                 let failed = tokio::select! {
                     biased;
-                    () = until.cancelled() => return,
+                    () = until.cancelled() => {
+                        if latest.borrow().is_cancelled() {
+                            return;
+                        }
+                        // A newer lead took this queue over: go on for it.
+                        continue;
+                    }
                     r = step => r.is_err(),
                 };
                 if failed {
@@ -1255,7 +1274,11 @@ impl Team {
                 }
             }
         });
-        *p = Some((relay, lead));
+        *p = Some(LeadRelay {
+            task: relay,
+            queue: lead,
+            until: watched,
+        });
     }
 }
 
@@ -1972,7 +1995,7 @@ mod tests {
                 .lock()
                 .unwrap()
                 .as_ref()
-                .is_some_and(|(r, _)| r.is_finished())
+                .is_some_and(|r| r.task.is_finished())
         })
         .await;
         team.send(LEAD, Letter::new("alice", "to nobody"))
@@ -1994,6 +2017,34 @@ mod tests {
         team.serve_lead(third.clone(), tokio_util::sync::CancellationToken::new());
         until("the waiting letter reached the third lead", || {
             third.drain().iter().any(|m| m.text.contains("to nobody"))
+        })
+        .await;
+    }
+
+    /// A lead built on another lead's queue (`AgentBuilder::pending`) is served until its own
+    /// end: the first lead's token cancelled (it was dropped) does not end the relay while the
+    /// second still runs; the second's does.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lead_on_the_same_queue_is_served_until_its_own_end() {
+        let mail = Arc::new(Flaky::default());
+        let (team, _) = team(&mail);
+        let queue = PendingQueue::new();
+        let first = tokio_util::sync::CancellationToken::new();
+        let second = tokio_util::sync::CancellationToken::new();
+        team.serve_lead(queue.clone(), first.clone());
+        team.serve_lead(queue.clone(), second.clone());
+        first.cancel();
+        team.send(LEAD, Letter::new("alice", "after the first went"))
+            .await
+            .unwrap();
+        until("the letter reached the queue", || queue.len() == 1).await;
+        second.cancel();
+        until("the relay ended with the second lead", || {
+            team.lead_poller
+                .lock()
+                .unwrap()
+                .as_ref()
+                .is_some_and(|r| r.task.is_finished())
         })
         .await;
     }
