@@ -776,9 +776,33 @@ async fn the_verification_agent_is_read_only_and_its_verdict_is_typed() {
     );
 }
 
+/// A parent whose `Agent` tool is `config`, and whose task service writes each background
+/// child's output file under `dir` (session `session-1`); `detach`: it does not wait for its
+/// background children.
+async fn parent_with_output_files(
+    b: Arc<dyn forkhive_transport::Backend>,
+    config: AgentToolConfig,
+    dir: &std::path::Path,
+    detach: bool,
+) -> (Agent, Arc<TaskService>) {
+    use forkhive_spawn::task::OutputConfig;
+    let tool = AgentTool::new(config).unwrap();
+    let p = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(ToolPool::new([Arc::new(tool) as Arc<dyn Tool>]).unwrap())
+        .detach_background(detach)
+        .build()
+        .await
+        .unwrap();
+    let tasks = TaskConfig::default().with_output(Some(OutputConfig::new(dir, "session-1")));
+    let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), tasks);
+    p.tree().extensions().insert(Arc::clone(&service));
+    (p, service)
+}
+
 #[tokio::test]
 async fn a_detached_parent_stops_and_a_background_child_writes_its_output_file() {
-    use forkhive_spawn::task::OutputConfig;
     let dir = tempfile::tempdir().unwrap();
     let b = brain(|r| {
         if is_parent(r) {
@@ -792,18 +816,8 @@ async fn a_detached_parent_stops_and_a_background_child_writes_its_output_file()
         }
         Plan::Reply(say("the scan found three files"))
     });
-    let tool = AgentTool::new(AgentToolConfig::default().with_registry(worker_registry())).unwrap();
-    let mut p = Agent::builder(b)
-        .model("m")
-        .system_prompt("You are the parent.")
-        .tools(ToolPool::new([Arc::new(tool) as Arc<dyn Tool>]).unwrap())
-        .detach_background(true)
-        .build()
-        .await
-        .unwrap();
-    let tasks = TaskConfig::default().with_output(Some(OutputConfig::new(dir.path(), "session-1")));
-    let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), tasks);
-    p.tree().extensions().insert(Arc::clone(&service));
+    let config = AgentToolConfig::default().with_registry(worker_registry());
+    let (mut p, service) = parent_with_output_files(b, config, dir.path(), true).await;
     let run = p.run("scan").await;
     assert_eq!(run.stop, StopReason::Completed);
     assert_eq!(run.final_text, "not waiting");
@@ -825,7 +839,6 @@ async fn a_detached_parent_stops_and_a_background_child_writes_its_output_file()
 /// after a task that never existed.
 #[tokio::test]
 async fn a_spawn_that_fails_after_making_its_output_file_removes_it() {
-    use forkhive_spawn::task::OutputConfig;
     let dir = tempfile::tempdir().unwrap();
     let not_a_repo = tempfile::tempdir().unwrap();
     let b = brain(|r| {
@@ -844,17 +857,7 @@ async fn a_spawn_that_fails_after_making_its_output_file_removes_it() {
         .with_registry(worker_registry())
         .with_isolation_enabled(true)
         .with_worktree_repo(Some(not_a_repo.path().to_path_buf()));
-    let tool = AgentTool::new(config).unwrap();
-    let mut p = Agent::builder(b)
-        .model("m")
-        .system_prompt("You are the parent.")
-        .tools(ToolPool::new([Arc::new(tool) as Arc<dyn Tool>]).unwrap())
-        .build()
-        .await
-        .unwrap();
-    let tasks = TaskConfig::default().with_output(Some(OutputConfig::new(dir.path(), "session-1")));
-    let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), tasks);
-    p.tree().extensions().insert(Arc::clone(&service));
+    let (mut p, _service) = parent_with_output_files(b, config, dir.path(), false).await;
     let run = p.run("scan").await;
     assert_eq!(run.stop, StopReason::Completed);
     let result = run

@@ -1915,6 +1915,15 @@ mod tests {
         (team, lead)
     }
 
+    /// Whether the lead's relay has ended.
+    fn relay_ended(team: &Team) -> bool {
+        team.lead_poller
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_some_and(|r| r.task.is_finished())
+    }
+
     async fn until(what: &str, mut ok: impl FnMut() -> bool) {
         tokio::time::timeout(Duration::from_secs(5), async {
             while !ok() {
@@ -1990,14 +1999,7 @@ mod tests {
         assert_eq!(first.len(), 1, "nothing more went to the first lead");
         // The second lead goes: its relay ends, and letters wait in the inbox.
         second_token.cancel();
-        until("the relay ended", || {
-            team.lead_poller
-                .lock()
-                .unwrap()
-                .as_ref()
-                .is_some_and(|r| r.task.is_finished())
-        })
-        .await;
+        until("the relay ended", || relay_ended(&team)).await;
         team.send(LEAD, Letter::new("alice", "to nobody"))
             .await
             .unwrap();
@@ -2040,11 +2042,7 @@ mod tests {
         until("the letter reached the queue", || queue.len() == 1).await;
         second.cancel();
         until("the relay ended with the second lead", || {
-            team.lead_poller
-                .lock()
-                .unwrap()
-                .as_ref()
-                .is_some_and(|r| r.task.is_finished())
+            relay_ended(&team)
         })
         .await;
     }
