@@ -199,3 +199,45 @@ async fn stream_ten_megabytes(with_file: bool) -> Gaps {
     }
     Gaps { p90, worst, ticks }
 }
+
+/// A spawn dropped while its output file is being made (the open runs on the blocking pool and
+/// goes on) leaves no file behind: the file is held by a guard until the creating future takes
+/// it, and removed when nobody does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_file_whose_creation_was_dropped_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = OutputConfig::new(dir.path(), "s");
+    // The directories exist: each try only makes its file.
+    drop(
+        OutputFile::create(&config, &TaskId::generate(TaskKind::Agent))
+            .await
+            .unwrap(),
+    );
+    let tasks = dir.path().join("s/tasks");
+    for entry in std::fs::read_dir(&tasks).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+    let mut dropped = 0;
+    for _ in 0..50 {
+        let id = TaskId::generate(TaskKind::Agent);
+        let mut create = Box::pin(OutputFile::create(&config, &id));
+        match futures::poll!(create.as_mut()) {
+            std::task::Poll::Pending => dropped += 1,
+            // Made within the poll: the caller has it, and removes it.
+            std::task::Poll::Ready(made) => std::fs::remove_file(made.unwrap().path()).unwrap(),
+        }
+    }
+    assert!(dropped > 0, "every creation finished within its first poll");
+    let mut left = Vec::new();
+    for _ in 0..200 {
+        left = std::fs::read_dir(&tasks)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(left.is_empty(), "left behind: {left:?}");
+}

@@ -105,13 +105,18 @@ impl OutputFile {
         check_session(&config.session)?;
         let config_owned = config.clone();
         let id = *id;
-        let (file, path) = tokio::task::spawn_blocking(move || open_file(&config_owned, &id))
-            .await
-            .map_err(|e| Error::Io {
-                action: "creating task output file",
-                path: config.root.clone(),
-                source: std::io::Error::other(e),
-            })??;
+        // The file is made on the blocking pool, and held there by a guard until this future
+        // takes it: a spawn dropped while the file is being made leaves no file behind.
+        let (file, unclaimed) = tokio::task::spawn_blocking(move || {
+            open_file(&config_owned, &id).map(|(file, path)| (file, Unclaimed(Some(path))))
+        })
+        .await
+        .map_err(|e| Error::Io {
+            action: "creating task output file",
+            path: config.root.clone(),
+            source: std::io::Error::other(e),
+        })??;
+        let path = unclaimed.claim();
         let (tx, rx) = mpsc::channel(OUTPUT_QUEUE);
         let dropped = Arc::new(AtomicU64::new(0));
         let truncated = Arc::new(AtomicBool::new(false));
@@ -348,6 +353,23 @@ fn open_file(config: &OutputConfig, id: &TaskId) -> Result<(std::fs::File, PathB
     )
     .map_err(io("creating task output file", &path))?;
     Ok((std::fs::File::from(fd), path))
+}
+
+/// An output file made for a caller that may be gone: removed when dropped unclaimed.
+struct Unclaimed(Option<PathBuf>);
+
+impl Unclaimed {
+    fn claim(mut self) -> PathBuf {
+        self.0.take().unwrap_or_default()
+    }
+}
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 /// Creates (if missing) and opens the directory `name` inside `parent`, refusing a symlink.
