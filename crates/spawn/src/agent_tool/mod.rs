@@ -631,7 +631,9 @@ impl AgentTool {
             };
             // A spawn that fails before the child starts leaves no output file named after a
             // task that never existed.
-            let mut unstarted = UnstartedOutput(output.as_ref().map(|o| o.path().to_path_buf()));
+            let unstarted = output
+                .as_ref()
+                .map(|o| crate::task::output::Unclaimed::new(o.path().to_path_buf()));
             // Its own checkout on its own branch: its tools work there, and its owner removes it
             // at the end only if nothing changed.
             let (worktree, rooted) = match (isolate, &self.config.worktree_repo) {
@@ -794,7 +796,7 @@ impl AgentTool {
                 // A teammate that never started is stopped on the roster by its run's guard,
                 // dropped with the launch.
                 .map_err(|e| format!("could not start the agent: {e}"))?;
-            unstarted.0 = None;
+            let _ = unstarted.map(crate::task::output::Unclaimed::claim);
             if let Some((team, name)) = &team {
                 let id = handle.id();
                 return Ok(format!(
@@ -973,25 +975,6 @@ impl Tool for AgentTool {
         match self.spawn(input, cx).await {
             Ok(text) => ToolOutput::text(text),
             Err(text) => ToolOutput::error(text),
-        }
-    }
-}
-
-/// The output file of a child not started yet: removed when dropped still holding its path
-/// (the spawn failed), off the async threads when a runtime is there.
-struct UnstartedOutput(Option<std::path::PathBuf>);
-
-impl Drop for UnstartedOutput {
-    fn drop(&mut self) {
-        let Some(path) = self.0.take() else { return };
-        let remove = move || {
-            if let Err(e) = std::fs::remove_file(&path) {
-                tracing::warn!(path = %path.display(), "removing an unused output file: {e}");
-            }
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => drop(rt.spawn_blocking(remove)),
-            Err(_) => remove(),
         }
     }
 }

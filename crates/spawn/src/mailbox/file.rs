@@ -384,21 +384,20 @@ async fn lock(inbox: &Inbox, path: &Path) -> Result<Lock> {
 /// not stop it: the update runs to its end and only then lets the lock go. Before, the lock
 /// went with the dropped future while its rename was still queued, and a writer that took the
 /// lock then had its letter overwritten by that rename.
-async fn update<R: Send + 'static>(
+async fn update(
     inbox: &Inbox,
     path: &Path,
-    change: impl FnOnce(Vec<Value>) -> (Option<Vec<Value>>, R) + Send + 'static,
-) -> Result<R> {
+    change: impl FnOnce(Vec<Value>) -> Option<Vec<Value>> + Send + 'static,
+) -> Result<()> {
     let held = lock(inbox, path).await?;
     let (to, file) = (inbox.clone(), path.to_path_buf());
     tokio::task::spawn_blocking(move || {
         let _held = held;
         // Read under the lock: every entry written before it is kept.
-        let (write, out) = change(read_now(&to, &file)?);
-        if let Some(entries) = write {
-            write_now(&to, &file, &entries)?;
+        match change(read_now(&to, &file)?) {
+            Some(entries) => write_now(&to, &file, &entries),
+            None => Ok(()),
         }
-        Ok(out)
     })
     .await
     .map_err(|e| fail(inbox, format!("updating {}: {e}", path.display())))?
@@ -449,10 +448,10 @@ impl Mailbox for FileMailbox {
         update(to, &path, move |mut entries| {
             // A repeated send of a letter still unacknowledged stores it once.
             if chosen && ids(&entries).contains(&stored) {
-                return (None, ());
+                return None;
             }
             entries.push(Value::Object(entry));
-            (Some(entries), ())
+            Some(entries)
         })
         .await?;
         Ok(id)
@@ -495,7 +494,7 @@ impl Mailbox for FileMailbox {
                 .filter(|(e, id)| !is_read(e) && !acked.contains(id.as_str()))
                 .map(|(e, _)| e)
                 .collect();
-            ((kept.len() != before).then_some(kept), ())
+            (kept.len() != before).then_some(kept)
         })
         .await
     }

@@ -108,7 +108,7 @@ impl OutputFile {
         // The file is made on the blocking pool, and held there by a guard until this future
         // takes it: a spawn dropped while the file is being made leaves no file behind.
         let (file, unclaimed) = tokio::task::spawn_blocking(move || {
-            open_file(&config_owned, &id).map(|(file, path)| (file, Unclaimed(Some(path))))
+            open_file(&config_owned, &id).map(|(file, path)| (file, Unclaimed::new(path)))
         })
         .await
         .map_err(|e| Error::Io {
@@ -355,19 +355,33 @@ fn open_file(config: &OutputConfig, id: &TaskId) -> Result<(std::fs::File, PathB
     Ok((std::fs::File::from(fd), path))
 }
 
-/// An output file made for a caller that may be gone: removed when dropped unclaimed.
-struct Unclaimed(Option<PathBuf>);
+/// An output file nobody has claimed yet (its creation, or the child it was made for, may be
+/// gone): removed when dropped unclaimed — off the async threads when a runtime is there.
+pub(crate) struct Unclaimed(Option<PathBuf>);
 
 impl Unclaimed {
-    fn claim(mut self) -> PathBuf {
+    /// Guards the file at `path`.
+    pub(crate) fn new(path: PathBuf) -> Self {
+        Self(Some(path))
+    }
+
+    /// Its path; it is kept from now on.
+    pub(crate) fn claim(mut self) -> PathBuf {
         self.0.take().unwrap_or_default()
     }
 }
 
 impl Drop for Unclaimed {
     fn drop(&mut self) {
-        if let Some(path) = self.0.take() {
-            let _ = std::fs::remove_file(path);
+        let Some(path) = self.0.take() else { return };
+        let remove = move || {
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::warn!(path = %path.display(), "removing an unused output file: {e}");
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(remove)),
+            Err(_) => remove(),
         }
     }
 }
