@@ -114,6 +114,101 @@ async fn concurrency_is_bounded() {
     assert_eq!(peak.load(Ordering::SeqCst), 4);
 }
 
+/// A tool that starts a task and answers at once, recording how many of the tasks started
+/// before it had run when it was called.
+fn launcher(started: &Arc<AtomicUsize>, seen: &Arc<std::sync::Mutex<Vec<usize>>>) -> TestTool {
+    let (started, seen) = (Arc::clone(started), Arc::clone(seen));
+    TestTool::new("Launch", OBJECT, true, move |_, _| {
+        let (started, seen) = (Arc::clone(&started), Arc::clone(&seen));
+        async move {
+            seen.lock().unwrap().push(started.load(Ordering::SeqCst));
+            tokio::spawn(async move { started.fetch_add(1, Ordering::SeqCst) });
+            ToolOutput::text("started")
+        }
+    })
+}
+
+fn launches(n: usize) -> Vec<(String, &'static str, &'static str)> {
+    (0..n).map(|i| (format!("t{i}"), "Launch", "{}")).collect()
+}
+
+/// A round of more calls than run at once lets the runtime run what each wave started before
+/// the next wave starts: a wide fan-out's children start while their parent is still launching.
+#[tokio::test]
+async fn a_wide_round_lets_what_a_wave_started_run_before_the_next() {
+    let started = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let list = launches(25);
+    let refs: Vec<(&str, &str, &str)> = list.iter().map(|(a, b, c)| (a.as_str(), *b, *c)).collect();
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(calls(&refs)),
+        Ok(say("ok")),
+    ]));
+    let limits = Limits::default().with_max_concurrent_tools(10);
+    let tool = launcher(&started, &seen);
+    let mut agent = agent_with(backend.clone(), vec![tool.arc()], limits).await;
+    assert_eq!(agent.run("go").await.stop, StopReason::Completed);
+    let seen = seen.lock().unwrap().clone();
+    let want: Vec<usize> = (0..25).map(|i| i / 10 * 10).collect();
+    assert_eq!(
+        seen, want,
+        "each wave saw every task the waves before it started"
+    );
+    // The answers are still in call order, one per call.
+    let got = results(&backend.requests()[1]);
+    let ids: Vec<&str> = got.iter().map(|(id, _, _)| id.as_str()).collect();
+    let want_ids: Vec<String> = (0..25).map(|i| format!("t{i}")).collect();
+    assert_eq!(ids, want_ids);
+}
+
+/// The agent cancelled while its round lets a wave's work run: the calls not yet started are
+/// answered as cancelled, and the ones that ran keep their answers.
+#[tokio::test]
+async fn a_cancel_between_waves_stops_the_calls_not_yet_started() {
+    let started = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let list = launches(25);
+    let refs: Vec<(&str, &str, &str)> = list.iter().map(|(a, b, c)| (a.as_str(), *b, *c)).collect();
+    let backend = Arc::new(ScriptedBackend::from_replies([Ok(calls(&refs))]));
+    let limits = Limits::default().with_max_concurrent_tools(10);
+    // The first wave's last task stops the agent: it runs at the round's first yield.
+    let token = Arc::new(std::sync::OnceLock::<tokio_util::sync::CancellationToken>::new());
+    let tool = {
+        let (started, seen, token) = (Arc::clone(&started), Arc::clone(&seen), Arc::clone(&token));
+        TestTool::new("Launch", OBJECT, true, move |_, _| {
+            let (started, seen, token) =
+                (Arc::clone(&started), Arc::clone(&seen), Arc::clone(&token));
+            async move {
+                seen.lock().unwrap().push(started.load(Ordering::SeqCst));
+                tokio::spawn(async move {
+                    if started.fetch_add(1, Ordering::SeqCst) + 1 == 10 {
+                        token.get().unwrap().cancel();
+                    }
+                });
+                ToolOutput::text("started")
+            }
+        })
+    };
+    let mut agent = agent_with(backend.clone(), vec![tool.arc()], limits).await;
+    token.set(agent.cancellation().clone()).unwrap();
+    let run = agent.run("go").await;
+    assert_eq!(run.stop, StopReason::Cancelled);
+    assert_eq!(seen.lock().unwrap().len(), 10, "only the first wave ran");
+    let texts: Vec<String> = message_results(run.new_messages.last().unwrap())
+        .into_iter()
+        .map(|(_, text, _)| text)
+        .collect();
+    assert_eq!(texts.len(), 25, "one answer per call");
+    assert!(texts[..10].iter().all(|t| t == "started"), "{texts:?}");
+    assert!(
+        texts[10..]
+            .iter()
+            .all(|t| t
+                == "tool `Launch` was cancelled: the agent was stopped before the call finished"),
+        "{texts:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn nothing_a_tool_or_the_model_does_crashes_the_loop() {
     let strict = TestTool::new(
