@@ -116,9 +116,13 @@ async fn concurrency_is_bounded() {
 
 /// A tool that starts a task and answers at once, recording how many of the tasks started
 /// before it had run when it was called.
-fn launcher(started: &Arc<AtomicUsize>, seen: &Arc<std::sync::Mutex<Vec<usize>>>) -> TestTool {
+fn launcher(
+    started: &Arc<AtomicUsize>,
+    seen: &Arc<std::sync::Mutex<Vec<usize>>>,
+    safe: bool,
+) -> TestTool {
     let (started, seen) = (Arc::clone(started), Arc::clone(seen));
-    TestTool::new("Launch", OBJECT, true, move |_, _| {
+    TestTool::new("Launch", OBJECT, safe, move |_, _| {
         let (started, seen) = (Arc::clone(&started), Arc::clone(&seen));
         async move {
             seen.lock().unwrap().push(started.load(Ordering::SeqCst));
@@ -132,46 +136,51 @@ fn launches(n: usize) -> Vec<(String, &'static str, &'static str)> {
     (0..n).map(|i| (format!("t{i}"), "Launch", "{}")).collect()
 }
 
-/// A round of more calls than run at once lets the runtime run what each wave started before
-/// the next wave starts: a wide fan-out's children start while their parent is still launching.
+/// A round of many calls yields to the runtime after every ten answers, and the runtime runs
+/// what those calls started before the round goes on: a wide fan-out's children start while
+/// their parent is still launching, not after its last launch. Calls run together or one at a
+/// time alike, and the answers keep their order.
 #[tokio::test]
-async fn a_wide_round_lets_what_a_wave_started_run_before_the_next() {
-    let started = Arc::new(AtomicUsize::new(0));
-    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let list = launches(25);
-    let refs: Vec<(&str, &str, &str)> = list.iter().map(|(a, b, c)| (a.as_str(), *b, *c)).collect();
-    let backend = Arc::new(ScriptedBackend::from_replies([
-        Ok(calls(&refs)),
-        Ok(say("ok")),
-    ]));
-    let limits = Limits::default().with_max_concurrent_tools(10);
-    let tool = launcher(&started, &seen);
-    let mut agent = agent_with(backend.clone(), vec![tool.arc()], limits).await;
-    assert_eq!(agent.run("go").await.stop, StopReason::Completed);
-    let seen = seen.lock().unwrap().clone();
-    let want: Vec<usize> = (0..25).map(|i| i / 10 * 10).collect();
-    assert_eq!(
-        seen, want,
-        "each wave saw every task the waves before it started"
-    );
-    // The answers are still in call order, one per call.
-    let got = results(&backend.requests()[1]);
-    let ids: Vec<&str> = got.iter().map(|(id, _, _)| id.as_str()).collect();
-    let want_ids: Vec<String> = (0..25).map(|i| format!("t{i}")).collect();
-    assert_eq!(ids, want_ids);
+async fn a_wide_round_lets_what_its_calls_started_run_every_ten_answers() {
+    for safe in [true, false] {
+        let started = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let list = launches(25);
+        let refs: Vec<(&str, &str, &str)> =
+            list.iter().map(|(a, b, c)| (a.as_str(), *b, *c)).collect();
+        let backend = Arc::new(ScriptedBackend::from_replies([
+            Ok(calls(&refs)),
+            Ok(say("ok")),
+        ]));
+        // More at once than the round has calls: the yields do not depend on the limit.
+        let limits = Limits::default().with_max_concurrent_tools(100);
+        let tool = launcher(&started, &seen, safe);
+        let mut agent = agent_with(backend.clone(), vec![tool.arc()], limits).await;
+        assert_eq!(agent.run("go").await.stop, StopReason::Completed);
+        let want: Vec<usize> = (0..25).map(|i| i / 10 * 10).collect();
+        assert_eq!(
+            *seen.lock().unwrap(),
+            want,
+            "each call saw every task the calls ten and more before it started (safe: {safe})"
+        );
+        let got = results(&backend.requests()[1]);
+        let ids: Vec<&str> = got.iter().map(|(id, _, _)| id.as_str()).collect();
+        let want_ids: Vec<String> = (0..25).map(|i| format!("t{i}")).collect();
+        assert_eq!(ids, want_ids);
+    }
 }
 
-/// The agent cancelled while its round lets a wave's work run: the calls not yet started are
-/// answered as cancelled, and the ones that ran keep their answers.
+/// The agent cancelled while its round has yielded: the calls not yet started are answered as
+/// cancelled, and the ones that ran keep their answers.
 #[tokio::test]
-async fn a_cancel_between_waves_stops_the_calls_not_yet_started() {
+async fn a_cancel_while_a_round_yields_stops_the_calls_not_yet_started() {
     let started = Arc::new(AtomicUsize::new(0));
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let list = launches(25);
     let refs: Vec<(&str, &str, &str)> = list.iter().map(|(a, b, c)| (a.as_str(), *b, *c)).collect();
     let backend = Arc::new(ScriptedBackend::from_replies([Ok(calls(&refs))]));
-    let limits = Limits::default().with_max_concurrent_tools(10);
-    // The first wave's last task stops the agent: it runs at the round's first yield.
+    let limits = Limits::default().with_max_concurrent_tools(100);
+    // The tenth task stops the agent: it runs when the round first yields.
     let token = Arc::new(std::sync::OnceLock::<tokio_util::sync::CancellationToken>::new());
     let tool = {
         let (started, seen, token) = (Arc::clone(&started), Arc::clone(&seen), Arc::clone(&token));
@@ -193,7 +202,7 @@ async fn a_cancel_between_waves_stops_the_calls_not_yet_started() {
     token.set(agent.cancellation().clone()).unwrap();
     let run = agent.run("go").await;
     assert_eq!(run.stop, StopReason::Cancelled);
-    assert_eq!(seen.lock().unwrap().len(), 10, "only the first wave ran");
+    assert_eq!(seen.lock().unwrap().len(), 10, "only the first ten ran");
     let texts: Vec<String> = message_results(run.new_messages.last().unwrap())
         .into_iter()
         .map(|(_, text, _)| text)

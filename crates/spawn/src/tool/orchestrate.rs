@@ -4,9 +4,9 @@
 //! parallel": calls are partitioned into batches — a run of consecutive concurrency-safe calls
 //! is one batch run concurrently (at most [`RoundConfig::max_concurrency`] at a time), every
 //! other call is a batch of its own — and batches run in order. The results go back in call
-//! order, in one user message, as the providers require. A batch of more calls than run at once
-//! yields to the runtime between waves, so what its calls started (background children) runs
-//! before the next wave starts.
+//! order, in one user message, as the providers require. A round of many calls yields to the
+//! runtime after every ten answers, so what its calls started (background children)
+//! runs meanwhile.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -113,6 +113,24 @@ impl Slot {
     }
 }
 
+/// A round yields to the runtime after every this many answers while calls remain, and the
+/// runtime runs what they started before the round goes on: a wide fan-out's background children
+/// start (and, on a fast model, finish) while their parent is still launching, instead of all
+/// waiting, built, for its last launch (at N = 10,000, most of the peak memory). It is the
+/// default `max_concurrent_tools`, and small on purpose: tokio's current-thread scheduler polls
+/// the future it blocks on again after at most 61 other polls, so a round there that launched
+/// more than that between yields would leave children unstarted, and their number growing.
+const YIELD_EVERY: usize = 10;
+
+/// Counts an answer of a round of `total` calls; after every [`YIELD_EVERY`], while calls
+/// remain, yields to the runtime.
+async fn pace(answered: &mut usize, total: usize) {
+    *answered += 1;
+    if (*answered).is_multiple_of(YIELD_EVERY) && *answered < total {
+        tokio::task::yield_now().await;
+    }
+}
+
 impl Round<'_> {
     /// Runs `calls` and returns one `tool_result` block per call, in call order.
     ///
@@ -140,7 +158,7 @@ impl Round<'_> {
             })
             .collect();
 
-        let mut start = 0;
+        let (mut start, mut answered) = (0, 0);
         'batches: while start < calls.len() {
             let end = if slots[start].safe {
                 start + slots[start..].iter().take_while(|s| s.safe).count()
@@ -166,6 +184,7 @@ impl Round<'_> {
                         },
                     };
                     slots[start].state = SlotState::Done(out);
+                    pace(&mut answered, calls.len()).await;
                 }
                 start = end;
                 continue;
@@ -178,13 +197,6 @@ impl Round<'_> {
                 async move { (i, self.finish(call, p).await) }
             }))
             .buffer_unordered(self.config.max_concurrency.max(1));
-            // After each wave of `max_concurrency` answers, while calls remain, the round lets
-            // the runtime run what the wave started before it starts the next: a wide fan-out's
-            // background children then start (and, when they finish at once, end) while their
-            // parent is still launching, instead of all waiting, built, until its last launch —
-            // at N = 10,000 that was most of the peak memory.
-            let wave = self.config.max_concurrency.max(1);
-            let (mut answered, total) = (0, end - start);
             loop {
                 // As above: checked, polled once, and raced against the token only when the
                 // calls have to wait.
@@ -202,10 +214,7 @@ impl Round<'_> {
                 match next {
                     Some((i, out)) => {
                         slots[i].state = SlotState::Done(out);
-                        answered += 1;
-                        if answered % wave == 0 && answered < total {
-                            tokio::task::yield_now().await;
-                        }
+                        pace(&mut answered, calls.len()).await;
                     }
                     None => break,
                 }
