@@ -171,9 +171,16 @@ async fn a_wide_round_lets_what_its_calls_started_run_every_ten_answers() {
 }
 
 /// The agent cancelled while its round has yielded: the calls not yet started are answered as
-/// cancelled, and the ones that ran keep their answers.
+/// cancelled, and the ones that ran keep their answers. Calls run together or one at a time
+/// alike.
 #[tokio::test]
 async fn a_cancel_while_a_round_yields_stops_the_calls_not_yet_started() {
+    for safe in [true, false] {
+        cancel_at_the_first_yield(safe).await;
+    }
+}
+
+async fn cancel_at_the_first_yield(safe: bool) {
     let started = Arc::new(AtomicUsize::new(0));
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let list = launches(25);
@@ -184,7 +191,7 @@ async fn a_cancel_while_a_round_yields_stops_the_calls_not_yet_started() {
     let token = Arc::new(std::sync::OnceLock::<tokio_util::sync::CancellationToken>::new());
     let tool = {
         let (started, seen, token) = (Arc::clone(&started), Arc::clone(&seen), Arc::clone(&token));
-        TestTool::new("Launch", OBJECT, true, move |_, _| {
+        TestTool::new("Launch", OBJECT, safe, move |_, _| {
             let (started, seen, token) =
                 (Arc::clone(&started), Arc::clone(&seen), Arc::clone(&token));
             async move {
@@ -202,7 +209,11 @@ async fn a_cancel_while_a_round_yields_stops_the_calls_not_yet_started() {
     token.set(agent.cancellation().clone()).unwrap();
     let run = agent.run("go").await;
     assert_eq!(run.stop, StopReason::Cancelled);
-    assert_eq!(seen.lock().unwrap().len(), 10, "only the first ten ran");
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        10,
+        "only the first ten ran (safe: {safe})"
+    );
     let texts: Vec<String> = message_results(run.new_messages.last().unwrap())
         .into_iter()
         .map(|(_, text, _)| text)

@@ -118,8 +118,9 @@ impl Slot {
 /// start (and, on a fast model, finish) while their parent is still launching, instead of all
 /// waiting, built, for its last launch (at N = 10,000, most of the peak memory). It is the
 /// default `max_concurrent_tools`, and small on purpose: tokio's current-thread scheduler polls
-/// the future it blocks on again after at most 61 other polls, so a round there that launched
-/// more than that between yields would leave children unstarted, and their number growing.
+/// the future it blocks on again after at most `event_interval` (61 by default) other polls, so
+/// a round there that launched more than that between yields would leave children unstarted,
+/// and their number growing. (A round in a spawned task is queued behind what it started.)
 const YIELD_EVERY: usize = 10;
 
 /// Counts an answer of a round of `total` calls; after every [`YIELD_EVERY`], while calls
