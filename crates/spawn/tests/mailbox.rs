@@ -192,6 +192,43 @@ async fn a_held_lock_is_a_typed_error_and_a_stale_one_is_broken() {
     assert!(!lock.exists());
 }
 
+/// Senders that find one stale lock at once, and race to break it: every letter is stored
+/// (two writers holding the inbox together would overwrite each other's), and nothing is left
+/// beside the inbox — no lock, no lock moved aside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn senders_racing_to_break_one_stale_lock_all_deliver() {
+    const SENDERS: usize = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let mail = FileMailbox::new(dir.path());
+    for round in 0..20 {
+        let me = Inbox::new("t", format!("a{round}")).unwrap();
+        let path = mail.path(&me);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let lock = path.with_extension("json.lock");
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+        std::fs::File::create(&lock)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        let sends: Vec<_> = (0..SENDERS)
+            .map(|i| {
+                let (mail, me) = (mail.clone(), me.clone());
+                tokio::spawn(async move { mail.send(&me, Letter::new("x", format!("{i}"))).await })
+            })
+            .collect();
+        for send in sends {
+            send.await.unwrap().unwrap();
+        }
+        assert_eq!(mail.stored(&me).await.unwrap(), SENDERS, "round {round}");
+        let stray: Vec<String> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&format!("a{round}.")) && *n != format!("a{round}.json"))
+            .collect();
+        assert!(stray.is_empty(), "round {round}: {stray:?}");
+    }
+}
+
 /// Whether a temporary file of the inbox at `path` is there (a write in progress).
 fn writing(path: &std::path::Path) -> bool {
     std::fs::read_dir(path.parent().unwrap()).is_ok_and(|d| {

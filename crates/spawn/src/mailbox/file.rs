@@ -4,9 +4,9 @@
 //! `<root>/teams/<team>/inboxes/<agent>.json` is a JSON array of entries `{"from", "text",
 //! "timestamp", "read", "msg_id", "type": "message", "summary"?, "color"?}`. A writer takes
 //! the lock file `<agent>.json.lock` (created exclusively; 10 attempts, backing off 5 to
-//! 100 ms; a lock left by a writer that died is broken after 10 s), reads the array, appends,
-//! writes a temporary file and renames it over the inbox — a reader never sees half a file and
-//! no writer loses another's entry. Entries this build did not write keep every field they
+//! 100 ms; a lock left by a writer that died is broken after 10 s, by one writer at a time),
+//! reads the array, appends, writes a temporary file and renames it over the inbox — a reader
+//! never sees half a file and no writer loses another's entry. Entries this build did not write keep every field they
 //! have. Acknowledged entries (and entries another reader marked `read`) are removed.
 //!
 //! A waiting reader sleeps until the operating system reports a change in its team's inbox
@@ -339,6 +339,58 @@ async fn try_lock(lock: &Path) -> std::io::Result<Lock> {
     .map_err(std::io::Error::other)?
 }
 
+/// Whether a lock file with this metadata is older than [`STALE_LOCK`].
+fn is_stale(meta: std::io::Result<std::fs::Metadata>) -> bool {
+    meta.and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|age| age >= STALE_LOCK)
+}
+
+/// Breaks the lock file at `lock`, which its caller found stale. Two writers that both found
+/// one lock stale could otherwise both end up holding the inbox: the first removes the lock
+/// and takes the path, the second removes the first's new lock and takes it too, and one
+/// overwrites the other's letter. So breaking is itself exclusive: a breaker first creates
+/// `<agent>.json.lock.break`, looks again, and removes the lock only if it is still stale (a
+/// lock taken since is fresh). A breaker that died holding that file (it holds it for
+/// microseconds) is broken after the same 10 s. On the blocking pool, whole: a caller dropped
+/// midway leaves no breaker's file behind.
+async fn break_stale(lock: &Path) -> std::io::Result<()> {
+    let lock = lock.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let mut breaker = lock.clone().into_os_string();
+        breaker.push(".break");
+        let breaker = PathBuf::from(breaker);
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&breaker)
+        {
+            Ok(_) => {}
+            // Another writer is breaking it: the caller tries again.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                if is_stale(std::fs::metadata(&breaker)) {
+                    let _ = std::fs::remove_file(&breaker);
+                }
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
+        let broke = if is_stale(std::fs::metadata(&lock)) {
+            match std::fs::remove_file(&lock) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                other => other,
+            }
+        } else {
+            Ok(())
+        };
+        let _ = std::fs::remove_file(&breaker);
+        broke
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
 async fn lock(inbox: &Inbox, path: &Path) -> Result<Lock> {
     let lock = path.with_extension("json.lock");
     let mut delay = Duration::from_millis(5);
@@ -346,15 +398,11 @@ async fn lock(inbox: &Inbox, path: &Path) -> Result<Lock> {
         match try_lock(&lock).await {
             Ok(held) => return Ok(held),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                let stale = tokio::fs::metadata(&lock)
-                    .await
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| t.elapsed().ok())
-                    .is_some_and(|age| age >= STALE_LOCK);
-                if stale {
+                if is_stale(tokio::fs::metadata(&lock).await) {
                     tracing::warn!(lock = %lock.display(), "breaking a stale inbox lock");
-                    let _ = tokio::fs::remove_file(&lock).await;
+                    if let Err(e) = break_stale(&lock).await {
+                        tracing::warn!(lock = %lock.display(), "breaking the lock failed: {e}");
+                    }
                     continue;
                 }
                 if attempt < LOCK_ATTEMPTS {
@@ -579,5 +627,87 @@ mod tests {
         assert!(lock.exists(), "the other writer's lock was removed");
         drop(other);
         assert!(!lock.exists());
+    }
+
+    /// The names in `dir`, sorted.
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// A stale lock is broken: gone, with nothing left beside it.
+    #[tokio::test]
+    async fn breaking_a_stale_lock_removes_it_and_leaves_nothing_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = dir.path().join("a.json.lock");
+        let file = std::fs::File::create(&lock).unwrap();
+        let old = std::time::SystemTime::now() - STALE_LOCK - Duration::from_secs(1);
+        file.set_modified(old).unwrap();
+        drop(file);
+        assert!(is_stale(std::fs::metadata(&lock)));
+        break_stale(&lock).await.unwrap();
+        assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
+        // Already broken by another writer: nothing to do, and nothing made.
+        break_stale(&lock).await.unwrap();
+        assert!(names(dir.path()).is_empty());
+    }
+
+    /// A writer that found a lock stale, when another writer has broken it and taken the path
+    /// since, leaves the other's lock where it is: the other still holds it, and removes it
+    /// when it lets go. (Removing it, as breaking once did, let both hold the inbox.)
+    #[tokio::test]
+    async fn a_lock_taken_since_it_was_found_stale_is_left_to_its_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = dir.path().join("a.json.lock");
+        let held = try_lock(&lock).await.unwrap();
+        let token = std::fs::read(&lock).unwrap();
+        break_stale(&lock).await.unwrap();
+        assert_eq!(
+            std::fs::read(&lock).unwrap(),
+            token,
+            "the holder's lock is in place"
+        );
+        assert_eq!(names(dir.path()), ["a.json.lock"]);
+        assert!(try_lock(&lock).await.is_err(), "still held");
+        drop(held);
+        assert!(names(dir.path()).is_empty(), "its holder removed it");
+    }
+
+    /// Sets `path`'s modification time past the stale limit.
+    fn age(path: &Path) {
+        let old = std::time::SystemTime::now() - STALE_LOCK - Duration::from_secs(1);
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    }
+
+    /// While another writer breaks the lock, this one leaves it alone; a breaker that died
+    /// long ago is broken itself, and the lock with the next try.
+    #[tokio::test]
+    async fn a_breaker_gives_way_to_another_and_a_dead_one_is_broken() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = dir.path().join("a.json.lock");
+        let breaker = dir.path().join("a.json.lock.break");
+        std::fs::write(&lock, "").unwrap();
+        age(&lock);
+        std::fs::write(&breaker, "").unwrap();
+        break_stale(&lock).await.unwrap();
+        assert_eq!(names(dir.path()), ["a.json.lock", "a.json.lock.break"]);
+        age(&breaker);
+        break_stale(&lock).await.unwrap();
+        assert_eq!(
+            names(dir.path()),
+            ["a.json.lock"],
+            "the dead breaker is gone"
+        );
+        break_stale(&lock).await.unwrap();
+        assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
     }
 }
