@@ -229,6 +229,37 @@ async fn senders_racing_to_break_one_stale_lock_all_deliver() {
     }
 }
 
+/// A writer that finds another writer breaking a stale lock waits for it as it would for a
+/// held lock, rather than spending its tries at once: with the other breaker stuck, the send
+/// is refused busy only after its whole backoff (at least 277 ms: half of each step).
+#[tokio::test]
+async fn a_writer_waits_for_another_breaker_as_for_a_held_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let mail = FileMailbox::new(dir.path());
+    let me = Inbox::new("t", "a").unwrap();
+    let path = mail.path(&me);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let lock = path.with_extension("json.lock");
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+    std::fs::File::create(&lock)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    std::fs::write(path.with_extension("json.lock.break"), "another").unwrap();
+    let start = std::time::Instant::now();
+    let e = mail.send(&me, Letter::new("x", "y")).await.unwrap_err();
+    assert!(
+        matches!(e, Error::MailboxBusy { attempts: 10, .. }),
+        "{e:?}"
+    );
+    assert!(
+        start.elapsed() >= std::time::Duration::from_millis(277),
+        "refused after {:?}",
+        start.elapsed()
+    );
+    assert!(lock.exists(), "the lock is the other breaker's to break");
+}
+
 /// Whether a temporary file of the inbox at `path` is there (a write in progress).
 fn writing(path: &std::path::Path) -> bool {
     std::fs::read_dir(path.parent().unwrap()).is_ok_and(|d| {

@@ -347,73 +347,93 @@ fn is_stale(meta: std::io::Result<std::fs::Metadata>) -> bool {
         .is_some_and(|age| age >= STALE_LOCK)
 }
 
-/// Breaks the lock file at `lock`, which its caller found stale. Two writers that both found
-/// one lock stale could otherwise both end up holding the inbox: the first removes the lock
-/// and takes the path, the second removes the first's new lock and takes it too, and one
-/// overwrites the other's letter. So breaking is itself exclusive: a breaker first creates
-/// `<agent>.json.lock.break`, looks again, and removes the lock only if it is still stale (a
-/// lock taken since is fresh). A breaker that died holding that file (it holds it for
-/// microseconds) is broken after the same 10 s. On the blocking pool, whole: a caller dropped
-/// midway leaves no breaker's file behind.
-async fn break_stale(lock: &Path) -> std::io::Result<()> {
+/// Breaks the lock file at `lock`, which its caller found stale, and says whether it did. Two
+/// writers that both found one lock stale could otherwise both end up holding the inbox: the
+/// first removes the lock and takes the path, the second removes the first's new lock and takes
+/// it too, and one overwrites the other's letter. So breaking is itself exclusive: a breaker
+/// first creates `<agent>.json.lock.break` (holding its token, as a lock does), looks again, and
+/// removes the lock only if it is still stale (a lock taken since is fresh). A breaker that
+/// died holding that file (it holds it for microseconds) is broken after the same 10 s. On the
+/// blocking pool, whole: a caller dropped midway leaves no breaker's file behind.
+async fn break_stale(lock: &Path) -> std::io::Result<bool> {
     let lock = lock.to_path_buf();
     tokio::task::spawn_blocking(move || {
+        use std::io::Write;
         let mut breaker = lock.clone().into_os_string();
         breaker.push(".break");
         let breaker = PathBuf::from(breaker);
-        match std::fs::OpenOptions::new()
+        let mut file = match std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .open(&breaker)
         {
-            Ok(_) => {}
-            // Another writer is breaking it: the caller tries again.
+            Ok(file) => file,
+            // Another writer is breaking it.
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 if is_stale(std::fs::metadata(&breaker)) {
                     let _ = std::fs::remove_file(&breaker);
                 }
-                return Ok(());
+                return Ok(false);
             }
             Err(e) => return Err(e),
+        };
+        let token = new_id();
+        if let Err(e) = file.write_all(token.as_bytes()) {
+            let _ = std::fs::remove_file(&breaker);
+            return Err(e);
         }
         let broke = if is_stale(std::fs::metadata(&lock)) {
             match std::fs::remove_file(&lock) {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                other => other,
+                Ok(()) => Ok(true),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+                Err(e) => Err(e),
             }
         } else {
-            Ok(())
+            Ok(false)
         };
-        let _ = std::fs::remove_file(&breaker);
+        // Removed only while it is this breaker's: one stalled past 10 s has had it broken.
+        if std::fs::read(&breaker).is_ok_and(|held| held == token.as_bytes()) {
+            let _ = std::fs::remove_file(&breaker);
+        }
         broke
     })
     .await
     .map_err(std::io::Error::other)?
 }
 
+/// Takes the inbox's lock file, trying [`LOCK_ATTEMPTS`] times with backoff. Breaking a stale
+/// lock does not count as a try (the path is free after it), but at most as many breaks are
+/// made; a writer that finds another breaking it waits as it would for a held lock.
 async fn lock(inbox: &Inbox, path: &Path) -> Result<Lock> {
     let lock = path.with_extension("json.lock");
     let mut delay = Duration::from_millis(5);
-    for attempt in 1..=LOCK_ATTEMPTS {
+    let (mut attempt, mut breaks) = (1, 0);
+    loop {
         match try_lock(&lock).await {
             Ok(held) => return Ok(held),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                if is_stale(tokio::fs::metadata(&lock).await) {
+                if breaks < LOCK_ATTEMPTS && is_stale(tokio::fs::metadata(&lock).await) {
+                    breaks += 1;
                     tracing::warn!(lock = %lock.display(), "breaking a stale inbox lock");
-                    if let Err(e) = break_stale(&lock).await {
-                        tracing::warn!(lock = %lock.display(), "breaking the lock failed: {e}");
+                    match break_stale(&lock).await {
+                        Ok(true) => continue,
+                        Ok(false) => {}
+                        Err(e) => {
+                            tracing::warn!(lock = %lock.display(), "breaking the lock failed: {e}");
+                        }
                     }
-                    continue;
                 }
-                if attempt < LOCK_ATTEMPTS {
-                    // Between half the step and the step, at random: writers that collided do
-                    // not come back in step.
-                    let mut b = [0u8; 1];
-                    let _ = getrandom::fill(&mut b);
-                    let wait = delay / 2 + delay.mul_f64(f64::from(b[0]) / 510.0);
-                    tokio::time::sleep(wait).await;
-                    delay = (delay * 2).min(Duration::from_millis(100));
+                if attempt == LOCK_ATTEMPTS {
+                    break;
                 }
+                attempt += 1;
+                // Between half the step and the step, at random: writers that collided do not
+                // come back in step.
+                let mut b = [0u8; 1];
+                let _ = getrandom::fill(&mut b);
+                let wait = delay / 2 + delay.mul_f64(f64::from(b[0]) / 510.0);
+                tokio::time::sleep(wait).await;
+                delay = (delay * 2).min(Duration::from_millis(100));
             }
             Err(e) => {
                 return Err(fail(inbox, format!("creating {}: {e}", lock.display())));
@@ -649,10 +669,10 @@ mod tests {
         file.set_modified(old).unwrap();
         drop(file);
         assert!(is_stale(std::fs::metadata(&lock)));
-        break_stale(&lock).await.unwrap();
+        assert!(break_stale(&lock).await.unwrap(), "broken");
         assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
         // Already broken by another writer: nothing to do, and nothing made.
-        break_stale(&lock).await.unwrap();
+        assert!(!break_stale(&lock).await.unwrap());
         assert!(names(dir.path()).is_empty());
     }
 
@@ -665,7 +685,7 @@ mod tests {
         let lock = dir.path().join("a.json.lock");
         let held = try_lock(&lock).await.unwrap();
         let token = std::fs::read(&lock).unwrap();
-        break_stale(&lock).await.unwrap();
+        assert!(!break_stale(&lock).await.unwrap(), "not broken");
         assert_eq!(
             std::fs::read(&lock).unwrap(),
             token,
@@ -698,16 +718,16 @@ mod tests {
         std::fs::write(&lock, "").unwrap();
         age(&lock);
         std::fs::write(&breaker, "").unwrap();
-        break_stale(&lock).await.unwrap();
+        assert!(!break_stale(&lock).await.unwrap(), "gave way");
         assert_eq!(names(dir.path()), ["a.json.lock", "a.json.lock.break"]);
         age(&breaker);
-        break_stale(&lock).await.unwrap();
+        assert!(!break_stale(&lock).await.unwrap(), "broke the breaker only");
         assert_eq!(
             names(dir.path()),
             ["a.json.lock"],
             "the dead breaker is gone"
         );
-        break_stale(&lock).await.unwrap();
+        assert!(break_stale(&lock).await.unwrap(), "broken");
         assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
     }
 }
