@@ -382,8 +382,17 @@ async fn break_stale(lock: &Path) -> std::io::Result<bool> {
             let _ = std::fs::remove_file(&breaker);
             return Err(e);
         }
-        let broke = if is_stale(std::fs::metadata(&lock)) {
-            match std::fs::remove_file(&lock) {
+        let meta = std::fs::symlink_metadata(&lock);
+        let dir = meta.as_ref().is_ok_and(std::fs::Metadata::is_dir);
+        let broke = if is_stale(meta) {
+            // Claude Code's writers lock with a directory (`proper-lockfile`'s `mkdir`), and
+            // remove it with `rmdir`; this crate's with a file.
+            let removed = if dir {
+                std::fs::remove_dir(&lock)
+            } else {
+                std::fs::remove_file(&lock)
+            };
+            match removed {
                 Ok(()) => Ok(true),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
                 Err(e) => Err(e),
@@ -700,12 +709,30 @@ mod tests {
     /// Sets `path`'s modification time past the stale limit.
     fn age(path: &Path) {
         let old = std::time::SystemTime::now() - STALE_LOCK - Duration::from_secs(1);
-        std::fs::File::options()
-            .write(true)
-            .open(path)
+        // Read-only: a directory cannot be opened for writing; its owner may still set it.
+        std::fs::File::open(path)
             .unwrap()
             .set_modified(old)
             .unwrap();
+    }
+
+    /// A lock left by a Claude Code writer that died — a directory, as `proper-lockfile` makes
+    /// it — is broken too: before, removing it as a file failed, and every writer to the inbox
+    /// was refused busy for as long as no Claude Code writer came to break it.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_dead_claude_code_writers_lock_directory_is_broken() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = dir.path().join("a.json.lock");
+        std::fs::create_dir(&lock).unwrap();
+        assert!(
+            !break_stale(&lock).await.unwrap(),
+            "a live one is left alone"
+        );
+        assert!(lock.is_dir());
+        age(&lock);
+        assert!(break_stale(&lock).await.unwrap(), "broken");
+        assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
     }
 
     /// While another writer breaks the lock, this one leaves it alone; a breaker that died
