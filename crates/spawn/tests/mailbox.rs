@@ -192,9 +192,23 @@ async fn a_held_lock_is_a_typed_error_and_a_stale_one_is_broken() {
     assert!(!lock.exists());
 }
 
+/// Makes `me`'s inbox directory, and in it a lock left by a writer that died a minute ago;
+/// returns the inbox's path and the lock's.
+fn stale_lock(mail: &FileMailbox, me: &Inbox) -> (std::path::PathBuf, std::path::PathBuf) {
+    let path = mail.path(me);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let lock = path.with_extension("json.lock");
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+    std::fs::File::create(&lock)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    (path, lock)
+}
+
 /// Senders that find one stale lock at once, and race to break it: every letter is stored
 /// (two writers holding the inbox together would overwrite each other's), and nothing is left
-/// beside the inbox — no lock, no lock moved aside.
+/// beside the inbox — no lock, no breaker's file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn senders_racing_to_break_one_stale_lock_all_deliver() {
     const SENDERS: usize = 8;
@@ -202,14 +216,7 @@ async fn senders_racing_to_break_one_stale_lock_all_deliver() {
     let mail = FileMailbox::new(dir.path());
     for round in 0..20 {
         let me = Inbox::new("t", format!("a{round}")).unwrap();
-        let path = mail.path(&me);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        let lock = path.with_extension("json.lock");
-        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
-        std::fs::File::create(&lock)
-            .unwrap()
-            .set_modified(old)
-            .unwrap();
+        let (path, _) = stale_lock(&mail, &me);
         let sends: Vec<_> = (0..SENDERS)
             .map(|i| {
                 let (mail, me) = (mail.clone(), me.clone());
@@ -237,14 +244,7 @@ async fn a_writer_waits_for_another_breaker_as_for_a_held_lock() {
     let dir = tempfile::tempdir().unwrap();
     let mail = FileMailbox::new(dir.path());
     let me = Inbox::new("t", "a").unwrap();
-    let path = mail.path(&me);
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    let lock = path.with_extension("json.lock");
-    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
-    std::fs::File::create(&lock)
-        .unwrap()
-        .set_modified(old)
-        .unwrap();
+    let (path, lock) = stale_lock(&mail, &me);
     std::fs::write(path.with_extension("json.lock.break"), "another").unwrap();
     let start = std::time::Instant::now();
     let e = mail.send(&me, Letter::new("x", "y")).await.unwrap_err();

@@ -6,8 +6,9 @@
 //! the lock file `<agent>.json.lock` (created exclusively; 10 attempts, backing off 5 to
 //! 100 ms; a lock left by a writer that died is broken after 10 s, by one writer at a time),
 //! reads the array, appends, writes a temporary file and renames it over the inbox — a reader
-//! never sees half a file and no writer loses another's entry. Entries this build did not write keep every field they
-//! have. Acknowledged entries (and entries another reader marked `read`) are removed.
+//! never sees half a file and no writer loses another's entry. Entries this build did not
+//! write keep every field they have. Acknowledged entries (and entries another reader marked
+//! `read`) are removed.
 //!
 //! A waiting reader sleeps until the operating system reports a change in its team's inbox
 //! directory (`notify`: inotify, kqueue, FSEvents or ReadDirectoryChangesW), so an idle reader
@@ -709,11 +710,13 @@ mod tests {
     /// Sets `path`'s modification time past the stale limit.
     fn age(path: &Path) {
         let old = std::time::SystemTime::now() - STALE_LOCK - Duration::from_secs(1);
-        // Read-only: a directory cannot be opened for writing; its owner may still set it.
-        std::fs::File::open(path)
-            .unwrap()
-            .set_modified(old)
-            .unwrap();
+        // A directory cannot be opened for writing; on Unix its owner may set it read-only.
+        let file = if path.is_dir() {
+            std::fs::File::open(path)
+        } else {
+            std::fs::File::options().write(true).open(path)
+        };
+        file.unwrap().set_modified(old).unwrap();
     }
 
     /// A lock left by a Claude Code writer that died — a directory, as `proper-lockfile` makes
