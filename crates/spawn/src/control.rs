@@ -205,6 +205,15 @@ impl Tool for SendMessageTool {
             .and_then(|c| c.tree().extensions().get::<crate::team::Team>())
         {
             let mine = team.name_of(&me);
+            // The team's lead (no teammate, and no one's child) is served from its first
+            // letter on, as from its first teammate: a second lead on a team that outlived the
+            // first takes the teammates over — their holds, notifications and answers.
+            if mine.is_none()
+                && cx.agent().depth() == 0
+                && let Some(caller) = cx.caller()
+            {
+                team.serve_lead(caller.pending().clone(), cx.cancellation().clone());
+            }
             if to == "*" {
                 return broadcast(&team, mine, &input).await;
             }

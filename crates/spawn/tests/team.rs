@@ -1126,3 +1126,65 @@ async fn a_shutdown_behind_a_queued_letter_still_stops_at_the_next_round() {
     assert_eq!(team.member("bob").unwrap().state, MemberState::Stopped);
     assert!(format!("{:?}", lead.params().messages()).contains("shutdown_approved"));
 }
+
+/// A team outlives its lead (built with `cancel_children_on_drop(false)` and dropped while
+/// alice works), and the host builds a second lead on it. The second lead writes to alice and
+/// then waits for her as the first would have: her hold moves onto its queue, and her report
+/// and idle notice come to it. Before, both stayed on the first lead's queue, which nobody
+/// reads: the second lead's run ended at once and her report was lost to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_lead_takes_over_the_teammates_the_first_started() {
+    let b = brain(|r| {
+        let text = text_of(r);
+        if !is_parent(r) {
+            // Works one slow call at a time until the lead asks for her report, then makes one
+            // more before she reports: the second lead's letter is taken by then, so only her
+            // own hold keeps its run going.
+            if last_user_text(r).contains("and report") {
+                return Plan::Reply(calls(&[("s2", "Slow", "{}")]));
+            }
+            if text.contains("and report") {
+                return Plan::Reply(say("alice report"));
+            }
+            return Plan::Reply(calls(&[("s", "Slow", "{}")]));
+        }
+        if r.all_messages().len() == 1 && text.contains("go") {
+            return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
+        }
+        if r.all_messages().len() == 1 && text.contains("back") {
+            return Plan::Reply(calls(&[(
+                "m1",
+                "SendMessage",
+                r#"{"to":"alice","message":"and report"}"#,
+            )]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let slow = TestTool::sleeper("Slow", true, 50).arc();
+    let build = |team: &Arc<Team>| {
+        Agent::builder(b.clone())
+            .model("m")
+            .system_prompt("You are the parent.")
+            .tools(lead_tools_with(vec![Arc::clone(&slow)]))
+            .extension(Arc::clone(team))
+            .cancel_children_on_drop(false)
+            .build()
+    };
+    let mut first = build(&team).await.unwrap();
+    let cut = tokio::time::timeout(std::time::Duration::from_millis(300), first.run("go")).await;
+    assert!(cut.is_err(), "the first lead waited for alice");
+    drop(first);
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Running);
+
+    let mut second = build(&team).await.unwrap();
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), second.run("back"))
+        .await
+        .expect("the second lead's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let all = format!("{:?}", second.params().messages());
+    assert!(all.contains("alice report"), "her report reached it: {all}");
+    assert!(all.contains("idle_notification"), "{all}");
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Idle);
+    second.cancellation().cancel();
+}

@@ -348,6 +348,14 @@ enum Promised {
     Closed,
 }
 
+/// The promise and the queue it is on. The queue can change while the child lives: a team's
+/// new lead takes over the teammates an earlier lead started ([`PromiseHandle::move_to`]).
+#[derive(Debug)]
+struct Slot {
+    promised: Promised,
+    queue: PendingQueue,
+}
+
 /// A child's promise and whether it is held, shared by its owner and the child.
 ///
 /// Whether it is held is watched by one reader, the owner's supervisor, so a flag, a version
@@ -356,7 +364,7 @@ enum Promised {
 /// thousands).
 #[derive(Debug)]
 struct PromiseInner {
-    slot: Mutex<Promised>,
+    slot: Mutex<Slot>,
     /// `true` while held: the owner's supervisor counts only that time against the child's
     /// deadline and stall check.
     held: AtomicBool,
@@ -405,7 +413,6 @@ impl HeldWatch {
 /// [`PromiseHandle`] (a teammate idle between prompts does not hold its lead's run).
 #[derive(Debug)]
 pub(crate) struct OwnedPromise {
-    queue: PendingQueue,
     inner: Arc<PromiseInner>,
 }
 
@@ -413,9 +420,11 @@ impl OwnedPromise {
     /// Promises a message on `queue`.
     pub(crate) fn new(queue: &PendingQueue) -> Self {
         Self {
-            queue: queue.clone(),
             inner: Arc::new(PromiseInner {
-                slot: Mutex::new(Promised::Held(queue.expect())),
+                slot: Mutex::new(Slot {
+                    promised: Promised::Held(queue.expect()),
+                    queue: queue.clone(),
+                }),
                 held: AtomicBool::new(true),
                 version: AtomicU64::new(0),
                 changed: Notify::new(),
@@ -426,7 +435,6 @@ impl OwnedPromise {
     /// The child's side.
     pub(crate) fn handle(&self) -> PromiseHandle {
         PromiseHandle {
-            queue: self.queue.clone(),
             inner: Arc::clone(&self.inner),
         }
     }
@@ -439,18 +447,20 @@ impl OwnedPromise {
         }
     }
 
-    fn close(&self) -> Promised {
-        std::mem::replace(
-            &mut *self.inner.slot.lock().unwrap_or_else(|e| e.into_inner()),
-            Promised::Closed,
-        )
+    /// Closes the promise: what it was, and the queue it was on.
+    fn close(&self) -> (Promised, PendingQueue) {
+        let mut slot = self.inner.slot.lock().unwrap_or_else(|e| e.into_inner());
+        let promised = std::mem::replace(&mut slot.promised, Promised::Closed);
+        (promised, slot.queue.clone())
     }
 
-    /// Delivers `message`: through the promise if it is held, else queued as it is.
+    /// Delivers `message`: through the promise if it is held, else queued as it is, on the
+    /// queue the promise is on now.
     pub(crate) fn deliver(self, message: PendingMessage) {
+        // Delivered outside the slot's lock: the queue wakes its readers.
         match self.close() {
-            Promised::Held(e) => e.deliver(message),
-            Promised::SetDown | Promised::Closed => self.queue.push(message),
+            (Promised::Held(e), _) => e.deliver(message),
+            (Promised::SetDown | Promised::Closed, queue) => queue.push(message),
         }
     }
 }
@@ -468,12 +478,11 @@ impl Drop for OwnedPromise {
 /// clone.
 #[derive(Debug, Clone)]
 pub struct PromiseHandle {
-    queue: PendingQueue,
     inner: Arc<PromiseInner>,
 }
 
 impl PromiseHandle {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Promised> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slot> {
         self.inner.slot.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -481,9 +490,9 @@ impl PromiseHandle {
     /// held.
     pub fn set_down(&self) -> bool {
         let mut slot = self.lock();
-        if matches!(*slot, Promised::Held(_)) {
+        if matches!(slot.promised, Promised::Held(_)) {
             // The expectation is withdrawn as the old value drops.
-            *slot = Promised::SetDown;
+            slot.promised = Promised::SetDown;
             self.inner.set_held(false);
             true
         } else {
@@ -495,8 +504,8 @@ impl PromiseHandle {
     /// held, or its owner has closed it.
     pub fn take_up(&self) -> bool {
         let mut slot = self.lock();
-        if matches!(*slot, Promised::SetDown) {
-            *slot = Promised::Held(self.queue.expect());
+        if matches!(slot.promised, Promised::SetDown) {
+            slot.promised = Promised::Held(slot.queue.expect());
             self.inner.set_held(true);
             true
         } else {
@@ -506,7 +515,26 @@ impl PromiseHandle {
 
     /// Whether the parent waits for this child now.
     pub fn is_held(&self) -> bool {
-        matches!(*self.lock(), Promised::Held(_))
+        matches!(self.lock().promised, Promised::Held(_))
+    }
+
+    /// Moves the promise to `queue`: a promise held there is held on `queue` instead (the old
+    /// queue no longer waits for the child), and the child's message, set down or not, is
+    /// delivered to `queue`. False if its owner has closed it. For a team whose new lead takes
+    /// over the teammates an earlier lead started.
+    pub(crate) fn move_to(&self, queue: &PendingQueue) -> bool {
+        let mut slot = self.lock();
+        if matches!(slot.promised, Promised::Closed) {
+            return false;
+        }
+        if !slot.queue.is(queue) {
+            slot.queue = queue.clone();
+            if matches!(slot.promised, Promised::Held(_)) {
+                // The old expectation is withdrawn from the old queue as it drops.
+                slot.promised = Promised::Held(queue.expect());
+            }
+        }
+        true
     }
 }
 
@@ -916,6 +944,78 @@ mod tests {
         assert_eq!(q.outstanding(), 0, "withdrawn");
         assert!(!child.take_up());
         assert!(q.is_empty());
+    }
+
+    /// A promise moved to another queue is held there and no longer on the first; one set
+    /// down is taken up on the new queue; the owner's message goes to the new queue either
+    /// way; a closed promise does not move.
+    #[test]
+    fn a_moved_promise_is_held_and_delivered_on_its_new_queue() {
+        let (old, new) = (PendingQueue::new(), PendingQueue::new());
+        let owner = OwnedPromise::new(&old);
+        let child = owner.handle();
+        assert!(child.move_to(&new));
+        assert_eq!((old.outstanding(), new.outstanding()), (0, 1));
+        assert!(child.move_to(&new), "moving to where it is changes nothing");
+        assert_eq!((old.outstanding(), new.outstanding()), (0, 1));
+        owner.deliver(PendingMessage::new("end", "t"));
+        assert_eq!((old.len(), new.len(), new.outstanding()), (0, 1, 0));
+        assert!(!child.move_to(&old), "closed");
+        assert_eq!(old.outstanding(), 0);
+
+        let (old, new) = (PendingQueue::new(), PendingQueue::new());
+        let owner = OwnedPromise::new(&old);
+        let child = owner.handle();
+        assert!(child.set_down());
+        assert!(child.move_to(&new));
+        assert_eq!(
+            (old.outstanding(), new.outstanding()),
+            (0, 0),
+            "still set down"
+        );
+        assert!(child.take_up());
+        assert_eq!((old.outstanding(), new.outstanding()), (0, 1));
+        assert!(child.set_down());
+        owner.deliver(PendingMessage::new("end", "t"));
+        assert_eq!(
+            (old.len(), new.len()),
+            (0, 1),
+            "a set-down end goes to the new queue"
+        );
+    }
+
+    /// A promise moved back and forth between two queues from one thread while its child sets
+    /// it down and up from another and its owner delivers from a third: it is settled once,
+    /// on whichever queue it was on, and neither queue is left waiting.
+    #[test]
+    fn a_promise_moved_under_contention_settles_once() {
+        for _ in 0..200 {
+            let (a, b) = (PendingQueue::new(), PendingQueue::new());
+            let owner = OwnedPromise::new(&a);
+            let (mover, child) = (owner.handle(), owner.handle());
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    for i in 0..200 {
+                        mover.move_to(if i % 2 == 0 { &b } else { &a });
+                    }
+                });
+                s.spawn(|| {
+                    for i in 0..200 {
+                        if i % 2 == 0 {
+                            child.set_down();
+                        } else {
+                            child.take_up();
+                        }
+                    }
+                });
+                s.spawn(|| {
+                    std::thread::yield_now();
+                    owner.deliver(PendingMessage::new("end", "t"));
+                });
+            });
+            assert_eq!((a.outstanding(), b.outstanding()), (0, 0));
+            assert_eq!(a.len() + b.len(), 1);
+        }
     }
 
     /// Children setting their promises down and up from many threads while owners deliver:

@@ -132,6 +132,29 @@ struct Holds {
     last_state: HashMap<String, u64>,
 }
 
+impl Holds {
+    /// Serves `lead`: every hold is moved onto its queue, so a new lead on a team that outlived
+    /// the lead that started its teammates waits for them, and their notifications reach it
+    /// instead of a queue nobody reads.
+    fn take_over(&mut self, lead: &PendingQueue) {
+        if self.lead.as_ref().is_some_and(|old| old.is(lead)) {
+            return;
+        }
+        for promise in self.running.values() {
+            promise.move_to(lead);
+        }
+        // Each new hold is made before the old one drops: the old queue is released, the new
+        // one never looks settled in between.
+        for hold in self.letters.values_mut() {
+            *hold = lead.expect();
+        }
+        for ending in self.ending.values_mut() {
+            ending.hold = lead.expect();
+        }
+        self.lead = Some(lead.clone());
+    }
+}
+
 /// A live teammate's controls.
 struct Control {
     /// Ends its run at its next tool-round boundary.
@@ -1242,7 +1265,7 @@ impl Team {
             r.task.abort();
         }
         let Ok(inbox) = self.inbox(LEAD) else { return };
-        self.holds().lead = Some(lead.clone());
+        self.holds().take_over(&lead);
         let mailbox = Arc::clone(&self.mailbox);
         let team = Arc::downgrade(self);
         let queue = lead.clone();
@@ -2021,6 +2044,39 @@ mod tests {
             third.drain().iter().any(|m| m.text.contains("to nobody"))
         })
         .await;
+    }
+
+    /// A new lead takes every hold over: a busy teammate's promise, a letter not yet taken
+    /// and a worker teammate's last letters are held on its queue and no longer on the first
+    /// lead's, and the teammate's end is delivered to it.
+    #[tokio::test]
+    async fn a_new_lead_takes_every_hold_over() {
+        let mail = Arc::new(Flaky::default());
+        let (team, first) = team(&mail);
+        let owner = crate::base::pending::OwnedPromise::new(&first);
+        team.holds().running.insert("alice".into(), owner.handle());
+        team.send("alice", Letter::new(LEAD, "a")).await.unwrap();
+        let worker = TaskId::generate(forkhive_core::TaskKind::Agent);
+        team.holds().ending.insert(
+            worker,
+            remote::Ending {
+                hold: first.expect(),
+                deliver: Box::new(|| {}),
+            },
+        );
+        assert_eq!(first.outstanding(), 3);
+        let second = PendingQueue::new();
+        team.serve_lead(second.clone(), tokio_util::sync::CancellationToken::new());
+        assert_eq!((first.outstanding(), second.outstanding()), (0, 3));
+        // Served again on the same queue: nothing moves twice.
+        team.serve_lead(second.clone(), tokio_util::sync::CancellationToken::new());
+        assert_eq!(second.outstanding(), 3);
+        team.holds().ending.remove(&worker);
+        team.stopped("alice");
+        assert_eq!(second.outstanding(), 1, "her end is still to come");
+        owner.deliver(PendingMessage::new("alice ended", "task-notification"));
+        assert_eq!((first.len(), second.outstanding()), (0, 0));
+        assert_eq!(second.drain()[0].text, "alice ended");
     }
 
     /// A lead built on another lead's queue (`AgentBuilder::pending`) is served until its own
