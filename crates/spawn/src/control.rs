@@ -267,10 +267,15 @@ impl Tool for SendMessageTool {
                 ));
             }
             Ok(None) => {
-                let Ok(id) = to.parse::<TaskId>() else {
-                    return ToolOutput::error(format!(
-                        "no recipient `{to}`; send to one of: {valid}"
-                    ));
+                // A task id, or the name of one of the caller's children that has ended.
+                let (id, who) = match to.parse::<TaskId>() {
+                    Ok(id) => (id, format!("task {id}")),
+                    Err(_) => match service.ended_named(&me, to) {
+                        Some(id) => (id, format!("`{to}` (task {id})")),
+                        None => {
+                            return ToolOutput::error(format!("no recipient `{to}`; {valid}"));
+                        }
+                    },
                 };
                 if id == me {
                     return ToolOutput::error("you cannot send a message to yourself");
@@ -286,14 +291,14 @@ impl Tool for SendMessageTool {
                             if service.parent_of(&id).is_some()
                                 || service.resumable_parent(&id).is_some() =>
                         {
-                            format!("task {id} is not one of your tasks; send to one of: {valid}")
+                            format!("task {id} is not one of your tasks; {valid}")
                         }
                         Some(state) => format!(
-                            "task {id} is not running (it is {state}) and cannot be resumed (it \
-                             kept no transcript, or was forgotten), so the message was not \
-                             delivered; send to one of: {valid}"
+                            "{who} is not running (it is {state}) and cannot be resumed (it kept \
+                             no transcript, or was forgotten), so the message was not delivered; \
+                             {valid}"
                         ),
-                        None => format!("no recipient `{to}`; send to one of: {valid}"),
+                        None => format!("no recipient `{to}`; {valid}"),
                     };
                     return ToolOutput::error(text);
                 }
@@ -462,11 +467,19 @@ async fn broadcast(
     }
 }
 
-/// Whom the caller can send to: `main`, its running tasks (with their names) and its ended
-/// tasks that can be resumed.
+/// Whom the caller can send to, as a clause: `main` (from a child), its running tasks (with
+/// their names) and its ended tasks that can be resumed.
 fn recipients(service: &TaskService, me: &TaskId) -> String {
-    std::iter::once("main".to_owned())
+    // `main` only for a child: the agent at the top has no one above it.
+    let all: Vec<String> = service
+        .parent_of(me)
+        .map(|_| "main".to_owned())
+        .into_iter()
         .chain(service.addresses(me).iter().map(ToString::to_string))
-        .collect::<Vec<_>>()
-        .join(", ")
+        .collect();
+    if all.is_empty() {
+        "no task of yours is running or can be resumed, so there is no one to send to".to_owned()
+    } else {
+        format!("send to one of: {}", all.join(", "))
+    }
 }

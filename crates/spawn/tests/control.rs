@@ -198,7 +198,7 @@ async fn messages_reach_a_running_child_at_its_next_round_and_main_from_a_child(
             ),
             ("`uds:` addresses are not supported by this host", true),
             (
-                format!("no recipient `ghost`; send to one of: main, {worker}").as_str(),
+                format!("no recipient `ghost`; send to one of: {worker}").as_str(),
                 true
             ),
             (
@@ -538,8 +538,9 @@ async fn a_message_to_a_stopped_worker_resumes_it() {
     assert_eq!(ns[1].result.as_deref(), Some("wrapped up"));
 }
 
-/// Without a transcript there is nothing to resume from: the refusal says so, and lists who
-/// can be reached.
+/// Without a transcript there is nothing to resume from: the refusal says so, by id and by
+/// the name it was started with (not as a name that never was), and lists who can be reached
+/// — not `main` to the agent at the top, which has no one above it.
 #[tokio::test]
 async fn a_finished_worker_without_a_transcript_cannot_be_resumed_and_says_so() {
     let b = brain(move |r| {
@@ -551,16 +552,19 @@ async fn a_finished_worker_without_a_transcript_cannot_be_resumed_and_says_so() 
             1 => Plan::Reply(calls(&[(
                 "a1",
                 "Agent",
-                r#"{"description":"look","prompt":"p","subagent_type":"worker","run_in_background":true}"#,
+                r#"{"description":"look","prompt":"p","subagent_type":"worker","run_in_background":true,"name":"w2"}"#,
             )])),
             3 => Plan::Reply(say("waiting")),
             5 => {
                 let id = started_id(r);
-                Plan::Reply(calls(&[(
-                    "m1",
-                    "SendMessage",
-                    &format!(r#"{{"to":"{id}","message":"more"}}"#),
-                )]))
+                Plan::Reply(calls(&[
+                    (
+                        "m1",
+                        "SendMessage",
+                        &format!(r#"{{"to":"{id}","message":"more"}}"#),
+                    ),
+                    ("m2", "SendMessage", r#"{"to":"w2","message":"more"}"#),
+                ]))
             }
             _ => Plan::Reply(say("done")),
         }
@@ -569,14 +573,17 @@ async fn a_finished_worker_without_a_transcript_cannot_be_resumed_and_says_so() 
     let run = p.run("go").await;
     let worker = run.children()[0].id;
     let msgs = p.params().messages().to_vec();
-    assert_eq!(
-        message_results(&msgs[6])[0].1,
+    let refused = |who: String| {
         format!(
-            "task {worker} is not running (it is completed) and cannot be resumed (it kept no \
-             transcript, or was forgotten), so the message was not delivered; send to one of: \
-             main"
+            "{who} is not running (it is completed) and cannot be resumed (it kept no \
+             transcript, or was forgotten), so the message was not delivered; no task of yours \
+             is running or can be resumed, so there is no one to send to"
         )
-    );
+    };
+    let answers = message_results(&msgs[6]);
+    assert_eq!(answers[0].1, refused(format!("task {worker}")));
+    assert_eq!(answers[1].1, refused(format!("`w2` (task {worker})")));
+    assert!(answers.iter().all(|(_, _, is_error)| *is_error));
 }
 
 /// Names: unique among the caller's agents (two started in one round cannot both take one),

@@ -159,6 +159,22 @@ impl Reader<'_> {
                 "initialPrompt" => def.initial_prompt = self.string(key, value),
                 "omitClaudeMd" => def.omit_claude_md = self.flag(key, value).unwrap_or(false),
                 _ => {
+                    if let Some(known) =
+                        similar_known_key(key).filter(|known| RESTRICTING_KEYS.contains(known))
+                    {
+                        // Kept as an unknown key, the restriction it was meant to be would be
+                        // lost, and the agent would run with every tool or outside plan mode.
+                        let (line, column) = position(key_node);
+                        return Err(Problem::new(
+                            line,
+                            column,
+                            format!(
+                                "`{key}` is not a frontmatter key; did you mean `{known}`? The \
+                                 definition is rejected: ignoring a restriction would widen what \
+                                 the agent may do; write `{known}`"
+                            ),
+                        ));
+                    }
                     if let Some(known) = similar_known_key(key) {
                         self.warn(
                             key_node,
@@ -547,6 +563,10 @@ fn has_space_outside_parens(name: &str) -> bool {
     false
 }
 
+/// The keys that restrict what an agent may do: a misspelling of one is rejected, not kept as
+/// an unknown key, since ignoring it would widen the agent's rights.
+const RESTRICTING_KEYS: [&str; 3] = ["tools", "disallowedTools", "permissionMode"];
+
 /// The known key `key` is probably a misspelling of (`max_turns`, `Tools`,
 /// `allowed-tools`), if any.
 fn similar_known_key(key: &str) -> Option<&'static str> {
@@ -672,6 +692,41 @@ mod tests {
             e.to_string(),
             "a.md:5:3: `tools` must be a comma-separated string or a list of names, not a mapping"
         );
+    }
+
+    /// A misspelled restriction is rejected: kept as an unknown key (as other misspellings
+    /// are), it would leave the agent every tool, or outside plan mode.
+    #[test]
+    fn a_misspelled_restriction_is_rejected_not_ignored() {
+        let err = |key: &str, value: &str| {
+            parse(&format!(
+                "---\nname: a\ndescription: b\n{key}: {value}\n---\n"
+            ))
+            .unwrap_err()
+            .to_string()
+        };
+        let rejected = |key: &str, known: &str| {
+            format!(
+                "a.md:4:1: `{key}` is not a frontmatter key; did you mean `{known}`? The \
+                 definition is rejected: ignoring a restriction would widen what the agent may \
+                 do; write `{known}`"
+            )
+        };
+        assert_eq!(
+            err("disallowed_tools", "Bash, Write"),
+            rejected("disallowed_tools", "disallowedTools")
+        );
+        assert_eq!(
+            err("permission_mode", "plan"),
+            rejected("permission_mode", "permissionMode")
+        );
+        assert_eq!(
+            err("allowed-tools", "Read"),
+            rejected("allowed-tools", "tools")
+        );
+        assert_eq!(err("Tools", "Read"), rejected("Tools", "tools"));
+        // Other misspellings stay warnings.
+        assert!(parse("---\nname: a\ndescription: b\ninitial_prompt: hi\n---\n").is_ok());
     }
 
     #[test]

@@ -315,6 +315,10 @@ pub struct TaskService {
     /// Ended background children that can be resumed with a message. Locked only after
     /// `tokens` when both are held.
     dormant: Mutex<revive::Dormancy>,
+    /// The last [`ENDED_NAMES`] named children that ended: (parent, name, id), oldest first.
+    /// A message to one by name is then refused for what it is (it ended and cannot be
+    /// resumed), not as a name that never was.
+    ended_names: Mutex<std::collections::VecDeque<(TaskId, String, TaskId)>>,
     /// Children whose guard has not finished yet.
     active: AtomicUsize,
     /// Woken (all waiters) when `active` reaches zero.
@@ -680,6 +684,9 @@ impl Drop for ChildGuard {
 /// reports the child anyway: a hung volume must not keep a parent from its notification.
 const DISK_LIMIT: Duration = Duration::from_secs(10);
 
+/// How many ended children's names a service remembers (see [`TaskService::ended_named`]).
+pub const ENDED_NAMES: usize = 256;
+
 impl Owned {
     /// The part of finishing that needs no waiting: the child's tree stops, its slot is freed,
     /// its notification is built.
@@ -716,6 +723,17 @@ impl Owned {
                     );
             }
             drop(tokens);
+            if let Some(name) = live.as_ref().and_then(|l| l.name.clone()) {
+                let mut ended = self
+                    .service
+                    .ended_names
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                if ended.len() == ENDED_NAMES {
+                    ended.pop_front();
+                }
+                ended.push_back((self.record.parent, name, id));
+            }
             live
         };
         // 2. The slot.
@@ -946,10 +964,23 @@ impl TaskService {
             per_agent: Mutex::default(),
             tokens: Mutex::default(),
             dormant: Mutex::default(),
+            ended_names: Mutex::default(),
             active: AtomicUsize::new(0),
             idle: Notify::new(),
             config,
         }
+    }
+
+    /// The latest of `parent`'s children called `name` that has ended (among the last
+    /// [`ENDED_NAMES`] named children to end), running or resumable or not.
+    pub fn ended_named(&self, parent: &TaskId, name: &str) -> Option<TaskId> {
+        self.ended_names
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .rev()
+            .find(|(p, n, _)| p == parent && n == name)
+            .map(|(_, _, id)| *id)
     }
 
     /// Stops a running child, foreground or background (it ends `killed`). Returns whether
