@@ -21,7 +21,7 @@ fn tool_names(r: &Request) -> Vec<String> {
 }
 
 /// A `worker` whose definition names the host's `Lookup`, the built-in `Read`, a `Pager` the
-/// host marks foreground-only and a `Missing` tool nobody provides.
+/// host marks foreground-only, a `Missing` tool nobody provides and `lookup` in the wrong case.
 fn registry() -> AgentRegistry {
     let mut w = AgentDefinition::new("worker", "does one job", DefinitionSource::Project);
     w.system_prompt = "You are a worker.".into();
@@ -30,6 +30,7 @@ fn registry() -> AgentRegistry {
         "Read".into(),
         "Pager".into(),
         "Missing".into(),
+        "lookup".into(),
     ]);
     AgentRegistry::from_definitions([w])
 }
@@ -116,6 +117,9 @@ async fn a_hosts_own_tool_reaches_a_background_subagent_and_missing_ones_are_rep
              have it: agents running in the background may not use it (filtering layer 2)",
             "agent `worker` names tool `Missing` in `tools`, but this background agent will not \
              have it: the host provides no tool of that name",
+            "agent `worker` names tool `lookup` in `tools`, but this background agent will not \
+             have it: the host provides no tool of that name; did you mean `Lookup`? Tool names \
+             are case-sensitive",
         ]
     );
 }

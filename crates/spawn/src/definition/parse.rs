@@ -147,7 +147,7 @@ impl Reader<'_> {
                 "hooks" => def.hooks = self.hooks(value),
                 "color" => def.color = self.string(key, value),
                 "model" => def.model = self.model(value),
-                "effort" => def.effort = self.string(key, value),
+                "effort" => def.effort = self.effort(value),
                 "permissionMode" => def.permission_mode = self.permission_mode(value),
                 "maxTurns" => def.max_turns = self.max_turns(value),
                 "deadline" => def.deadline = self.deadline(value),
@@ -252,6 +252,23 @@ impl Reader<'_> {
             );
         }
         Some(value)
+    }
+
+    /// `effort`: kept as written; one no backend can say is warned about now, not first when
+    /// the agent runs.
+    fn effort(&mut self, node: &MarkedYamlOwned) -> Option<String> {
+        let effort = self.string("effort", node)?;
+        if forkhive_transport::Effort::from_name(&effort).is_none() {
+            self.warn(
+                node,
+                format!(
+                    "unknown `effort` value `{}`; expected `low`, `medium`, `high` or `max`; it \
+                     was kept as written, and the backend's default effort is used",
+                    yaml::clip(&effort, 60)
+                ),
+            );
+        }
+        Some(effort)
     }
 
     fn model(&mut self, node: &MarkedYamlOwned) -> Option<String> {
@@ -727,6 +744,23 @@ mod tests {
         assert_eq!(err("Tools", "Read"), rejected("Tools", "tools"));
         // Other misspellings stay warnings.
         assert!(parse("---\nname: a\ndescription: b\ninitial_prompt: hi\n---\n").is_ok());
+    }
+
+    /// An effort no backend can say is warned about when the file is read (in any case, as
+    /// the backends read it: `High` is high).
+    #[test]
+    fn an_unknown_effort_is_a_warning_when_read() {
+        let p = parse("---\nname: a\ndescription: b\neffort: extreme\n---\n").unwrap();
+        assert_eq!(p.definition.effort.as_deref(), Some("extreme"));
+        assert_eq!(
+            messages(&p),
+            [
+                "a.md:4:9: unknown `effort` value `extreme`; expected `low`, `medium`, `high` or \
+                 `max`; it was kept as written, and the backend's default effort is used"
+            ]
+        );
+        let p = parse("---\nname: a\ndescription: b\neffort: High\n---\n").unwrap();
+        assert!(p.warnings.is_empty());
     }
 
     #[test]

@@ -470,9 +470,21 @@ impl AgentBuilder {
                 for (name, why) in
                     filter.unavailable(&self.0.tools, audience, tools.unwrap_or(&[]), disallowed)
                 {
+                    // `read` for `Read`: tool names are matched exactly.
+                    let hint = match why {
+                        crate::tool::Unavailable::NotProvided => self
+                            .0
+                            .tools
+                            .names()
+                            .into_iter()
+                            .find(|n| n.eq_ignore_ascii_case(&name))
+                            .map(|n| format!("; did you mean `{n}`? Tool names are case-sensitive"))
+                            .unwrap_or_default(),
+                        _ => String::new(),
+                    };
                     let text = format!(
                         "agent `{}` names tool `{name}` in `tools`, but this {} agent will not \
-                         have it: {why}",
+                         have it: {why}{hint}",
                         d.name,
                         audience_word(audience)
                     );
