@@ -1044,3 +1044,94 @@ async fn children_of_one_definition_share_one_rendered_head() {
         "the Agent tool outlived its agent"
     );
 }
+
+/// Nesting is off by default (layer 1 takes `Agent` from every sub-agent); a host that takes
+/// `Agent` off `ToolFilter::global_disallow` lets children start children, down to
+/// `max_depth`, where the refusal is the documented one — in the foreground, and (with `Agent`
+/// on the background allow list too) in the background.
+#[tokio::test]
+async fn a_host_that_allows_agent_to_subagents_gets_nesting_down_to_max_depth() {
+    let level = |r: &Request| -> usize {
+        let first = r.all_messages()[0].text();
+        first
+            .strip_prefix("level ")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    for background in [false, true] {
+        let seen: Arc<std::sync::Mutex<Vec<(usize, String)>>> = Arc::default();
+        let saw = Arc::clone(&seen);
+        let b = brain(move |r| {
+            let n = level(r);
+            if has_tool_result(r) && r.all_messages().len() == 3 {
+                let (_, text, _) = results(r).pop().unwrap();
+                saw.lock().unwrap().push((n, text));
+            }
+            if !has_tool_result(r) {
+                return Plan::Reply(calls_owned(&[agent_call(
+                    "a",
+                    serde_json::json!({"description": format!("l{}", n + 1),
+                        "prompt": format!("level {}", n + 1), "subagent_type": "general-purpose",
+                        "run_in_background": background}),
+                )]));
+            }
+            if background && r.all_messages().len() < 5 {
+                // Waits for its child's notification.
+                return Plan::Reply(say("waiting"));
+            }
+            Plan::Reply(say(&format!("level {n} done")))
+        });
+        let mut filter = forkhive_spawn::tool::ToolFilter::default();
+        filter.global_disallow.retain(|t| t != "Agent");
+        filter.background_allow.push("Agent".into());
+        let config = AgentToolConfig::default().with_filter(filter);
+        let mut p = parent(b, config, TaskConfig::default()).await;
+        let run = p.run("level 0").await;
+        assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+        let registry = service(&p).registry().clone();
+        // Three levels below the parent ran; the third was refused a fourth.
+        let mut depth = 0;
+        let mut parent_id = *p.context().id();
+        loop {
+            let children = registry.children(&parent_id).await;
+            let Some(child) = children.first() else { break };
+            depth += 1;
+            parent_id = child.id;
+        }
+        assert_eq!(depth, 3, "background: {background}");
+        let refused: Vec<String> = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(n, _)| *n == 3)
+            .map(|(_, t)| t.clone())
+            .collect();
+        assert_eq!(
+            refused,
+            [
+                "cannot start an agent: this agent is at depth 3, and agents may nest at most 3 \
+              levels; do the work directly"
+            ],
+            "background: {background}"
+        );
+    }
+    // Without the host's change, a child has no `Agent` tool at all.
+    let b = brain(|r| {
+        if !has_tool_result(r) {
+            return Plan::Reply(calls_owned(&[agent_call(
+                "a",
+                serde_json::json!({"description": "d", "prompt": "level 1",
+                    "subagent_type": "general-purpose"}),
+            )]));
+        }
+        Plan::Reply(say(&last_user_text(r)))
+    });
+    let mut p = parent(b, AgentToolConfig::default(), TaskConfig::default()).await;
+    let run = p.run("level 0").await;
+    assert!(
+        run.final_text
+            .contains("unknown tool `Agent`; available tools:"),
+        "{}",
+        run.final_text
+    );
+}
