@@ -182,6 +182,37 @@ async fn skills_and_the_initial_prompt_come_first_and_what_is_missing_is_said() 
     );
 }
 
+/// A `memory` scope that is none (`global`) is said to be the file's mistake, whether or not
+/// the host gave memory roots — not blamed on a host that gave none.
+#[tokio::test]
+async fn a_memory_scope_that_is_none_is_the_files_mistake() {
+    let home = tempfile::tempdir().unwrap();
+    for roots in [false, true] {
+        let mut d = AgentDefinition::new("reviewer", "reviews", DefinitionSource::Project);
+        d.model = Some("m".into());
+        d.memory = Some("global".into());
+        let events = Arc::new(Events::default());
+        let mut b = Agent::builder(brain(|_| Plan::Reply(say("ok"))))
+            .definition(d)
+            .events(events.clone());
+        if roots {
+            b = b.extension(Arc::new(MemoryRoots::new(
+                Some(home.path().to_owned()),
+                None,
+            )));
+        }
+        let mut a = b.build().await.unwrap();
+        assert_eq!(a.run("go").await.final_text, "ok");
+        assert_eq!(
+            events.warnings(),
+            ["agent `reviewer`: `memory: global` is not a scope; use user, project or local; it \
+              runs without memory"
+                .to_owned()],
+            "roots: {roots}"
+        );
+    }
+}
+
 /// A definition's `effort` reaches each request's settings; a value that is no effort is a
 /// warning and the backend's default is used.
 #[tokio::test]

@@ -414,6 +414,11 @@ fn reject(work: &[String], error: &ScanError) -> Problem {
         .any(|w| w == "tab" || w == "tabs")
     {
         message.push_str("; indent with spaces, not tabs");
+    } else if work.get(index).is_some_and(|l| l.contains('\t')) {
+        // `tools:<TAB>Read`: the parser's words do not say that the whitespace is a tab.
+        message.push_str(
+            "; the line holds a tab, which YAML does not take as a space there: use spaces",
+        );
     }
     Problem::new(marker.line() + 1, marker.col() + 1, message)
 }
@@ -698,6 +703,16 @@ mod tests {
                  it with `]` (the parser stopped at line 4, column 6: illegal placement of ':' \
                  indicator)"
             )
+        );
+        // A tab after a key's colon: the parser's words, and what they do not say.
+        let tabbed = parse_str("name: a\ntools:\tRead").unwrap_err();
+        assert_eq!(tabbed.line, 3);
+        assert!(
+            tabbed.message.ends_with(
+                "; the line holds a tab, which YAML does not take as a space there: use spaces"
+            ),
+            "{}",
+            tabbed.message
         );
         // A flow list over several lines is fine, and other errors keep the parser's words.
         assert!(parse_str("tools: [Read,\n  Grep]\nmodel: x").is_ok());

@@ -865,6 +865,10 @@ async fn definition_extras(
     if let Some(scope) = &d.memory {
         let dir = match tree.extensions().get::<crate::tool::memory::MemoryRoots>() {
             Some(roots) => roots.locate(scope, &d.name),
+            // A scope no host could give is the file's mistake, not the host's.
+            None if !matches!(scope.as_str(), "user" | "project" | "local") => Err(format!(
+                "`memory: {scope}` is not a scope; use user, project or local"
+            )),
             None => Err(format!(
                 "`memory: {scope}` needs the host's MemoryRoots in the agent tree, which it did \
                  not give"
