@@ -1188,3 +1188,25 @@ async fn a_second_lead_takes_over_the_teammates_the_first_started() {
     assert_eq!(team.member("alice").unwrap().state, MemberState::Idle);
     second.cancellation().cancel();
 }
+
+/// Teams on without a `Team` is a wiring mistake caught when the lead is built, with the fix —
+/// not when the model first starts a teammate (whose refusal a run would report `Completed`).
+#[tokio::test]
+async fn teams_on_without_a_team_is_refused_when_the_lead_is_built() {
+    let b = brain(|_| Plan::Reply(say("ok")));
+    let err = Agent::builder(b.clone())
+        .model("m")
+        .tools(lead_tools())
+        .build()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid agent configuration: tool `Agent`: the `Agent` tool starts teammates (teams are \
+         on), but the agent has no `Team`: give it one with \
+         `.extension(Arc::new(Team::new(name, mailbox)?))`, or turn teams off"
+    );
+    // With its team it builds.
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let _lead = lead_in(&team, b, lead_tools()).await;
+}

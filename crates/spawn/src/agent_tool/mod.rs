@@ -945,6 +945,12 @@ impl Tool for AgentTool {
         &self.definition
     }
 
+    /// With teams on, the lead's tree must hold its [`Team`](crate::team::Team): without one
+    /// every teammate the model starts would be refused.
+    fn check_tree(&self, tree: &crate::base::state::TreeState) -> std::result::Result<(), String> {
+        crate::team::check_teams(self.config.teams_enabled, tree)
+    }
+
     fn aliases(&self) -> &[&str] {
         &[TASK_ALIAS]
     }

@@ -596,6 +596,9 @@ impl Tool for PoolAgentTool {
     fn definition(&self) -> &ToolDefinition {
         &self.definition
     }
+    fn check_tree(&self, tree: &crate::base::state::TreeState) -> std::result::Result<(), String> {
+        crate::team::check_teams(self.teams, tree)
+    }
     fn is_concurrency_safe(&self, _input: &serde_json::Value) -> bool {
         true
     }

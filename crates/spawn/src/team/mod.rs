@@ -1744,6 +1744,23 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
 /// The team `team_name` that the agent `me` of `tree` leads and may start teammates in — or
 /// why not, as its `Agent` call's error: no team, another team, or `me` not its lead (the
 /// team is flat).
+/// For a tool that starts teammates ([`Tool::check_tree`](crate::tool::Tool::check_tree)):
+/// with `teams` on, the lead's tree must hold a [`Team`].
+pub(crate) fn check_teams(
+    teams: bool,
+    tree: &crate::base::state::TreeState,
+) -> std::result::Result<(), String> {
+    if teams && tree.extensions().get::<Team>().is_none() {
+        return Err(
+            "the `Agent` tool starts teammates (teams are on), but the agent has no \
+                    `Team`: give it one with `.extension(Arc::new(Team::new(name, mailbox)?))`, \
+                    or turn teams off"
+                .to_owned(),
+        );
+    }
+    Ok(())
+}
+
 pub(crate) fn led_by(
     tree: &crate::base::state::TreeState,
     team_name: &str,

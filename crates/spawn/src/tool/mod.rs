@@ -266,6 +266,15 @@ pub trait Tool: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// What the tool needs from the agent tree of the main agent it is built into, checked
+    /// when that agent is built: `Err` says what is missing and how to give it, and the build
+    /// fails with [`Error::Config`](crate::Error::Config) (a wiring mistake is caught when the
+    /// host builds, not when the model first calls the tool). Default: nothing.
+    fn check_tree(&self, tree: &TreeState) -> std::result::Result<(), String> {
+        let _ = tree;
+        Ok(())
+    }
+
     /// The tool as `Any`, for code that recognises its own tool types (the crate's MCP tools
     /// do, to own their connections; default: `None`).
     fn as_any(&self) -> Option<&dyn std::any::Any> {

@@ -430,6 +430,18 @@ impl AgentBuilder {
                 )));
             }
         }
+        // What the main agent's tools need from its tree (a lead's `Team`), now that the
+        // tree holds the extensions: a child's tree is its main agent's, already checked.
+        if audience == ToolAudience::Main {
+            for tool in self.0.tools.iter() {
+                if let Err(why) = tool.check_tree(&tree) {
+                    return Err(Error::Config(format!(
+                        "tool `{}`: {why}",
+                        tool.definition().name
+                    )));
+                }
+            }
+        }
         #[cfg(feature = "mcp")]
         if let Some(hub) = self.0.mcp.take() {
             // One hub per tree (a second would split the tree's connections).
