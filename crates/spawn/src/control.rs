@@ -16,7 +16,7 @@ use forkhive_core::{TaskId, ToolDefinition};
 use serde::Deserialize;
 
 use crate::base::pending::PendingMessage;
-use crate::task::{Recipient, Sent, TaskService};
+use crate::task::{Recipient, Sent, TaskService, TaskState};
 use crate::tool::{InBackground, Tool, ToolContext, ToolOutput};
 
 /// The `TaskStop` tool's name.
@@ -212,7 +212,7 @@ impl Tool for SendMessageTool {
                 && cx.agent().depth() == 0
                 && let Some(caller) = cx.caller()
             {
-                team.serve_lead(caller.pending().clone(), cx.cancellation().clone());
+                team.serve_lead_unless_served(caller.pending().clone(), cx.cancellation().clone());
             }
             if to == "*" {
                 return broadcast(&team, mine, &input).await;
@@ -293,6 +293,11 @@ impl Tool for SendMessageTool {
                         {
                             format!("task {id} is not one of your tasks; {valid}")
                         }
+                        // Its record says `running` until its owner has finished it.
+                        Some(state) if state == TaskState::Running.to_string() => format!(
+                            "{who} has just stopped and cannot be resumed (it kept no \
+                             transcript), so the message was not delivered; {valid}"
+                        ),
                         Some(state) => format!(
                             "{who} is not running (it is {state}) and cannot be resumed (it kept \
                              no transcript, or was forgotten), so the message was not delivered; \
@@ -478,7 +483,7 @@ fn recipients(service: &TaskService, me: &TaskId) -> String {
         .chain(service.addresses(me).iter().map(ToString::to_string))
         .collect();
     if all.is_empty() {
-        "no task of yours is running or can be resumed, so there is no one to send to".to_owned()
+        "none of your tasks in this process is running or can be resumed".to_owned()
     } else {
         format!("send to one of: {}", all.join(", "))
     }

@@ -576,8 +576,8 @@ async fn a_finished_worker_without_a_transcript_cannot_be_resumed_and_says_so() 
     let refused = |who: String| {
         format!(
             "{who} is not running (it is completed) and cannot be resumed (it kept no \
-             transcript, or was forgotten), so the message was not delivered; no task of yours \
-             is running or can be resumed, so there is no one to send to"
+             transcript, or was forgotten), so the message was not delivered; none of your \
+             tasks in this process is running or can be resumed"
         )
     };
     let answers = message_results(&msgs[6]);

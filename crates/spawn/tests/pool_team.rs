@@ -440,7 +440,7 @@ async fn a_teammate_without_send_message_fails_saying_why() {
         ns[0].summary,
         "Agent \"alice\" failed: the worker gave teammate `alice` no `SendMessage` tool, so it \
          could not answer its lead: a worker's factory adds \
-         `forkhive_spawn::control::SendMessageTool` for a job with `teammate`"
+         `forkhive::spawn::control::SendMessageTool` for a job with `teammate`"
     );
     assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
     stop.cancel();

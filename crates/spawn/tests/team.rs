@@ -1210,3 +1210,47 @@ async fn teams_on_without_a_team_is_refused_when_the_lead_is_built() {
     let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
     let _lead = lead_in(&team, b, lead_tools()).await;
 }
+
+/// The same takeover for a second lead that only waits: the host serves it
+/// (`Team::serve`), and its run waits for alice, busy since the first lead, and gets her report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_lead_the_host_serves_waits_for_the_first_leads_teammates() {
+    let b = brain(|r| {
+        if !is_parent(r) {
+            // Six slow rounds, then her report.
+            if called(r, "{}") < 6 {
+                return Plan::Reply(calls(&[("s", "Slow", "{}")]));
+            }
+            return Plan::Reply(say("alice report"));
+        }
+        if r.all_messages().len() == 1 && text_of(r).contains("go") {
+            return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let slow = TestTool::sleeper("Slow", true, 50).arc();
+    let build = |team: &Arc<Team>| {
+        Agent::builder(b.clone())
+            .model("m")
+            .system_prompt("You are the parent.")
+            .tools(lead_tools_with(vec![Arc::clone(&slow)]))
+            .extension(Arc::clone(team))
+            .cancel_children_on_drop(false)
+            .build()
+    };
+    let mut first = build(&team).await.unwrap();
+    let cut = tokio::time::timeout(std::time::Duration::from_millis(100), first.run("go")).await;
+    assert!(cut.is_err(), "the first lead waited for alice");
+    drop(first);
+    let mut second = build(&team).await.unwrap();
+    team.serve(&second);
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), second.run("back"))
+        .await
+        .expect("the second lead's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let all = format!("{:?}", second.params().messages());
+    assert!(all.contains("alice report"), "her report reached it: {all}");
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Idle);
+    second.cancellation().cancel();
+}

@@ -513,6 +513,11 @@ impl PromiseHandle {
         }
     }
 
+    /// Whether its owner has delivered or withdrawn it.
+    pub(crate) fn is_closed(&self) -> bool {
+        matches!(self.lock().promised, Promised::Closed)
+    }
+
     /// Whether the parent waits for this child now.
     pub fn is_held(&self) -> bool {
         matches!(self.lock().promised, Promised::Held(_))

@@ -31,9 +31,10 @@ pub struct ParsedDefinition {
 ///
 /// [`Error::Definition`] naming line and column when the file cannot be used: it is empty,
 /// has no frontmatter or an unclosed one, its YAML is invalid in a way that is not repaired,
-/// `name` or `description` is missing or empty, or `tools`/`disallowedTools` has a shape that
-/// cannot be a tool list (a mapping). Everything else that is wrong is a warning in
-/// [`ParsedDefinition::warnings`].
+/// `name` or `description` is missing or empty, `tools`/`disallowedTools` has a shape that
+/// cannot be a tool list (a mapping), or a key is a case or separator variant of `tools`,
+/// `disallowedTools` or `permissionMode` (`disallowed_tools`, `allowed-tools`). Everything else
+/// that is wrong is a warning in [`ParsedDefinition::warnings`].
 pub fn parse_agent_markdown(
     path: &Path,
     text: &str,
@@ -170,7 +171,7 @@ impl Reader<'_> {
                             column,
                             format!(
                                 "`{key}` is not a frontmatter key; did you mean `{known}`? The \
-                                 definition is rejected: ignoring a restriction would widen what \
+                                 definition is rejected: ignoring a restriction could widen what \
                                  the agent may do; write `{known}`"
                             ),
                         ));
@@ -725,7 +726,7 @@ mod tests {
         let rejected = |key: &str, known: &str| {
             format!(
                 "a.md:4:1: `{key}` is not a frontmatter key; did you mean `{known}`? The \
-                 definition is rejected: ignoring a restriction would widen what the agent may \
+                 definition is rejected: ignoring a restriction could widen what the agent may \
                  do; write `{known}`"
             )
         };

@@ -414,7 +414,15 @@ fn reject(work: &[String], error: &ScanError) -> Problem {
         .any(|w| w == "tab" || w == "tabs")
     {
         message.push_str("; indent with spaces, not tabs");
-    } else if work.get(index).is_some_and(|l| l.contains('\t')) {
+    } else if work.get(index).is_some_and(|l| {
+        // Only a tab at the parser's stop (or just before it): a tab elsewhere on the line, in
+        // a quoted value say, is not what it stopped at.
+        let col = marker.col();
+        l.chars()
+            .skip(col.saturating_sub(2))
+            .take(3)
+            .any(|c| c == '\t')
+    }) {
         // `tools:<TAB>Read`: the parser's words do not say that the whitespace is a tab.
         message.push_str(
             "; the line holds a tab, which YAML does not take as a space there: use spaces",
@@ -714,6 +722,9 @@ mod tests {
             "{}",
             tabbed.message
         );
+        // A tab elsewhere on the line is not named.
+        let elsewhere = parse_str("name: a\ndescription: \"x\ty\" z").unwrap_err();
+        assert!(!elsewhere.message.contains("tab"), "{}", elsewhere.message);
         // A flow list over several lines is fine, and other errors keep the parser's words.
         assert!(parse_str("tools: [Read,\n  Grep]\nmodel: x").is_ok());
         assert_eq!(

@@ -1061,7 +1061,7 @@ impl Worker {
         let builder = builder.keep_team_tool().ok_or_else(|| {
             format!(
                 "the worker gave teammate `{}` no `SendMessage` tool, so it could not answer its \
-                 lead: a worker's factory adds `forkhive_spawn::control::SendMessageTool` for a \
+                 lead: a worker's factory adds `forkhive::spawn::control::SendMessageTool` for a \
                  job with `teammate`",
                 t.name
             )

@@ -722,7 +722,8 @@ impl Owned {
                         self.service.config.max_resumable,
                     );
             }
-            drop(tokens);
+            // Its name, in the same step too: a message by name finds it ended, never
+            // nowhere.
             if let Some(name) = live.as_ref().and_then(|l| l.name.clone()) {
                 let mut ended = self
                     .service
@@ -734,6 +735,7 @@ impl Owned {
                 }
                 ended.push_back((self.record.parent, name, id));
             }
+            drop(tokens);
             live
         };
         // 2. The slot.

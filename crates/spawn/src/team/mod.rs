@@ -117,6 +117,10 @@ struct Holds {
     lead: Option<PendingQueue>,
     /// Each live teammate's promise on the lead's queue.
     running: HashMap<String, PromiseHandle>,
+    /// Promises of teammates stopped on the roster whose end is still to be delivered (their
+    /// owner finishes them after the roster hears): a new lead takes these over too. Pruned
+    /// of delivered ones as teammates stop.
+    finishing: Vec<PromiseHandle>,
     /// Letters not yet taken by their recipients, by (recipient, id): the lead's promise.
     letters: HashMap<(String, String), Expectation>,
     /// Teammates on workers whose notification came before their last letters were read: the
@@ -143,6 +147,7 @@ impl Holds {
         for promise in self.running.values() {
             promise.move_to(lead);
         }
+        self.finishing.retain(|promise| promise.move_to(lead));
         // Each new hold is made before the old one drops: the old queue is released, the new
         // one never looks settled in between.
         for hold in self.letters.values_mut() {
@@ -152,6 +157,18 @@ impl Holds {
             ending.hold = lead.expect();
         }
         self.lead = Some(lead.clone());
+    }
+}
+
+impl Holds {
+    /// Teammate `name` holds the lead's run through `promise` — on the queue of the lead
+    /// served now, which may not be the one that started it.
+    fn hold(&mut self, name: &str, promise: PromiseHandle) {
+        if let Some(lead) = &self.lead {
+            promise.move_to(lead);
+        }
+        self.last_state.remove(name);
+        self.running.insert(name.to_owned(), promise);
     }
 }
 
@@ -807,9 +824,7 @@ impl Team {
     /// (its task's, kept by the lead's pool delivery) while it works.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn hold_remote(&self, name: &str, promise: PromiseHandle) {
-        let mut holds = self.holds();
-        holds.last_state.remove(name);
-        holds.running.insert(name.to_owned(), promise);
+        self.holds().hold(name, promise);
     }
 
     /// Teammate `name`, still running on a pool's worker as `task`, is back on the roster of a
@@ -1065,7 +1080,13 @@ impl Team {
             self.controls().remove(name);
             self.planning().remove(name);
             self.plans().remove(name);
-            holds.running.remove(name);
+            if let Some(promise) = holds.running.remove(name) {
+                // Its end is delivered after this: a new lead before then must get it.
+                holds.finishing.retain(|p| !p.is_closed());
+                if !promise.is_closed() {
+                    holds.finishing.push(promise);
+                }
+            }
             holds.last_state.remove(name);
             let gone: Vec<(String, String)> = holds
                 .letters
@@ -1241,6 +1262,36 @@ impl Team {
                 "A plan answer was refused ({e}); wait for the lead's own answer."
             )),
         }
+    }
+
+    /// Makes `lead` the team's lead: the letters to `team-lead` go to it, and it takes over
+    /// the teammates an earlier lead started — its runs wait for the busy ones, and their
+    /// answers and notifications come to it — until it is dropped or cancelled. A lead is
+    /// served on its own when it starts a teammate or writes to one; a host calls this for a
+    /// second lead built on a team that outlived the first (one built with
+    /// `cancel_children_on_drop(false)`), before it runs. One lead at a time: serving another
+    /// takes the team from this one.
+    pub fn serve(self: &Arc<Self>, lead: &Agent) {
+        self.serve_lead(lead.pending(), lead.cancellation().clone());
+    }
+
+    /// [`serve_lead`](Self::serve_lead) unless the relay already serves `lead`'s queue — then
+    /// nothing changes, not even whose token ends it (a lead's `SendMessage`, which must not
+    /// hand the relay of a queue two leads share to whichever wrote last).
+    pub(crate) fn serve_lead_unless_served(
+        self: &Arc<Self>,
+        lead: PendingQueue,
+        until: tokio_util::sync::CancellationToken,
+    ) {
+        {
+            let p = self.lead_poller.lock().unwrap_or_else(|e| e.into_inner());
+            if p.as_ref()
+                .is_some_and(|r| !r.task.is_finished() && r.queue.is(&lead))
+            {
+                return;
+            }
+        }
+        self.serve_lead(lead, until);
     }
 
     /// Starts moving the lead's letters into `lead` (its pending queue) until `until` (the
@@ -1584,7 +1635,7 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
             let token = agent.cancellation().clone();
             let (stop_tx, mut stop_rx) = watch::channel::<Option<String>>(None);
             {
-                team.holds().running.insert(name.clone(), promise);
+                team.holds().hold(&name, promise);
                 team.controls().insert(
                     name.clone(),
                     Control {
@@ -1741,9 +1792,6 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
     })
 }
 
-/// The team `team_name` that the agent `me` of `tree` leads and may start teammates in — or
-/// why not, as its `Agent` call's error: no team, another team, or `me` not its lead (the
-/// team is flat).
 /// For a tool that starts teammates ([`Tool::check_tree`](crate::tool::Tool::check_tree)):
 /// with `teams` on, the lead's tree must hold a [`Team`].
 pub(crate) fn check_teams(
@@ -1761,6 +1809,9 @@ pub(crate) fn check_teams(
     Ok(())
 }
 
+/// The team `team_name` that the agent `me` of `tree` leads and may start teammates in — or
+/// why not, as its `Agent` call's error: no team, another team, or `me` not its lead (the
+/// team is flat).
 pub(crate) fn led_by(
     tree: &crate::base::state::TreeState,
     team_name: &str,
@@ -2071,7 +2122,7 @@ mod tests {
         let mail = Arc::new(Flaky::default());
         let (team, first) = team(&mail);
         let owner = crate::base::pending::OwnedPromise::new(&first);
-        team.holds().running.insert("alice".into(), owner.handle());
+        team.holds().hold("alice", owner.handle());
         team.send("alice", Letter::new(LEAD, "a")).await.unwrap();
         let worker = TaskId::generate(forkhive_core::TaskKind::Agent);
         team.holds().ending.insert(
@@ -2094,6 +2145,57 @@ mod tests {
         owner.deliver(PendingMessage::new("alice ended", "task-notification"));
         assert_eq!((first.len(), second.outstanding()), (0, 0));
         assert_eq!(second.drain()[0].text, "alice ended");
+    }
+
+    /// A teammate's promise outside the roster's running set at the moment of a takeover is
+    /// taken over all the same: one made on the old lead's queue but held only after the new
+    /// lead was served moves when it is held, and one whose teammate stopped on the roster
+    /// but whose end is still to be delivered moves with the rest.
+    #[tokio::test]
+    async fn a_takeover_reaches_promises_held_late_and_ends_still_to_come() {
+        let mail = Arc::new(Flaky::default());
+        let (team, first) = team(&mail);
+        // Stopped on the roster, its end not delivered yet.
+        let ending = crate::base::pending::OwnedPromise::new(&first);
+        team.holds().hold("alice", ending.handle());
+        team.stopped("alice");
+        assert_eq!(first.outstanding(), 1);
+        // Made on the first lead's queue, held after the second lead is served.
+        let late = crate::base::pending::OwnedPromise::new(&first);
+        let second = PendingQueue::new();
+        team.serve_lead(second.clone(), tokio_util::sync::CancellationToken::new());
+        assert_eq!((first.outstanding(), second.outstanding()), (1, 1));
+        team.holds().hold("bob", late.handle());
+        assert_eq!((first.outstanding(), second.outstanding()), (0, 2));
+        ending.deliver(PendingMessage::new("alice ended", "task-notification"));
+        late.deliver(PendingMessage::new("bob ended", "task-notification"));
+        assert_eq!((first.len(), second.len(), second.outstanding()), (0, 2, 0));
+        // Delivered ends are pruned as teammates stop.
+        team.stopped("bob");
+        assert!(team.holds().finishing.is_empty());
+    }
+
+    /// A lead's `SendMessage` on a queue the relay already serves changes nothing — not
+    /// whose token ends the relay, which `serve_lead` would hand to the caller.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn serving_a_served_queue_again_unless_served_keeps_the_relays_token() {
+        let mail = Arc::new(Flaky::default());
+        let (team, _) = team(&mail);
+        let queue = PendingQueue::new();
+        let first = tokio_util::sync::CancellationToken::new();
+        let second = tokio_util::sync::CancellationToken::new();
+        team.serve_lead(queue.clone(), first.clone());
+        team.serve_lead_unless_served(queue.clone(), second.clone());
+        second.cancel();
+        team.send(LEAD, Letter::new("alice", "still served"))
+            .await
+            .unwrap();
+        until("the letter reached the queue", || queue.len() == 1).await;
+        first.cancel();
+        until("the relay ended with the first token", || {
+            relay_ended(&team)
+        })
+        .await;
     }
 
     /// A lead built on another lead's queue (`AgentBuilder::pending`) is served until its own
