@@ -1127,6 +1127,30 @@ async fn a_shutdown_behind_a_queued_letter_still_stops_at_the_next_round() {
     assert!(format!("{:?}", lead.params().messages()).contains("shutdown_approved"));
 }
 
+/// A team whose first lead (built with `cancel_children_on_drop(false)`, with a `Slow` tool of
+/// 50 ms) ran "go" for `cut_ms` — it started alice, busy then — and was dropped; and a second
+/// lead built the same way on it, not run yet.
+async fn a_team_that_outlived_its_lead(b: Arc<Brain>, cut_ms: u64) -> (Arc<Team>, Agent) {
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let slow = TestTool::sleeper("Slow", true, 50).arc();
+    let build = || {
+        Agent::builder(b.clone())
+            .model("m")
+            .system_prompt("You are the parent.")
+            .tools(lead_tools_with(vec![Arc::clone(&slow)]))
+            .extension(Arc::clone(&team))
+            .cancel_children_on_drop(false)
+            .build()
+    };
+    let mut first = build().await.unwrap();
+    let cut = tokio::time::timeout(std::time::Duration::from_millis(cut_ms), first.run("go")).await;
+    assert!(cut.is_err(), "the first lead waited for alice");
+    drop(first);
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Running);
+    let second = build().await.unwrap();
+    (team, second)
+}
+
 /// A team outlives its lead (built with `cancel_children_on_drop(false)` and dropped while
 /// alice works), and the host builds a second lead on it. The second lead writes to alice and
 /// then waits for her as the first would have: her hold moves onto its queue, and her report
@@ -1160,24 +1184,7 @@ async fn a_second_lead_takes_over_the_teammates_the_first_started() {
         }
         Plan::Reply(say("ok"))
     });
-    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
-    let slow = TestTool::sleeper("Slow", true, 50).arc();
-    let build = |team: &Arc<Team>| {
-        Agent::builder(b.clone())
-            .model("m")
-            .system_prompt("You are the parent.")
-            .tools(lead_tools_with(vec![Arc::clone(&slow)]))
-            .extension(Arc::clone(team))
-            .cancel_children_on_drop(false)
-            .build()
-    };
-    let mut first = build(&team).await.unwrap();
-    let cut = tokio::time::timeout(std::time::Duration::from_millis(300), first.run("go")).await;
-    assert!(cut.is_err(), "the first lead waited for alice");
-    drop(first);
-    assert_eq!(team.member("alice").unwrap().state, MemberState::Running);
-
-    let mut second = build(&team).await.unwrap();
+    let (team, mut second) = a_team_that_outlived_its_lead(b, 300).await;
     let run = tokio::time::timeout(std::time::Duration::from_secs(20), second.run("back"))
         .await
         .expect("the second lead's run returned");
@@ -1228,22 +1235,7 @@ async fn a_second_lead_the_host_serves_waits_for_the_first_leads_teammates() {
         }
         Plan::Reply(say("ok"))
     });
-    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
-    let slow = TestTool::sleeper("Slow", true, 50).arc();
-    let build = |team: &Arc<Team>| {
-        Agent::builder(b.clone())
-            .model("m")
-            .system_prompt("You are the parent.")
-            .tools(lead_tools_with(vec![Arc::clone(&slow)]))
-            .extension(Arc::clone(team))
-            .cancel_children_on_drop(false)
-            .build()
-    };
-    let mut first = build(&team).await.unwrap();
-    let cut = tokio::time::timeout(std::time::Duration::from_millis(100), first.run("go")).await;
-    assert!(cut.is_err(), "the first lead waited for alice");
-    drop(first);
-    let mut second = build(&team).await.unwrap();
+    let (team, mut second) = a_team_that_outlived_its_lead(b, 100).await;
     team.serve(&second);
     let run = tokio::time::timeout(std::time::Duration::from_secs(20), second.run("back"))
         .await

@@ -2175,51 +2175,38 @@ mod tests {
         assert!(team.holds().finishing.is_empty());
     }
 
-    /// A lead's `SendMessage` on a queue the relay already serves changes nothing — not
-    /// whose token ends the relay, which `serve_lead` would hand to the caller.
+    /// Two leads on one queue (`AgentBuilder::pending`). Served again with `serve_lead`, the
+    /// relay goes on until the second lead's end: the first's token cancelled (it was dropped)
+    /// does not end it while the second still runs. Served again with
+    /// `serve_lead_unless_served` (a lead's `SendMessage`), nothing changes: the first's token
+    /// still ends it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn serving_a_served_queue_again_unless_served_keeps_the_relays_token() {
-        let mail = Arc::new(Flaky::default());
-        let (team, _) = team(&mail);
-        let queue = PendingQueue::new();
-        let first = tokio_util::sync::CancellationToken::new();
-        let second = tokio_util::sync::CancellationToken::new();
-        team.serve_lead(queue.clone(), first.clone());
-        team.serve_lead_unless_served(queue.clone(), second.clone());
-        second.cancel();
-        team.send(LEAD, Letter::new("alice", "still served"))
-            .await
-            .unwrap();
-        until("the letter reached the queue", || queue.len() == 1).await;
-        first.cancel();
-        until("the relay ended with the first token", || {
-            relay_ended(&team)
-        })
-        .await;
-    }
-
-    /// A lead built on another lead's queue (`AgentBuilder::pending`) is served until its own
-    /// end: the first lead's token cancelled (it was dropped) does not end the relay while the
-    /// second still runs; the second's does.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_lead_on_the_same_queue_is_served_until_its_own_end() {
-        let mail = Arc::new(Flaky::default());
-        let (team, _) = team(&mail);
-        let queue = PendingQueue::new();
-        let first = tokio_util::sync::CancellationToken::new();
-        let second = tokio_util::sync::CancellationToken::new();
-        team.serve_lead(queue.clone(), first.clone());
-        team.serve_lead(queue.clone(), second.clone());
-        first.cancel();
-        team.send(LEAD, Letter::new("alice", "after the first went"))
-            .await
-            .unwrap();
-        until("the letter reached the queue", || queue.len() == 1).await;
-        second.cancel();
-        until("the relay ended with the second lead", || {
-            relay_ended(&team)
-        })
-        .await;
+    async fn who_ends_the_relay_of_a_queue_two_leads_share() {
+        for unless_served in [false, true] {
+            let mail = Arc::new(Flaky::default());
+            let (team, _) = team(&mail);
+            let queue = PendingQueue::new();
+            let first = tokio_util::sync::CancellationToken::new();
+            let second = tokio_util::sync::CancellationToken::new();
+            team.serve_lead(queue.clone(), first.clone());
+            if unless_served {
+                team.serve_lead_unless_served(queue.clone(), second.clone());
+            } else {
+                team.serve_lead(queue.clone(), second.clone());
+            }
+            let (gone, ends) = if unless_served {
+                (&second, &first)
+            } else {
+                (&first, &second)
+            };
+            gone.cancel();
+            team.send(LEAD, Letter::new("alice", "still served"))
+                .await
+                .unwrap();
+            until("the letter reached the queue", || queue.len() == 1).await;
+            ends.cancel();
+            until("the relay ended", || relay_ended(&team)).await;
+        }
     }
 
     /// The lead's relay acknowledges again after an acknowledgement failed, so the letter's
