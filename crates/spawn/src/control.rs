@@ -296,7 +296,8 @@ impl Tool for SendMessageTool {
                         // Its record says `running` until its owner has finished it.
                         Some(state) if state == TaskState::Running.to_string() => format!(
                             "{who} has just stopped and cannot be resumed (it kept no \
-                             transcript), so the message was not delivered; {valid}"
+                             transcript, or was forgotten), so the message was not delivered; \
+                             {valid}"
                         ),
                         Some(state) => format!(
                             "{who} is not running (it is {state}) and cannot be resumed (it kept \

@@ -13,7 +13,7 @@ use forkhive_spawn::agent_tool::{AgentTool, AgentToolConfig};
 use forkhive_spawn::control::{SendMessageTool, TaskStopTool};
 use forkhive_spawn::definition::{AgentDefinition, AgentRegistry, DefinitionSource};
 use forkhive_spawn::runtime::{Agent, StopReason};
-use forkhive_spawn::task::{MemoryTaskRegistry, TaskConfig, TaskService};
+use forkhive_spawn::task::{MemoryTaskRegistry, TaskConfig, TaskRegistry, TaskService, TaskState};
 use forkhive_spawn::tool::{Tool, ToolFilter, ToolPool};
 use forkhive_transport::{Backend, Request};
 use support::*;
@@ -42,6 +42,14 @@ async fn parent(backend: Arc<dyn Backend>) -> (Agent, Arc<TaskService>) {
     build_parent(backend, None, None, 1000).await
 }
 
+/// [`parent`] over the task registry `tasks`.
+async fn parent_over(
+    backend: Arc<dyn Backend>,
+    tasks: Arc<dyn TaskRegistry>,
+) -> (Agent, Arc<TaskService>) {
+    build_parent_over(backend, None, None, 1000, tasks).await
+}
+
 /// The tests' parent: the `Agent` tool with a worker type, `TaskStop`, `SendMessage` and
 /// sleeping tools (`Long` takes `long_ms`); transcripts in `dir` and events to `events` when
 /// given.
@@ -51,7 +59,18 @@ async fn build_parent(
     events: Option<Arc<Events>>,
     long_ms: u64,
 ) -> (Agent, Arc<TaskService>) {
-    let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), TaskConfig::default());
+    let tasks = Arc::new(MemoryTaskRegistry::new());
+    build_parent_over(backend, dir, events, long_ms, tasks).await
+}
+
+async fn build_parent_over(
+    backend: Arc<dyn Backend>,
+    dir: Option<&std::path::Path>,
+    events: Option<Arc<Events>>,
+    long_ms: u64,
+    tasks: Arc<dyn TaskRegistry>,
+) -> (Agent, Arc<TaskService>) {
+    let service = TaskService::new(tasks, TaskConfig::default());
     // Workers keep SendMessage (layer 2 lists it); layer 1 keeps TaskStop from them.
     let config = AgentToolConfig::default()
         .with_registry(registry())
@@ -684,4 +703,89 @@ async fn messages_racing_to_resume_one_worker_all_arrive_in_one_run() {
     let ns = notifications(&p);
     assert_eq!(ns.len(), 2, "{ns:?}");
     assert_eq!(ns[1].result.as_deref(), Some("both read"));
+}
+
+/// A registry whose moves to a terminal state take 400 ms (a slow networked store): a child's
+/// record says `running` for that long after it stopped.
+#[derive(Debug, Default)]
+struct SlowEnd(MemoryTaskRegistry);
+
+#[async_trait::async_trait]
+impl TaskRegistry for SlowEnd {
+    async fn create(&self, r: forkhive_spawn::task::TaskRecord) -> forkhive_spawn::Result<()> {
+        self.0.create(r).await
+    }
+    async fn transition(
+        &self,
+        id: &forkhive_core::TaskId,
+        to: TaskState,
+    ) -> forkhive_spawn::Result<TaskState> {
+        if to.is_terminal() {
+            tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+        }
+        self.0.transition(id, to).await
+    }
+    async fn reopen(&self, id: &forkhive_core::TaskId) -> forkhive_spawn::Result<TaskState> {
+        self.0.reopen(id).await
+    }
+    async fn roll_up(
+        &self,
+        id: &forkhive_core::TaskId,
+        u: forkhive_core::Usage,
+    ) -> forkhive_spawn::Result<()> {
+        self.0.roll_up(id, u).await
+    }
+    async fn mark_stalled(&self, id: &forkhive_core::TaskId) -> forkhive_spawn::Result<()> {
+        self.0.mark_stalled(id).await
+    }
+    async fn get(&self, id: &forkhive_core::TaskId) -> Option<forkhive_spawn::task::TaskRecord> {
+        self.0.get(id).await
+    }
+    async fn children(&self, p: &forkhive_core::TaskId) -> Vec<forkhive_spawn::task::TaskRecord> {
+        self.0.children(p).await
+    }
+    async fn descendants_usage(&self, id: &forkhive_core::TaskId) -> forkhive_core::Usage {
+        self.0.descendants_usage(id).await
+    }
+}
+
+/// A message by name to a child that has stopped but whose record its owner has not moved on
+/// yet (it still says `running`) is refused as "has just stopped", not as "not running (it is
+/// running)".
+#[tokio::test]
+async fn a_message_to_a_child_that_has_just_stopped_says_so() {
+    let b = brain(move |r| {
+        if !is_parent(r) {
+            return Plan::Reply(say("answer"));
+        }
+        match r.all_messages().len() {
+            1 => Plan::Reply(calls(&[(
+                "a1",
+                "Agent",
+                r#"{"description":"look","prompt":"p","subagent_type":"worker","run_in_background":true,"name":"w2"}"#,
+            )])),
+            // The worker answers at once; its owner is still recording its end.
+            3 => Plan::Reply(calls(&[("p1", "Wait", "{}")])),
+            5 => Plan::Reply(calls(&[(
+                "m1",
+                "SendMessage",
+                r#"{"to":"w2","message":"more"}"#,
+            )])),
+            _ => Plan::Reply(say("done")),
+        }
+    });
+    let (mut p, _service) = parent_over(b, Arc::new(SlowEnd::default())).await;
+    let run = p.run("go").await;
+    let worker = run.children()[0].id;
+    let msgs = p.params().messages().to_vec();
+    let (_, text, is_error) = message_results(&msgs[6]).remove(0);
+    assert!(is_error);
+    assert_eq!(
+        text,
+        format!(
+            "`w2` (task {worker}) has just stopped and cannot be resumed (it kept no transcript, \
+             or was forgotten), so the message was not delivered; none of your tasks in this \
+             process is running or can be resumed"
+        )
+    );
 }

@@ -582,7 +582,7 @@ fn has_space_outside_parens(name: &str) -> bool {
 }
 
 /// The keys that restrict what an agent may do: a misspelling of one is rejected, not kept as
-/// an unknown key, since ignoring it would widen the agent's rights.
+/// an unknown key, since ignoring it could widen the agent's rights.
 const RESTRICTING_KEYS: [&str; 3] = ["tools", "disallowedTools", "permissionMode"];
 
 /// The known key `key` is probably a misspelling of (`max_turns`, `Tools`,

@@ -974,7 +974,7 @@ impl TaskService {
     }
 
     /// The latest of `parent`'s children called `name` that has ended (among the last
-    /// [`ENDED_NAMES`] named children to end), running or resumable or not.
+    /// [`ENDED_NAMES`] named children to end), whether or not it can be resumed.
     pub fn ended_named(&self, parent: &TaskId, name: &str) -> Option<TaskId> {
         self.ended_names
             .lock()
