@@ -1,8 +1,8 @@
 //! The docs name what a user of the `forkhive` crate can write: `forkhive::spawn::…`, not the
 //! workspace's inner crates (`forkhive_spawn::…`), which a user's project does not depend on.
 //! The doctests cannot catch this: they are built inside the workspace, where the inner crates
-//! resolve. And a snippet's `serde_json` is `forkhive::serde_json`, which a user has without
-//! adding a dependency.
+//! resolve. And a snippet's `serde_json` and `async_trait` are `forkhive::serde_json` and
+//! `forkhive::async_trait`, which a user has without adding a dependency.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
@@ -54,7 +54,7 @@ fn the_docs_name_paths_a_user_of_the_facade_can_write() {
 }
 
 #[test]
-fn the_docs_rust_snippets_take_serde_json_from_the_facade() {
+fn the_docs_rust_snippets_take_serde_json_and_async_trait_from_the_facade() {
     let mut wrong = Vec::new();
     for (page, text) in pages() {
         let mut block: Option<Vec<(usize, &str)>> = None;
@@ -63,15 +63,17 @@ fn the_docs_rust_snippets_take_serde_json_from_the_facade() {
                 None if line.starts_with("```rust") => block = Some(Vec::new()),
                 None => {}
                 Some(lines) if line.starts_with("```") => {
-                    let imported = lines
-                        .iter()
-                        .any(|(_, l)| l.contains("use forkhive::serde_json"));
-                    for (at, l) in lines.iter() {
-                        let bare = l
-                            .match_indices("serde_json::")
-                            .any(|(i, _)| !l[..i].ends_with("forkhive::"));
-                        if bare && !imported {
-                            wrong.push(format!("{page}:{at}: {l}"));
+                    for krate in ["serde_json", "async_trait"] {
+                        let imported = lines
+                            .iter()
+                            .any(|(_, l)| l.contains(&format!("use forkhive::{krate}")));
+                        for (at, l) in lines.iter() {
+                            let bare = l
+                                .match_indices(&format!("{krate}::"))
+                                .any(|(i, _)| !l[..i].ends_with("forkhive::"));
+                            if bare && !imported {
+                                wrong.push(format!("{page}:{at}: {l}"));
+                            }
                         }
                     }
                     block = None;
@@ -82,7 +84,8 @@ fn the_docs_rust_snippets_take_serde_json_from_the_facade() {
     }
     assert!(
         wrong.is_empty(),
-        "write `forkhive::serde_json::` (or `use forkhive::serde_json;`):\n{}",
+        "write `forkhive::serde_json::`, `forkhive::async_trait` (or import them from \
+         `forkhive`):\n{}",
         wrong.join("\n")
     );
 }

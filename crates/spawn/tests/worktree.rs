@@ -450,6 +450,12 @@ async fn a_worker_in_a_worktree_sees_it_and_its_owner_keeps_or_removes_it() {
                     "Agent",
                     r#"{"description":"bad","prompt":"p","subagent_type":"worker","isolation":"docker"}"#,
                 ),
+                // In the foreground: its result says where its kept worktree is.
+                (
+                    "a4",
+                    "Agent",
+                    r#"{"description":"fg","prompt":"leave a note","subagent_type":"worker","isolation":"worktree"}"#,
+                ),
             ])),
             _ => Plan::Reply(say("all done")),
         }
@@ -500,10 +506,23 @@ async fn a_worker_in_a_worktree_sees_it_and_its_owner_keeps_or_removes_it() {
         Some("worktree kept: 1 changed or untracked file(s)")
     );
     assert!(std::path::Path::new(&kept.path).join("NOTE.md").exists());
-    assert_eq!(
-        branches(repo.path()).trim(),
-        format!("+ forkhive/agent-{}", note.task_id)
+    let all = branches(repo.path());
+    assert!(
+        all.contains(&format!("+ forkhive/agent-{}", note.task_id)),
+        "{all}"
     );
+    // The foreground worker's result names its kept tree and branch.
+    let fg = &refused[3].1;
+    let (_, kept_line) = fg
+        .split_once("\n[its worktree was kept, with its changes: ")
+        .unwrap_or_else(|| panic!("{fg}"));
+    let (path, branch) = kept_line
+        .strip_suffix(']')
+        .and_then(|l| l.split_once(" on branch "))
+        .unwrap_or_else(|| panic!("{fg}"));
+    assert!(std::path::Path::new(path).join("NOTE.md").exists(), "{fg}");
+    assert!(all.contains(&format!("+ {branch}")), "{all} / {fg}");
+    assert_eq!(all.lines().count(), 2, "{all}");
 }
 
 /// In coordinator mode a worker that can write gets a worktree without asking, unless the
@@ -567,6 +586,12 @@ async fn coordinator_workers_that_write_get_a_worktree_by_default() {
                     "Agent",
                     r#"{"description":"shell2","prompt":"p","subagent_type":"shell","isolation":"worktree"}"#,
                 ),
+                // ...and so is a type whose definition asks for one.
+                (
+                    "a6",
+                    "Agent",
+                    r#"{"description":"shell3","prompt":"p","subagent_type":"isolated-shell"}"#,
+                ),
             ])),
             _ => Plan::Reply(say("all done")),
         }
@@ -588,6 +613,11 @@ async fn coordinator_workers_that_write_get_a_worktree_by_default() {
                 def("writer", &["LS", "Touch"]),
                 def("reader", &["LS"]),
                 def("shell", &["LS", "Shell"]),
+                {
+                    let mut d = def("isolated-shell", &["LS", "Shell"]);
+                    d.isolation = Some("worktree".into());
+                    d
+                },
             ]))
             .with_isolation_enabled(true)
             .with_worktree_repo(Some(repo.path().to_path_buf())),
@@ -628,6 +658,15 @@ async fn coordinator_workers_that_write_get_a_worktree_by_default() {
         (
             "tool \"Shell\": it changes things but cannot work in a worktree (it does not \
              implement `Tool::rooted`)",
+            true
+        )
+    );
+    assert_eq!(
+        (refused[5].1.as_str(), refused[5].2),
+        (
+            "agent type `isolated-shell` asks for a worktree (`isolation: worktree`), but tool \
+             \"Shell\": it changes things but cannot work in a worktree (it does not implement \
+             `Tool::rooted`)",
             true
         )
     );

@@ -668,6 +668,19 @@ impl AgentTool {
                             if asked == Some(true) {
                                 return Err(chain(&e));
                             }
+                            // Asked for by its definition: as explicit as the call's own ask, and
+                            // running in the shared checkout would look isolated while it is not.
+                            if let Some(d) = definition
+                                && asked.is_none()
+                                && d.isolation.as_deref() == Some("worktree")
+                            {
+                                return Err(format!(
+                                    "agent type `{}` asks for a worktree (`isolation: worktree`), \
+                                     but {}",
+                                    d.name,
+                                    chain(&e)
+                                ));
+                            }
                             // Chosen by default, not asked for: the worker works as it would have.
                             tracing::warn!("no worktree for this worker: {}", chain(&e));
                             (None, None)
@@ -909,8 +922,16 @@ fn foreground_result(end: &ChildEnd) -> Result<String, String> {
         }
         None => format!("[agent {} {}]", end.id, end.status),
     };
+    // A worktree kept because it holds the worker's changes: where they are, as a background
+    // child's notification says it, for the parent to look at or merge.
+    let kept = n.worktree.as_ref().map_or(String::new(), |w| {
+        format!(
+            "\n[its worktree was kept, with its changes: {} on branch {}]",
+            w.path, w.branch
+        )
+    });
     if end.status == TaskStatus::Completed {
-        return Ok(format!("{answer}\n\n{trailer}"));
+        return Ok(format!("{answer}\n\n{trailer}{kept}"));
     }
     // Why it did not finish, then what the owner noted (why it was stopped, its transcript).
     let mut why = match &end.run {
@@ -927,7 +948,7 @@ fn foreground_result(end: &ChildEnd) -> Result<String, String> {
         why.push(')');
     }
     Err(format!(
-        "the agent did not finish: {why}\n{answer}\n\n{trailer}"
+        "the agent did not finish: {why}\n{answer}\n\n{trailer}{kept}"
     ))
 }
 
