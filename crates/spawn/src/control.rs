@@ -39,10 +39,9 @@ fn listed(ids: &mut [TaskId]) -> String {
         .join(", ")
 }
 
-/// How a task that is not running ended, for a refusal's text.
-async fn ended(service: &TaskService, id: &TaskId) -> Option<String> {
-    let record = service.registry().get(id).await?;
-    Some(record.state.to_string())
+/// The state its record gives a task that is not running, for a refusal's text.
+async fn ended(service: &TaskService, id: &TaskId) -> Option<TaskState> {
+    Some(service.registry().get(id).await?.state)
 }
 
 /// Stops a running child of the caller: it ends `killed`, and its one notification carries
@@ -294,7 +293,7 @@ impl Tool for SendMessageTool {
                             format!("task {id} is not one of your tasks; {valid}")
                         }
                         // Its record says `running` until its owner has finished it.
-                        Some(state) if state == TaskState::Running.to_string() => format!(
+                        Some(TaskState::Running) => format!(
                             "{who} has just stopped and cannot be resumed (it kept no \
                              transcript, or was forgotten), so the message was not delivered; \
                              {valid}"
@@ -328,7 +327,7 @@ impl Tool for SendMessageTool {
         let turn = cx.turn().map_or(0, |t| t.turn());
         let state = ended(&service, &id)
             .await
-            .unwrap_or_else(|| "ended".to_owned());
+            .map_or_else(|| "ended".to_owned(), |s| s.to_string());
         match service.revive(caller, turn, id, message).await {
             Ok(id) => ToolOutput::text(format!(
                 "Task {id} had ended ({state}); it was resumed from its transcript with your \

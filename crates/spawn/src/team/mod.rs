@@ -158,9 +158,7 @@ impl Holds {
         }
         self.lead = Some(lead.clone());
     }
-}
 
-impl Holds {
     /// Teammate `name` holds the lead's run through `promise` — on the queue of the lead
     /// served now, which may not be the one that started it.
     fn hold(&mut self, name: &str, promise: PromiseHandle) {

@@ -109,11 +109,21 @@ impl MemoryRoots {
                         .join(agent_type)
                 })
                 .ok_or_else(|| missing("project directory")),
-            other => Err(format!(
-                "`memory: {other}` is not a scope; use user, project or local"
-            )),
+            other => Err(not_a_scope(other)),
         }
     }
+}
+
+/// Whether `scope` is a memory scope (`user`, `project`, `local`): `Err` says it is not.
+pub(crate) fn check_scope(scope: &str) -> std::result::Result<(), String> {
+    match scope {
+        "user" | "project" | "local" => Ok(()),
+        other => Err(not_a_scope(other)),
+    }
+}
+
+fn not_a_scope(scope: &str) -> String {
+    format!("`memory: {scope}` is not a scope; use user, project or local")
 }
 
 /// An agent's memory: its directory (made if missing) and its tools.

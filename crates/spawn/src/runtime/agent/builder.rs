@@ -878,13 +878,12 @@ async fn definition_extras(
         let dir = match tree.extensions().get::<crate::tool::memory::MemoryRoots>() {
             Some(roots) => roots.locate(scope, &d.name),
             // A scope no host could give is the file's mistake, not the host's.
-            None if !matches!(scope.as_str(), "user" | "project" | "local") => Err(format!(
-                "`memory: {scope}` is not a scope; use user, project or local"
-            )),
-            None => Err(format!(
-                "`memory: {scope}` needs the host's MemoryRoots in the agent tree, which it did \
-                 not give"
-            )),
+            None => crate::tool::memory::check_scope(scope).and_then(|()| {
+                Err(format!(
+                    "`memory: {scope}` needs the host's MemoryRoots in the agent tree, which it \
+                     did not give"
+                ))
+            }),
         };
         match dir {
             Ok((base, dir)) => match crate::tool::memory::Memory::open(&base, &dir).await {
