@@ -116,12 +116,15 @@ fn ensure_assistant(message: &Message) -> Result<()> {
     }
 }
 
-/// Whether `messages` belong to a fork child: some user message carries a text block
-/// containing [`FORK_BOILERPLATE_TAG`].
+/// Whether `messages` belong to a fork child: some user message is a fork child's first —
+/// it answers its parent's calls with [`FORK_PLACEHOLDER_RESULT`] and carries a text block
+/// that begins with [`FORK_BOILERPLATE_TAG`].
 ///
 /// This is the message-scanning half of the recursive-fork guard ("Chapter 9: Sub-Agents and
 /// the Fork Pattern — Recursive Fork Protection"); a runtime should also keep a marker outside
-/// the transcript, which compaction cannot remove.
+/// the transcript, which compaction cannot remove. The whole shape is matched, not the tag
+/// alone: a user's prompt, a pasted log or a message that merely mentions the tag holds no
+/// tool results, and does not turn the agent it reaches into a fork child.
 ///
 /// Accepts anything that iterates over messages: a slice, a `Vec`, or a
 /// [`MessageList`](crate::MessageList) such as `params.messages()`.
@@ -130,7 +133,11 @@ pub fn is_in_fork_child<'a>(messages: impl IntoIterator<Item = &'a Message>) -> 
         m.role == Role::User
             && m.content.iter().any(|b| {
                 b.as_text()
-                    .is_some_and(|t| t.contains(FORK_BOILERPLATE_TAG))
+                    .is_some_and(|t| t.starts_with(FORK_BOILERPLATE_TAG))
+            })
+            && m.content.iter().any(|b| {
+                matches!(b, ContentBlock::ToolResult { content, .. }
+                    if content.text() == FORK_PLACEHOLDER_RESULT)
             })
     })
 }
@@ -457,6 +464,22 @@ mod tests {
             )]),
         ];
         assert!(!is_in_fork_child(&other));
+        // A user who quotes the tag, even at the start of a prompt or with the whole rules
+        // pasted, is not a fork child: no placeholder results come with it.
+        for text in [
+            "What does <fork-boilerplate> mean in this log?".to_owned(),
+            build_child_message("pasted"),
+        ] {
+            let mut quoted = history.clone();
+            quoted.push(Message::user_text(text.clone()));
+            assert!(!is_in_fork_child(&quoted), "{text}");
+        }
+        // Nor is a tool's answer that reads like a placeholder, without the rules.
+        let answered = vec![Message::user(vec![
+            ContentBlock::tool_result_text("t", FORK_PLACEHOLDER_RESULT),
+            ContentBlock::text("the next step"),
+        ])];
+        assert!(!is_in_fork_child(&answered));
     }
 
     #[test]

@@ -159,6 +159,51 @@ fn fork_config() -> AgentToolConfig {
     AgentToolConfig::default().with_fork_enabled(true)
 }
 
+/// A main agent whose prompt only mentions the fork tag (a pasted log, a question about it) is
+/// no fork child: it forks as any main agent does.
+#[tokio::test]
+async fn a_prompt_that_mentions_the_fork_tag_does_not_stop_the_agent_forking() {
+    let b = brain(move |r| {
+        let in_fork = r
+            .all_messages()
+            .iter()
+            .any(|m| m.text().contains("fork-directive: "));
+        if in_fork {
+            return Plan::Reply(say("Scope: read the log"));
+        }
+        if has_tool_result(r) {
+            return Plan::Reply(say("the fork is done"));
+        }
+        Plan::Reply(calls_owned(&[agent_call(
+            "f1",
+            serde_json::json!({"description": "log", "prompt": "read the log"}),
+        )]))
+    });
+    let mut p = parent(b, fork_config(), TaskConfig::default()).await;
+    let run = p
+        .run("What does <fork-boilerplate> mean in this log?\n<fork-boilerplate>\nrules")
+        .await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let answered = p
+        .params()
+        .messages()
+        .iter()
+        .flat_map(message_results)
+        .find(|(id, _, _)| id == "f1")
+        .unwrap();
+    assert!(!answered.2, "refused: {}", answered.1);
+    assert_ne!(answered.1, FORK_REFUSAL);
+    let found: Vec<_> = p
+        .params()
+        .messages()
+        .iter()
+        .flat_map(|m| find_notifications(m).unwrap())
+        .collect();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].status, TaskStatus::Completed);
+    assert_eq!(found[0].result.as_deref(), Some("Scope: read the log"));
+}
+
 #[tokio::test]
 async fn forks_share_the_parents_prefix_and_cannot_fork_again() {
     let seen = Arc::new(std::sync::Mutex::new(Vec::<Request>::new()));

@@ -13,7 +13,7 @@ use forkhive_spawn::agent_tool::{AgentTool, AgentToolConfig};
 use forkhive_spawn::control::{SendMessageTool, TaskStopTool};
 use forkhive_spawn::definition::{AgentDefinition, AgentRegistry, DefinitionSource};
 use forkhive_spawn::runtime::{Agent, StopReason};
-use forkhive_spawn::task::{MemoryTaskRegistry, TaskConfig, TaskRegistry, TaskService, TaskState};
+use forkhive_spawn::task::{MemoryTaskRegistry, TaskConfig, TaskRegistry, TaskService};
 use forkhive_spawn::tool::{Tool, ToolFilter, ToolPool};
 use forkhive_transport::{Backend, Request};
 use support::*;
@@ -705,50 +705,6 @@ async fn messages_racing_to_resume_one_worker_all_arrive_in_one_run() {
     assert_eq!(ns[1].result.as_deref(), Some("both read"));
 }
 
-/// A registry whose moves to a terminal state take 400 ms (a slow networked store): a child's
-/// record says `running` for that long after it stopped.
-#[derive(Debug, Default)]
-struct SlowEnd(MemoryTaskRegistry);
-
-#[async_trait::async_trait]
-impl TaskRegistry for SlowEnd {
-    async fn create(&self, r: forkhive_spawn::task::TaskRecord) -> forkhive_spawn::Result<()> {
-        self.0.create(r).await
-    }
-    async fn transition(
-        &self,
-        id: &forkhive_core::TaskId,
-        to: TaskState,
-    ) -> forkhive_spawn::Result<TaskState> {
-        if to.is_terminal() {
-            tokio::time::sleep(std::time::Duration::from_millis(400)).await;
-        }
-        self.0.transition(id, to).await
-    }
-    async fn reopen(&self, id: &forkhive_core::TaskId) -> forkhive_spawn::Result<TaskState> {
-        self.0.reopen(id).await
-    }
-    async fn roll_up(
-        &self,
-        id: &forkhive_core::TaskId,
-        u: forkhive_core::Usage,
-    ) -> forkhive_spawn::Result<()> {
-        self.0.roll_up(id, u).await
-    }
-    async fn mark_stalled(&self, id: &forkhive_core::TaskId) -> forkhive_spawn::Result<()> {
-        self.0.mark_stalled(id).await
-    }
-    async fn get(&self, id: &forkhive_core::TaskId) -> Option<forkhive_spawn::task::TaskRecord> {
-        self.0.get(id).await
-    }
-    async fn children(&self, p: &forkhive_core::TaskId) -> Vec<forkhive_spawn::task::TaskRecord> {
-        self.0.children(p).await
-    }
-    async fn descendants_usage(&self, id: &forkhive_core::TaskId) -> forkhive_core::Usage {
-        self.0.descendants_usage(id).await
-    }
-}
-
 /// A message by name to a child that has stopped but whose record its owner has not moved on
 /// yet (it still says `running`) is refused as "has just stopped", not as "not running (it is
 /// running)".
@@ -774,7 +730,13 @@ async fn a_message_to_a_child_that_has_just_stopped_says_so() {
             _ => Plan::Reply(say("done")),
         }
     });
-    let (mut p, _service) = parent_over(b, Arc::new(SlowEnd::default())).await;
+    // A registry whose moves to a terminal state take 400 ms: a child's record says
+    // `running` for that long after it stopped.
+    let registry = SlowRegistry {
+        end: std::time::Duration::from_millis(400),
+        ..SlowRegistry::default()
+    };
+    let (mut p, _service) = parent_over(b, Arc::new(registry)).await;
     let run = p.run("go").await;
     let worker = run.children()[0].id;
     let msgs = p.params().messages().to_vec();
@@ -788,4 +750,97 @@ async fn a_message_to_a_child_that_has_just_stopped_says_so() {
              process is running or can be resumed"
         )
     );
+}
+
+/// A host's sink that, when a child emits `Stopped` (its run is over: it has read its queue
+/// for the last time, and its owner has not finished it yet), sends it a message with
+/// `TaskService::send`, and records whether the service took it.
+struct LateSender {
+    service: Arc<TaskService>,
+    parent: std::sync::OnceLock<forkhive_core::TaskId>,
+    sent: std::sync::Mutex<Vec<forkhive_core::TaskId>>,
+}
+
+impl std::fmt::Debug for LateSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LateSender")
+    }
+}
+
+impl forkhive_spawn::runtime::EventSink for LateSender {
+    fn emit(&self, event: forkhive_spawn::runtime::AgentEvent) {
+        if !matches!(
+            event.kind,
+            forkhive_spawn::runtime::EventKind::Stopped { .. }
+        ) || Some(&event.agent) == self.parent.get()
+        {
+            return;
+        }
+        let message = forkhive_spawn::runtime::PendingMessage::new(
+            "<message from=\"host\">late news</message>",
+            forkhive_spawn::runtime::pending::SEND_MESSAGE_ORIGIN,
+        );
+        if self.service.send(&event.agent, false, message).is_some() {
+            self.sent.lock().unwrap().push(event.agent);
+        }
+    }
+}
+
+/// A message the service took for a running child that reaches it after its last read comes
+/// back to the parent, never dropped in silence: in a background child's notification, and in
+/// a foreground child's tool result (which is where its end is told), also when it completed.
+#[tokio::test(start_paused = true)]
+async fn a_late_message_comes_back_from_a_foreground_and_a_background_child() {
+    for background in [true, false] {
+        let input = serde_json::json!({
+            "description": "w", "prompt": "p", "subagent_type": "worker",
+            "run_in_background": background,
+        })
+        .to_string();
+        let model = brain(move |r| {
+            if !is_parent(r) {
+                return Plan::Reply(say("worker answer"));
+            }
+            if has_tool_result(r) {
+                return Plan::Reply(say("parent done"));
+            }
+            Plan::Reply(calls(&[("toolu_w", "Agent", &input)]))
+        });
+        let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), TaskConfig::default());
+        let sink = Arc::new(LateSender {
+            service: Arc::clone(&service),
+            parent: std::sync::OnceLock::new(),
+            sent: std::sync::Mutex::default(),
+        });
+        let tool = AgentTool::new(AgentToolConfig::default().with_registry(registry())).unwrap();
+        let mut parent = Agent::builder(model)
+            .model("m")
+            .system_prompt("You are the parent.")
+            .tools(ToolPool::new([Arc::new(tool) as Arc<dyn Tool>]).unwrap())
+            .extension(Arc::clone(&service))
+            .events(Arc::clone(&sink) as _)
+            .build()
+            .await
+            .unwrap();
+        sink.parent.set(*parent.id()).unwrap();
+        let run = parent.run("go").await;
+        assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+        assert_eq!(sink.sent.lock().unwrap().len(), 1, "the service took it");
+        let told = parent
+            .params()
+            .messages()
+            .iter()
+            .flat_map(message_results)
+            .map(|(_, text, _)| text)
+            .chain(notifications(&parent).into_iter().filter_map(|n| n.note))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            told.contains(
+                "1 message(s) arrived after it stopped reading: \
+                 <message from=\"host\">late news</message>"
+            ),
+            "background={background}: {told}"
+        );
+    }
 }

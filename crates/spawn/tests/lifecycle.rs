@@ -971,3 +971,193 @@ async fn a_child_that_fails_mid_answer_reports_its_partial_text() {
         "{n:?}"
     );
 }
+
+/// A parent with the `Agent` tool (background `worker`s) over `service`.
+async fn parent_over_service(model: Arc<Brain>, service: &Arc<TaskService>) -> Agent {
+    let cell = Cell {
+        end: End::Completes,
+        background: true,
+        fork: false,
+    };
+    let tool = AgentTool::new(config(cell)).unwrap();
+    let parent = Agent::builder(model)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(ToolPool::new([Arc::new(tool) as Arc<dyn Tool>]).unwrap())
+        .build()
+        .await
+        .unwrap();
+    parent.tree().extensions().insert(Arc::clone(service));
+    parent
+}
+
+/// A parent that starts one background worker, then ends.
+fn starts_one_worker() -> Arc<Brain> {
+    brain(|r| {
+        if !is_parent(r) {
+            return Plan::Reply(say("child done"));
+        }
+        if has_tool_result(r) {
+            return Plan::Reply(say("parent done"));
+        }
+        Plan::Reply(calls(&[(
+            "toolu_1",
+            "Agent",
+            r#"{"description":"w","prompt":"p","subagent_type":"worker","run_in_background":true}"#,
+        )]))
+    })
+}
+
+/// The records below `parent` that have not ended.
+async fn unended(registry: &dyn TaskRegistry, parent: &forkhive_core::TaskId) -> Vec<TaskState> {
+    registry
+        .children(parent)
+        .await
+        .into_iter()
+        .map(|r| r.state)
+        .filter(|s| !s.is_terminal())
+        .collect()
+}
+
+/// The parent is cancelled while its background child's start waits for the registry's
+/// answer (the record is written, the answer 10 s away): the start is dropped before the
+/// child has an owner, and its record is ended `killed`, not left `created` or `running` with
+/// nobody to end it (it would count as live below its ancestors for ever).
+#[tokio::test(start_paused = true)]
+async fn a_start_dropped_while_the_registry_answers_ends_the_record() {
+    for (create, running) in [(10, 0), (0, 10)] {
+        let registry = Arc::new(SlowRegistry {
+            create: Duration::from_secs(create),
+            running: Duration::from_secs(running),
+            ..SlowRegistry::default()
+        });
+        let service = TaskService::new(Arc::clone(&registry) as _, no_deadline());
+        let mut parent = parent_over_service(starts_one_worker(), &service).await;
+        let token = parent.cancellation().clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            token.cancel();
+        });
+        let run = parent.run("go").await;
+        assert_eq!(run.stop, StopReason::Cancelled);
+        service.wait_idle().await;
+        let records = registry.children(parent.id()).await;
+        assert_eq!(records.len(), 1, "create={create} running={running}");
+        assert_eq!(
+            records[0].state,
+            TaskState::Killed,
+            "create={create} running={running}"
+        );
+        assert_eq!(service.live(), 0, "the slot is freed");
+    }
+}
+
+/// The registry writes a child's record but refuses its move to `running`: the start fails,
+/// the parent's tool call says why, and the record it made is ended.
+#[tokio::test]
+async fn a_start_the_registry_refuses_half_way_ends_the_record() {
+    let registry = Arc::new(SlowRegistry {
+        refuse_running: true,
+        ..SlowRegistry::default()
+    });
+    let service = TaskService::new(Arc::clone(&registry) as _, no_deadline());
+    let mut parent = parent_over_service(starts_one_worker(), &service).await;
+    let run = parent.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let said = parent.params().messages()[2].clone();
+    let (_, text, is_error) = message_results(&said).remove(0);
+    assert!(is_error, "{text}");
+    assert!(text.contains("the store is read-only"), "{text}");
+    assert!(unended(registry.as_ref(), parent.id()).await.is_empty());
+    assert_eq!(
+        registry.children(parent.id()).await[0].state,
+        TaskState::Killed
+    );
+    assert_eq!(service.live(), 0);
+}
+
+/// The runtime shuts down while a child's owner is finishing it (its run has returned; the
+/// owner waits 5 s on the registry's roll-up): the owner's guard does the rest on the spot —
+/// the record ends, and the one notification reaches the parent's queue.
+#[test]
+fn a_runtime_shutting_down_while_an_owner_finishes_still_delivers_the_notification() {
+    let registry = Arc::new(SlowRegistry {
+        roll_up: Duration::from_secs(5),
+        ..SlowRegistry::default()
+    });
+    let queue = forkhive_spawn::runtime::PendingQueue::new();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let id = rt.block_on(async {
+        let service = TaskService::new(Arc::clone(&registry) as _, no_deadline());
+        let child = Agent::builder(brain(|_| Plan::Reply(say("all done"))))
+            .model("m")
+            .build()
+            .await
+            .unwrap();
+        let id = start_child(&service, child, &queue, Start::bare()).await;
+        // The child answers at once; its owner is now waiting on the registry.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(service.live(), 0, "the child has ended (its slot is free)");
+        id
+    });
+    drop(rt);
+    let record = futures::executor::block_on(registry.get(&id)).unwrap();
+    assert_eq!(record.state, TaskState::Completed);
+    let notes = queue.drain();
+    assert_eq!(notes.len(), 1, "the child's one notification");
+    let n = TaskNotification::parse(&notes[0].text).unwrap();
+    assert_eq!(n.status, TaskStatus::Completed);
+    assert_eq!(n.result.as_deref(), Some("all done"));
+    assert_eq!(queue.outstanding(), 0);
+}
+
+/// The same, with the owner writing a panicked child's stop record (on tokio's blocking pool,
+/// which another job keeps busy) when the runtime shuts down: the record ends `failed`, the
+/// transcript gets exactly one stop record, and the notification is delivered once.
+#[test]
+fn a_runtime_shutting_down_while_an_owner_writes_a_stop_record_still_delivers() {
+    expect_panics("boom");
+    let dir = tempfile::tempdir().unwrap();
+    let registry = Arc::new(MemoryTaskRegistry::new());
+    let queue = forkhive_spawn::runtime::PendingQueue::new();
+    // One blocking thread, which the child's model keeps busy for 300 ms just before it
+    // panics: the owner's stop-record write waits behind it.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(1)
+        .build()
+        .unwrap();
+    let (id, path) = rt.block_on(async {
+        let service = TaskService::new(Arc::clone(&registry) as _, no_deadline());
+        let child = Agent::builder(brain(|_| {
+            drop(tokio::task::spawn_blocking(|| {
+                std::thread::sleep(Duration::from_millis(300))
+            }));
+            Plan::Panic("boom")
+        }))
+        .model("m")
+        .transcript_dir(dir.path())
+        .build()
+        .await
+        .unwrap();
+        let path = child.transcript_path().unwrap().to_path_buf();
+        let id = start_child(&service, child, &queue, Start::bare()).await;
+        // Until its owner has begun finishing it (the slot is freed before the stop record).
+        while service.live() > 0 {
+            tokio::task::yield_now().await;
+        }
+        (id, path)
+    });
+    drop(rt);
+    let record = futures::executor::block_on(registry.get(&id)).unwrap();
+    assert_eq!(record.state, TaskState::Failed);
+    let notes = queue.drain();
+    assert_eq!(notes.len(), 1, "the child's one notification");
+    let n = TaskNotification::parse(&notes[0].text).unwrap();
+    assert_eq!(n.status, TaskStatus::Failed);
+    let t = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(t.matches(r#""type":"stop""#).count(), 1, "{t}");
+}

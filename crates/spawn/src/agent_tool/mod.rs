@@ -893,8 +893,9 @@ fn check_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The tool result of a foreground child: its answer and a trailer when it completed (a limit
-/// counts, as in the background); otherwise an error saying why, with its partial answer.
+/// The tool result of a foreground child: its answer, a trailer and what its owner noted when
+/// it completed (a limit counts, as in the background); otherwise an error saying why, with
+/// its partial answer.
 fn foreground_result(end: &ChildEnd) -> Result<String, String> {
     let n = &end.notification;
     let mut answer = n.result.clone().unwrap_or_default();
@@ -931,7 +932,13 @@ fn foreground_result(end: &ChildEnd) -> Result<String, String> {
         )
     });
     if end.status == TaskStatus::Completed {
-        return Ok(format!("{answer}\n\n{trailer}{kept}"));
+        // What its owner noted (messages that reached it after its last read, why a worktree
+        // was kept): never dropped in silence, as a background child's notification says it.
+        let note = n
+            .note
+            .as_ref()
+            .map_or(String::new(), |note| format!("\n[{note}]"));
+        return Ok(format!("{answer}\n\n{trailer}{note}{kept}"));
     }
     // Why it did not finish, then what the owner noted (why it was stopped, its transcript).
     let mut why = match &end.run {

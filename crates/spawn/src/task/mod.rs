@@ -441,29 +441,73 @@ pub struct Launch {
     pub name: Option<String>,
 }
 
-/// A child's entry on the live map between its start and its owner: removed again if the
-/// start fails or its future is dropped.
+/// A child's entry on the live map, and its registry record, between its start and its owner:
+/// if the start fails or its future is dropped (its parent was cancelled, or the tool call
+/// awaiting it timed out, while the registry answered), the entry is removed and a record that
+/// may have been written is ended `killed` — nothing is left running with nobody to end it.
 struct Claim<'a> {
     service: &'a TaskService,
     id: Option<TaskId>,
+    /// Whether its record may exist (its creation was asked for).
+    recorded: bool,
 }
 
 impl Claim<'_> {
-    /// The owner takes the entry over (its `begin` removes it).
+    /// The owner takes the entry and the record over (its `begin` removes the entry).
     fn disarm(mut self) {
         self.id = None;
+    }
+
+    /// The start failed after its record was made: ends the record here, waiting for the
+    /// registry's answer.
+    async fn abandon(mut self) {
+        if let Some(id) = self.id
+            && std::mem::take(&mut self.recorded)
+            && let Err(e) = self
+                .service
+                .registry
+                .transition(&id, TaskState::Killed)
+                .await
+        {
+            tracing::warn!(task = %id, "could not end the record of a child that did not start: {e}");
+        }
     }
 }
 
 impl Drop for Claim<'_> {
     fn drop(&mut self) {
-        if let Some(id) = self.id.take() {
-            self.service
-                .tokens
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&id);
+        let Some(id) = self.id.take() else { return };
+        self.service
+            .tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+        if self.recorded {
+            end_unstarted(&self.service.registry, id);
         }
+    }
+}
+
+/// Ends the record of a child whose start was dropped: at once if the registry answers at once
+/// (in memory), else in a task of its own — or not at all, with a warning, when no runtime is
+/// left to run it.
+fn end_unstarted(registry: &Arc<dyn TaskRegistry>, id: TaskId) {
+    use futures::FutureExt;
+    let registry = Arc::clone(registry);
+    let mut end = Box::pin(async move {
+        if let Err(e) = registry.transition(&id, TaskState::Killed).await {
+            tracing::debug!(task = %id, "the record of a child that did not start: {e}");
+        }
+    });
+    if (&mut end).now_or_never().is_some() {
+        return;
+    }
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => drop(rt.spawn(end)),
+        Err(_) => tracing::warn!(
+            task = %id,
+            "the record of a child that did not start could not be ended: no runtime is left"
+        ),
     }
 }
 
@@ -642,41 +686,108 @@ struct Owned {
 }
 
 /// The one owner of a child's life: finishes its token, record, slot, stop record, usage and
-/// promise exactly once — through [`finish`](Self::finish), or, if it is dropped unfinished, in
-/// a task its `Drop` starts.
+/// promise exactly once — through [`finish`](Self::finish), or, if it is dropped unfinished
+/// (before finishing or part-way through it), on the spot in its `Drop`.
 ///
 /// The owner is boxed, so the supervisor's task holds a pointer to it and stays small; this
 /// moves the owner's bytes out of the task rather than saving them.
-struct ChildGuard(Option<Box<Owned>>);
+struct ChildGuard {
+    owned: Option<Box<Owned>>,
+    /// Set when finishing has begun: how far it got.
+    finishing: Option<Finishing>,
+}
+
+/// An owner part-way through finishing: the end, the notification built for it, and the last
+/// step done. If the owner's future is dropped here (the runtime shuts down while it waits on
+/// the disk or the registry), its guard's `Drop` does the steps left, each once.
+struct Finishing {
+    ended: Ended,
+    n: TaskNotification,
+    done: Step,
+    /// Whether to deliver the end (the registry's gate said so).
+    report: bool,
+}
+
+/// The steps of finishing after [`Owned::begin`], in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Step {
+    /// The token, the live entry, the slot: done by `begin`.
+    Begun,
+    /// The worktree removed or kept.
+    Worktree,
+    /// The stop record written (when the child could not write its own).
+    StopRecord,
+    /// The output file flushed.
+    Flushed,
+    /// The usage rolled up.
+    RolledUp,
+    /// The move to the terminal state asked for, its answer not yet back.
+    Moving,
+    /// The registry answered: `report` says whether to deliver.
+    Moved,
+}
 
 impl ChildGuard {
+    fn new(owned: Box<Owned>) -> Self {
+        Self {
+            owned: Some(owned),
+            finishing: None,
+        }
+    }
+
     /// The owner's future (a plain `fn`: an `async fn` would hold its arguments twice, and
-    /// every child's task allocates this). The guard is taken only when it is first polled: a
-    /// future dropped unpolled drops the guard, which finishes the child.
+    /// every child's task allocates this). Finishing begins only when it is first polled: a
+    /// future dropped unpolled drops the guard, which finishes the child; one dropped
+    /// part-way leaves the guard to finish the rest.
     #[allow(clippy::manual_async_fn)]
     fn finish(mut self, ended: Ended) -> impl Future<Output = ()> + Send {
         async move {
-            if let Some(owned) = self.0.take() {
-                owned.finish(ended).await;
+            let Self { owned, finishing } = &mut self;
+            let Some(owner) = owned.as_mut() else { return };
+            let n = owner.begin(&ended);
+            let state = finishing.insert(Finishing {
+                ended,
+                n,
+                done: Step::Begun,
+                report: false,
+            });
+            owner.finish(state).await;
+            if let (Some(owner), Some(state)) = (self.owned.take(), self.finishing.take()) {
+                (*owner).report(state.ended, state.n, state.report);
             }
         }
     }
 
     fn report_mut(&mut self) -> Option<&mut oneshot::Sender<ChildEnd>> {
-        self.0.as_mut().and_then(|o| o.report.as_mut())
+        self.owned.as_mut().and_then(|o| o.report.as_mut())
     }
 }
 
 impl Drop for ChildGuard {
     fn drop(&mut self) {
-        let Some(owned) = self.0.take() else { return };
+        let Some(owned) = self.owned.take() else {
+            return;
+        };
         // The supervisor is gone: the runtime is shutting down, or it panicked. A task spawned
         // now might never run, so finish here.
-        tracing::warn!(task = %owned.record.id, "a child's supervisor was dropped before it finished");
-        owned.finish_now(Ended::Stopped {
-            run: None,
-            why: Why::Dropped,
-        });
+        tracing::warn!(task = %owned.record.id, "a child's owner was dropped before it finished");
+        match self.finishing.take() {
+            Some(state) => owned.finish_now(state),
+            None => {
+                let ended = Ended::Stopped {
+                    run: None,
+                    why: Why::Dropped,
+                };
+                let mut owned = owned;
+                let n = owned.begin(&ended);
+                owned.finish_now(Finishing {
+                    ended,
+                    n,
+                    done: Step::Begun,
+                    report: false,
+                });
+            }
+        }
     }
 }
 
@@ -773,99 +884,118 @@ impl Owned {
         })
     }
 
-    // A plain `fn` returning an `async move` block, which holds the box and the end once; a
-    // worktree's future (large, and rare) is boxed apart.
-    #[allow(clippy::manual_async_fn)]
-    fn finish(mut self: Box<Self>, ended: Ended) -> impl Future<Output = ()> + Send {
-        async move {
-            let id = self.record.id;
-            let mut n = self.begin(&ended);
-            // The worktree: gone when nothing changed; otherwise kept, and the parent told where.
-            if let Some(wt) = self.worktree.take() {
-                match Box::pin(tokio::time::timeout(DISK_LIMIT, wt.finish())).await {
-                    Ok(crate::worktree::Finished::Removed) => {}
-                    Ok(crate::worktree::Finished::Kept(why)) => keep(&mut n, &wt, &why.to_string()),
-                    Err(_) => keep(&mut n, &wt, "git did not answer in time"),
+    /// The steps after [`begin`](Self::begin) that wait (on git, the disk, the registry),
+    /// each marked done in `state` as it ends; the caller delivers the end. A worktree's
+    /// future (large, and rare) is boxed apart.
+    async fn finish(&mut self, state: &mut Finishing) {
+        let id = self.record.id;
+        // The worktree: gone when nothing changed; otherwise kept, and the parent told where.
+        if let Some(wt) = self.worktree.take() {
+            match Box::pin(tokio::time::timeout(DISK_LIMIT, wt.finish())).await {
+                Ok(crate::worktree::Finished::Removed) => {}
+                Ok(crate::worktree::Finished::Kept(why)) => {
+                    keep(&mut state.n, &wt, &why.to_string())
                 }
+                Err(_) => keep(&mut state.n, &wt, "git did not answer in time"),
             }
-            // 3. The stop record, when the child could not write its own.
-            if let (Some(path), Some(stop)) = (&self.record.transcript, ended.unrecorded_stop()) {
-                let usage = self.progress.usage();
-                match tokio::time::timeout(DISK_LIMIT, transcript::append_stop(path, &stop, usage))
-                    .await
-                {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => {
-                        tracing::warn!(task = %id, "could not record the child's stop: {e}")
-                    }
-                    Err(_) => tracing::warn!(task = %id, "recording the child's stop timed out"),
-                }
-            }
-            // The output file is complete before anyone is told where it is.
-            if let Some(out) = &self.output
-                && tokio::time::timeout(DISK_LIMIT, out.flush()).await.is_err()
-            {
-                tracing::warn!(task = %id, "flushing the child's output file timed out");
-            }
-            // 4. The usage roll-up.
-            if let Err(e) = self.service.registry.roll_up(&id, self.usage(&ended)).await {
-                tracing::warn!(task = %id, "could not roll the child's usage up: {e}");
-            }
-            // 5. The record's end: the gate of exactly-once delivery.
-            let registry = Arc::clone(&self.service.registry);
-            let to = TaskState::ended(n.status);
-            let report = match registry.transition(&id, to).await {
-                Ok(_) => true,
-                Err(e) => {
-                    let now = registry.get(&id).await.map(|r| r.state);
-                    refused_or_failed(&id, &e, now)
-                }
-            };
-            (*self).report(ended, n, report);
         }
+        state.done = Step::Worktree;
+        // 3. The stop record, when the child could not write its own.
+        if let (Some(path), Some(stop)) = (&self.record.transcript, state.ended.unrecorded_stop()) {
+            let usage = self.progress.usage();
+            match tokio::time::timeout(DISK_LIMIT, transcript::append_stop_once(path, &stop, usage))
+                .await
+            {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(task = %id, "could not record the child's stop: {e}"),
+                Err(_) => tracing::warn!(task = %id, "recording the child's stop timed out"),
+            }
+        }
+        state.done = Step::StopRecord;
+        // The output file is complete before anyone is told where it is.
+        if let Some(out) = &self.output
+            && tokio::time::timeout(DISK_LIMIT, out.flush()).await.is_err()
+        {
+            tracing::warn!(task = %id, "flushing the child's output file timed out");
+        }
+        state.done = Step::Flushed;
+        // 4. The usage roll-up.
+        if let Err(e) = self
+            .service
+            .registry
+            .roll_up(&id, self.usage(&state.ended))
+            .await
+        {
+            tracing::warn!(task = %id, "could not roll the child's usage up: {e}");
+        }
+        state.done = Step::RolledUp;
+        // 5. The record's end: the gate of exactly-once delivery.
+        let registry = Arc::clone(&self.service.registry);
+        let to = TaskState::ended(state.n.status);
+        state.done = Step::Moving;
+        state.report = match registry.transition(&id, to).await {
+            Ok(_) => true,
+            Err(e) => {
+                let now = registry.get(&id).await.map(|r| r.state);
+                refused_or_failed(&id, &e, now)
+            }
+        };
+        state.done = Step::Moved;
     }
 
-    /// Finishing without a runtime to wait on (the supervisor was dropped while the runtime
-    /// shuts down): the stop record is written inline, and the registry is asked once — an
-    /// in-memory registry answers at once; one that cannot is logged.
-    fn finish_now(mut self, ended: Ended) {
+    /// Finishing without a runtime to wait on (the owner was dropped while the runtime shuts
+    /// down, before finishing or part-way through it): the steps `state` has not done, the
+    /// stop record written inline and the registry asked once — an in-memory registry answers
+    /// at once; one that cannot is logged — then the end delivered.
+    fn finish_now(mut self: Box<Self>, mut state: Finishing) {
         use futures::FutureExt;
         let id = self.record.id;
-        let mut n = self.begin(&ended);
         // No runtime to ask git with: the worktree is kept, never removed on a guess.
         if let Some(wt) = self.worktree.take() {
             keep(
-                &mut n,
+                &mut state.n,
                 &wt,
                 "the runtime shut down before its status could be read",
             );
         }
-        if let (Some(path), Some(stop)) = (&self.record.transcript, ended.unrecorded_stop())
-            && let Err(e) = transcript::append_stop_blocking(path, &stop, self.progress.usage())
+        if state.done < Step::StopRecord
+            && let (Some(path), Some(stop)) =
+                (&self.record.transcript, state.ended.unrecorded_stop())
+            && let Err(e) =
+                transcript::append_stop_once_blocking(path, &stop, self.progress.usage())
         {
             tracing::warn!(task = %id, "could not record the child's stop: {e}");
         }
         let registry = Arc::clone(&self.service.registry);
-        if registry
-            .roll_up(&id, self.usage(&ended))
-            .now_or_never()
-            .is_none_or(|r| r.is_err())
+        if state.done < Step::RolledUp
+            && registry
+                .roll_up(&id, self.usage(&state.ended))
+                .now_or_never()
+                .is_none_or(|r| r.is_err())
         {
             tracing::warn!(task = %id, "could not roll the child's usage up while shutting down");
         }
-        let to = TaskState::ended(n.status);
-        let report = match registry.transition(&id, to).now_or_never() {
-            Some(Ok(_)) => true,
-            Some(Err(e)) => {
-                let now = registry.get(&id).now_or_never().flatten().map(|r| r.state);
-                refused_or_failed(&id, &e, now)
-            }
-            None => {
-                tracing::warn!(task = %id, "the registry could not record the child's end while shutting down");
-                true
-            }
-        };
-        self.report(ended, n, report);
+        let to = TaskState::ended(state.n.status);
+        if state.done < Step::Moved {
+            state.report = match registry.transition(&id, to).now_or_never() {
+                Some(Ok(_)) => true,
+                Some(Err(e)) => {
+                    let now = registry.get(&id).now_or_never().flatten().map(|r| r.state);
+                    // Its own move, asked for before the drop, may have landed unanswered: a
+                    // record in the very state it asked for is its own doing, and reported.
+                    if state.done == Step::Moving && now == Some(to) {
+                        true
+                    } else {
+                        refused_or_failed(&id, &e, now)
+                    }
+                }
+                None => {
+                    tracing::warn!(task = %id, "the registry could not record the child's end while shutting down");
+                    true
+                }
+            };
+        }
+        (*self).report(state.ended, state.n, state.report);
     }
 
     /// Delivers the end: a background child's notification (when `report`), or a foreground
@@ -1208,9 +1338,10 @@ impl TaskService {
                 )));
             }
             // Until its owner exists, a start that fails or is dropped takes the entry away again.
-            let claim = Claim {
+            let mut claim = Claim {
                 service: self,
                 id: Some(id),
+                recorded: false,
             };
             let mut record = TaskRecord::new(id, parent, description);
             record.agent_type = agent_type;
@@ -1220,17 +1351,25 @@ impl TaskService {
             // one owner it has until then.
             let registered = match reopened {
                 true => Ok(()),
-                false => match self.registry.create(record.clone()).await {
-                    Ok(()) => self
-                        .registry
-                        .transition(&id, TaskState::Running)
-                        .await
-                        .map(|_| ()),
-                    Err(e) => Err(e),
-                },
+                false => {
+                    // From here a dropped start ends the record (its write may land unanswered).
+                    claim.recorded = true;
+                    match self.registry.create(record.clone()).await {
+                        Ok(()) => self
+                            .registry
+                            .transition(&id, TaskState::Running)
+                            .await
+                            .map(|_| ()),
+                        Err(e) => {
+                            // Not made: nothing to end.
+                            claim.recorded = false;
+                            Err(e)
+                        }
+                    }
+                }
             };
             if let Err(e) = registered {
-                drop(claim);
+                claim.abandon().await;
                 // Messages sent to it by name in the meantime go back to its parent, with why.
                 let unread = unread_messages(&agent.pending());
                 if !unread.is_empty() {
@@ -1305,7 +1444,7 @@ impl TaskService {
             let promise = crate::base::pending::OwnedPromise::new(&parent_queue);
             let handle = promise.handle();
             let held = promise.held();
-            let mut guard = ChildGuard(Some(Box::new(Owned {
+            let mut guard = ChildGuard::new(Box::new(Owned {
                 service: Arc::clone(self),
                 record,
                 mode,
@@ -1324,7 +1463,7 @@ impl TaskService {
                 revive,
                 _settled: None,
                 _active: Active::new(self),
-            })));
+            }));
             // The child runs inside its supervisor's task (one task per child, not two): the
             // supervisor polls it, catches its panic, and drops it if it must be stopped and its
             // grace passes. It is boxed here, once: the task holds a pointer to it, not a copy of

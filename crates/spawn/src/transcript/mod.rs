@@ -624,9 +624,20 @@ impl TranscriptWriter {
 /// created. The agent's own writer is waited for (its lock, up to [`WRITER_WAIT`]): a write it
 /// was handed before it was dropped lands first, and the stop record after it.
 pub async fn append_stop(path: &Path, stop: &StopReason, usage: Usage) -> Result<()> {
+    append_stop_async(path, stop, usage, false).await
+}
+
+/// [`append_stop`], unless the transcript's last record is a stop record for the same reason
+/// already: an owner's end is told once, also when an owner cut short by a shutdown writes it
+/// again (on the spot) while its first write is still queued on the blocking pool.
+pub(crate) async fn append_stop_once(path: &Path, stop: &StopReason, usage: Usage) -> Result<()> {
+    append_stop_async(path, stop, usage, true).await
+}
+
+async fn append_stop_async(path: &Path, stop: &StopReason, usage: Usage, once: bool) -> Result<()> {
     let owned = path.to_path_buf();
     let stop = stop.clone();
-    tokio::task::spawn_blocking(move || append_stop_blocking(&owned, &stop, usage))
+    tokio::task::spawn_blocking(move || append_stop_on_thread(&owned, &stop, usage, once))
         .await
         .map_err(|e| Error::Io {
             action: "appending a stop record to transcript",
@@ -638,6 +649,19 @@ pub async fn append_stop(path: &Path, stop: &StopReason, usage: Usage) -> Result
 /// [`append_stop`] on the calling thread (for code that cannot wait on a runtime: a
 /// supervisor dropped while the runtime shuts down).
 pub fn append_stop_blocking(path: &Path, stop: &StopReason, usage: Usage) -> Result<()> {
+    append_stop_on_thread(path, stop, usage, false)
+}
+
+/// [`append_stop_once`] on the calling thread.
+pub(crate) fn append_stop_once_blocking(
+    path: &Path,
+    stop: &StopReason,
+    usage: Usage,
+) -> Result<()> {
+    append_stop_on_thread(path, stop, usage, true)
+}
+
+fn append_stop_on_thread(path: &Path, stop: &StopReason, usage: Usage, once: bool) -> Result<()> {
     let record = Tagged {
         kind: "stop",
         body: &StopLine {
@@ -670,11 +694,28 @@ pub fn append_stop_blocking(path: &Path, stop: &StopReason, usage: Usage) -> Res
     if is_regular(&f, path)? {
         lock_for_writing_blocking(&f, path)?;
     }
-    append_after_last_line(&mut f, &line).map_err(io)
+    /// What a stop record's line says, read back.
+    #[derive(Deserialize)]
+    struct Told {
+        stop: StopReason,
+    }
+    let told = |last: &[u8]| {
+        once && last.starts_with(STOP_PREFIX)
+            && serde_json::from_slice::<Told>(last).is_ok_and(|t| t.stop == *stop)
+    };
+    append_after_last_line(&mut f, &line, told).map_err(io)
 }
 
-/// Cuts whatever follows the last newline of `f`, then appends `line`.
-fn append_after_last_line(f: &mut std::fs::File, line: &[u8]) -> std::io::Result<()> {
+/// How every stop record's line begins.
+const STOP_PREFIX: &[u8] = br#"{"type":"stop""#;
+
+/// Cuts whatever follows the last newline of `f`, then appends `line` — unless `done` says the
+/// last complete line (its first bytes, up to a few hundred) already says it.
+fn append_after_last_line(
+    f: &mut std::fs::File,
+    line: &[u8],
+    done: impl Fn(&[u8]) -> bool,
+) -> std::io::Result<()> {
     use std::io::{Read, Seek, SeekFrom, Write};
     let len = f.metadata()?.len();
     let mut end = len;
@@ -694,6 +735,23 @@ fn append_after_last_line(f: &mut std::fs::File, line: &[u8]) -> std::io::Result
     }
     if end != len {
         f.set_len(end)?;
+    }
+    // The last complete line: its start within the 512 bytes before `end`, if it is that short
+    // (a stop record is).
+    let from = end.saturating_sub(512);
+    let n = usize::try_from(end - from).unwrap_or(0).min(buf.len());
+    if n > 1 {
+        f.seek(SeekFrom::Start(from))?;
+        f.read_exact(&mut buf[..n])?;
+        let body = &buf[..n - 1];
+        let last = match body.iter().rposition(|b| *b == b'\n') {
+            Some(i) => Some(&body[i + 1..]),
+            None if from == 0 => Some(body),
+            None => None,
+        };
+        if last.is_some_and(&done) {
+            return Ok(());
+        }
     }
     f.seek(SeekFrom::Start(end))?;
     f.write_all(line)?;

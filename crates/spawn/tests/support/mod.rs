@@ -464,3 +464,78 @@ pub(crate) fn called(r: &Request, needle: &str) -> usize {
         .filter(|hit| *hit)
         .count()
 }
+
+/// Sleeps `d`, if it is not zero (an operation without a delay answers at once, as in memory).
+async fn pause(d: Duration) {
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
+    }
+}
+
+/// A registry in memory that answers late, as a networked store under load does: each
+/// operation's write lands at once, and its answer comes the set delay later.
+#[derive(Debug, Default)]
+pub(crate) struct SlowRegistry {
+    pub(crate) inner: forkhive_spawn::task::MemoryTaskRegistry,
+    /// After `create`.
+    pub(crate) create: Duration,
+    /// After the move to `running`.
+    pub(crate) running: Duration,
+    /// Before a move to a terminal state.
+    pub(crate) end: Duration,
+    /// Before the usage roll-up.
+    pub(crate) roll_up: Duration,
+    /// Refuses every move to `running` (an error; the record stays `created`).
+    pub(crate) refuse_running: bool,
+}
+
+#[async_trait]
+impl forkhive_spawn::task::TaskRegistry for SlowRegistry {
+    async fn create(&self, r: forkhive_spawn::task::TaskRecord) -> forkhive_spawn::Result<()> {
+        let out = self.inner.create(r).await;
+        pause(self.create).await;
+        out
+    }
+    async fn transition(
+        &self,
+        id: &forkhive_core::TaskId,
+        to: forkhive_spawn::task::TaskState,
+    ) -> forkhive_spawn::Result<forkhive_spawn::task::TaskState> {
+        if to.is_terminal() {
+            pause(self.end).await;
+        }
+        if to == forkhive_spawn::task::TaskState::Running && self.refuse_running {
+            return Err(forkhive_spawn::Error::Task {
+                id: *id,
+                message: "the store is read-only".to_owned(),
+            });
+        }
+        let out = self.inner.transition(id, to).await;
+        if to == forkhive_spawn::task::TaskState::Running {
+            pause(self.running).await;
+        }
+        out
+    }
+    async fn reopen(
+        &self,
+        id: &forkhive_core::TaskId,
+    ) -> forkhive_spawn::Result<forkhive_spawn::task::TaskState> {
+        self.inner.reopen(id).await
+    }
+    async fn roll_up(&self, id: &forkhive_core::TaskId, u: Usage) -> forkhive_spawn::Result<()> {
+        pause(self.roll_up).await;
+        self.inner.roll_up(id, u).await
+    }
+    async fn mark_stalled(&self, id: &forkhive_core::TaskId) -> forkhive_spawn::Result<()> {
+        self.inner.mark_stalled(id).await
+    }
+    async fn get(&self, id: &forkhive_core::TaskId) -> Option<forkhive_spawn::task::TaskRecord> {
+        self.inner.get(id).await
+    }
+    async fn children(&self, p: &forkhive_core::TaskId) -> Vec<forkhive_spawn::task::TaskRecord> {
+        self.inner.children(p).await
+    }
+    async fn descendants_usage(&self, id: &forkhive_core::TaskId) -> Usage {
+        self.inner.descendants_usage(id).await
+    }
+}

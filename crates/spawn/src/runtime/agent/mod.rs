@@ -447,7 +447,8 @@ impl Agent {
 
     /// Runs the loop on whatever is pending (waiting for a promised message if none is
     /// queued yet). Returns at once, [`StopReason::Completed`], when nothing is pending or
-    /// expected.
+    /// expected — without asking the model, so the calls a dropped run left without results
+    /// stay so until the next run that asks it (which answers them first).
     pub async fn run_pending(&mut self) -> AgentRun {
         if self.left_a_record() {
             Box::pin(self.settle_recorded()).await;
