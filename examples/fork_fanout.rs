@@ -761,7 +761,10 @@ async fn run(a: Args) -> Result<(), String> {
         .map_err(|e| forkhive::core::error::chain(&e))?;
     let mut tasks = TaskConfig::default().with_deadline(Some(Duration::from_secs(600)));
     if let Some(dir) = &a.transcript_dir {
-        tasks.output = Some(OutputConfig::new(dir, parent.id().to_string()));
+        tasks.output = Some(
+            OutputConfig::new(dir, parent.id().to_string())
+                .map_err(|e| forkhive::core::error::chain(&e))?,
+        );
     }
     parent
         .tree()

@@ -129,6 +129,11 @@ pub struct HooksDocDoctests;
 #[doc = include_str!("../docs/mcp.md")]
 pub struct McpDocDoctests;
 
+/// The code in `docs/http.md`, compiled and run as a doctest.
+#[cfg(all(doctest, feature = "http"))]
+#[doc = include_str!("../docs/http.md")]
+pub struct HttpDocDoctests;
+
 /// The code in `docs/distributed.md`, compiled as a doctest.
 #[cfg(all(doctest, feature = "redis"))]
 #[doc = include_str!("../docs/distributed.md")]
@@ -169,8 +174,8 @@ pub mod prelude {
     pub use forkhive_spawn::tool::memory::MemoryRoots;
     #[doc(inline)]
     pub use forkhive_spawn::tool::{
-        FnTool, InBackground, PermissionDecision, PermissionPolicy, PermissionRequest, Tool,
-        ToolContext, ToolOutput, ToolPool,
+        AllowAll, FnTool, InBackground, PermissionDecision, PermissionPolicy, PermissionRequest,
+        Tool, ToolContext, ToolOutput, ToolPool,
     };
     #[doc(inline)]
     pub use forkhive_transport::simulator::PromptCacheSimulator;

@@ -840,7 +840,8 @@ async fn parent_with_output_files(
         .build()
         .await
         .unwrap();
-    let tasks = TaskConfig::default().with_output(Some(OutputConfig::new(dir, "session-1")));
+    let tasks =
+        TaskConfig::default().with_output(Some(OutputConfig::new(dir, "session-1").unwrap()));
     let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), tasks);
     p.tree().extensions().insert(Arc::clone(&service));
     (p, service)

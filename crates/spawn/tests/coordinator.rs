@@ -125,7 +125,7 @@ async fn the_coordinators_prefix_is_the_same_bytes_every_time() {
 async fn the_scratchpad_is_made_safely_and_announced_to_all() {
     use forkhive_spawn::task::{OutputConfig, scratchpad};
     let root = tempfile::tempdir().unwrap();
-    let config = OutputConfig::new(root.path(), "s1");
+    let config = OutputConfig::new(root.path(), "s1").unwrap();
     let dir = scratchpad(&config).await.unwrap();
     assert_eq!(dir, root.path().join("s1").join("scratchpad"));
     assert!(dir.is_dir());
@@ -134,7 +134,7 @@ async fn the_scratchpad_is_made_safely_and_announced_to_all() {
     // A planted symlink in place of the session directory is refused.
     let elsewhere = tempfile::tempdir().unwrap();
     std::os::unix::fs::symlink(elsewhere.path(), root.path().join("s2")).unwrap();
-    let err = scratchpad(&OutputConfig::new(root.path(), "s2"))
+    let err = scratchpad(&OutputConfig::new(root.path(), "s2").unwrap())
         .await
         .unwrap_err();
     assert!(

@@ -1161,3 +1161,66 @@ fn a_runtime_shutting_down_while_an_owner_writes_a_stop_record_still_delivers() 
     let t = std::fs::read_to_string(&path).unwrap();
     assert_eq!(t.matches(r#""type":"stop""#).count(), 1, "{t}");
 }
+
+/// Records, when a child's `Notified` event comes, what its parent's queue holds: the
+/// messages queued and the promises still outstanding.
+#[derive(Debug)]
+struct QueueAtNotified {
+    queue: forkhive_spawn::runtime::PendingQueue,
+    seen: std::sync::Mutex<Vec<(usize, usize)>>,
+}
+
+impl forkhive_spawn::runtime::EventSink for QueueAtNotified {
+    fn emit(&self, event: forkhive_spawn::runtime::AgentEvent) {
+        if matches!(
+            event.kind,
+            forkhive_spawn::runtime::EventKind::Notified { .. }
+        ) {
+            self.seen
+                .lock()
+                .unwrap()
+                .push((self.queue.len(), self.queue.outstanding()));
+        }
+    }
+}
+
+/// A host hears `Notified` before the notification reaches the parent's queue: a parent that
+/// reads it at once and returns from its run cannot do so before the host has heard.
+#[tokio::test]
+async fn the_host_hears_notified_before_the_parent_can_read_it() {
+    let queue = forkhive_spawn::runtime::PendingQueue::new();
+    let sink = Arc::new(QueueAtNotified {
+        queue: queue.clone(),
+        seen: std::sync::Mutex::default(),
+    });
+    let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), no_deadline());
+    let child = Agent::builder(brain(|_| Plan::Reply(say("done"))))
+        .model("m")
+        .build()
+        .await
+        .unwrap();
+    let parent = forkhive_core::TaskId::generate(forkhive_core::TaskKind::Agent);
+    service
+        .launch(forkhive_spawn::task::Launch {
+            agent: child,
+            first: forkhive_spawn::task::FirstInput::Prompt("work".into()),
+            description: "child".into(),
+            tool_use_id: None,
+            parent_queue: queue.clone(),
+            progress: Arc::default(),
+            output: None,
+            slot: service.acquire(parent).unwrap(),
+            gate: None,
+            events: Some(Arc::clone(&sink) as _),
+            ledger: None,
+            parent_turn: 0,
+            deadline: None,
+            name: None,
+            worktree: None,
+        })
+        .await
+        .unwrap();
+    service.wait_idle().await;
+    assert_eq!(*sink.seen.lock().unwrap(), [(0, 1)]);
+    assert_eq!(queue.drain().len(), 1);
+}

@@ -120,7 +120,7 @@ async fn stream_ten_megabytes(with_file: bool) -> Gaps {
     let id = TaskId::generate(TaskKind::Agent);
     let output = if with_file {
         Some(Arc::new(
-            OutputFile::create(&OutputConfig::new(dir.path(), "s"), &id)
+            OutputFile::create(&OutputConfig::new(dir.path(), "s").unwrap(), &id)
                 .await
                 .unwrap(),
         ))
@@ -206,7 +206,7 @@ async fn stream_ten_megabytes(with_file: bool) -> Gaps {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_output_file_whose_creation_was_dropped_is_removed() {
     let dir = tempfile::tempdir().unwrap();
-    let config = OutputConfig::new(dir.path(), "s");
+    let config = OutputConfig::new(dir.path(), "s").unwrap();
     // The directories exist: each try only makes its file.
     drop(
         OutputFile::create(&config, &TaskId::generate(TaskKind::Agent))

@@ -246,6 +246,34 @@ async fn a_stream_cut_mid_event_is_a_truncation_error() {
     assert!(matches!(err, Error::TruncatedStream { .. }), "{err}");
 }
 
+/// A server that answers a streamed request whole (it ignores `"stream": true`) is named for
+/// what it did, once, not taken for a connection cut before its first event and retried.
+#[tokio::test]
+async fn a_whole_answer_to_a_streamed_request_says_so() {
+    let server = serve(vec![Reply::json(200, ANTHROPIC_OK)]).await;
+    let err = anthropic(&server.url(), 3)
+        .stream_to_response(&sample_request())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Decode {
+                what: "streamed response",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("answered HTTP 200 with content-type `application/json`, not an event stream (`text/event-stream`): does it stream? It began: \"{\\\"id\\\":\\\"msg_1\\\""),
+        "{text}"
+    );
+    assert!(!err.is_retryable());
+    assert_eq!(server.requests().len(), 1);
+}
+
 #[tokio::test]
 async fn each_error_status_maps_to_its_kind() {
     let body = |t: &str, m: &str| {

@@ -622,11 +622,11 @@ impl AgentTool {
             let progress = Arc::new(Progress::default());
             let child_id = TaskId::generate(TaskKind::Agent);
             let output = match &service.config().output {
-                Some(cfg) if background => Some(Arc::new(
-                    OutputFile::create(cfg, &child_id)
-                        .await
-                        .map_err(|e| format!("could not start the agent: {e}"))?,
-                )),
+                Some(cfg) if background => {
+                    Some(Arc::new(OutputFile::create(cfg, &child_id).await.map_err(
+                        |e| format!("could not start the agent: {}", chain(&e)),
+                    )?))
+                }
                 _ => None,
             };
             // A spawn that fails before the child starts leaves no output file named after a
@@ -808,7 +808,7 @@ impl AgentTool {
                 .await
                 // A teammate that never started is stopped on the roster by its run's guard,
                 // dropped with the launch.
-                .map_err(|e| format!("could not start the agent: {e}"))?;
+                .map_err(|e| format!("could not start the agent: {}", chain(&e)))?;
             let _ = unstarted.map(crate::task::output::Unclaimed::claim);
             if let Some((team, name)) = &team {
                 let id = handle.id();

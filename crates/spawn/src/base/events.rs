@@ -97,9 +97,10 @@ pub enum EventKind {
         /// How many.
         count: usize,
     },
-    /// This background child's `<task-notification>` was queued for its parent, which will
-    /// read it at the start of its next turn: emitted once per child, after `Stopped`, so a
-    /// host sees notifications as they arrive.
+    /// This background child's `<task-notification>` is being queued for its parent, which
+    /// will read it at the start of its next turn: emitted once per child, after `Stopped` and
+    /// just before the parent can read it, so a host sees notifications as they arrive — always
+    /// before the parent's run that reads one returns.
     Notified {
         /// The parent the notification went to.
         parent: TaskId,

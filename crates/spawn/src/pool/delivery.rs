@@ -666,7 +666,10 @@ impl Tool for PoolAgentTool {
         delivery.expect(job.task);
         let mut unsent = Withdraw(Some((delivery.clone(), job.task)));
         if let Err(e) = self.pool.submit(&job).await {
-            return ToolOutput::error(format!("could not start the agent: {e}"));
+            return ToolOutput::error(format!(
+                "could not start the agent: {}",
+                crate::task::error_chain(&e)
+            ));
         }
         unsent.0 = None;
         ToolOutput::text(format!(

@@ -1009,20 +1009,21 @@ impl Owned {
         match self.mode {
             Mode::Background => {
                 if report {
-                    let summary = self.events.as_ref().map(|_| n.summary.clone());
-                    self.promise
-                        .deliver(PendingMessage::new(n.to_xml(), "task-notification"));
-                    if let (Some(sink), Some(summary)) = (&self.events, summary) {
+                    // The host hears first: once delivered, the parent may read the
+                    // notification, finish its run and return before this thread goes on.
+                    if let Some(sink) = &self.events {
                         sink.emit(AgentEvent {
                             agent: id,
                             turn: self.progress.turns(),
                             kind: EventKind::Notified {
                                 parent: self.record.parent,
                                 status,
-                                summary,
+                                summary: n.summary.clone(),
                             },
                         });
                     }
+                    self.promise
+                        .deliver(PendingMessage::new(n.to_xml(), "task-notification"));
                 }
             }
             Mode::Foreground => {

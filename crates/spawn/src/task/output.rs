@@ -38,12 +38,19 @@ pub struct OutputConfig {
 
 impl OutputConfig {
     /// Files under `<root>/<session>/tasks/`, capped at [`DEFAULT_OUTPUT_CAP`].
-    pub fn new(root: impl Into<PathBuf>, session: impl Into<String>) -> Self {
-        Self {
+    ///
+    /// A session name that is not `[A-Za-z0-9_-]` (1 to 128 characters) is
+    /// [`Error::Config`] here, when the host sets the service up, not first when a child
+    /// starts (where the model would be the one told). The root must exist when the first
+    /// child starts; it is not created.
+    pub fn new(root: impl Into<PathBuf>, session: impl Into<String>) -> Result<Self> {
+        let session = session.into();
+        check_session(&session)?;
+        Ok(Self {
             root: root.into(),
-            session: session.into(),
+            session,
             cap: DEFAULT_OUTPUT_CAP,
-        }
+        })
     }
 
     /// Sets the cap.
@@ -453,7 +460,7 @@ mod tests {
     #[tokio::test]
     async fn writes_until_the_cap_then_one_marker() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = OutputConfig::new(dir.path(), "s1").with_cap(10);
+        let cfg = OutputConfig::new(dir.path(), "s1").unwrap().with_cap(10);
         let id = TaskId::from_entropy(TaskKind::Agent, 7);
         let out = OutputFile::create(&cfg, &id).await.unwrap();
         assert_eq!(
@@ -490,7 +497,7 @@ mod tests {
         std::fs::write(&target, "ssh-ed25519 KEEP").unwrap();
         let link = tasks.join(format!("{id}.output"));
         std::os::unix::fs::symlink(&target, &link).unwrap();
-        let err = OutputFile::create(&OutputConfig::new(dir.path(), "s"), &id)
+        let err = OutputFile::create(&OutputConfig::new(dir.path(), "s").unwrap(), &id)
             .await
             .unwrap_err();
         assert_eq!(
@@ -516,7 +523,7 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("s")).unwrap();
         std::os::unix::fs::symlink(&elsewhere, dir.path().join("s/tasks")).unwrap();
         let id = TaskId::from_entropy(TaskKind::Agent, 1);
-        let err = OutputFile::create(&OutputConfig::new(dir.path(), "s"), &id)
+        let err = OutputFile::create(&OutputConfig::new(dir.path(), "s").unwrap(), &id)
             .await
             .unwrap_err();
         assert_eq!(
@@ -526,13 +533,16 @@ mod tests {
                 dir.path().join("s/tasks").display()
             )
         );
-        let err = OutputFile::create(&OutputConfig::new(dir.path(), "../up"), &id)
-            .await
-            .unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "invalid agent configuration: session name \"../up\" may only hold A-Z, a-z, 0-9, '-' and '_' (1 to 128 characters)"
-        );
+        let refused = "invalid agent configuration: session name \"../up\" may only hold A-Z, a-z, 0-9, '-' and '_' (1 to 128 characters)";
+        let err = OutputConfig::new(dir.path(), "../up").unwrap_err();
+        assert_eq!(err.to_string(), refused);
+        // Set by hand, past the constructor: refused when a child starts.
+        let by_hand = OutputConfig {
+            session: "../up".into(),
+            ..OutputConfig::new(dir.path(), "s").unwrap()
+        };
+        let err = OutputFile::create(&by_hand, &id).await.unwrap_err();
+        assert_eq!(err.to_string(), refused);
     }
 
     /// Not only the last component: a session directory that is a symlink is refused too,
@@ -545,7 +555,7 @@ mod tests {
         std::fs::create_dir_all(&elsewhere).unwrap();
         std::os::unix::fs::symlink(&elsewhere, dir.path().join("s")).unwrap();
         let id = TaskId::from_entropy(TaskKind::Agent, 2);
-        let err = OutputFile::create(&OutputConfig::new(dir.path(), "s"), &id)
+        let err = OutputFile::create(&OutputConfig::new(dir.path(), "s").unwrap(), &id)
             .await
             .unwrap_err();
         assert_eq!(
@@ -563,7 +573,7 @@ mod tests {
     async fn a_full_queue_drops_and_counts_instead_of_blocking() {
         let dir = tempfile::tempdir().unwrap();
         let id = TaskId::from_entropy(TaskKind::Agent, 3);
-        let out = OutputFile::create(&OutputConfig::new(dir.path(), "s"), &id)
+        let out = OutputFile::create(&OutputConfig::new(dir.path(), "s").unwrap(), &id)
             .await
             .unwrap();
         // The writer cannot run while this (current-thread) test does not yield.
@@ -590,7 +600,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let id = TaskId::from_entropy(TaskKind::Agent, 4);
         let out = Arc::new(
-            OutputFile::create(&OutputConfig::new(dir.path(), "s"), &id)
+            OutputFile::create(&OutputConfig::new(dir.path(), "s").unwrap(), &id)
                 .await
                 .unwrap(),
         );

@@ -592,6 +592,23 @@ impl Backend for HttpBackend {
                 }
                 Err(e) => return Err(e),
             };
+            // A server that answers a streamed request whole (one that ignores `"stream":
+            // true`, or a proxy's page) is named for what it is, not taken for a connection
+            // cut before its first event and retried.
+            if let Some(kind) = not_an_event_stream(response.headers()) {
+                let body = self.read_body(response).await.unwrap_or_default();
+                let text = String::from_utf8_lossy(&body);
+                let head: String = text.chars().take(200).collect();
+                return Err(Error::Decode {
+                    what: "streamed response",
+                    detail: format!(
+                        "{} answered HTTP 200 with content-type `{kind}`, not an event stream \
+                         (`text/event-stream`): does it stream? It began: {:?}",
+                        self.endpoint,
+                        self.redact(head)
+                    ),
+                });
+            }
             let mut reader = EventReader {
                 bytes: Box::pin(response.bytes_stream()),
                 sse: SseDecoder::new(),
@@ -633,9 +650,34 @@ impl Backend for HttpBackend {
     }
 }
 
+/// The content type of a successful answer to a streamed request, when it says the body is
+/// something other than an event stream (none said: taken for one).
+fn not_an_event_stream(headers: &HeaderMap) -> Option<String> {
+    let kind = headers.get(CONTENT_TYPE)?.to_str().ok()?.trim();
+    let media = kind.split(';').next().unwrap_or_default().trim();
+    (!media.eq_ignore_ascii_case("text/event-stream")).then(|| kind.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_is_an_event_stream_unless_its_content_type_says_otherwise() {
+        let with = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(CONTENT_TYPE, HeaderValue::from_static(v));
+            not_an_event_stream(&h)
+        };
+        assert_eq!(not_an_event_stream(&HeaderMap::new()), None);
+        assert_eq!(with("text/event-stream"), None);
+        assert_eq!(with("Text/Event-Stream; charset=utf-8"), None);
+        assert_eq!(
+            with("application/json; charset=utf-8").as_deref(),
+            Some("application/json; charset=utf-8")
+        );
+        assert_eq!(with("text/html").as_deref(), Some("text/html"));
+    }
 
     #[test]
     fn the_shared_client_builds_with_its_own_tls_set_up() {
