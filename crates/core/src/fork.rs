@@ -116,26 +116,35 @@ fn ensure_assistant(message: &Message) -> Result<()> {
     }
 }
 
-/// Whether `messages` belong to a fork child: some user message is a fork child's first —
-/// it answers its parent's calls with [`FORK_PLACEHOLDER_RESULT`] and carries a text block
-/// that begins with [`FORK_BOILERPLATE_TAG`].
+/// Whether `messages` belong to a fork child: some user message is a fork child's first — it
+/// carries a text block that begins with [`FORK_BOILERPLATE_TAG`], and either answers its
+/// parent's calls with [`FORK_PLACEHOLDER_RESULT`] or (a parent turn that made no calls) that
+/// block begins with the whole of this crate's rules for forks.
 ///
 /// This is the message-scanning half of the recursive-fork guard ("Chapter 9: Sub-Agents and
 /// the Fork Pattern — Recursive Fork Protection"); a runtime should also keep a marker outside
-/// the transcript, which compaction cannot remove. The whole shape is matched, not the tag
-/// alone: a user's prompt, a pasted log or a message that merely mentions the tag holds no
-/// tool results, and does not turn the agent it reaches into a fork child.
+/// the transcript, which compaction cannot remove. The shape is matched, not the tag alone: a
+/// user's prompt, a pasted log or a message that merely mentions the tag holds no placeholder
+/// results and not the rules whole, and does not turn the agent it reaches into a fork child.
 ///
 /// Accepts anything that iterates over messages: a slice, a `Vec`, or a
 /// [`MessageList`](crate::MessageList) such as `params.messages()`.
 pub fn is_in_fork_child<'a>(messages: impl IntoIterator<Item = &'a Message>) -> bool {
+    let rules = FORK_BOILERPLATE.trim_end();
     messages.into_iter().any(|m| {
-        m.role == Role::User
-            && m.content.iter().any(|b| {
-                b.as_text()
-                    .is_some_and(|t| t.starts_with(FORK_BOILERPLATE_TAG))
-            })
-            && m.content.iter().any(|b| {
+        if m.role != Role::User {
+            return false;
+        }
+        let Some(block) = m
+            .content
+            .iter()
+            .filter_map(ContentBlock::as_text)
+            .find(|t| t.starts_with(FORK_BOILERPLATE_TAG))
+        else {
+            return false;
+        };
+        block.starts_with(rules)
+            || m.content.iter().any(|b| {
                 matches!(b, ContentBlock::ToolResult { content, .. }
                     if content.text() == FORK_PLACEHOLDER_RESULT)
             })
@@ -464,11 +473,11 @@ mod tests {
             )]),
         ];
         assert!(!is_in_fork_child(&other));
-        // A user who quotes the tag, even at the start of a prompt or with the whole rules
-        // pasted, is not a fork child: no placeholder results come with it.
+        // A user who quotes the tag, even at the start of a prompt, is not a fork child: no
+        // placeholder results come with it, nor the rules whole.
         for text in [
             "What does <fork-boilerplate> mean in this log?".to_owned(),
-            build_child_message("pasted"),
+            "<fork-boilerplate>\nthe first line of a pasted log".to_owned(),
         ] {
             let mut quoted = history.clone();
             quoted.push(Message::user_text(text.clone()));

@@ -114,3 +114,20 @@ fn siblings_diverge_exactly_at_the_directive() {
         &a[..common]
     );
 }
+
+/// A fork child made from a parent turn that made no tool calls (the transport crate's own
+/// example forks from `Message::assistant_text("Splitting the audit.")`, and
+/// `build_forked_messages` documents that case) is still a fork child: the message-scanning
+/// half of the recursive-fork guard must recognise the conversations this crate builds.
+#[test]
+fn a_fork_child_of_a_turn_without_tool_calls_is_a_fork_child() {
+    use forkhive_core::fork::is_in_fork_child;
+    let history = vec![Message::user_text("Audit the repository.")];
+    let turn = Message::assistant_text("Splitting the audit.");
+    let prefix = ForkPrefix::new(params(history.clone()), turn.clone()).unwrap();
+    let child = prefix.child("audit src/a").to_messages();
+    assert!(is_in_fork_child(&child), "ForkPrefix child: {child:?}");
+    let mut built = history;
+    built.extend(build_forked_messages("audit src/a", &turn).unwrap());
+    assert!(is_in_fork_child(&built), "build_forked_messages: {built:?}");
+}

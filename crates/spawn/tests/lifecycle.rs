@@ -1224,3 +1224,71 @@ async fn the_host_hears_notified_before_the_parent_can_read_it() {
     assert_eq!(*sink.seen.lock().unwrap(), [(0, 1)]);
     assert_eq!(queue.drain().len(), 1);
 }
+
+/// The runtime shuts down while an owner waits for the answer to its roll-up (the roll-up
+/// itself has landed): the guard finishes the rest, but must not roll the usage up again —
+/// the child's usage counts once, in its record and below its parent.
+#[test]
+fn an_owner_dropped_while_its_roll_up_is_answered_rolls_up_once() {
+    let registry = Arc::new(SlowRegistry {
+        roll_up_answer: Duration::from_secs(5),
+        ..SlowRegistry::default()
+    });
+    let queue = forkhive_spawn::runtime::PendingQueue::new();
+    let parent = forkhive_core::TaskId::generate(forkhive_core::TaskKind::Agent);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let id = rt.block_on(async {
+        let service = TaskService::new(Arc::clone(&registry) as _, no_deadline());
+        let child = Agent::builder(brain(|_| Plan::Reply(say("all done"))))
+            .model("m")
+            .build()
+            .await
+            .unwrap();
+        let id = start_child(&service, child, &queue, Start::under(parent)).await;
+        // The child answers at once; its owner's roll-up has landed, its answer 5 s away.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(service.live(), 0, "the child has ended (its slot is free)");
+        id
+    });
+    drop(rt);
+    let record = futures::executor::block_on(registry.get(&id)).unwrap();
+    assert_eq!(record.state, TaskState::Completed);
+    assert_eq!(queue.drain().len(), 1, "the child's one notification");
+    // `say` costs 10 input and 5 output tokens: one turn.
+    assert_eq!(
+        record.usage.output_tokens, 5,
+        "the child's own usage: {:?}",
+        record.usage
+    );
+}
+
+/// The registry makes the child's record but refuses its move to `running`, and its moves to
+/// a terminal state take 10 s: the parent is cancelled while the failed start is ending the
+/// record it made (`Claim::abandon`). The record must still end, not stay `created` for ever.
+#[tokio::test(start_paused = true)]
+async fn a_start_dropped_while_it_ends_its_refused_record_still_ends_it() {
+    let registry = Arc::new(SlowRegistry {
+        refuse_running: true,
+        end: Duration::from_secs(10),
+        ..SlowRegistry::default()
+    });
+    let service = TaskService::new(Arc::clone(&registry) as _, no_deadline());
+    let mut parent = parent_over_service(starts_one_worker(), &service).await;
+    let token = parent.cancellation().clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        token.cancel();
+    });
+    let run = parent.run("go").await;
+    assert_eq!(run.stop, StopReason::Cancelled);
+    service.wait_idle().await;
+    // Time for any end handed to a task of its own to land.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let records = registry.children(parent.id()).await;
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].state, TaskState::Killed, "{records:?}");
+    assert_eq!(service.live(), 0);
+}

@@ -521,6 +521,7 @@ async fn a_worker_in_a_worktree_sees_it_and_its_owner_keeps_or_removes_it() {
         .and_then(|l| l.split_once(" on branch "))
         .unwrap_or_else(|| panic!("{fg}"));
     assert!(std::path::Path::new(path).join("NOTE.md").exists(), "{fg}");
+    assert!(!fg.contains("[worktree kept:"), "said once: {fg}");
     assert!(all.contains(&format!("+ {branch}")), "{all} / {fg}");
     assert_eq!(all.lines().count(), 2, "{all}");
 }
@@ -707,4 +708,86 @@ impl forkhive_spawn::tool::Tool for Touch {
         std::fs::write(self.0.join("TOUCHED"), "").unwrap();
         forkhive_spawn::tool::ToolOutput::text("touched")
     }
+}
+
+/// The runtime shuts down while a worker's owner asks git whether its worktree changed (the
+/// worker has left a file there): the guard finishes the rest on the spot, and — as it does
+/// for an owner dropped before finishing — keeps the worktree and names it in the
+/// notification, so the parent hears where the worker's changes are.
+#[test]
+fn a_runtime_shutting_down_while_git_is_asked_still_names_the_kept_worktree() {
+    use forkhive_spawn::runtime::{Agent, PendingQueue};
+    use forkhive_spawn::task::{FirstInput, Launch, MemoryTaskRegistry, TaskConfig, TaskService};
+    use forkhive_spawn::worktree::Unfinished;
+    use std::sync::Arc;
+    use std::time::Duration;
+    use support::*;
+
+    let repo = repo();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let queue = PendingQueue::new();
+    let parent = forkhive_core::TaskId::generate(forkhive_core::TaskKind::Agent);
+    let path = rt.block_on(async {
+        let service = TaskService::new(
+            Arc::new(MemoryTaskRegistry::new()),
+            TaskConfig::default()
+                .with_deadline(None)
+                .with_stall_after(None)
+                .with_kill_grace(Duration::from_secs(1)),
+        );
+        let wt = Worktree::create(repo.path(), "drop", None).await.unwrap();
+        let path = wt.path().to_path_buf();
+        let at = path.clone();
+        let child = Agent::builder(brain(move |_| {
+            std::fs::write(at.join("NOTE.md"), "x").unwrap();
+            Plan::Reply(say("done"))
+        }))
+        .model("m")
+        .build()
+        .await
+        .unwrap();
+        service
+            .launch(Launch {
+                agent: child,
+                first: FirstInput::Prompt("work".into()),
+                description: "child".into(),
+                tool_use_id: None,
+                parent_queue: queue.clone(),
+                progress: Arc::default(),
+                output: None,
+                slot: service.acquire(parent).unwrap(),
+                gate: None,
+                events: None,
+                ledger: None,
+                parent_turn: 0,
+                deadline: None,
+                name: None,
+                worktree: Some(Unfinished::new(wt)),
+            })
+            .await
+            .unwrap();
+        // Until its owner has begun finishing it (the slot is freed just before it asks git).
+        while service.live() > 0 {
+            tokio::task::yield_now().await;
+        }
+        path
+    });
+    drop(rt);
+    assert!(
+        path.join("NOTE.md").exists(),
+        "the worker's change is still there"
+    );
+    let notes = queue.drain();
+    assert_eq!(notes.len(), 1, "the child's one notification");
+    let n = forkhive_core::TaskNotification::parse(&notes[0].text).unwrap();
+    let kept = n.worktree.as_ref().unwrap_or_else(|| {
+        panic!(
+            "the notification does not name the worktree left at {}: {n:?}",
+            path.display()
+        )
+    });
+    assert_eq!(std::path::Path::new(&kept.path), path);
 }

@@ -272,6 +272,36 @@ async fn a_whole_answer_to_a_streamed_request_says_so() {
     );
     assert!(!err.is_retryable());
     assert_eq!(server.requests().len(), 1);
+
+    // A mislabelled body that goes on and on (512 bytes every 200 ms, 20 s in all) is not
+    // read whole to quote it: the error comes after its first kilobyte.
+    let server = serve(vec![Reply::Chunks {
+        status: 200,
+        headers: vec![("content-type".into(), "application/x-ndjson".into())],
+        chunks: vec![vec![b'x'; 512]; 100],
+        pause: Duration::from_millis(200),
+    }])
+    .await;
+    let started = Instant::now();
+    let err = anthropic(&server.url(), 0)
+        .stream_to_response(&sample_request())
+        .await
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        err.to_string()
+            .contains("content-type `application/x-ndjson`, not an event stream"),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .ends_with(&format!("It began: \"{}\"", "x".repeat(200))),
+        "{err}"
+    );
 }
 
 #[tokio::test]

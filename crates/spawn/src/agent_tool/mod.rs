@@ -932,11 +932,18 @@ fn foreground_result(end: &ChildEnd) -> Result<String, String> {
         )
     });
     if end.status == TaskStatus::Completed {
-        // What its owner noted (messages that reached it after its last read, why a worktree
-        // was kept): never dropped in silence, as a background child's notification says it.
+        // What its owner noted (messages that reached it after its last read): never dropped
+        // in silence, as a background child's notification says it. Its last part, why a
+        // worktree was kept, is the `kept` line's to tell.
         let note = n
             .note
-            .as_ref()
+            .as_deref()
+            .map(|note| match (&n.worktree, note.rfind("worktree kept: ")) {
+                (Some(_), Some(0)) => "",
+                (Some(_), Some(at)) => note[..at].strip_suffix("; ").unwrap_or(note),
+                _ => note,
+            })
+            .filter(|note| !note.is_empty())
             .map_or(String::new(), |note| format!("\n[{note}]"));
         return Ok(format!("{answer}\n\n{trailer}{note}{kept}"));
     }

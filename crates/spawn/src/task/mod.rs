@@ -462,14 +462,17 @@ impl Claim<'_> {
     /// registry's answer.
     async fn abandon(mut self) {
         if let Some(id) = self.id
-            && std::mem::take(&mut self.recorded)
-            && let Err(e) = self
+            && self.recorded
+        {
+            let r = self
                 .service
                 .registry
                 .transition(&id, TaskState::Killed)
-                .await
-        {
-            tracing::warn!(task = %id, "could not end the record of a child that did not start: {e}");
+                .await;
+            self.recorded = false;
+            if let Err(e) = r {
+                tracing::warn!(task = %id, "could not end the record of a child that did not start: {e}");
+            }
         }
     }
 }
@@ -489,8 +492,9 @@ impl Drop for Claim<'_> {
 }
 
 /// Ends the record of a child whose start was dropped: at once if the registry answers at once
-/// (in memory), else in a task of its own — or not at all, with a warning, when no runtime is
-/// left to run it.
+/// (in memory), else in a task of its own. A runtime that is shutting down may never run that
+/// task (a networked registry's record then stays as it was), and with no runtime at all the
+/// record is left with a warning.
 fn end_unstarted(registry: &Arc<dyn TaskRegistry>, id: TaskId) {
     use futures::FutureExt;
     let registry = Arc::clone(registry);
@@ -719,6 +723,8 @@ enum Step {
     StopRecord,
     /// The output file flushed.
     Flushed,
+    /// The roll-up asked for, its answer not yet back (it may have landed: not asked again).
+    RollingUp,
     /// The usage rolled up.
     RolledUp,
     /// The move to the terminal state asked for, its answer not yet back.
@@ -890,15 +896,16 @@ impl Owned {
     async fn finish(&mut self, state: &mut Finishing) {
         let id = self.record.id;
         // The worktree: gone when nothing changed; otherwise kept, and the parent told where.
-        if let Some(wt) = self.worktree.take() {
+        if let Some(wt) = self.worktree.as_deref() {
             match Box::pin(tokio::time::timeout(DISK_LIMIT, wt.finish())).await {
                 Ok(crate::worktree::Finished::Removed) => {}
                 Ok(crate::worktree::Finished::Kept(why)) => {
-                    keep(&mut state.n, &wt, &why.to_string())
+                    keep(&mut state.n, wt, &why.to_string())
                 }
-                Err(_) => keep(&mut state.n, &wt, "git did not answer in time"),
+                Err(_) => keep(&mut state.n, wt, "git did not answer in time"),
             }
         }
+        self.worktree = None;
         state.done = Step::Worktree;
         // 3. The stop record, when the child could not write its own.
         if let (Some(path), Some(stop)) = (&self.record.transcript, state.ended.unrecorded_stop()) {
@@ -920,6 +927,7 @@ impl Owned {
         }
         state.done = Step::Flushed;
         // 4. The usage roll-up.
+        state.done = Step::RollingUp;
         if let Err(e) = self
             .service
             .registry
@@ -967,7 +975,12 @@ impl Owned {
             tracing::warn!(task = %id, "could not record the child's stop: {e}");
         }
         let registry = Arc::clone(&self.service.registry);
-        if state.done < Step::RolledUp
+        // A roll-up asked for and dropped unanswered may have landed: a second would count the
+        // usage twice, so it is not asked again (at most once, never twice).
+        if state.done == Step::RollingUp {
+            tracing::warn!(task = %id, "the child's roll-up was unanswered when the runtime shut down; not asked again");
+        }
+        if state.done < Step::RollingUp
             && registry
                 .roll_up(&id, self.usage(&state.ended))
                 .now_or_never()

@@ -472,8 +472,9 @@ async fn pause(d: Duration) {
     }
 }
 
-/// A registry in memory that answers late, as a networked store under load does: each
-/// operation's write lands at once, and its answer comes the set delay later.
+/// A registry in memory that answers late, as a networked store under load does: a delay
+/// before an operation lands (`end`, `roll_up`: the record is as it was until then), or after
+/// it has landed, before its answer (`create`, `running`, `roll_up_answer`).
 #[derive(Debug, Default)]
 pub(crate) struct SlowRegistry {
     pub(crate) inner: forkhive_spawn::task::MemoryTaskRegistry,
@@ -485,6 +486,8 @@ pub(crate) struct SlowRegistry {
     pub(crate) end: Duration,
     /// Before the usage roll-up.
     pub(crate) roll_up: Duration,
+    /// After the usage roll-up has landed.
+    pub(crate) roll_up_answer: Duration,
     /// Refuses every move to `running` (an error; the record stays `created`).
     pub(crate) refuse_running: bool,
 }
@@ -524,7 +527,9 @@ impl forkhive_spawn::task::TaskRegistry for SlowRegistry {
     }
     async fn roll_up(&self, id: &forkhive_core::TaskId, u: Usage) -> forkhive_spawn::Result<()> {
         pause(self.roll_up).await;
-        self.inner.roll_up(id, u).await
+        let out = self.inner.roll_up(id, u).await;
+        pause(self.roll_up_answer).await;
+        out
     }
     async fn mark_stalled(&self, id: &forkhive_core::TaskId) -> forkhive_spawn::Result<()> {
         self.inner.mark_stalled(id).await

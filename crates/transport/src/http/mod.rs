@@ -418,6 +418,22 @@ impl HttpBackend {
         }
     }
 
+    /// The first `limit` bytes of a body or more (to quote it in an error), read chunk by chunk
+    /// under the idle timeout: a mislabelled endless stream is not held whole. Whatever
+    /// arrived before a failure or a timeout.
+    async fn read_head(&self, response: reqwest::Response, limit: usize) -> Vec<u8> {
+        use futures::StreamExt;
+        let mut chunks = Box::pin(response.bytes_stream());
+        let mut head = Vec::new();
+        while head.len() < limit {
+            match tokio::time::timeout(self.config.idle_timeout, chunks.next()).await {
+                Ok(Some(Ok(chunk))) => head.extend_from_slice(&chunk),
+                _ => break,
+            }
+        }
+        head
+    }
+
     async fn wait(&self, retry: u32, error: &Error) -> bool {
         match self.config.retry.delay(retry, error) {
             Some(delay) => {
@@ -596,7 +612,7 @@ impl Backend for HttpBackend {
             // true`, or a proxy's page) is named for what it is, not taken for a connection
             // cut before its first event and retried.
             if let Some(kind) = not_an_event_stream(response.headers()) {
-                let body = self.read_body(response).await.unwrap_or_default();
+                let body = self.read_head(response, 1024).await;
                 let text = String::from_utf8_lossy(&body);
                 let head: String = text.chars().take(200).collect();
                 return Err(Error::Decode {
