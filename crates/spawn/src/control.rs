@@ -213,11 +213,21 @@ impl Tool for SendMessageTool {
             {
                 team.serve_lead_unless_served(caller.pending().clone(), cx.cancellation().clone());
             }
+            // Only the lead and its teammates write through the team: anyone else in the
+            // tree (a subagent or fork of the lead, a teammate's own subagent) would be
+            // taken for the lead — its shutdown requests and plan approvals included.
+            let outsider = mine.is_none() && cx.agent().depth() > 0;
             if to == "*" {
+                if outsider {
+                    return ToolOutput::error(outsider_refusal(cx.agent().depth()));
+                }
                 return broadcast(&team, mine, &input).await;
             }
             let to_lead = mine.is_some() && (to == crate::team::LEAD || to == "main");
             if to_lead || team.has_teammate(to).await {
+                if outsider {
+                    return ToolOutput::error(outsider_refusal(cx.agent().depth()));
+                }
                 let to = if to_lead { crate::team::LEAD } else { to };
                 return to_teammate(&team, mine, to, &input).await;
             }
@@ -341,6 +351,15 @@ impl Tool for SendMessageTool {
             )),
         }
     }
+}
+
+/// Why an agent in the tree that is neither the lead nor a teammate may not write to the team.
+fn outsider_refusal(depth: u32) -> String {
+    format!(
+        "only the team's lead and its teammates write to teammates; this agent is neither (a \
+         subagent at depth {depth}): report what the team must know to the agent that started \
+         you, in your answer"
+    )
 }
 
 /// A letter to a teammate (or, from one, to the lead) through the team's mailbox: text, or a

@@ -24,6 +24,9 @@ pub const SEND_MESSAGE: &str = "SendMessage";
 /// The origin of a message one agent sends another (`SendMessage`).
 pub const SEND_MESSAGE_ORIGIN: &str = "send-message";
 
+/// The origin of a letter a teammate's mailbox relay queued for it.
+pub const MAILBOX_ORIGIN: &str = "mailbox";
+
 /// `<message from="…">text</message>`, the sender and the text escaped so neither can close
 /// the element (or forge another): what a `SendMessage` message is in its recipient's
 /// conversation ("Coordinator Mode: A Working Multi-Agent System, From the Source —

@@ -1059,12 +1059,17 @@ impl Owned {
     }
 }
 
-/// The `SendMessage` messages left unread in a child's queue, drained.
+/// The messages left unread in a child's queue, drained: `SendMessage` messages, and letters
+/// a teammate's mailbox relay had queued (a letter sent just before a shutdown request that
+/// ended it at once).
 fn unread_messages(inbox: &PendingQueue) -> Vec<String> {
     inbox
         .drain()
         .into_iter()
-        .filter(|m| m.origin == crate::base::pending::SEND_MESSAGE_ORIGIN)
+        .filter(|m| {
+            m.origin == crate::base::pending::SEND_MESSAGE_ORIGIN
+                || m.origin == crate::base::pending::MAILBOX_ORIGIN
+        })
         .map(|m| m.text)
         .collect()
 }

@@ -32,7 +32,9 @@ use forkhive_core::TaskId;
 use tokio::sync::watch;
 
 use crate::base::outcome::StopReason;
-use crate::base::pending::{Expectation, Halt, PendingMessage, PendingQueue, PromiseHandle};
+use crate::base::pending::{
+    Expectation, Halt, MAILBOX_ORIGIN, PendingMessage, PendingQueue, PromiseHandle,
+};
 use crate::error::{Error, Result};
 use crate::mailbox::protocol::{IdleReason, PlanDecision, PlanGate, Protocol, Seen};
 use crate::mailbox::{Inbox, Letter, Mailbox};
@@ -47,9 +49,6 @@ pub(crate) use remote::{TeamLink, ended_mark};
 
 /// The lead's name in its team (Claude Code's `team-lead`).
 pub const LEAD: &str = "team-lead";
-
-/// The origin of letters put into a conversation.
-const MAILBOX_ORIGIN: &str = "mailbox";
 
 /// A letter to teammate `to`, which has ended.
 fn gone(to: &str) -> Error {
@@ -413,6 +412,11 @@ impl Team {
     }
 
     /// Writes the roster file, if there is one (small; on every change of the roster).
+    ///
+    /// The file is shared with Claude Code's own processes: what is there already is kept —
+    /// members this team does not run (a Claude Code teammate), every field this library does
+    /// not write (`description`, `createdAt`, a member's `model`, `color`, `cwd`…) — and only
+    /// this team's members are written over.
     fn save(&self) {
         let Some(file) = &self.roster_file else {
             return;
@@ -420,24 +424,45 @@ impl Team {
         // The snapshot and its write under one lock: a later change is never overwritten by an
         // earlier snapshot.
         let _saving = self.saving.lock().unwrap_or_else(|e| e.into_inner());
-        let members: Vec<serde_json::Value> = self
-            .roster()
-            .iter()
-            .map(|m| {
-                serde_json::json!({
-                    "agentId": format!("{}@{}", m.name, self.name),
-                    "name": m.name,
-                    "agentType": m.agent_type,
-                    "taskId": m.task.to_string(),
-                    "state": m.state.to_string(),
-                })
-            })
-            .collect();
-        let doc = serde_json::json!({
-            "name": self.name,
-            "leadAgentId": format!("{LEAD}@{}", self.name),
-            "members": members,
-        });
+        let ours = self.roster();
+        let mut doc = match std::fs::read(file)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        {
+            Some(serde_json::Value::Object(doc)) => doc,
+            _ => serde_json::Map::new(),
+        };
+        let mut theirs: Vec<serde_json::Value> = match doc.remove("members") {
+            Some(serde_json::Value::Array(members)) => members,
+            _ => Vec::new(),
+        };
+        let mut members: Vec<serde_json::Value> = Vec::with_capacity(ours.len() + theirs.len());
+        for m in &ours {
+            let at = theirs.iter().position(|t| t["name"] == m.name.as_str());
+            let mut entry = match at.map(|i| theirs.remove(i)) {
+                Some(serde_json::Value::Object(entry)) => entry,
+                _ => serde_json::Map::new(),
+            };
+            for (key, value) in [
+                (
+                    "agentId",
+                    serde_json::json!(format!("{}@{}", m.name, self.name)),
+                ),
+                ("name", serde_json::json!(m.name)),
+                ("agentType", serde_json::json!(m.agent_type)),
+                ("taskId", serde_json::json!(m.task.to_string())),
+                ("state", serde_json::json!(m.state.to_string())),
+            ] {
+                entry.insert(key.to_owned(), value);
+            }
+            members.push(serde_json::Value::Object(entry));
+        }
+        members.extend(theirs);
+        doc.insert("name".to_owned(), serde_json::json!(self.name));
+        doc.entry("leadAgentId")
+            .or_insert_with(|| serde_json::json!(format!("{LEAD}@{}", self.name)));
+        doc.insert("members".to_owned(), serde_json::Value::Array(members));
+        let doc = serde_json::Value::Object(doc);
         let write = || -> std::io::Result<()> {
             if let Some(dir) = file.parent() {
                 std::fs::create_dir_all(dir)?;
