@@ -490,3 +490,31 @@ async fn ten_writer_processes_lose_and_double_nothing() {
         started.elapsed()
     );
 }
+
+/// An inbox file is never read through a symlink: a link planted at alice's inbox that points
+/// at bob's would hand her his letters. She is refused, saying why, and his letters stay his.
+#[cfg(unix)]
+#[tokio::test]
+async fn an_inbox_that_is_a_symlink_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mail = FileMailbox::new(dir.path());
+    let (alice, bob) = (
+        Inbox::new("crew", "alice").unwrap(),
+        Inbox::new("crew", "bob").unwrap(),
+    );
+    mail.send(&bob, Letter::new("team-lead", "for bob only"))
+        .await
+        .unwrap();
+    std::os::unix::fs::symlink(mail.path(&bob), mail.path(&alice)).unwrap();
+    let err = mail.receive(&alice).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "mailbox crew/alice: {} is a symlink; an inbox is read only from a file of its own",
+            mail.path(&alice).display()
+        )
+    );
+    let his = mail.receive(&bob).await.unwrap();
+    assert_eq!(his.len(), 1);
+    assert_eq!(his[0].text, "for bob only");
+}

@@ -232,12 +232,34 @@ fn fail(inbox: &Inbox, message: String) -> Error {
 
 /// The inbox's entries; a missing file is an empty inbox.
 async fn read(inbox: &Inbox, path: &Path) -> Result<Vec<Value>> {
-    entries(inbox, path, tokio::fs::read(path).await)
+    let owned = path.to_path_buf();
+    let bytes = tokio::task::spawn_blocking(move || read_file(&owned))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    entries(inbox, path, bytes)
 }
 
 /// [`read`] on the calling thread (for an update on the blocking pool).
 fn read_now(inbox: &Inbox, path: &Path) -> Result<Vec<Value>> {
-    entries(inbox, path, std::fs::read(path))
+    entries(inbox, path, read_file(path))
+}
+
+/// An inbox file's bytes, never read through a symlink: a link planted at an inbox's path
+/// would have its owner read another inbox's letters, or any file. (Writes replace the file by
+/// a rename, which never follows one.)
+fn read_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NOFOLLOW);
+    }
+    let mut file = opts.open(path)?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// The entries of an inbox file read as `read`.
@@ -245,6 +267,16 @@ fn entries(inbox: &Inbox, path: &Path, read: std::io::Result<Vec<u8>>) -> Result
     let bytes = match read {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        #[cfg(unix)]
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(fail(
+                inbox,
+                format!(
+                    "{} is a symlink; an inbox is read only from a file of its own",
+                    path.display()
+                ),
+            ));
+        }
         Err(e) => return Err(fail(inbox, format!("reading {}: {e}", path.display()))),
     };
     if bytes.iter().all(u8::is_ascii_whitespace) {
