@@ -120,7 +120,7 @@ pub enum Error {
     },
 
     /// Writing a recorded request failed. **Not retried.**
-    #[error("could not record request to {path}")]
+    #[error("could not record to {path}")]
     Record {
         /// The file that could not be written.
         path: std::path::PathBuf,

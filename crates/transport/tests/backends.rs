@@ -176,7 +176,7 @@ async fn recording_never_follows_a_planted_symlink() {
     assert_eq!(
         err.to_string(),
         format!(
-            "could not record request to {}",
+            "could not record to {}",
             dir.path().join("0001-request.json").display()
         )
     );
@@ -195,7 +195,7 @@ async fn recording_into_a_missing_or_non_directory_path_is_refused() {
         RecordingBackend::new(hello(), &missing, Box::new(AnthropicCodec::default())).unwrap_err();
     assert_eq!(
         err.to_string(),
-        format!("could not record request to {}", missing.display())
+        format!("could not record to {}", missing.display())
     );
     let file = dir.path().join("file");
     std::fs::write(&file, "x").unwrap();

@@ -711,7 +711,7 @@ fn recording_into_a_directory_with_recordings_is_refused() {
     assert_eq!(
         forkhive_core::error::chain(&err),
         format!(
-            "could not record request to {}: the directory holds recordings already; record \
+            "could not record to {}: the directory holds recordings already; record \
              into an empty one",
             dir.path().join("0001-parent.json").display()
         )
