@@ -61,7 +61,7 @@ pub use builtin::{
     VERIFICATION_AGENT, builtin_definitions, fork_definition,
 };
 pub use diagnostic::{Diagnostic, FileReport, FileStatus, LoadReport};
-pub use loader::{AgentLoader, load_dir, load_file};
+pub use loader::{AgentLoader, MAX_DEFINITION_FILE, load_dir, load_file};
 pub use parse::{ParsedDefinition, parse_agent_markdown};
 pub use registry::{AgentRegistry, DefinitionOrigin, Shadowed};
 

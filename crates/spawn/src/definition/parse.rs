@@ -43,8 +43,10 @@ pub fn parse_agent_markdown(
     let at = |p: Problem| Diagnostic::new(path, p.line, p.column, p.message);
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let normalized;
+    // A lone `\r` is a line break to YAML and to editors: one here too, so every line the
+    // parser reports, and every repair, counts lines as they are shown.
     let text = if text.contains('\r') {
-        normalized = text.replace("\r\n", "\n");
+        normalized = text.replace("\r\n", "\n").replace('\r', "\n");
         normalized.as_str()
     } else {
         text
@@ -109,6 +111,22 @@ impl Reader<'_> {
                 ),
             ));
         };
+        // A tagged key (`!x disallowedTools`) is another key to the YAML loader, so a second
+        // one would not be caught as set twice, yet it reads as the plain key.
+        if let Some(tagged) = map
+            .keys()
+            .find(|k| matches!(k.data, YamlDataOwned::Tagged(..)))
+        {
+            let (line, column) = position(tagged);
+            return Err(Problem::new(
+                line,
+                column,
+                format!(
+                    "the key `{}` carries a tag; frontmatter keys are plain: remove the tag",
+                    yaml::key_text(tagged, self.text)
+                ),
+            ));
+        }
         let entries: Vec<(String, &MarkedYamlOwned, &MarkedYamlOwned)> = map
             .iter()
             .map(|(k, v)| (yaml::key_text(k, self.text), k, v))
@@ -586,7 +604,9 @@ fn has_space_outside_parens(name: &str) -> bool {
 const RESTRICTING_KEYS: [&str; 3] = ["tools", "disallowedTools", "permissionMode"];
 
 /// The known key `key` is probably a misspelling of (`max_turns`, `Tools`,
-/// `allowed-tools`), if any.
+/// `allowed-tools`), if any. A key that holds anything but ASCII (a zero-width space, a
+/// no-break space, a Cyrillic `о`) and reads as a known key on screen — its ASCII letters a
+/// letter or less away from it — counts too: no real key holds such characters.
 fn similar_known_key(key: &str) -> Option<&'static str> {
     fn squash(s: &str) -> String {
         s.chars()
@@ -598,9 +618,47 @@ fn similar_known_key(key: &str) -> Option<&'static str> {
     if squashed == "allowedtools" {
         return Some("tools");
     }
-    KNOWN_KEYS
+    if let Some(known) = KNOWN_KEYS
         .into_iter()
         .find(|known| squash(known) == squashed)
+    {
+        return Some(known);
+    }
+    if key.is_ascii() {
+        return None;
+    }
+    let letters: String = squashed
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .collect();
+    KNOWN_KEYS
+        .into_iter()
+        .chain(["allowedTools"])
+        .find(|known| at_most_one_edit(&squash(known), &letters))
+        .map(|known| {
+            if known == "allowedTools" {
+                "tools"
+            } else {
+                known
+            }
+        })
+}
+
+/// Whether `a` becomes `b` by at most one insertion, deletion or substitution.
+fn at_most_one_edit(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let (short, long) = if a.len() <= b.len() { (a, b) } else { (b, a) };
+    if long.len() - short.len() > 1 {
+        return false;
+    }
+    let same = short.iter().zip(long).take_while(|(x, y)| x == y).count();
+    let rest = if short.len() == long.len() {
+        same + 1
+    } else {
+        same
+    };
+    short.get(rest..).unwrap_or_default() == long.get(same + 1..).unwrap_or_default()
+        || short.len() == same
 }
 
 #[cfg(test)]

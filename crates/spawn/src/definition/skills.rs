@@ -73,8 +73,10 @@ impl Skills {
     }
 
     fn read(path: &Path) -> Result<Skill, Diagnostic> {
-        let text = std::fs::read_to_string(path)
+        let bytes = super::loader::read_capped(path)
             .map_err(|e| Diagnostic::new(path, 0, 0, format!("cannot read the skill: {e}")))?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| Diagnostic::new(path, 0, 0, "cannot read the skill: it is not UTF-8"))?;
         let parsed = parse_agent_markdown(path, &text, DefinitionSource::Project)
             .map_err(|e| Diagnostic::new(path, 0, 0, format!("not a skill file: {e}")))?;
         let d = parsed.definition;

@@ -30,6 +30,14 @@ pub(super) struct Document {
 /// The message saphyr gives for a key set twice in one mapping.
 const DUPLICATE_KEY: &str = "duplicated key in mapping";
 
+/// The longest frontmatter read, in bytes: a real one is a few lines (the longest of 354 files
+/// people wrote for Claude Code holds under 4 KB). Past it the file is refused before any
+/// parse, so a hostile one costs no more than this to read.
+pub(super) const MAX_FRONTMATTER: usize = 64 * 1024;
+
+/// The most one-line repairs made to one frontmatter: each means a parse of the whole of it.
+pub(super) const MAX_REPAIRS: usize = 64;
+
 /// Parses the frontmatter lines (`lines[0]` is line 2 of the file), repairing what can be
 /// repaired.
 pub(super) fn parse(lines: &[&str]) -> Result<Document, Problem> {
@@ -43,11 +51,24 @@ pub(super) fn parse(lines: &[&str]) -> Result<Document, Problem> {
             ),
         ));
     }
+    let size: usize = lines.iter().map(|l| l.len() + 1).sum();
+    if size > MAX_FRONTMATTER {
+        return Err(Problem::new(
+            1,
+            1,
+            format!(
+                "the frontmatter is {size} bytes, more than {} KiB; an agent definition's is a \
+                 few lines: move long text into the body",
+                MAX_FRONTMATTER / 1024
+            ),
+        ));
+    }
     let mut work: Vec<String> = lines.iter().map(|l| (*l).to_owned()).collect();
     let mut repaired = BTreeSet::new();
     let mut warnings = Vec::new();
     loop {
         let text = work.join("\n");
+        refuse_anchors(&text)?;
         let error = match MarkedYamlOwned::load_from_str(&text) {
             Ok(docs) => {
                 if let Some(second) = docs.get(1) {
@@ -67,12 +88,55 @@ pub(super) fn parse(lines: &[&str]) -> Result<Document, Problem> {
             Err(error) => error,
         };
         // Each repair blanks out or rewrites one entry and never touches it again, so this
-        // loop ends after at most one round per line.
+        // loop ends after at most one round per line — and after `MAX_REPAIRS` rounds, each a
+        // parse of the whole frontmatter.
+        if warnings.len() >= MAX_REPAIRS {
+            let mut problem = reject(&work, &error);
+            problem.message = format!(
+                "{}; {MAX_REPAIRS} lines were repaired before this one, and no more are: quote \
+                 the values that hold `: `",
+                problem.message
+            );
+            return Err(problem);
+        }
         match repair(&mut work, &mut repaired, &error) {
             Some(warning) => warnings.push(warning),
             None => return Err(reject(&work, &error)),
         }
     }
+}
+
+/// Refuses anchors (`&name`) and aliases (`*name`): an agent definition needs neither, and the
+/// YAML loader keeps a copy of every anchored node once it is complete, so a few kilobytes of
+/// anchors nested in flow lists take gigabytes (no alias needed). Read as events, before any
+/// document is built; a scan error is left for the loader to report (and maybe repair).
+fn refuse_anchors(text: &str) -> Result<(), Problem> {
+    use saphyr_parser::Event;
+    for item in saphyr_parser::Parser::new_from_str(text) {
+        let Ok((event, span)) = item else {
+            return Ok(());
+        };
+        let what = match event {
+            Event::Alias(_) => "an alias (`*name`)",
+            Event::Scalar(_, _, anchor, _)
+            | Event::SequenceStart(anchor, _)
+            | Event::MappingStart(anchor, _)
+                if anchor > 0 =>
+            {
+                "an anchor (`&name`)"
+            }
+            _ => continue,
+        };
+        return Err(Problem::new(
+            span.start.line() + 1,
+            span.start.col() + 1,
+            format!(
+                "{what} in the frontmatter; an agent definition uses neither anchors nor \
+                 aliases: write the value out"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The deepest nesting the parser is given. The YAML parser caps flow nesting itself, but
@@ -742,6 +806,20 @@ mod tests {
                 3,
                 18,
                 "invalid YAML: invalid trailing content after double-quoted scalar"
+            )
+        );
+    }
+
+    #[test]
+    fn a_frontmatter_past_the_limit_is_refused_before_parsing() {
+        let long = format!("description: {}", "a".repeat(MAX_FRONTMATTER));
+        assert_eq!(
+            parse_str(&long).unwrap_err(),
+            Problem::new(
+                1,
+                1,
+                "the frontmatter is 65550 bytes, more than 64 KiB; an agent definition's is a few \
+                 lines: move long text into the body"
             )
         );
     }
