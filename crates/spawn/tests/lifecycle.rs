@@ -1199,27 +1199,11 @@ async fn the_host_hears_notified_before_the_parent_can_read_it() {
         .build()
         .await
         .unwrap();
-    let parent = forkhive_core::TaskId::generate(forkhive_core::TaskKind::Agent);
-    service
-        .launch(forkhive_spawn::task::Launch {
-            agent: child,
-            first: forkhive_spawn::task::FirstInput::Prompt("work".into()),
-            description: "child".into(),
-            tool_use_id: None,
-            parent_queue: queue.clone(),
-            progress: Arc::default(),
-            output: None,
-            slot: service.acquire(parent).unwrap(),
-            gate: None,
-            events: Some(Arc::clone(&sink) as _),
-            ledger: None,
-            parent_turn: 0,
-            deadline: None,
-            name: None,
-            worktree: None,
-        })
-        .await
-        .unwrap();
+    let start = Start {
+        events: Some(Arc::clone(&sink) as _),
+        ..Start::bare()
+    };
+    start_child(&service, child, &queue, start).await;
     service.wait_idle().await;
     assert_eq!(*sink.seen.lock().unwrap(), [(0, 1)]);
     assert_eq!(queue.drain().len(), 1);

@@ -35,6 +35,25 @@ fn tools_for(worker: AgentDefinition, extra: Vec<Arc<dyn Tool>>) -> ToolPool {
     ToolPool::new(tools).unwrap()
 }
 
+/// A lead over team `review` (in memory) with [`tools_for`]'s tools, at most 20 turns.
+async fn team_and_lead(
+    b: Arc<Brain>,
+    worker: AgentDefinition,
+    extra: Vec<Arc<dyn Tool>>,
+) -> (Arc<Team>, Agent) {
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let lead = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(tools_for(worker, extra))
+        .extension(Arc::clone(&team))
+        .limits(forkhive_spawn::runtime::Limits::default().with_max_turns(Some(20)))
+        .build()
+        .await
+        .unwrap();
+    (team, lead)
+}
+
 fn worker() -> AgentDefinition {
     let mut w = AgentDefinition::new("worker", "a teammate", DefinitionSource::Project);
     w.system_prompt = "You are a worker.".into();
@@ -87,16 +106,7 @@ async fn plan_mode_holds_a_teammate_whose_definition_bubbles() {
     let writes = Arc::new(AtomicUsize::new(0));
     let mut def = worker();
     def.permission_mode = Some(PermissionMode::Bubble);
-    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
-    let mut lead = Agent::builder(b)
-        .model("m")
-        .system_prompt("You are the parent.")
-        .tools(tools_for(def, vec![write_tool(&writes)]))
-        .extension(Arc::clone(&team))
-        .limits(forkhive_spawn::runtime::Limits::default().with_max_turns(Some(20)))
-        .build()
-        .await
-        .unwrap();
+    let (_team, mut lead) = team_and_lead(b, def, vec![write_tool(&writes)]).await;
     let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
         .await
         .expect("the lead's run returned");
@@ -133,16 +143,7 @@ async fn a_letter_before_a_shutdown_is_read_or_reported() {
         }
         Plan::Reply(say("ok"))
     });
-    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
-    let mut lead = Agent::builder(b)
-        .model("m")
-        .system_prompt("You are the parent.")
-        .tools(tools_for(worker(), vec![]))
-        .extension(Arc::clone(&team))
-        .limits(forkhive_spawn::runtime::Limits::default().with_max_turns(Some(20)))
-        .build()
-        .await
-        .unwrap();
+    let (team, mut lead) = team_and_lead(b, worker(), vec![]).await;
     let run = lead.run("go").await;
     assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
     assert_eq!(team.member("alice").unwrap().state, MemberState::Idle);
@@ -291,16 +292,7 @@ async fn a_lead_subagent_cannot_send_as_the_lead() {
         }
         Plan::Reply(say("ok"))
     });
-    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
-    let mut lead = Agent::builder(b)
-        .model("m")
-        .system_prompt("You are the parent.")
-        .tools(tools_for(worker(), vec![]))
-        .extension(Arc::clone(&team))
-        .limits(forkhive_spawn::runtime::Limits::default().with_max_turns(Some(20)))
-        .build()
-        .await
-        .unwrap();
+    let (team, mut lead) = team_and_lead(b, worker(), vec![]).await;
     let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
         .await
         .expect("the lead's run returned");
@@ -389,16 +381,7 @@ async fn only_the_lead_approves_a_plan_not_its_subagent() {
         Plan::Reply(say("ok"))
     });
     let writes = Arc::new(AtomicUsize::new(0));
-    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
-    let mut lead = Agent::builder(b)
-        .model("m")
-        .system_prompt("You are the parent.")
-        .tools(tools_for(worker(), vec![write_tool(&writes)]))
-        .extension(Arc::clone(&team))
-        .limits(forkhive_spawn::runtime::Limits::default().with_max_turns(Some(20)))
-        .build()
-        .await
-        .unwrap();
+    let (team, mut lead) = team_and_lead(b, worker(), vec![write_tool(&writes)]).await;
     let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
         .await
         .expect("the lead's run returned");

@@ -328,6 +328,8 @@ pub(crate) struct Start {
     pub(crate) gate: Option<forkhive_spawn::task::Gate>,
     pub(crate) progress: Arc<forkhive_spawn::task::Progress>,
     pub(crate) output: Option<Arc<forkhive_spawn::task::OutputFile>>,
+    /// Where its `ChildStarted` and `Notified` go.
+    pub(crate) events: Option<Arc<dyn EventSink>>,
 }
 
 impl Start {
@@ -339,6 +341,7 @@ impl Start {
             gate: None,
             progress: Arc::default(),
             output: None,
+            events: None,
         }
     }
 
@@ -368,7 +371,7 @@ pub(crate) async fn start_child(
             output: start.output,
             slot: service.acquire(start.parent).unwrap(),
             gate: start.gate,
-            events: None,
+            events: start.events,
             ledger: None,
             parent_turn: 0,
             deadline: None,
