@@ -80,10 +80,11 @@ fn repairs_are_capped_so_a_file_of_them_is_refused_at_once() {
     assert_eq!(p.warnings.len(), 64);
 }
 
-/// Anchors on nested flow lists: the YAML loader clones each anchored node when it is
-/// complete, so every level holds a copy of everything below it (depth x width nodes), with
-/// no alias used at all, so saphyr's alias budget never applies. Measured in a child process
-/// of its own (peak resident memory is the process's).
+/// Anchors on nested flow lists: the YAML loader would clone each anchored node when it is
+/// complete, so every level would hold a copy of everything below it (depth x width nodes),
+/// with no alias used, out of reach of saphyr's alias budget. Anchors are refused before any
+/// document is built; the memory is measured in a child process of its own (peak resident
+/// memory is the process's).
 #[cfg(target_os = "linux")]
 #[test]
 fn nested_anchors_do_not_multiply_memory() {
@@ -137,10 +138,9 @@ fn nested_anchors_do_not_multiply_memory() {
 
 /// A `.md` link in the agents directory to a file that never ends but is a regular file to
 /// `stat` (`/proc/self/pagemap`: 8 bytes per page of the address space, 256 GiB): the loader
-/// reads it whole, with no limit on a definition file's size. Run in a child process
-/// limited to 3 GB of address space, so that it does not take the machine down: there the
-/// read fails with "out of memory" after 2 GiB of it is held; on a host without such a limit it
-/// grows until the allocator or the OOM killer stops it.
+/// reads at most `MAX_DEFINITION_FILE` of it, and lists it as rejected. Run in a child process
+/// limited to 3 GB of address space, so that a loader that read it whole could not take the
+/// machine down.
 #[cfg(target_os = "linux")]
 #[test]
 fn a_link_to_an_endless_file_is_not_read_whole() {
@@ -198,10 +198,9 @@ fn a_link_to_an_endless_file_is_not_read_whole() {
 }
 
 /// A restricting key with an invisible character (a zero-width space, a word joiner, a
-/// no-break space) or a look-alike letter reads as `tools`/`disallowedTools`/`permissionMode`
-/// on screen, but is kept as an unknown key without a word: the agent gets every tool, or
-/// leaves plan mode. `disallowed_tools` and `Tools` are rejected for that reason; these are
-/// not even warned about.
+/// no-break space) or a non-ASCII look-alike letter reads as `tools`/`disallowedTools`/
+/// `permissionMode` on screen; kept as an unknown key, the agent would get every tool, or leave
+/// plan mode. It is rejected like `disallowed_tools` and `Tools`.
 #[test]
 fn an_invisible_variant_of_a_restricting_key_is_not_silently_ignored() {
     let cases = [
@@ -249,10 +248,8 @@ fn a_tagged_key_is_refused() {
 }
 
 /// A lone `\r` (not followed by `\n`) is a line break to YAML, and to most editors, which
-/// show the two keys below on two lines; the repair works on lines split at `\n` only, so it
-/// reads `disallowedTools: Bash` as part of the description's text: the restriction is gone,
-/// and the warning speaks only of the description. (docs/definitions.md: an unindented line
-/// inside a multi-line value "is rejected rather than repaired".)
+/// show the two keys below on two lines: so it is to the loader too, and `disallowedTools:
+/// Bash` stays a restriction of its own, not text folded into the repaired description.
 #[test]
 fn a_lone_carriage_return_does_not_fold_a_restriction_into_a_repaired_value() {
     let text = "---\nname: a\ndescription: Use when: x\rdisallowedTools: Bash\n---\nbody\n";

@@ -1106,6 +1106,9 @@ fn a_runtime_shutting_down_while_an_owner_finishes_still_delivers_the_notificati
     drop(rt);
     let record = futures::executor::block_on(registry.get(&id)).unwrap();
     assert_eq!(record.state, TaskState::Completed);
+    // The roll-up was asked for and had not landed: it is not asked again (it might have
+    // landed, and a second would count twice), so this child's usage is missing.
+    assert_eq!(record.usage, forkhive_core::Usage::default());
     let notes = queue.drain();
     assert_eq!(notes.len(), 1, "the child's one notification");
     let n = TaskNotification::parse(&notes[0].text).unwrap();

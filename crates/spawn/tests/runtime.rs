@@ -1290,34 +1290,19 @@ async fn permission_modes_map_onto_policies() {
     };
     let mut def = AgentDefinition::new("writer", "writes", DefinitionSource::Project);
     def.system_prompt = "You write.".into();
-    let says_no = || -> Arc<dyn PermissionPolicy> { Arc::new(SaysNo) };
-    for (mode, host, want) in [
+    for (mode, want) in [
         (
             PermissionMode::Plan,
-            says_no(),
             (
                 true,
                 "permission denied for `Write`: plan mode: only read-only tools may run while planning",
             ),
         ),
-        (
-            PermissionMode::BypassPermissions,
-            says_no(),
-            (false, "written"),
-        ),
-        (PermissionMode::AcceptEdits, says_no(), (false, "written")),
-        // The parent decides...
+        (PermissionMode::BypassPermissions, (false, "written")),
+        (PermissionMode::AcceptEdits, (false, "written")),
         (
             PermissionMode::Bubble,
-            Arc::new(forkhive_spawn::tool::AllowAll) as Arc<dyn PermissionPolicy>,
             (true, "the parent says no to `Write`"),
-        ),
-        // ...and a policy the host set for this agent itself still holds: a definition's
-        // `bubble` never loosens it.
-        (
-            PermissionMode::Bubble,
-            says_no(),
-            (true, "`Write` is for the parent to decide: no"),
         ),
     ] {
         def.permission_mode = Some(mode);
@@ -1340,7 +1325,7 @@ async fn permission_modes_map_onto_policies() {
                 .arc()])
                 .unwrap(),
             )
-            .policy(host)
+            .policy(Arc::new(SaysNo))
             .trust_permission_modes(true)
             .child_of(seed)
             .build()

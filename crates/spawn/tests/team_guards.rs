@@ -75,16 +75,21 @@ fn write_tool(writes: &Arc<AtomicUsize>) -> Arc<dyn Tool> {
 
 /// docs/teams.md, Plan mode: "`mode: "plan"` holds the teammate to read-only tools and
 /// `SendMessage` until the lead approves its plan — in the permission check, whatever the model
-/// writes." A teammate whose agent type says `permissionMode: bubble` (a valid frontmatter
-/// mode, the fork's own) is started in plan mode and writes at once, with no plan asked or
-/// approved.
+/// writes." It holds too when the teammate's agent type says `permissionMode: bubble` (a valid
+/// frontmatter mode, the fork's own), which asks the parent's policy instead of the agent's:
+/// the plan mode is a restriction of the teammate's own, asked first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_mode_holds_a_teammate_whose_definition_bubbles() {
-    let b = brain(|r| {
+    let told = Arc::new(std::sync::Mutex::new(Vec::<(String, bool)>::new()));
+    let t = Arc::clone(&told);
+    let b = brain(move |r| {
         if !is_parent(r) {
             if r.all_messages().len() == 1 {
                 return Plan::Reply(calls(&[("w0", "Write", "{}")]));
             }
+            t.lock()
+                .unwrap()
+                .extend(results(r).into_iter().map(|(_, text, e)| (text, e)));
             return Plan::Reply(say("done"));
         }
         if r.all_messages().len() == 1 {
@@ -116,13 +121,21 @@ async fn plan_mode_holds_a_teammate_whose_definition_bubbles() {
         0,
         "a teammate in plan mode wrote before the lead approved any plan"
     );
+    assert_eq!(
+        told.lock().unwrap().first().cloned(),
+        Some((
+            "plan mode: `Write` may run once the lead approves your plan; send it with \
+             SendMessage to `team-lead`, message {\"type\":\"plan_approval_request\",\"plan\":\"…\"}"
+                .to_owned(),
+            true
+        ))
+    );
 }
 
-/// docs/teams.md: a letter the lead sends a teammate keeps the lead's run going "until the
-/// teammate has read it", and a letter is never lost in silence. The lead writes to idle
-/// `alice` ("also check src/db.rs"), then asks her to shut down; both letters are stored
-/// before her relay runs. She must either read the letter, or the lead must be told it was
-/// not read. Neither happens: she ends at once, and the letter vanishes.
+/// docs/teams.md: a letter is never lost in silence. The lead writes to idle `alice` ("also
+/// check src/db.rs"), then asks her to shut down; both letters are stored before her relay
+/// runs. She ends at once without reading the letter, and the lead is told so in her end's
+/// note (the letter stays in her inbox, as every unread letter does, for the next `alice`).
 #[tokio::test]
 async fn a_letter_before_a_shutdown_is_read_or_reported() {
     let alice_saw = Arc::new(AtomicBool::new(false));
@@ -169,20 +182,19 @@ async fn a_letter_before_a_shutdown_is_read_or_reported() {
         .filter_map(|n| n.note)
         .collect();
     assert!(
-        notes.iter().any(
-            |n| n.starts_with("1 message(s) arrived after it stopped reading: ")
-                && n.contains("also check src/db.rs")
-        ),
+        notes.iter().any(|n| n.starts_with(
+            "1 letter(s) it had not read stay in its inbox, for the next teammate of its \
+                 name: "
+        ) && n.contains("also check src/db.rs")),
         "the letter sent before the shutdown was neither read by alice nor reported to the \
          lead: {notes:?}"
     );
 }
 
-/// docs/teams.md, Restarts and "Not here yet": the roster file is Claude Code's own
-/// `teams/<team>/config.json`, and "a teammate of another process (a Claude Code teammate
-/// sharing the inboxes) is on the roster only if its process writes it there". Claude Code
-/// has written its teammate `carol` there; the forkhive lead starts `alice`. Carol must still
-/// be in the file afterwards — she is erased, with every field Claude Code wrote.
+/// docs/teams.md, Restarts: the roster file is Claude Code's own `teams/<team>/config.json`,
+/// shared with its processes. Claude Code has written its teammate `carol` there; the forkhive
+/// lead starts `alice`. Carol stays in the file, with every field Claude Code wrote, and so do
+/// the file's own fields.
 #[tokio::test]
 async fn a_claude_code_teammate_in_the_roster_file_survives_a_forkhive_change() {
     let dir = tempfile::tempdir().unwrap();
@@ -249,11 +261,10 @@ async fn a_claude_code_teammate_in_the_roster_file_survives_a_forkhive_change() 
     assert_eq!(saved["description"], "shared with Claude Code", "{saved}");
 }
 
-/// docs/teams.md: a `shutdown_request` is sent by "the lead, to a teammate", and "a shutdown
-/// request from a teammate" is refused; the letter's sender is who sent it. A plain subagent of
-/// the lead (not the lead, not a teammate: a `worker` started without `name`/`team_name`, say
-/// one reading untrusted text) sends `alice` a shutdown request. It is accepted as a letter from
-/// `team-lead`, and alice shuts down.
+/// docs/teams.md: a `shutdown_request` is sent by "the lead, to a teammate". A plain subagent
+/// of the lead (not the lead, not a teammate: a `worker` started without `name`/`team_name`,
+/// say one reading untrusted text) that sends `alice` one is refused, saying why, and alice
+/// stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lead_subagent_cannot_send_as_the_lead() {
     let helper_results = Arc::new(std::sync::Mutex::new(Vec::<(String, bool)>::new()));
@@ -324,12 +335,14 @@ fn last_plan_request(text: &str) -> Option<String> {
     Some(rest[start..start + end].to_owned())
 }
 
-/// docs/teams.md, Plan mode: "the teammate's `PlanGate` takes the lead's answer only"; "an
-/// answer from anyone but the lead is refused and the teammate keeps waiting". A plain
-/// subagent of the lead (`helper`, given the request's id in its prompt) answers alice's plan
-/// with an approval: it is taken as the lead's, and alice writes.
+/// docs/teams.md, Plan mode: "an answer from anyone but the lead is refused and the teammate
+/// keeps waiting". A plain subagent of the lead (`helper`, given the request's id in its
+/// prompt) that answers alice's plan with an approval is refused; alice stays in plan mode and
+/// writes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_lead_approves_a_plan_not_its_subagent() {
+    let helper_told = Arc::new(std::sync::Mutex::new(Vec::<(String, bool)>::new()));
+    let ht = Arc::clone(&helper_told);
     let b = brain(move |r| {
         let text = text_of(r);
         let first = r.all_messages()[0].text();
@@ -345,6 +358,9 @@ async fn only_the_lead_approves_a_plan_not_its_subagent() {
                         ),
                     )]));
                 }
+                ht.lock()
+                    .unwrap()
+                    .extend(results(r).into_iter().map(|(_, t, e)| (t, e)));
                 return Plan::Reply(say("helper done"));
             }
             // alice, in plan mode: asks once, writes once approved.
@@ -389,6 +405,16 @@ async fn only_the_lead_approves_a_plan_not_its_subagent() {
     assert!(
         format!("{:?}", lead.params().messages()).contains("helper done"),
         "the helper ran"
+    );
+    assert_eq!(
+        *helper_told.lock().unwrap(),
+        [(
+            "only the team's lead and its teammates write to teammates; this agent is neither (a \
+             subagent at depth 1): report what the team must know to the agent that started \
+             you, in your answer"
+                .to_owned(),
+            true
+        )]
     );
     assert!(
         team.in_plan_mode("alice") && writes.load(Ordering::SeqCst) == 0,

@@ -499,25 +499,21 @@ impl AgentTool {
                     mode == crate::definition::PermissionMode::Plan
                 }
             };
+            // The teammate's `mode` is a restriction of its own, asked before the caller's
+            // policy (and whatever its definition's `permissionMode` makes of it): the modes
+            // that tighten; the rest leave the caller's policy to decide.
             let policy: Option<Arc<dyn crate::tool::PermissionPolicy>> = match (&input.mode, &team)
             {
                 (Some(_), Some((team, name))) if plan_mode => {
-                    Some(Arc::new(crate::tool::permission::Both::new(
-                        Arc::new(crate::team::PlanMode::new(team, name)),
-                        Arc::clone(&caller.policy),
-                    )))
+                    Some(Arc::new(crate::team::PlanMode::new(team, name)))
                 }
-                (Some(m), Some(_)) => {
-                    m.parse::<crate::definition::PermissionMode>()
-                        .ok()
-                        .map(|mode| {
-                            crate::tool::permission::policy_for_mode(
-                                Some(&mode),
-                                Arc::clone(&caller.policy),
-                                Some(Arc::clone(&caller.policy)),
-                                false,
-                            )
-                        })
+                (Some(m), Some(_))
+                    if m.parse::<crate::definition::PermissionMode>().ok()
+                        == Some(crate::definition::PermissionMode::DontAsk) =>
+                {
+                    Some(Arc::new(crate::tool::permission::ReadOnly::new(
+                        "this agent runs without asking, and the tool is not read-only",
+                    )))
                 }
                 _ => None,
             };

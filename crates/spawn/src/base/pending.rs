@@ -27,6 +27,10 @@ pub const SEND_MESSAGE_ORIGIN: &str = "send-message";
 /// The origin of a letter a teammate's mailbox relay queued for it.
 pub const MAILBOX_ORIGIN: &str = "mailbox";
 
+/// The origin of what the team puts into a teammate's conversation in answer to a control
+/// letter (the lead's answer to its plan, a shutdown request it is asked to answer).
+pub const MAILBOX_CONTROL_ORIGIN: &str = "mailbox-control";
+
 /// `<message from="…">text</message>`, the sender and the text escaped so neither can close
 /// the element (or forge another): what a `SendMessage` message is in its recipient's
 /// conversation ("Coordinator Mode: A Working Multi-Agent System, From the Source —

@@ -143,7 +143,8 @@ pub struct SpawnContext<'a> {
     pub(crate) caller: &'a AgentShared,
     /// The calling turn.
     pub turn: &'a Arc<TurnSnapshot>,
-    /// The child's permission policy, when it is not the caller's (a teammate's `mode`).
+    /// A restriction of the child's own, asked before the caller's policy (a teammate's
+    /// `mode`).
     pub(crate) policy: Option<Arc<dyn crate::tool::PermissionPolicy>>,
     /// The definitions subagents come from.
     pub registry: &'a AgentRegistry,
@@ -353,11 +354,8 @@ impl SpawnStrategy for Subagent {
             } else {
                 ToolAudience::Foreground
             })
-            .policy(
-                cx.policy
-                    .clone()
-                    .unwrap_or_else(|| Arc::clone(&cx.caller.policy)),
-            )
+            .policy(Arc::clone(&cx.caller.policy))
+            .restrict(cx.policy.clone())
             .limits(cx.child_limits.clone())
             .settings(cx.caller.settings.clone())
             .child_of(seed)
@@ -489,11 +487,8 @@ impl SpawnStrategy for Fork {
             .params(turn.base.clone())
             .tools(cx.caller.pool.clone())
             .definition(fork_definition())
-            .policy(
-                cx.policy
-                    .clone()
-                    .unwrap_or_else(|| Arc::clone(&cx.caller.policy)),
-            )
+            .policy(Arc::clone(&cx.caller.policy))
+            .restrict(cx.policy.clone())
             .limits(limits)
             .settings(cx.caller.settings.clone())
             .child_of(seed)

@@ -867,13 +867,27 @@ impl Owned {
         // Messages sent to it after its last read (`SendMessage` reported them sent): not lost
         // in silence, but returned to its parent in its notification.
         if let Some(live) = live {
-            let unread = unread_messages(&live.inbox);
-            if !unread.is_empty() {
-                let line = format!(
-                    "{} message(s) arrived after it stopped reading: {}",
-                    unread.len(),
-                    unread.join(" ")
-                );
+            let (unread, letters) = unread_messages(&live.inbox);
+            let lines = [
+                (!unread.is_empty()).then(|| {
+                    format!(
+                        "{} message(s) arrived after it stopped reading: {}",
+                        unread.len(),
+                        unread.join(" ")
+                    )
+                }),
+                // Still in its inbox (the mailbox keeps a letter until it is read): the next
+                // teammate of its name reads them.
+                (!letters.is_empty()).then(|| {
+                    format!(
+                        "{} letter(s) it had not read stay in its inbox, for the next teammate of \
+                         its name: {}",
+                        letters.len(),
+                        letters.join(" ")
+                    )
+                }),
+            ];
+            for line in lines.into_iter().flatten() {
                 n.note = Some(match n.note.take() {
                     Some(note) => format!("{note}; {line}"),
                     None => line,
@@ -995,7 +1009,9 @@ impl Owned {
                 Some(Err(e)) => {
                     let now = registry.get(&id).now_or_never().flatten().map(|r| r.state);
                     // Its own move, asked for before the drop, may have landed unanswered: a
-                    // record in the very state it asked for is its own doing, and reported.
+                    // record in the very state it asked for is taken for its own doing, and
+                    // reported. (Another owner that ended it the same way in that window —
+                    // only possible across hosts — would report it too.)
                     if state.done == Step::Moving && now == Some(to) {
                         true
                     } else {
@@ -1059,19 +1075,19 @@ impl Owned {
     }
 }
 
-/// The messages left unread in a child's queue, drained: `SendMessage` messages, and letters
-/// a teammate's mailbox relay had queued (a letter sent just before a shutdown request that
-/// ended it at once).
-fn unread_messages(inbox: &PendingQueue) -> Vec<String> {
-    inbox
-        .drain()
-        .into_iter()
-        .filter(|m| {
-            m.origin == crate::base::pending::SEND_MESSAGE_ORIGIN
-                || m.origin == crate::base::pending::MAILBOX_ORIGIN
-        })
-        .map(|m| m.text)
-        .collect()
+/// What was left unread in a child's queue, drained: its `SendMessage` messages, and the
+/// letters a teammate's mailbox relay had queued (one sent just before a shutdown request that
+/// ended it at once). What the team answered to control letters is left out.
+fn unread_messages(inbox: &PendingQueue) -> (Vec<String>, Vec<String>) {
+    let (mut messages, mut letters) = (Vec::new(), Vec::new());
+    for m in inbox.drain() {
+        if m.origin == crate::base::pending::SEND_MESSAGE_ORIGIN {
+            messages.push(m.text);
+        } else if m.origin == crate::base::pending::MAILBOX_ORIGIN {
+            letters.push(m.text);
+        }
+    }
+    (messages, letters)
 }
 
 /// Names a kept worktree in the notification, and why it was kept.
@@ -1390,7 +1406,7 @@ impl TaskService {
             if let Err(e) = registered {
                 claim.abandon().await;
                 // Messages sent to it by name in the meantime go back to its parent, with why.
-                let unread = unread_messages(&agent.pending());
+                let (unread, _) = unread_messages(&agent.pending());
                 if !unread.is_empty() {
                     parent_queue.push(PendingMessage::new(
                         format!(

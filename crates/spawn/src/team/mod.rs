@@ -33,7 +33,8 @@ use tokio::sync::watch;
 
 use crate::base::outcome::StopReason;
 use crate::base::pending::{
-    Expectation, Halt, MAILBOX_ORIGIN, PendingMessage, PendingQueue, PromiseHandle,
+    Expectation, Halt, MAILBOX_CONTROL_ORIGIN, MAILBOX_ORIGIN, PendingMessage, PendingQueue,
+    PromiseHandle,
 };
 use crate::error::{Error, Result};
 use crate::mailbox::protocol::{IdleReason, PlanDecision, PlanGate, Protocol, Seen};
@@ -1225,7 +1226,11 @@ impl Team {
         };
         match ask {
             Some((queue, text)) => {
-                self.deliver_to(name, &queue, PendingMessage::new(text, MAILBOX_ORIGIN));
+                self.deliver_to(
+                    name,
+                    &queue,
+                    PendingMessage::new(text, MAILBOX_CONTROL_ORIGIN),
+                );
             }
             None => self.stop_member(name, request_id.clone()),
         }
@@ -1714,9 +1719,12 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                                         // lead's only, once each.
                                         Some(Protocol::PlanApprovalResponse { .. }) => {
                                             match team.answer_plan(&name, d) {
-                                                Some(text) => Intercept::Instead(
-                                                    PendingMessage::new(text, MAILBOX_ORIGIN),
-                                                ),
+                                                Some(text) => {
+                                                    Intercept::Instead(PendingMessage::new(
+                                                        text,
+                                                        MAILBOX_CONTROL_ORIGIN,
+                                                    ))
+                                                }
                                                 None => Intercept::Take,
                                             }
                                         }

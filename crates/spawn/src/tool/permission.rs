@@ -282,7 +282,7 @@ impl PermissionPolicy for Both {
 /// | none, `default` | `host` |
 /// | `plan` | [`ReadOnly`] ("plan mode: only read-only tools may run while planning"), then `host` |
 /// | `dontAsk` | [`ReadOnly`] (what would need asking is denied instead), then `host` |
-/// | `bubble` | [`BubbleToParent`]: the parent's policy (`host` when there is no parent); a `host` policy of the agent's own (a teammate's `mode` from its lead) must allow too |
+/// | `bubble` | [`BubbleToParent`]: the parent's policy (`host` when there is no parent) |
 /// | `acceptEdits` | trusted: read-only and file-editing tools allowed, the rest asked of `host`; else `host` |
 /// | `bypassPermissions` | trusted: [`AllowAll`]; else `host` |
 pub fn policy_for_mode(
@@ -302,14 +302,9 @@ pub fn policy_for_mode(
             read_only("this agent runs without asking, and the tool is not read-only"),
             host,
         )),
-        // The parent decides; a policy set for this agent itself still holds — a definition
-        // never loosens what the host or the lead set (a teammate's plan mode stays).
-        Some(PermissionMode::Bubble) => match parent {
-            Some(parent) if !Arc::ptr_eq(&host, &parent) => {
-                Arc::new(Both::new(host, Arc::new(BubbleToParent::new(parent))))
-            }
-            parent => Arc::new(BubbleToParent::new(parent.unwrap_or(host))),
-        },
+        // A restriction the agent was given (a teammate's plan mode) is layered on by its
+        // builder, above this: `bubble` cannot drop it, and the parent is asked once.
+        Some(PermissionMode::Bubble) => Arc::new(BubbleToParent::new(parent.unwrap_or(host))),
         Some(PermissionMode::AcceptEdits) if trust_loosening => {
             Arc::new(AcceptEdits { rest: host })
         }

@@ -612,16 +612,17 @@ impl Backend for HttpBackend {
             // true`, or a proxy's page) is named for what it is, not taken for a connection
             // cut before its first event and retried.
             if let Some(kind) = not_an_event_stream(response.headers()) {
+                let status = response.status().as_u16();
                 let body = self.read_head(response, 1024).await;
-                let text = String::from_utf8_lossy(&body);
+                // Redacted whole, then cut: a key that crosses the cut is still found.
+                let text = self.redact(String::from_utf8_lossy(&body).into_owned());
                 let head: String = text.chars().take(200).collect();
                 return Err(Error::Decode {
                     what: "streamed response",
                     detail: format!(
-                        "{} answered HTTP 200 with content-type `{kind}`, not an event stream \
-                         (`text/event-stream`): does it stream? It began: {:?}",
+                        "{} answered HTTP {status} with content-type `{kind}`, not an event \
+                         stream (`text/event-stream`): does it stream? It began: {head:?}",
                         self.endpoint,
-                        self.redact(head)
                     ),
                 });
             }
@@ -666,12 +667,19 @@ impl Backend for HttpBackend {
     }
 }
 
-/// The content type of a successful answer to a streamed request, when it says the body is
-/// something other than an event stream (none said: taken for one).
+/// The content type of a successful answer to a streamed request, when it says the body is a
+/// whole document — JSON (`application/json`, `…+json`, `…-ndjson`) or a page (`text/html`) —
+/// rather than a stream. Anything else (none said, `text/plain`, a gateway's
+/// `application/octet-stream`) is read as an event stream, as before.
 fn not_an_event_stream(headers: &HeaderMap) -> Option<String> {
     let kind = headers.get(CONTENT_TYPE)?.to_str().ok()?.trim();
-    let media = kind.split(';').next().unwrap_or_default().trim();
-    (!media.eq_ignore_ascii_case("text/event-stream")).then(|| kind.to_owned())
+    let media = kind
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    (media.ends_with("json") || media == "text/html").then(|| kind.to_owned())
 }
 
 #[cfg(test)]
@@ -693,6 +701,12 @@ mod tests {
             Some("application/json; charset=utf-8")
         );
         assert_eq!(with("text/html").as_deref(), Some("text/html"));
+        assert_eq!(
+            with("application/problem+json").as_deref(),
+            Some("application/problem+json")
+        );
+        assert_eq!(with("text/plain"), None);
+        assert_eq!(with("application/octet-stream"), None);
     }
 
     #[test]

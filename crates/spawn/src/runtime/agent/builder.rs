@@ -27,6 +27,9 @@ pub(super) struct BuilderParts {
     pub(super) trust_modes: bool,
     pub(super) policy: Arc<dyn PermissionPolicy>,
     pub(super) parent_policy: Option<Arc<dyn PermissionPolicy>>,
+    /// A restriction of this agent's own (a teammate's `mode` from its lead): asked first,
+    /// whatever policy its definition's mode makes.
+    pub(super) restrict: Option<Arc<dyn PermissionPolicy>>,
     pub(super) limits: Limits,
     pub(super) settings: RequestSettings,
     pub(super) context: Option<AgentContext>,
@@ -89,6 +92,7 @@ impl AgentBuilder {
             trust_modes: false,
             policy: allow_all(),
             parent_policy: None,
+            restrict: None,
             limits: Limits::default(),
             settings: RequestSettings::default(),
             context: None,
@@ -259,6 +263,13 @@ impl AgentBuilder {
     /// The permission policy (default: [`AllowAll`]).
     pub fn policy(mut self, policy: Arc<dyn PermissionPolicy>) -> Self {
         self.0.policy = policy;
+        self
+    }
+
+    /// A restriction of the agent's own, asked before the policy its definition's
+    /// `permissionMode` makes (so `bubble` cannot drop it): a teammate's plan mode.
+    pub(crate) fn restrict(mut self, restriction: Option<Arc<dyn PermissionPolicy>>) -> Self {
+        self.0.restrict = restriction;
         self
     }
 
@@ -654,6 +665,10 @@ impl AgentBuilder {
             self.0.parent_policy,
             self.0.trust_modes,
         );
+        let policy: Arc<dyn PermissionPolicy> = match self.0.restrict {
+            Some(own) => Arc::new(crate::tool::permission::Both::new(own, policy)),
+            None => policy,
+        };
         let context = match self.0.context {
             Some(c) => c,
             None => {
