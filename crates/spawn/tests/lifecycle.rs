@@ -1019,18 +1019,40 @@ async fn unended(registry: &dyn TaskRegistry, parent: &forkhive_core::TaskId) ->
         .collect()
 }
 
-/// The parent is cancelled while its background child's start waits for the registry's
-/// answer (the record is written, the answer 10 s away): the start is dropped before the
-/// child has an owner, and its record is ended `killed`, not left `created` or `running` with
-/// nobody to end it (it would count as live below its ancestors for ever).
+/// The parent is cancelled while its background child's start waits for the registry (the
+/// record is written, an answer 10 s away): the start is dropped before the child has an
+/// owner, and its record is ended `killed`, not left `created` or `running` with nobody to end
+/// it (it would count as live below its ancestors for ever).
 #[tokio::test(start_paused = true)]
 async fn a_start_dropped_while_the_registry_answers_ends_the_record() {
-    for (create, running) in [(10, 0), (0, 10)] {
-        let registry = Arc::new(SlowRegistry {
-            create: Duration::from_secs(create),
-            running: Duration::from_secs(running),
-            ..SlowRegistry::default()
-        });
+    let rows = [
+        (
+            "the answer to create",
+            SlowRegistry {
+                create: Duration::from_secs(10),
+                ..SlowRegistry::default()
+            },
+        ),
+        (
+            "the answer to the move to running",
+            SlowRegistry {
+                running: Duration::from_secs(10),
+                ..SlowRegistry::default()
+            },
+        ),
+        // The move to running refused, the start ends the record it made (`Claim::abandon`)
+        // and is dropped while that move (10 s) is under way.
+        (
+            "the end of a refused start",
+            SlowRegistry {
+                refuse_running: true,
+                end: Duration::from_secs(10),
+                ..SlowRegistry::default()
+            },
+        ),
+    ];
+    for (waiting_for, registry) in rows {
+        let registry = Arc::new(registry);
         let service = TaskService::new(Arc::clone(&registry) as _, no_deadline());
         let mut parent = parent_over_service(starts_one_worker(), &service).await;
         let token = parent.cancellation().clone();
@@ -1039,16 +1061,14 @@ async fn a_start_dropped_while_the_registry_answers_ends_the_record() {
             token.cancel();
         });
         let run = parent.run("go").await;
-        assert_eq!(run.stop, StopReason::Cancelled);
+        assert_eq!(run.stop, StopReason::Cancelled, "{waiting_for}");
         service.wait_idle().await;
+        // Time for an end handed to a task of its own to land.
+        tokio::time::sleep(Duration::from_secs(60)).await;
         let records = registry.children(parent.id()).await;
-        assert_eq!(records.len(), 1, "create={create} running={running}");
-        assert_eq!(
-            records[0].state,
-            TaskState::Killed,
-            "create={create} running={running}"
-        );
-        assert_eq!(service.live(), 0, "the slot is freed");
+        assert_eq!(records.len(), 1, "{waiting_for}");
+        assert_eq!(records[0].state, TaskState::Killed, "{waiting_for}");
+        assert_eq!(service.live(), 0, "{waiting_for}: the slot is freed");
     }
 }
 
@@ -1250,32 +1270,4 @@ fn an_owner_dropped_while_its_roll_up_is_answered_rolls_up_once() {
         "the child's own usage: {:?}",
         record.usage
     );
-}
-
-/// The registry makes the child's record but refuses its move to `running`, and its moves to
-/// a terminal state take 10 s: the parent is cancelled while the failed start is ending the
-/// record it made (`Claim::abandon`). The record must still end, not stay `created` for ever.
-#[tokio::test(start_paused = true)]
-async fn a_start_dropped_while_it_ends_its_refused_record_still_ends_it() {
-    let registry = Arc::new(SlowRegistry {
-        refuse_running: true,
-        end: Duration::from_secs(10),
-        ..SlowRegistry::default()
-    });
-    let service = TaskService::new(Arc::clone(&registry) as _, no_deadline());
-    let mut parent = parent_over_service(starts_one_worker(), &service).await;
-    let token = parent.cancellation().clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        token.cancel();
-    });
-    let run = parent.run("go").await;
-    assert_eq!(run.stop, StopReason::Cancelled);
-    service.wait_idle().await;
-    // Time for any end handed to a task of its own to land.
-    tokio::time::sleep(Duration::from_secs(60)).await;
-    let records = registry.children(parent.id()).await;
-    assert_eq!(records.len(), 1);
-    assert_eq!(records[0].state, TaskState::Killed, "{records:?}");
-    assert_eq!(service.live(), 0);
 }
