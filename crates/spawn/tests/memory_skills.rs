@@ -339,3 +339,63 @@ async fn a_symlinked_memory_or_index_is_not_followed() {
         .unwrap();
     assert_eq!(a.run("go").await.final_text, "ok");
 }
+
+/// `disallowedTools` takes the memory tools away as it takes any tool: by name, by `*`, by a
+/// prefix, and `Name(rule)` as the whole tool. The memory itself (its index in the first
+/// message) stays.
+#[tokio::test]
+async fn disallowed_tools_patterns_take_the_memory_tools_away() {
+    let project = tempfile::tempdir().unwrap();
+    let roots = Arc::new(MemoryRoots::new(None, Some(project.path().to_owned())));
+    let cases: [(&[&str], &[&str]); 6] = [
+        (&[], &["MemoryRead", "MemoryWrite"]),
+        (&["MemoryWrite"], &["MemoryRead"]),
+        (&["*"], &[]),
+        (&["Memory*"], &[]),
+        (&["MemoryWrite(notes/*)"], &["MemoryRead"]),
+        (&["memorywrite", "Read"], &["MemoryRead", "MemoryWrite"]),
+    ];
+    for (disallowed, kept) in cases {
+        let events = Arc::new(Events::default());
+        let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let s2 = Arc::clone(&seen);
+        let b = brain(move |r| {
+            let text = r.all_messages()[0].text();
+            assert!(text.contains("<agent-memory dir="), "{text}");
+            *s2.lock().unwrap() = r
+                .prefix
+                .tools()
+                .iter()
+                .map(|t| t.name.clone())
+                .filter(|n| n.starts_with("Memory"))
+                .collect();
+            Plan::Reply(say("ok"))
+        });
+        let mut d = notes();
+        d.disallowed_tools = Some(disallowed.iter().map(|s| (*s).to_owned()).collect());
+        let mut a = Agent::builder(b)
+            .definition(d)
+            .extension(Arc::clone(&roots))
+            .events(events.clone())
+            .build()
+            .await
+            .unwrap();
+        assert_eq!(a.run("go").await.final_text, "ok");
+        assert_eq!(
+            *seen.lock().unwrap(),
+            kept,
+            "disallowedTools: {disallowed:?}"
+        );
+        // A case slip takes nothing away, and is said.
+        let slips: Vec<String> = if disallowed.contains(&"memorywrite") {
+            vec![
+                "agent `notes` names `memorywrite` in `disallowedTools`, which takes nothing \
+                 away: did you mean `MemoryWrite`? Tool names are case-sensitive"
+                    .to_owned(),
+            ]
+        } else {
+            Vec::new()
+        };
+        assert_eq!(events.warnings(), slips, "disallowedTools: {disallowed:?}");
+    }
+}

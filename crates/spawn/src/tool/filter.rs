@@ -153,6 +153,23 @@ pub(crate) fn denied(disallowed: &[String], name: &str) -> bool {
     })
 }
 
+/// The entries of `entries` that name no tool of `names` but one of them in another case
+/// (`bash` for `Bash`), each with that tool's name: tool names are matched exactly, so such an
+/// entry takes nothing away, and a definition's author should hear so.
+pub(crate) fn case_slips<'a>(entries: &[String], names: &[&'a str]) -> Vec<(String, &'a str)> {
+    entries
+        .iter()
+        .filter_map(|e| {
+            let pattern = parse(e).0;
+            if pattern.contains('*') || names.iter().any(|n| pattern_matches(pattern, n)) {
+                return None;
+            }
+            let near = names.iter().find(|n| n.eq_ignore_ascii_case(pattern))?;
+            Some((e.trim().to_owned(), *near))
+        })
+        .collect()
+}
+
 impl ToolFilter {
     /// A filter with no layer-1 or layer-2 restrictions (only the definition's lists apply).
     pub fn none() -> Self {
@@ -358,6 +375,30 @@ mod tests {
 
     fn v(l: &[&str]) -> Vec<String> {
         l.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn case_slips_name_only_entries_that_match_nothing_but_a_tool_in_another_case() {
+        let names = ["Bash", "Read", "mcp__gh__issue"];
+        assert_eq!(
+            case_slips(
+                &v(&[
+                    "bash",
+                    " READ(x) ",
+                    "Bash",
+                    "read*",
+                    "Write",
+                    "MCP__gh__issue"
+                ]),
+                &names
+            ),
+            [
+                ("bash".to_owned(), "Bash"),
+                ("READ(x)".to_owned(), "Read"),
+                ("MCP__gh__issue".to_owned(), "mcp__gh__issue"),
+            ]
+        );
+        assert!(case_slips(&v(&["Bash", "*", "mcp__gh"]), &names).is_empty());
     }
 
     /// Every row: tool, audience, the definition's tools, its disallowedTools, expected.

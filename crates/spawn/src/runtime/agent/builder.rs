@@ -543,6 +543,21 @@ impl AgentBuilder {
                 pool = pool.with(tools)?;
             }
             first_context = context;
+            // `disallowedTools: [bash]` takes nothing away (names are case-sensitive): say so,
+            // rather than leave the author believing the tool is gone.
+            if self.0.params.is_none()
+                && let Some(disallowed) = d.disallowed_tools.as_deref()
+            {
+                for (entry, near) in crate::tool::filter::case_slips(disallowed, &pool.names()) {
+                    let text = format!(
+                        "agent `{}` names `{entry}` in `disallowedTools`, which takes nothing \
+                         away: did you mean `{near}`? Tool names are case-sensitive",
+                        d.name
+                    );
+                    tracing::warn!(agent = %d.name, tool = %entry, "{text}");
+                    warnings.push(text);
+                }
+            }
         }
         let (params, pool) = match self.0.params {
             Some(p) => {
@@ -904,11 +919,13 @@ async fn definition_extras(
             Ok((base, dir)) => match crate::tool::memory::Memory::open(&base, &dir).await {
                 Ok(memory) => {
                     if with_tools {
-                        // Its tools, unless the definition takes them away by name.
+                        // Its tools, unless the definition's `disallowedTools` takes them
+                        // away, read as every other tool's are: by name, `*`, `Memory*`,
+                        // `MemoryWrite(rule)` as the whole tool.
                         let denied = |t: &Arc<dyn crate::tool::Tool>| {
-                            d.disallowed_tools
-                                .as_ref()
-                                .is_some_and(|l| l.contains(&t.definition().name))
+                            d.disallowed_tools.as_deref().is_some_and(|l| {
+                                crate::tool::filter::denied(l, &t.definition().name)
+                            })
                         };
                         tools.extend(memory.tools()?.into_iter().filter(|t| !denied(t)));
                     }
