@@ -11,6 +11,7 @@ pub mod children;
 pub(crate) mod conformance;
 pub mod context;
 pub mod events;
+pub(crate) mod files;
 pub(crate) mod ids;
 pub mod outcome;
 pub mod pending;

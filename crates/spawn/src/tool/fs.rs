@@ -117,7 +117,7 @@ async fn read_capped(real: &Path, requested: &str) -> std::result::Result<(Vec<u
     if !meta.is_file() {
         return Err(format!(
             "cannot read `{requested}`: it is not a regular file ({})",
-            file_kind(&meta)
+            crate::base::files::file_kind(&meta)
         ));
     }
     check_opened(real, &meta, requested).await?;
@@ -130,31 +130,6 @@ async fn read_capped(real: &Path, requested: &str) -> std::result::Result<(Vec<u
     // The file may have grown since its metadata was taken.
     let len = meta.len().max(bytes.len() as u64);
     Ok((bytes, len))
-}
-
-/// What kind of file `meta` describes, in words.
-fn file_kind(meta: &std::fs::Metadata) -> &'static str {
-    let t = meta.file_type();
-    if t.is_dir() {
-        return "a directory";
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        if t.is_fifo() {
-            return "a FIFO";
-        }
-        if t.is_char_device() {
-            return "a character device";
-        }
-        if t.is_block_device() {
-            return "a block device";
-        }
-        if t.is_socket() {
-            return "a socket";
-        }
-    }
-    "a special file"
 }
 
 pub(crate) fn definition(name: &str, description: &str, schema: &str) -> Result<ToolDefinition> {

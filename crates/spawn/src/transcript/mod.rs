@@ -117,6 +117,12 @@ pub struct TranscriptHeader {
     /// them against `prefix_fingerprint`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inherited_messages: Option<usize>,
+    /// The hex fingerprint of the prefix with only the inherited messages, when the agent
+    /// started with more messages than it inherits (then `prefix_fingerprint` covers them
+    /// all); [`read`] checks the inherited messages against it, else against
+    /// `prefix_fingerprint`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inherited_fingerprint: Option<String>,
     /// When the transcript was created, in milliseconds since the Unix epoch (absent in
     /// files written before times were recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -822,21 +828,23 @@ struct Probe<'a> {
 const MAX_INHERITANCE: usize = 16;
 
 /// Reads the transcript at `path`, with the messages it inherits from its parent's transcript
-/// (a fork child's) read from there and checked against its prefix fingerprint.
+/// (a fork child's) read from there and checked against its fingerprint.
+///
+/// Only a regular file is read (a FIFO would hold a thread for good, a device may never end);
+/// a parent's transcript, found through a child's `parent_id`, is never read through a
+/// symlink, as the writer never writes through one.
 pub async fn read(path: &Path) -> Result<Transcript> {
-    read_at_depth(path, 0).await
+    read_chain(path, Vec::new()).await
 }
 
-fn read_at_depth(
+/// [`read`], for the transcript `below` (the agent ids of the children whose references led
+/// here, the first asked first) inherit from; empty for the one asked for.
+fn read_chain(
     path: &Path,
-    depth: usize,
+    below: Vec<String>,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Transcript>> + Send + '_>> {
     Box::pin(async move {
-        let bytes = tokio::fs::read(path).await.map_err(|source| Error::Io {
-            action: "reading transcript",
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let bytes = read_regular(path, below.is_empty()).await?;
         let mut t = parse(path, &bytes)?;
         let Some(n) = t.header.inherited_messages else {
             return Ok(t);
@@ -846,7 +854,9 @@ fn read_at_depth(
             line: 1,
             message,
         };
-        if depth >= MAX_INHERITANCE {
+        let mut below = below;
+        below.push(t.header.agent_id.clone());
+        if below.len() > MAX_INHERITANCE {
             return Err(bad(format!(
                 "inherits through more than {MAX_INHERITANCE} transcripts"
             )));
@@ -859,11 +869,23 @@ fn read_at_depth(
             .ok_or_else(|| bad("inherits messages but names no parent".to_owned()))?
             .parse()
             .map_err(|e| bad(format!("bad parent_id: {e}")))?;
+        let parent_id = parent.to_string();
+        if let Some(first) = below.iter().position(|id| *id == parent_id) {
+            return Err(bad(format!(
+                "its parents loop: {} → {parent_id}",
+                below[first..].join(" → ")
+            )));
+        }
         let parent_path = path
             .parent()
             .unwrap_or_else(|| Path::new("."))
             .join(format!("{parent}.jsonl"));
-        let from = read_at_depth(&parent_path, depth + 1).await?;
+        let from = read_chain(&parent_path, below).await.map_err(|e| {
+            bad(format!(
+                "inherits {n} messages from its parent's transcript, which cannot be used: {}",
+                forkhive_core::error::chain(&e)
+            ))
+        })?;
         if from.messages.len() < n {
             return Err(bad(format!(
                 "inherits {n} messages from {}, which holds {}",
@@ -874,7 +896,12 @@ fn read_at_depth(
         let mut messages = from.messages;
         messages.truncate(n);
         let inherited = t.header.prefix.params(messages.clone());
-        if inherited.fingerprint().total().to_string() != t.header.prefix_fingerprint {
+        let expected = t
+            .header
+            .inherited_fingerprint
+            .as_deref()
+            .unwrap_or(&t.header.prefix_fingerprint);
+        if inherited.fingerprint().total().to_string() != expected {
             return Err(bad(format!(
                 "the {n} messages inherited from {} do not match this transcript's prefix \
                  fingerprint: the parent's transcript was changed",
@@ -886,6 +913,45 @@ fn read_at_depth(
         t.inherited = n;
         Ok(t)
     })
+}
+
+/// The bytes of the transcript at `path`, a regular file; through a symlink only when
+/// `follow` (the file a caller named, not one a reference led to).
+async fn read_regular(path: &Path, follow: bool) -> Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let io = |source| Error::Io {
+        action: "reading transcript",
+        path: path.to_path_buf(),
+        source,
+    };
+    let not = |what: String| io(std::io::Error::new(std::io::ErrorKind::InvalidInput, what));
+    let mut opts = tokio::fs::OpenOptions::new();
+    opts.read(true);
+    // Opened without blocking: a FIFO opened for reading would wait for a writer.
+    #[cfg(unix)]
+    opts.custom_flags(
+        libc::O_NONBLOCK | libc::O_NOCTTY | if follow { 0 } else { libc::O_NOFOLLOW },
+    );
+    let mut file = match opts.open(path).await {
+        Ok(f) => f,
+        #[cfg(unix)]
+        Err(e) if !follow && e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(not(
+                "a symlink: a parent's transcript is read only from a file of its own".to_owned(),
+            ));
+        }
+        Err(e) => return Err(io(e)),
+    };
+    let meta = file.metadata().await.map_err(io)?;
+    if !meta.is_file() {
+        return Err(not(format!(
+            "not a regular file ({})",
+            crate::base::files::file_kind(&meta)
+        )));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.read_to_end(&mut bytes).await.map_err(io)?;
+    Ok(bytes)
 }
 
 /// Parses transcript `bytes` (read from `path`, which errors name). A transcript that inherits
@@ -953,7 +1019,13 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Transcript> {
                     .as_ref()
                     .and_then(|h| h.inherited_messages)
                     .unwrap_or(0)
-                    + messages.len();
+                    .checked_add(messages.len())
+                    .ok_or_else(|| {
+                        bad(
+                            1,
+                            "the header's `inherited_messages` is out of range".to_owned(),
+                        )
+                    })?;
                 if index != expected {
                     return Err(bad(
                         line_no,

@@ -39,6 +39,9 @@ pub(super) struct BuilderParts {
     pub(super) cancel: Option<CancellationToken>,
     pub(super) events: Option<Arc<dyn EventSink>>,
     pub(super) transcript_dir: Option<PathBuf>,
+    /// Where the agent's children write their transcripts when it writes none of its own
+    /// here (a resumed agent, which appends to the file it was read from).
+    pub(super) children_transcript_dir: Option<PathBuf>,
     pub(super) pending: PendingQueue,
     pub(super) expected_prefix: Option<PrefixFingerprint>,
     pub(super) unsent: Vec<Message>,
@@ -101,6 +104,7 @@ impl AgentBuilder {
             cancel: None,
             events: None,
             transcript_dir: None,
+            children_transcript_dir: None,
             pending: PendingQueue::new(),
             expected_prefix: None,
             unsent: Vec::new(),
@@ -735,6 +739,17 @@ impl AgentBuilder {
                         .map(|m| m.as_str().to_owned()),
                     max_turns: def.and_then(|d| d.max_turns),
                     inherited_messages: inherit,
+                    // An agent that starts with more than it inherits: what the reader can
+                    // check the inherited messages against.
+                    inherited_fingerprint: inherit.filter(|n| *n < params.messages().len()).map(
+                        |n| {
+                            PrefixRecord::of(&params)
+                                .params(params.messages().iter().take(n).cloned().collect())
+                                .fingerprint()
+                                .total()
+                                .to_string()
+                        },
+                    ),
                     at: Some(crate::transcript::now_ms()),
                 };
                 let mut w = TranscriptWriter::create(dir, &header).await?;
@@ -789,7 +804,7 @@ impl AgentBuilder {
                 own_hooks,
                 trust_hooks: self.0.trust_hooks,
                 events: self.0.events,
-                transcript_dir: self.0.transcript_dir,
+                transcript_dir: self.0.transcript_dir.or(self.0.children_transcript_dir),
                 wait_for_promises: !self.0.detach,
                 children: ChildLedger::default(),
                 #[cfg(feature = "mcp")]

@@ -35,6 +35,23 @@ impl Agent {
         // Read under the file's lock, which the writer keeps: a dropped agent's last write is
         // waited for, and a live one's transcript is refused (two writers would repeat
         // indexes). The header is checked before a cut-off last line is cut from the file.
+        // Its children write beside its transcript, as they did before: a fork child's refers
+        // to this one by its id in the same directory.
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        if let Some(asked) = &builder.0.transcript_dir
+            && !same_dir(asked, &dir).await
+        {
+            return Err(Error::Config(format!(
+                "a resumed agent goes on in its transcript's directory {}, and its children \
+                 write theirs beside it; the builder's transcript_dir {} is another (leave it \
+                 unset)",
+                dir.display(),
+                asked.display()
+            )));
+        }
         let (t, writer, (cx, definition)) =
             TranscriptWriter::resume_checked(path, |t| identity(t, path)).await?;
         let mut params = t.params();
@@ -42,6 +59,7 @@ impl Agent {
             params: Some(params.clone()),
             context: Some(cx),
             transcript_dir: None,
+            children_transcript_dir: Some(dir),
             definition: definition.map(Arc::new),
             ..*builder.0
         }))
@@ -80,6 +98,20 @@ impl Agent {
             interrupted_calls,
         };
         Ok((agent, report))
+    }
+}
+
+/// Whether `a` and `b` name the same directory (as written, or once resolved).
+async fn same_dir(a: &Path, b: &Path) -> bool {
+    if a == b {
+        return true;
+    }
+    match (
+        tokio::fs::canonicalize(a).await,
+        tokio::fs::canonicalize(b).await,
+    ) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
     }
 }
 
