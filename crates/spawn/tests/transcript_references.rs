@@ -110,6 +110,25 @@ fn edit(path: &Path, from: &str, to: &str) {
     std::fs::write(path, text.replacen(from, to, 1)).unwrap();
 }
 
+/// A parent forks one child and is dropped: the directory, the child's transcript and the
+/// parent's.
+async fn one_child() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let (parent, service) = forked(dir.path(), 1).await;
+    let path = child_paths(parent.id(), &service).await[0].clone().unwrap();
+    let parent_path = parent.transcript_path().unwrap().to_path_buf();
+    drop(parent);
+    (dir, path, parent_path)
+}
+
+/// [`transcript::read`], which must answer within 10 s (never wait on a FIFO, nor follow a
+/// loop for ever).
+async fn read_soon(path: &Path) -> forkhive_spawn::Result<transcript::Transcript> {
+    tokio::time::timeout(Duration::from_secs(10), transcript::read(path))
+        .await
+        .expect("reading a transcript waited or looped")
+}
+
 /// The transcript asked for, and its parent's path, as an error names them.
 fn both(child: &Path, parent: &Path) -> (String, String) {
     (child.display().to_string(), parent.display().to_string())
@@ -128,9 +147,7 @@ fn unusable(child: &Path, parent: &Path, why: &str) -> String {
 /// in a release build, an index that wraps to 0).
 #[tokio::test]
 async fn a_huge_inherited_count_is_an_error_not_an_overflow() {
-    let dir = tempfile::tempdir().unwrap();
-    let (parent, service) = forked(dir.path(), 1).await;
-    let path = child_paths(parent.id(), &service).await[0].clone().unwrap();
+    let (_dir, path, _) = one_child().await;
     let max = usize::MAX.to_string();
     edit(
         &path,
@@ -201,11 +218,7 @@ async fn inheriting_fewer_messages_than_the_agent_starts_with_reads_back() {
 #[cfg(unix)]
 #[tokio::test]
 async fn a_fifo_in_place_of_the_parent_transcript_is_an_error_not_a_hang() {
-    let dir = tempfile::tempdir().unwrap();
-    let (parent, service) = forked(dir.path(), 1).await;
-    let path = child_paths(parent.id(), &service).await[0].clone().unwrap();
-    let parent_path = parent.transcript_path().unwrap().to_path_buf();
-    drop(parent);
+    let (_dir, path, parent_path) = one_child().await;
     std::fs::remove_file(&parent_path).unwrap();
     assert!(
         std::process::Command::new("mkfifo")
@@ -214,19 +227,13 @@ async fn a_fifo_in_place_of_the_parent_transcript_is_an_error_not_a_hang() {
             .unwrap()
             .success()
     );
-    let err = tokio::time::timeout(Duration::from_secs(10), transcript::read(&path))
-        .await
-        .expect("reading waited on the FIFO")
-        .unwrap_err();
+    let err = read_soon(&path).await.unwrap_err();
     assert_eq!(
         err.to_string(),
         unusable(&path, &parent_path, "not a regular file (a FIFO)")
     );
     // The same for the file asked for, which a resume reads too.
-    let err = tokio::time::timeout(Duration::from_secs(10), transcript::read(&parent_path))
-        .await
-        .expect("reading waited on the FIFO")
-        .unwrap_err();
+    let err = read_soon(&parent_path).await.unwrap_err();
     assert_eq!(
         forkhive_core::error::chain(&err),
         format!(
@@ -242,12 +249,8 @@ async fn a_fifo_in_place_of_the_parent_transcript_is_an_error_not_a_hang() {
 #[cfg(unix)]
 #[tokio::test]
 async fn a_symlinked_parent_transcript_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
+    let (_dir, path, parent_path) = one_child().await;
     let elsewhere = tempfile::tempdir().unwrap();
-    let (parent, service) = forked(dir.path(), 1).await;
-    let path = child_paths(parent.id(), &service).await[0].clone().unwrap();
-    let parent_path = parent.transcript_path().unwrap().to_path_buf();
-    drop(parent);
     let asked = elsewhere.path().join("link.jsonl");
     std::os::unix::fs::symlink(&parent_path, &asked).unwrap();
     assert_eq!(
@@ -272,14 +275,10 @@ async fn a_symlinked_parent_transcript_is_refused() {
 /// the child that referred to it.
 #[tokio::test]
 async fn a_missing_parent_a_directory_and_a_loop_are_said_through_the_child() {
-    let dir = tempfile::tempdir().unwrap();
-    let (parent, service) = forked(dir.path(), 1).await;
-    let path = child_paths(parent.id(), &service).await[0].clone().unwrap();
-    let parent_path = parent.transcript_path().unwrap().to_path_buf();
+    let (_dir, path, parent_path) = one_child().await;
     let (c, p) = both(&path, &parent_path);
-    let child_id = path.file_stem().unwrap().to_str().unwrap().to_owned();
-    let parent_id = parent.id().to_string();
-    drop(parent);
+    let id = |p: &Path| p.file_stem().unwrap().to_str().unwrap().to_owned();
+    let (child_id, parent_id) = (id(&path), id(&parent_path));
     // A loop: the parent made to inherit from the child.
     let kept = std::fs::read(&parent_path).unwrap();
     edit(
@@ -287,10 +286,7 @@ async fn a_missing_parent_a_directory_and_a_loop_are_said_through_the_child() {
         "\"parent_id\":null",
         &format!("\"parent_id\":\"{child_id}\",\"inherited_messages\":0"),
     );
-    let err = tokio::time::timeout(Duration::from_secs(10), transcript::read(&path))
-        .await
-        .expect("a loop of parents was followed for ever")
-        .unwrap_err();
+    let err = read_soon(&path).await.unwrap_err();
     assert_eq!(
         err.to_string(),
         format!(
@@ -324,12 +320,8 @@ async fn a_missing_parent_a_directory_and_a_loop_are_said_through_the_child() {
 /// an error that says how many it holds.
 #[tokio::test]
 async fn a_parent_extended_gives_the_same_prefix_and_one_cut_short_is_an_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let (parent, service) = forked(dir.path(), 1).await;
-    let path = child_paths(parent.id(), &service).await[0].clone().unwrap();
-    let parent_path = parent.transcript_path().unwrap().to_path_buf();
+    let (_dir, path, parent_path) = one_child().await;
     let before = transcript::read(&path).await.unwrap();
-    drop(parent);
     let b = Agent::builder(model(0)).tools(pool());
     let (mut p, _) = Agent::resume(b, &parent_path).await.unwrap();
     assert_eq!(p.run("more talk").await.stop, StopReason::Completed);
