@@ -148,21 +148,30 @@ impl Timeline {
         };
         let mut entries = tokio::fs::read_dir(dir).await.map_err(io)?;
         let mut paths = Vec::new();
+        let mut skipped = Vec::new();
         while let Some(e) = entries.next_entry().await.map_err(io)? {
             let p = e.path();
             if p.extension().is_some_and(|x| x == "jsonl") {
-                paths.push(p);
+                // The caller chose the directory, not a file a link there points at.
+                if e.file_type().await.is_ok_and(|t| t.is_symlink()) {
+                    skipped.push((
+                        p,
+                        "a symlink: a timeline reads only the directory's own files".to_owned(),
+                    ));
+                } else {
+                    paths.push(p);
+                }
             }
         }
         paths.sort();
         let mut read = Vec::new();
-        let mut skipped = Vec::new();
         for p in paths {
             match transcript::read(&p).await {
                 Ok(t) => read.push(t),
                 Err(e) => skipped.push((p, forkhive_core::error::chain(&e))),
             }
         }
+        skipped.sort();
         Ok(Self::from_transcripts(&read, skipped))
     }
 

@@ -120,8 +120,33 @@ async fn an_unreadable_transcript_is_listed_not_fatal_and_a_missing_dir_is_an_er
     run_tree(dir.path()).await;
     std::fs::write(dir.path().join("broken.jsonl"), "{\"type\":\"message\"}\n").unwrap();
     std::fs::write(dir.path().join("notes.txt"), "not a transcript").unwrap();
+    // A link in the directory to a transcript elsewhere is not followed.
+    #[cfg(unix)]
+    let elsewhere = {
+        let elsewhere = tempfile::tempdir().unwrap();
+        let first = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|x| x == "jsonl"))
+            .unwrap();
+        let planted = elsewhere.path().join("planted.jsonl");
+        std::fs::copy(first, &planted).unwrap();
+        std::os::unix::fs::symlink(&planted, dir.path().join("z-link.jsonl")).unwrap();
+        elsewhere
+    };
     let t = Timeline::load(dir.path()).await.unwrap();
     assert_eq!(t.lanes.len(), 3);
+    #[cfg(unix)]
+    {
+        assert_eq!(t.skipped.len(), 2);
+        assert!(t.skipped[1].0.ends_with("z-link.jsonl"));
+        assert_eq!(
+            t.skipped[1].1,
+            "a symlink: a timeline reads only the directory's own files"
+        );
+        drop(elsewhere);
+    }
+    #[cfg(not(unix))]
     assert_eq!(t.skipped.len(), 1);
     assert!(t.skipped[0].0.ends_with("broken.jsonl"));
     assert!(

@@ -369,19 +369,20 @@ async fn the_children_of_a_resumed_agent_write_beside_its_transcript() {
         .tools(pool())
         .transcript_dir(dir.path())
         .extension(Arc::clone(&service));
-    let (mut p, _) = Agent::resume(b, &parent_path).await.unwrap();
+    let (mut p, r) = Agent::resume(b, &parent_path).await.unwrap();
     assert_eq!(p.run("fork again").await.stop, StopReason::Completed);
     service.wait_idle().await;
     let paths = child_paths(&id, &service).await;
     assert_eq!(paths.len(), 2, "{paths:?}");
     drop(p);
+    let mut inherited = Vec::new();
     for path in &paths {
         let path = path
             .as_ref()
             .expect("every child of the tree has a transcript");
         assert_eq!(path.parent(), Some(dir.path()));
         let t = transcript::read(path).await.unwrap();
-        assert!(t.inherited >= 42, "{}", t.inherited);
+        inherited.push(t.inherited);
         assert_eq!(t.messages.last().unwrap().text(), "fork report");
         let (mut c, r) = Agent::resume(Agent::builder(model(0)).tools(pool()), path)
             .await
@@ -389,6 +390,27 @@ async fn the_children_of_a_resumed_agent_write_beside_its_transcript() {
         assert_eq!(r.messages, t.messages.len());
         assert_eq!(c.run("go on").await.stop, StopReason::Completed);
     }
+    // The first child forked from the parent's 42; the second from what the resumed parent
+    // had when it forked again: its messages, the new prompt and its call.
+    inherited.sort_unstable();
+    assert_eq!(inherited, [42, r.messages + 2]);
+}
+
+/// A transcript copied away from `<agent id>.jsonl` resumes, but its children write no
+/// transcripts: a fork child's reference would name the original, not the copy.
+#[tokio::test]
+async fn the_children_of_a_renamed_transcript_write_none() {
+    let (dir, _, parent_path) = one_child().await;
+    let copy = dir.path().join("copy.jsonl");
+    std::fs::copy(&parent_path, &copy).unwrap();
+    let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), TaskConfig::default());
+    let b = Agent::builder(model(1))
+        .tools(pool())
+        .extension(Arc::clone(&service));
+    let (mut p, _) = Agent::resume(b, &copy).await.unwrap();
+    assert_eq!(p.run("fork again").await.stop, StopReason::Completed);
+    service.wait_idle().await;
+    assert_eq!(child_paths(p.id(), &service).await, [None]);
 }
 
 /// Eight children of one turn, written at once: each reads back with the parent's 42 messages

@@ -834,17 +834,19 @@ const MAX_INHERITANCE: usize = 16;
 /// a parent's transcript, found through a child's `parent_id`, is never read through a
 /// symlink, as the writer never writes through one.
 pub async fn read(path: &Path) -> Result<Transcript> {
-    read_chain(path, Vec::new()).await
+    read_chain(path, Vec::new(), None).await
 }
 
-/// [`read`], for the transcript `below` (the agent ids of the children whose references led
-/// here, the first asked first) inherit from; empty for the one asked for.
+/// [`read`], for the transcript `below` (the ids of the transcripts whose references led
+/// here, the one asked for first) inherit from, reached as `parent` (its task id); empty and
+/// `None` for the one asked for.
 fn read_chain(
     path: &Path,
     below: Vec<String>,
+    parent: Option<String>,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Transcript>> + Send + '_>> {
     Box::pin(async move {
-        let bytes = read_regular(path, below.is_empty()).await?;
+        let bytes = read_regular(path, parent.is_none()).await?;
         let mut t = parse(path, &bytes)?;
         let Some(n) = t.header.inherited_messages else {
             return Ok(t);
@@ -854,8 +856,9 @@ fn read_chain(
             line: 1,
             message,
         };
+        // Known by the id it was reached by (its file's name), else by its header's.
         let mut below = below;
-        below.push(t.header.agent_id.clone());
+        below.push(parent.unwrap_or_else(|| t.header.agent_id.clone()));
         if below.len() > MAX_INHERITANCE {
             return Err(bad(format!(
                 "inherits through more than {MAX_INHERITANCE} transcripts"
@@ -880,12 +883,14 @@ fn read_chain(
             .parent()
             .unwrap_or_else(|| Path::new("."))
             .join(format!("{parent}.jsonl"));
-        let from = read_chain(&parent_path, below).await.map_err(|e| {
-            bad(format!(
-                "inherits {n} messages from its parent's transcript, which cannot be used: {}",
-                forkhive_core::error::chain(&e)
-            ))
-        })?;
+        let from = read_chain(&parent_path, below, Some(parent_id))
+            .await
+            .map_err(|e| {
+                bad(format!(
+                    "inherits {n} messages from its parent's transcript, which cannot be used: {}",
+                    forkhive_core::error::chain(&e)
+                ))
+            })?;
         if from.messages.len() < n {
             return Err(bad(format!(
                 "inherits {n} messages from {}, which holds {}",
@@ -916,9 +921,9 @@ fn read_chain(
 }
 
 /// The bytes of the transcript at `path`, a regular file; through a symlink only when
-/// `follow` (the file a caller named, not one a reference led to).
+/// `follow` (the file a caller named, not one a reference led to). On Unix: elsewhere links
+/// are followed and only the file's kind is checked.
 async fn read_regular(path: &Path, follow: bool) -> Result<Vec<u8>> {
-    use tokio::io::AsyncReadExt;
     let io = |source| Error::Io {
         action: "reading transcript",
         path: path.to_path_buf(),
@@ -932,7 +937,9 @@ async fn read_regular(path: &Path, follow: bool) -> Result<Vec<u8>> {
     opts.custom_flags(
         libc::O_NONBLOCK | libc::O_NOCTTY | if follow { 0 } else { libc::O_NOFOLLOW },
     );
-    let mut file = match opts.open(path).await {
+    #[cfg(not(unix))]
+    let _ = follow;
+    let file = match opts.open(path).await {
         Ok(f) => f,
         #[cfg(unix)]
         Err(e) if !follow && e.raw_os_error() == Some(libc::ELOOP) => {
@@ -949,9 +956,17 @@ async fn read_regular(path: &Path, follow: bool) -> Result<Vec<u8>> {
             crate::base::files::file_kind(&meta)
         )));
     }
-    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
-    file.read_to_end(&mut bytes).await.map_err(io)?;
-    Ok(bytes)
+    // Read on the blocking pool with std's reader, whose allocations fail with an error (a
+    // huge sparse file is `OutOfMemory`, not an abort).
+    let mut file = file.into_std().await;
+    tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).map(|_| bytes)
+    })
+    .await
+    .map_err(|e| io(std::io::Error::other(e)))?
+    .map_err(io)
 }
 
 /// Parses transcript `bytes` (read from `path`, which errors name). A transcript that inherits

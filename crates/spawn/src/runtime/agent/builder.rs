@@ -552,7 +552,10 @@ impl AgentBuilder {
             if self.0.params.is_none()
                 && let Some(disallowed) = d.disallowed_tools.as_deref()
             {
-                for (entry, near) in crate::tool::filter::case_slips(disallowed, &pool.names()) {
+                // Every tool it could have had: the host's, before any list, and its own.
+                let mut names = self.0.tools.names();
+                names.extend(pool.names());
+                for (entry, near) in crate::tool::filter::case_slips(disallowed, &names) {
                     let text = format!(
                         "agent `{}` names `{entry}` in `disallowedTools`, which takes nothing \
                          away: did you mean `{near}`? Tool names are case-sensitive",

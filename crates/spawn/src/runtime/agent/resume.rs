@@ -36,11 +36,13 @@ impl Agent {
         // waited for, and a live one's transcript is refused (two writers would repeat
         // indexes). The header is checked before a cut-off last line is cut from the file.
         // Its children write beside its transcript, as they did before: a fork child's refers
-        // to this one by its id in the same directory.
+        // to this one by its id in the same directory. (Absolute: the working directory may
+        // change while it runs.)
         let dir = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
+        let dir = std::path::absolute(&dir).unwrap_or(dir);
         if let Some(asked) = &builder.0.transcript_dir
             && !same_dir(asked, &dir).await
         {
@@ -54,12 +56,24 @@ impl Agent {
         }
         let (t, writer, (cx, definition)) =
             TranscriptWriter::resume_checked(path, |t| identity(t, path)).await?;
+        // A transcript renamed or copied away from `<agent id>.jsonl`: a fork child's reference
+        // would name a file that is not this one, so its children write no transcripts.
+        let named_by_id = path
+            .file_stem()
+            .is_some_and(|stem| *stem == *cx.id().to_string());
+        if !named_by_id {
+            tracing::warn!(
+                path = %path.display(),
+                agent = %cx.id(),
+                "a resumed transcript not named `<agent id>.jsonl`: its children write no transcripts"
+            );
+        }
         let mut params = t.params();
         let mut agent = AgentBuilder(Box::new(BuilderParts {
             params: Some(params.clone()),
             context: Some(cx),
             transcript_dir: None,
-            children_transcript_dir: Some(dir),
+            children_transcript_dir: named_by_id.then_some(dir),
             definition: definition.map(Arc::new),
             ..*builder.0
         }))
@@ -101,17 +115,20 @@ impl Agent {
     }
 }
 
-/// Whether `a` and `b` name the same directory (as written, or once resolved).
-async fn same_dir(a: &Path, b: &Path) -> bool {
-    if a == b {
+/// Whether `asked` names the transcript's directory `dir` (as written, or once resolved). A
+/// `dir` that cannot be resolved is not called another: reading the transcript will say what
+/// is missing.
+async fn same_dir(asked: &Path, dir: &Path) -> bool {
+    if asked == dir {
         return true;
     }
     match (
-        tokio::fs::canonicalize(a).await,
-        tokio::fs::canonicalize(b).await,
+        tokio::fs::canonicalize(asked).await,
+        tokio::fs::canonicalize(dir).await,
     ) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => false,
+        (Ok(a), Ok(d)) => a == d,
+        (_, Err(_)) => true,
+        (Err(_), Ok(_)) => false,
     }
 }
 
