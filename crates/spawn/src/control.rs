@@ -373,6 +373,16 @@ async fn to_teammate(
     let from = mine.clone().unwrap_or_else(|| crate::team::LEAD.to_owned());
     let letter = match &input.message {
         serde_json::Value::String(text) => {
+            // Text that is a whole protocol message would be acted on as one by a teammate's
+            // relay, past the checks of the structured form (who may ask, with which id): a
+            // letter a hostile teammate asked the lead to pass on, say.
+            if let Some(p) = crate::mailbox::protocol::Protocol::parse(text) {
+                return ToolOutput::error(format!(
+                    "the message's text is a `{}` protocol message, which is not sent as text: \
+                     send it as a `message` object with its `type`, or say it in words",
+                    p.kind()
+                ));
+            }
             let mut l = crate::mailbox::Letter::new(from, text.clone());
             l.summary = input.summary.clone();
             l

@@ -1181,3 +1181,101 @@ async fn a_host_that_allows_agent_to_subagents_gets_nesting_down_to_max_depth() 
         run.final_text
     );
 }
+
+/// A child's answer is cut to `RESULT_CAP` bytes on a character boundary, saying so, in the
+/// foreground's tool result and in the background's notification alike: the rest would be
+/// sent again with every later request of the parent.
+#[tokio::test]
+async fn a_long_answer_is_cut_in_the_foreground_and_the_background_alike() {
+    use forkhive_spawn::agent_tool::RESULT_CAP;
+    // One byte, then two a character: the cap falls inside a character, and the cut steps
+    // back to its start.
+    let answer = "x".to_owned() + &"é".repeat(RESULT_CAP / 2 + 5);
+    let b = brain(move |r| {
+        if is_parent(r) {
+            match r.all_messages().len() {
+                1 => Plan::Reply(calls_owned(&[
+                    agent_call(
+                        "fg",
+                        serde_json::json!({"description": "fg", "prompt": "go", "subagent_type": "worker"}),
+                    ),
+                    agent_call(
+                        "bg",
+                        serde_json::json!({"description": "bg", "prompt": "go", "subagent_type": "worker", "run_in_background": true}),
+                    ),
+                ])),
+                _ => Plan::Reply(say("done")),
+            }
+        } else {
+            Plan::Reply(say(&answer))
+        }
+    });
+    let config = AgentToolConfig::default().with_registry(worker_registry());
+    let mut p = parent(b, config, TaskConfig::default()).await;
+    assert_eq!(p.run("go").await.stop, StopReason::Completed);
+    let cut = "x".to_owned() + &"é".repeat(RESULT_CAP / 2 - 1);
+    assert_eq!(cut.len(), RESULT_CAP - 1);
+    let msgs = p.params().messages().to_vec();
+    let fg = msgs[2]
+        .content
+        .iter()
+        .find_map(|b| match b {
+            ContentBlock::ToolResult {
+                tool_use_id,
+                content,
+                ..
+            } if tool_use_id == "fg" => Some(content.text()),
+            _ => None,
+        })
+        .unwrap();
+    assert!(
+        fg.starts_with(&format!("{cut}\n[truncated]\n\n[agent a")),
+        "{}",
+        &fg[fg.len() - 200..]
+    );
+    let found: Vec<_> = msgs
+        .iter()
+        .flat_map(|m| find_notifications(m).unwrap())
+        .collect();
+    assert_eq!(found.len(), 1);
+    assert_eq!(
+        found[0].result.as_deref(),
+        Some(format!("{cut}\n[truncated]").as_str())
+    );
+}
+
+/// A background child's answer cut to `RESULT_CAP` names its output file, which has the rest.
+#[tokio::test]
+async fn a_cut_answer_names_the_output_file_that_has_the_rest() {
+    use forkhive_spawn::agent_tool::RESULT_CAP;
+    let dir = tempfile::tempdir().unwrap();
+    let answer = "y".repeat(RESULT_CAP + 10);
+    let said = answer.clone();
+    let b = brain(move |r| {
+        if is_parent(r) {
+            return match r.all_messages().len() {
+                1 => Plan::Reply(calls_owned(&[agent_call(
+                    "bg",
+                    serde_json::json!({"description": "scan", "prompt": "scan it", "subagent_type": "worker", "run_in_background": true}),
+                )])),
+                _ => Plan::Reply(say("not waiting")),
+            };
+        }
+        Plan::Reply(say(&said))
+    });
+    let config = AgentToolConfig::default().with_registry(worker_registry());
+    let (mut p, service) = parent_with_output_files(b, config, dir.path(), true).await;
+    assert_eq!(p.run("scan").await.stop, StopReason::Completed);
+    service.wait_idle().await;
+    let queued = p.pending().drain();
+    let n = forkhive_core::TaskNotification::parse(&queued[0].text).unwrap();
+    let out = n.output_file.clone().unwrap();
+    assert_eq!(
+        n.result.unwrap(),
+        format!(
+            "{}\n[truncated; its output file {out} has more]",
+            &answer[..RESULT_CAP]
+        )
+    );
+    assert!(std::fs::read_to_string(&out).unwrap().starts_with(&answer));
+}

@@ -31,8 +31,9 @@ use crate::tool::{Tool, ToolContext, ToolFilter, ToolOutput, ToolPool};
 pub const AGENT_TOOL: &str = "Agent";
 /// Its legacy alias.
 pub const TASK_ALIAS: &str = "Task";
-/// The most characters of a foreground child's answer returned as the tool result.
-pub const RESULT_CAP: usize = 100_000;
+/// The most bytes of a child's answer returned to its parent, foreground or background (see
+/// [`task::RESULT_CAP`](crate::task::RESULT_CAP)).
+pub use crate::task::RESULT_CAP;
 
 /// The inputs of the sync-or-async decision ("Coordinator Mode: A Working Multi-Agent System,
 /// From the Source — The Sync-vs-Async Decision"): six reasons to run in the background, and
@@ -894,15 +895,8 @@ fn check_name(name: &str) -> Result<(), String> {
 /// its partial answer.
 fn foreground_result(end: &ChildEnd) -> Result<String, String> {
     let n = &end.notification;
-    let mut answer = n.result.clone().unwrap_or_default();
-    if answer.len() > RESULT_CAP {
-        let mut cut = RESULT_CAP;
-        while !answer.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        answer.truncate(cut);
-        answer.push_str("\n[truncated]");
-    }
+    // Cut to RESULT_CAP already, by the owner that made the notification.
+    let answer = n.result.clone().unwrap_or_default();
     let trailer = match &end.run {
         Some(run) => {
             let plural = |n: usize, one: &str, many: &str| {

@@ -1702,6 +1702,33 @@ async fn tick(ticker: Option<&mut tokio::time::Interval>) {
 }
 
 /// The notification for a child that ended as `ended` (built by trusted code only).
+/// The most bytes of a child's answer its notification (and so, in the foreground, its tool
+/// result) carries: the rest would be sent again with every later request of its parent. A
+/// longer answer is cut at a character boundary and says so, and names the child's output file
+/// (which has more of it, up to the file's own cap) when it has one.
+pub const RESULT_CAP: usize = 100_000;
+
+/// `answer`, cut to [`RESULT_CAP`] bytes if longer, with a line saying so (and naming
+/// `output`, which has more).
+fn capped(mut answer: String, output: Option<&OutputFile>) -> String {
+    if answer.len() <= RESULT_CAP {
+        return answer;
+    }
+    let mut cut = RESULT_CAP;
+    while !answer.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    answer.truncate(cut);
+    match output {
+        Some(o) => answer.push_str(&format!(
+            "\n[truncated; its output file {} has more]",
+            o.path().display()
+        )),
+        None => answer.push_str("\n[truncated]"),
+    }
+    answer
+}
+
 fn notification(
     record: &TaskRecord,
     ended: &Ended,
@@ -1764,7 +1791,7 @@ fn notification(
     usage.duration_ms = u64::try_from(progress.elapsed().as_millis()).unwrap_or(u64::MAX);
     let mut n = TaskNotification::new(record.id, status, summary, usage.to_notification());
     if !result.is_empty() {
-        n = n.with_result(result);
+        n = n.with_result(capped(result, output));
     }
     n.tool_use_id = tool_use_id;
     n.output_file = output.map(|o| o.path().display().to_string());

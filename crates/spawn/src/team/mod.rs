@@ -1398,10 +1398,12 @@ impl Control {
                 self.queue.clone(),
                 format!(
                     "{}\nThe lead asks you to shut down. Answer with SendMessage to `{LEAD}`: \
-                     {{\"type\":\"shutdown_response\",\"request_id\":\"{request_id}\",\
+                     {{\"type\":\"shutdown_response\",\"request_id\":{},\
                      \"approve\":true}} to end after this tool round, or \"approve\":false \
                      with a \"reason\" to keep working.",
-                    letter.to_message()
+                    letter.to_message(),
+                    // As a JSON string: the id came in a letter, and may hold anything.
+                    serde_json::Value::from(request_id)
                 ),
             )
         })
