@@ -562,7 +562,8 @@ async fn teammate_refusals_on_a_pool_say_what_was_wrong() {
                 true
             ),
             (
-                "`team-lead` is the lead's name in a team; give the teammate another".to_owned(),
+                "`team-lead` is the lead's name in a team (in any case); give the teammate another"
+                    .to_owned(),
                 true
             ),
         ]

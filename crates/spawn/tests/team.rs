@@ -331,7 +331,8 @@ async fn teammate_refusals_say_what_was_wrong() {
                 true
             ),
             (
-                "`team-lead` is the lead's name in a team; give the teammate another".to_owned(),
+                "`team-lead` is the lead's name in a team (in any case); give the teammate another"
+                    .to_owned(),
                 true
             ),
             (
@@ -1245,4 +1246,72 @@ async fn a_second_lead_the_host_serves_waits_for_the_first_leads_teammates() {
     assert!(all.contains("alice report"), "her report reached it: {all}");
     assert_eq!(team.member("alice").unwrap().state, MemberState::Idle);
     second.cancellation().cancel();
+}
+
+/// Names that differ only in case are one name in a team: on a case-insensitive disk they would
+/// share an inbox file (and `Team-Lead` the lead's).
+#[tokio::test]
+async fn teammate_names_that_differ_only_in_case_are_refused() {
+    let b = brain(|r| {
+        if !is_parent(r) {
+            return Plan::Reply(say("done"));
+        }
+        let start = |id: &str, name: &str| {
+            (
+                id.to_owned(),
+                "Agent",
+                format!(
+                    r#"{{"description":"d","prompt":"p","subagent_type":"worker","name":"{name}","team_name":"review"}}"#
+                ),
+            )
+        };
+        let owned = |l: Vec<(String, &'static str, String)>| {
+            let refs: Vec<(&str, &str, &str)> = l
+                .iter()
+                .map(|(a, b, c)| (a.as_str(), *b, c.as_str()))
+                .collect();
+            calls(&refs)
+        };
+        match r.all_messages().len() {
+            1 => Plan::Reply(owned(vec![start("a1", "alice")])),
+            3 => Plan::Reply(owned(vec![start("a2", "ALICE"), start("a3", "Team-Lead")])),
+            _ => Plan::Reply(say("done")),
+        }
+    });
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let mut lead = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(lead_tools())
+        .extension(Arc::clone(&team))
+        .build()
+        .await
+        .unwrap();
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+        .await
+        .expect("the lead's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let msgs = lead.params().messages().to_vec();
+    let got: Vec<(String, bool)> = message_results(&msgs[4])
+        .into_iter()
+        .map(|(_, t, e)| (t, e))
+        .collect();
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert!(got[0].1 && got[1].1, "{got:?}");
+    assert!(
+        got[0]
+            .0
+            .starts_with("team `review` already has a teammate `alice` (")
+            && got[0].0.ends_with(
+                "), from whose name `ALICE` differs only in case (on a case-insensitive disk the two \
+                 would share an inbox); give this one another name"
+            ),
+        "{}",
+        got[0].0
+    );
+    assert_eq!(
+        got[1].0,
+        "`Team-Lead` is the lead's name in a team (in any case); give the teammate another"
+    );
+    assert_eq!(team.roster().len(), 1);
 }

@@ -532,18 +532,33 @@ impl Team {
     }
 
     /// Adds a teammate; a name a teammate that has not stopped holds is refused.
+    ///
+    /// Names that differ only in case are one name here: on a case-insensitive file system
+    /// (macOS, Windows) `Alice` and `alice` would share an inbox file, and `Team-Lead` the lead's.
     pub(crate) fn join(&self, member: Member) -> Result<()> {
-        if member.name == LEAD {
+        if member.name.eq_ignore_ascii_case(LEAD) {
             return Err(Error::Refused(format!(
-                "`{LEAD}` is the lead's name in a team; give the teammate another"
+                "`{}` is the lead's name in a team (in any case); give the teammate another",
+                member.name
             )));
         }
         let mut all = self.lock();
-        if let Some(m) = all.get(&member.name)
-            && m.state != MemberState::Stopped
+        if let Some(m) = all
+            .values()
+            .find(|m| m.state != MemberState::Stopped && m.name.eq_ignore_ascii_case(&member.name))
         {
+            let case = if m.name == member.name {
+                String::new()
+            } else {
+                format!(
+                    ", from whose name `{}` differs only in case (on a case-insensitive disk the two \
+                     would share an inbox)",
+                    member.name
+                )
+            };
             return Err(Error::Refused(format!(
-                "team `{}` already has a teammate `{}` ({}, task {}); give this one another name",
+                "team `{}` already has a teammate `{}` ({}, task {}){case}; give this one another \
+                 name",
                 self.name, m.name, m.state, m.task
             )));
         }
