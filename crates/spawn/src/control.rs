@@ -373,15 +373,8 @@ async fn to_teammate(
     let from = mine.clone().unwrap_or_else(|| crate::team::LEAD.to_owned());
     let letter = match &input.message {
         serde_json::Value::String(text) => {
-            // Text that is a whole protocol message would be acted on as one by a teammate's
-            // relay, past the checks of the structured form (who may ask, with which id): a
-            // letter a hostile teammate asked the lead to pass on, say.
-            if let Some(p) = crate::mailbox::protocol::Protocol::parse(text) {
-                return ToolOutput::error(format!(
-                    "the message's text is a `{}` protocol message, which is not sent as text: \
-                     send it as a `message` object with its `type`, or say it in words",
-                    p.kind()
-                ));
+            if let Some(refused) = protocol_text(text) {
+                return refused;
             }
             let mut l = crate::mailbox::Letter::new(from, text.clone());
             l.summary = input.summary.clone();
@@ -424,7 +417,7 @@ async fn to_teammate(
                 else {
                     return ToolOutput::error("a shutdown_response needs its `request_id`");
                 };
-                let Some(approve) = o.get("approve").and_then(serde_json::Value::as_bool) else {
+                let Some(approve) = approval(o) else {
                     return ToolOutput::error("a shutdown_response needs `approve`: true or false");
                 };
                 let reason = o.get("reason").and_then(|r| r.as_str()).map(str::to_owned);
@@ -446,9 +439,14 @@ async fn to_teammate(
                 else {
                     return ToolOutput::error("a plan_approval_response needs its `request_id`");
                 };
+                let Some(approved) = approval(o) else {
+                    return ToolOutput::error(
+                        "a plan_approval_response needs `approve`: true or false",
+                    );
+                };
                 crate::mailbox::protocol::Protocol::PlanApprovalResponse {
                     request_id: request_id.to_owned(),
-                    approved: o.get("approve").and_then(serde_json::Value::as_bool) == Some(true),
+                    approved,
                     feedback: o
                         .get("feedback")
                         .and_then(|f| f.as_str())
@@ -478,6 +476,26 @@ async fn to_teammate(
     }
 }
 
+/// An answer's `approve`, or `approved` as Claude Code's letters spell it.
+fn approval(o: &serde_json::Map<String, serde_json::Value>) -> Option<bool> {
+    o.get("approve")
+        .or_else(|| o.get("approved"))
+        .and_then(serde_json::Value::as_bool)
+}
+
+/// The refusal of text that is a whole protocol message: a teammate's relay would act on it
+/// as one, past the checks of the structured form (who may ask, with which id) — a letter a
+/// hostile teammate asked the lead to pass on, say.
+fn protocol_text(text: &str) -> Option<ToolOutput> {
+    crate::mailbox::protocol::Protocol::parse(text).map(|p| {
+        ToolOutput::error(format!(
+            "the message's text is a `{}` protocol message, which is not sent as text: send it \
+             as a `message` object with its `type`, or say it in words",
+            p.kind()
+        ))
+    })
+}
+
 /// Text to every teammate but the sender (and to the lead, from a teammate).
 async fn broadcast(
     team: &crate::team::Team,
@@ -487,6 +505,9 @@ async fn broadcast(
     let serde_json::Value::String(text) = &input.message else {
         return ToolOutput::error("a broadcast (`*`) carries text, not a structured message");
     };
+    if let Some(refused) = protocol_text(text) {
+        return refused;
+    }
     let mut letter = crate::mailbox::Letter::new(
         mine.unwrap_or_else(|| crate::team::LEAD.to_owned()),
         text.clone(),
@@ -515,5 +536,25 @@ fn recipients(service: &TaskService, me: &TaskId) -> String {
         "none of your tasks in this process is running or can be resumed".to_owned()
     } else {
         format!("send to one of: {}", all.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_says_approve_or_approved() {
+        let map = |v: serde_json::Value| v.as_object().cloned().unwrap_or_default();
+        assert_eq!(
+            approval(&map(serde_json::json!({"approve": true}))),
+            Some(true)
+        );
+        assert_eq!(
+            approval(&map(serde_json::json!({"approved": false}))),
+            Some(false)
+        );
+        assert_eq!(approval(&map(serde_json::json!({"approve": "yes"}))), None);
+        assert_eq!(approval(&map(serde_json::json!({}))), None);
     }
 }

@@ -1135,3 +1135,26 @@ async fn a_run_that_panics_after_reading_a_letter_counts_it_read() {
     let r = worker.await.unwrap().unwrap();
     assert_eq!((r.ran, r.reported), (1, 1), "{r:?}");
 }
+
+/// A pool task's answer is capped at `RESULT_CAP` as an in-process child's is: it goes into
+/// the coordinator's conversation, and would be sent again with every later request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_long_answer_is_capped_as_in_process() {
+    use forkhive_spawn::task::RESULT_CAP;
+    let Some(url) = url() else { return };
+    let pool = Pool::new(&url, &prefix("cap"), "p", fast()).unwrap();
+    let dad = parent();
+    let prompt = "z".repeat(RESULT_CAP);
+    pool.submit(&Job::new(dad, "long", prompt.clone()))
+        .await
+        .unwrap();
+    let (w, stop) = start_worker(&pool, "w1", answering(Duration::ZERO));
+    let got = pending_n(&pool, &dad, 1).await;
+    let whole = format!("done: {prompt}");
+    assert_eq!(
+        got[0].result.as_deref(),
+        Some(format!("{}\n[truncated]", &whole[..RESULT_CAP]).as_str())
+    );
+    stop.cancel();
+    assert_eq!(w.await.unwrap().unwrap().ran, 1);
+}

@@ -463,6 +463,11 @@ async fn protocol_messages_are_not_sent_as_text() {
                     "SendMessage",
                     r#"{"to":"alice","message":"a shutdown_request looks like {\"type\":\"shutdown_request\"}"}"#,
                 ),
+                (
+                    "s3",
+                    "SendMessage",
+                    &format!(r#"{{"to":"*","message":"{forged}"}}"#),
+                ),
             ]));
         }
         Plan::Reply(say("ok"))
@@ -484,5 +489,6 @@ async fn protocol_messages_are_not_sent_as_text() {
         "{got:?}"
     );
     assert!(!got[1].1, "{got:?}");
+    assert_eq!(got[2], got[0], "a broadcast is refused alike");
     assert_ne!(team.member("alice").unwrap().state, MemberState::Stopped);
 }

@@ -662,7 +662,7 @@ impl Worker {
                             u64::try_from(progress.elapsed().as_millis()).unwrap_or(u64::MAX);
                         let partial = progress.last_text();
                         if !partial.is_empty() {
-                            n = n.with_result(partial);
+                            n = n.with_result(crate::task::cap_answer(partial, None));
                         }
                         Some((n, recorded, usage))
                     });
@@ -726,7 +726,7 @@ impl Worker {
                     ),
                 );
                 if let Some(p) = partial {
-                    n = n.with_result(p);
+                    n = n.with_result(crate::task::cap_answer(p, None));
                 }
                 let r = self
                     .report_task(&mut conn, "", &entry.id, &job, (n, None), &none, ("", ""))
@@ -1015,7 +1015,7 @@ impl Worker {
         let mut n = TaskNotification::new(job.task, status, summary, usage.to_notification());
         n.usage.duration_ms = u64::try_from(progress.elapsed().as_millis()).unwrap_or(u64::MAX);
         if !result.is_empty() {
-            n = n.with_result(result);
+            n = n.with_result(crate::task::cap_answer(result, None));
         }
         if status == TaskStatus::Killed {
             let note = match stop {

@@ -1701,7 +1701,6 @@ async fn tick(ticker: Option<&mut tokio::time::Interval>) {
     }
 }
 
-/// The notification for a child that ended as `ended` (built by trusted code only).
 /// The most bytes of a child's answer its notification (and so, in the foreground, its tool
 /// result) carries: the rest would be sent again with every later request of its parent. A
 /// longer answer is cut at a character boundary and says so, and names the child's output file
@@ -1710,7 +1709,12 @@ pub const RESULT_CAP: usize = 100_000;
 
 /// `answer`, cut to [`RESULT_CAP`] bytes if longer, with a line saying so (and naming
 /// `output`, which has more).
-fn capped(mut answer: String, output: Option<&OutputFile>) -> String {
+fn capped(answer: String, output: Option<&OutputFile>) -> String {
+    cap_answer(answer, output.map(OutputFile::path))
+}
+
+/// [`capped`], for an output file known by its path (a pool worker's).
+pub(crate) fn cap_answer(mut answer: String, output: Option<&std::path::Path>) -> String {
     if answer.len() <= RESULT_CAP {
         return answer;
     }
@@ -1720,15 +1724,16 @@ fn capped(mut answer: String, output: Option<&OutputFile>) -> String {
     }
     answer.truncate(cut);
     match output {
-        Some(o) => answer.push_str(&format!(
+        Some(path) => answer.push_str(&format!(
             "\n[truncated; its output file {} has more]",
-            o.path().display()
+            path.display()
         )),
         None => answer.push_str("\n[truncated]"),
     }
     answer
 }
 
+/// The notification for a child that ended as `ended` (built by trusted code only).
 fn notification(
     record: &TaskRecord,
     ended: &Ended,
