@@ -1256,37 +1256,23 @@ async fn teammate_names_that_differ_only_in_case_are_refused() {
         if !is_parent(r) {
             return Plan::Reply(say("done"));
         }
-        let start = |id: &str, name: &str| {
-            (
-                id.to_owned(),
-                "Agent",
-                format!(
-                    r#"{{"description":"d","prompt":"p","subagent_type":"worker","name":"{name}","team_name":"review"}}"#
-                ),
-            )
-        };
-        let owned = |l: Vec<(String, &'static str, String)>| {
-            let refs: Vec<(&str, &str, &str)> = l
+        let start = |l: &[(&str, &str)]| {
+            let inputs: Vec<(&str, String)> =
+                l.iter().map(|(id, name)| (*id, teammate(name))).collect();
+            let refs: Vec<(&str, &str, &str)> = inputs
                 .iter()
-                .map(|(a, b, c)| (a.as_str(), *b, c.as_str()))
+                .map(|(id, input)| (*id, "Agent", input.as_str()))
                 .collect();
-            calls(&refs)
+            Plan::Reply(calls(&refs))
         };
         match r.all_messages().len() {
-            1 => Plan::Reply(owned(vec![start("a1", "alice")])),
-            3 => Plan::Reply(owned(vec![start("a2", "ALICE"), start("a3", "Team-Lead")])),
+            1 => start(&[("a1", "alice")]),
+            3 => start(&[("a2", "ALICE"), ("a3", "Team-Lead")]),
             _ => Plan::Reply(say("done")),
         }
     });
     let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
-    let mut lead = Agent::builder(b)
-        .model("m")
-        .system_prompt("You are the parent.")
-        .tools(lead_tools())
-        .extension(Arc::clone(&team))
-        .build()
-        .await
-        .unwrap();
+    let mut lead = lead_in(&team, b, lead_tools()).await;
     let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
         .await
         .expect("the lead's run returned");

@@ -54,6 +54,20 @@ async fn team_and_lead(
     (team, lead)
 }
 
+/// The lead's first answer: start teammate `alice` in team `review` (in `mode`, if any).
+fn start_alice(mode: Option<&str>) -> Plan {
+    let mode = mode
+        .map(|m| format!(r#","mode":"{m}""#))
+        .unwrap_or_default();
+    Plan::Reply(calls(&[(
+        "a1",
+        "Agent",
+        &format!(
+            r#"{{"description":"alice","prompt":"task for alice","subagent_type":"worker","name":"alice","team_name":"review"{mode}}}"#
+        ),
+    )]))
+}
+
 fn worker() -> AgentDefinition {
     let mut w = AgentDefinition::new("worker", "a teammate", DefinitionSource::Project);
     w.system_prompt = "You are a worker.".into();
@@ -93,11 +107,7 @@ async fn plan_mode_holds_a_teammate_whose_definition_bubbles() {
             return Plan::Reply(say("done"));
         }
         if r.all_messages().len() == 1 {
-            return Plan::Reply(calls(&[(
-                "a1",
-                "Agent",
-                r#"{"description":"alice","prompt":"task for alice","subagent_type":"worker","name":"alice","team_name":"review","mode":"plan"}"#,
-            )]));
+            return start_alice(Some("plan"));
         }
         if text_of(r).contains("idle_notification") && called(r, "shutdown_request") == 0 {
             return Plan::Reply(calls(&[(
@@ -148,11 +158,7 @@ async fn a_letter_before_a_shutdown_is_read_or_reported() {
             return Plan::Reply(say("ready"));
         }
         if r.all_messages().len() == 1 {
-            return Plan::Reply(calls(&[(
-                "a1",
-                "Agent",
-                r#"{"description":"alice","prompt":"task for alice","subagent_type":"worker","name":"alice","team_name":"review"}"#,
-            )]));
+            return start_alice(None);
         }
         Plan::Reply(say("ok"))
     });
@@ -213,11 +219,7 @@ async fn a_claude_code_teammate_in_the_roster_file_survives_a_forkhive_change() 
             return Plan::Reply(say("ready"));
         }
         if r.all_messages().len() == 1 {
-            return Plan::Reply(calls(&[(
-                "a1",
-                "Agent",
-                r#"{"description":"alice","prompt":"task for alice","subagent_type":"worker","name":"alice","team_name":"review"}"#,
-            )]));
+            return start_alice(None);
         }
         Plan::Reply(say("ok"))
     });
@@ -288,11 +290,7 @@ async fn a_lead_subagent_cannot_send_as_the_lead() {
             return Plan::Reply(say("ready"));
         }
         if r.all_messages().len() == 1 {
-            return Plan::Reply(calls(&[(
-                "a1",
-                "Agent",
-                r#"{"description":"alice","prompt":"task for alice","subagent_type":"worker","name":"alice","team_name":"review"}"#,
-            )]));
+            return start_alice(None);
         }
         if text_of(r).contains("idle_notification") && called(r, "task for helper") == 0 {
             return Plan::Reply(calls(&[(
@@ -377,11 +375,7 @@ async fn only_the_lead_approves_a_plan_not_its_subagent() {
             return Plan::Reply(say("waiting"));
         }
         if r.all_messages().len() == 1 {
-            return Plan::Reply(calls(&[(
-                "a1",
-                "Agent",
-                r#"{"description":"alice","prompt":"task for alice","subagent_type":"worker","name":"alice","team_name":"review","mode":"plan"}"#,
-            )]));
+            return start_alice(Some("plan"));
         }
         if let Some(id) = last_plan_request(&text)
             && called(r, "task for helper") == 0
@@ -437,11 +431,7 @@ async fn protocol_messages_are_not_sent_as_text() {
             return Plan::Reply(say("ready"));
         }
         if r.all_messages().len() == 1 {
-            return Plan::Reply(calls(&[(
-                "a1",
-                "Agent",
-                r#"{"description":"alice","prompt":"task for alice","subagent_type":"worker","name":"alice","team_name":"review"}"#,
-            )]));
+            return start_alice(None);
         }
         let got = results(r);
         if got.iter().any(|(id, _, _)| id == "s1") {

@@ -1707,13 +1707,8 @@ async fn tick(ticker: Option<&mut tokio::time::Interval>) {
 /// (which has more of it, up to the file's own cap) when it has one.
 pub const RESULT_CAP: usize = 100_000;
 
-/// `answer`, cut to [`RESULT_CAP`] bytes if longer, with a line saying so (and naming
-/// `output`, which has more).
-fn capped(answer: String, output: Option<&OutputFile>) -> String {
-    cap_answer(answer, output.map(OutputFile::path))
-}
-
-/// [`capped`], for an output file known by its path (a pool worker's).
+/// `answer`, cut to [`RESULT_CAP`] bytes if longer, with a line saying so (and naming the
+/// output file at `output`, which has more).
 pub(crate) fn cap_answer(mut answer: String, output: Option<&std::path::Path>) -> String {
     if answer.len() <= RESULT_CAP {
         return answer;
@@ -1796,7 +1791,7 @@ fn notification(
     usage.duration_ms = u64::try_from(progress.elapsed().as_millis()).unwrap_or(u64::MAX);
     let mut n = TaskNotification::new(record.id, status, summary, usage.to_notification());
     if !result.is_empty() {
-        n = n.with_result(capped(result, output));
+        n = n.with_result(cap_answer(result, output.map(OutputFile::path)));
     }
     n.tool_use_id = tool_use_id;
     n.output_file = output.map(|o| o.path().display().to_string());
