@@ -526,6 +526,210 @@ async fn a_worker_in_a_worktree_sees_it_and_its_owner_keeps_or_removes_it() {
     assert_eq!(all.lines().count(), 2, "{all}");
 }
 
+/// A worker in a worktree ends at its turn limit while a background child it started is still
+/// writing in its tree, through the rooted tool the child inherited. The worker's owner stops
+/// the child and waits for it before asking git, so the file the child wrote keeps the tree and
+/// the worker's result names it. (Removed first, the tree took the child's write with it: a
+/// peer's users report trees removed under a nested child.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn a_worktree_is_not_finished_under_a_child_still_writing_in_it() {
+    use forkhive_spawn::agent_tool::{AgentTool, AgentToolConfig};
+    use forkhive_spawn::definition::{AgentDefinition, AgentRegistry, DefinitionSource};
+    use forkhive_spawn::runtime::{Agent, AgentContext, StopReason};
+    use forkhive_spawn::tool::{Tool, ToolFilter, ToolPool};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use support::*;
+
+    let repo = repo();
+    let late = Arc::new(LateWrite {
+        root: repo.path().to_path_buf(),
+        started: Arc::new(AtomicBool::new(false)),
+        wrote: Arc::default(),
+    });
+    let started = Arc::clone(&late.started);
+    let b = brain(move |r| {
+        let me = AgentContext::current().unwrap();
+        match (me.depth(), has_tool_result(r)) {
+            (0, false) => Plan::Reply(calls(&[(
+                "a1",
+                "Agent",
+                r#"{"description":"build","prompt":"build it","subagent_type":"worker","isolation":"worktree"}"#,
+            )])),
+            (0, true) => Plan::Reply(say("all done")),
+            (1, false) => Plan::Reply(calls(&[(
+                "b1",
+                "Agent",
+                r#"{"description":"write","prompt":"write it","subagent_type":"helper","run_in_background":true}"#,
+            )])),
+            // Its last turn, once the child is writing: a call, so the limit ends the run.
+            (1, true) => {
+                // Off the worker, whose queue holds the child just started.
+                tokio::task::block_in_place(|| {
+                    for _ in 0..1000 {
+                        if started.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                });
+                assert!(
+                    started.load(Ordering::SeqCst),
+                    "the child never wrote: {:?}",
+                    results(r)
+                );
+                Plan::Reply(calls(&[("a2", "Agent", "{}")]))
+            }
+            (_, false) => Plan::Reply(calls(&[("c1", "LateWrite", "{}")])),
+            (_, true) => Plan::Reply(say("wrote")),
+        }
+    });
+    let mut worker = AgentDefinition::new("worker", "does one job", DefinitionSource::Project);
+    worker.system_prompt = "You are a worker.".into();
+    worker.max_turns = Some(2);
+    let mut helper = AgentDefinition::new("helper", "helps", DefinitionSource::Project);
+    helper.system_prompt = "You are a helper.".into();
+    let config = AgentToolConfig::default()
+        .with_registry(AgentRegistry::from_definitions([worker, helper]))
+        .with_isolation_enabled(true)
+        .with_worktree_repo(Some(repo.path().to_path_buf()))
+        // The worker may start a child of its own, in the background.
+        .with_filter(ToolFilter {
+            global_disallow: Vec::new(),
+            background_allow: vec!["*".into()],
+            ..ToolFilter::default()
+        });
+    let tools = ToolPool::new([
+        Arc::new(Spawner(AgentTool::new(config).unwrap().arc())) as Arc<dyn Tool>,
+        Arc::clone(&late) as Arc<dyn Tool>,
+    ])
+    .unwrap();
+    let mut parent = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(tools)
+        .build()
+        .await
+        .unwrap();
+    let run = parent.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let msgs = parent.params().messages().to_vec();
+    let result = &support::message_results(&msgs[2])[0].1;
+    let (_, kept_line) = result
+        .split_once("\n[its worktree was kept, with its changes: ")
+        .unwrap_or_else(|| panic!("the tree was not kept: {result}"));
+    let (path, _) = kept_line
+        .strip_suffix(']')
+        .and_then(|l| l.split_once(" on branch "))
+        .unwrap_or_else(|| panic!("{result}"));
+    assert_eq!(
+        std::fs::read_to_string(Path::new(path).join("LATE.md"))
+            .ok()
+            .as_deref(),
+        Some("late"),
+        "{result}"
+    );
+    assert_eq!(
+        late.wrote.lock().unwrap().clone(),
+        Some(Ok(path.to_owned())),
+        "the child's write"
+    );
+}
+
+/// The `Agent` tool as a host may wrap it so that a worker in a worktree can start children
+/// (`AgentTool` does not move into a worktree on its own): its children work where their
+/// parent's tools do.
+#[derive(Debug)]
+struct Spawner(std::sync::Arc<dyn forkhive_spawn::tool::Tool>);
+
+#[async_trait::async_trait]
+impl forkhive_spawn::tool::Tool for Spawner {
+    fn definition(&self) -> &forkhive_core::ToolDefinition {
+        self.0.definition()
+    }
+    fn is_concurrency_safe(&self, input: &serde_json::Value) -> bool {
+        self.0.is_concurrency_safe(input)
+    }
+    fn is_read_only(&self) -> bool {
+        self.0.is_read_only()
+    }
+    fn timeout(&self) -> Option<std::time::Duration> {
+        self.0.timeout()
+    }
+    fn in_background(&self) -> forkhive_spawn::tool::InBackground {
+        self.0.in_background()
+    }
+    fn check_tree(&self, tree: &forkhive_spawn::runtime::TreeState) -> Result<(), String> {
+        self.0.check_tree(tree)
+    }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        self.0.as_any()
+    }
+    async fn rooted(&self, _: &Path) -> Option<std::sync::Arc<dyn forkhive_spawn::tool::Tool>> {
+        Some(std::sync::Arc::new(Spawner(std::sync::Arc::clone(&self.0))))
+    }
+    async fn call(
+        &self,
+        input: serde_json::Value,
+        cx: &forkhive_spawn::tool::ToolContext,
+    ) -> forkhive_spawn::tool::ToolOutput {
+        self.0.call(input, cx).await
+    }
+}
+
+/// A rooted tool that, once started, blocks its thread a while before it writes `LATE.md` (as
+/// a subprocess outlives a cancelled call): it says when it has started and what the write
+/// gave.
+#[derive(Debug)]
+struct LateWrite {
+    root: std::path::PathBuf,
+    started: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    wrote: std::sync::Arc<std::sync::Mutex<Option<Result<String, String>>>>,
+}
+
+#[async_trait::async_trait]
+impl forkhive_spawn::tool::Tool for LateWrite {
+    fn definition(&self) -> &forkhive_core::ToolDefinition {
+        static DEF: std::sync::LazyLock<forkhive_core::ToolDefinition> =
+            std::sync::LazyLock::new(|| {
+                forkhive_core::ToolDefinition::new(
+                    "LateWrite",
+                    "writes late",
+                    r#"{"type":"object"}"#,
+                )
+                .unwrap()
+            });
+        &DEF
+    }
+    fn is_concurrency_safe(&self, _: &serde_json::Value) -> bool {
+        false
+    }
+    fn is_read_only(&self) -> bool {
+        false
+    }
+    async fn rooted(&self, root: &Path) -> Option<std::sync::Arc<dyn forkhive_spawn::tool::Tool>> {
+        Some(std::sync::Arc::new(LateWrite {
+            root: root.to_path_buf(),
+            started: std::sync::Arc::clone(&self.started),
+            wrote: std::sync::Arc::clone(&self.wrote),
+        }))
+    }
+    async fn call(
+        &self,
+        _: serde_json::Value,
+        _: &forkhive_spawn::tool::ToolContext,
+    ) -> forkhive_spawn::tool::ToolOutput {
+        self.started
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        let wrote = std::fs::write(self.root.join("LATE.md"), "late")
+            .map(|()| self.root.display().to_string())
+            .map_err(|e| e.to_string());
+        *self.wrote.lock().unwrap() = Some(wrote);
+        forkhive_spawn::tool::ToolOutput::text("wrote")
+    }
+}
+
 /// In coordinator mode a worker that can write gets a worktree without asking, unless the
 /// call says `isolation: "none"`; a worker that only reads works in the shared checkout.
 #[tokio::test]

@@ -38,7 +38,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use forkhive_core::{TaskId, TaskNotification, TaskStatus, Usage};
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::base::children::ChildLedger;
@@ -335,6 +335,22 @@ struct LiveChild {
     name: Option<String>,
     inbox: PendingQueue,
     parent_inbox: PendingQueue,
+    /// Held while it runs by a child that may work in a worktree: the owner's of that tree
+    /// (when the child has one), given on to every child started below it. The tree's owner
+    /// removes or keeps it only once every holder has stopped (see [`TreeUsers`]).
+    tree_hold: Option<mpsc::Sender<()>>,
+}
+
+/// What a worktree's owner waits on before it asks git whether the tree changed: the end of
+/// every child started below it, since they work in its tree through its rooted tools. Its
+/// descendants are cancelled when it ends; each stops within its grace. Waiting closes the gap
+/// in which a tree was removed, or reported unchanged, while a child below was still writing
+/// in it (a peer reports trees removed under a nested child; "Coordinator Mode — gotchas").
+struct TreeUsers {
+    /// Closed when the last holder's entry is gone.
+    held: mpsc::Receiver<()>,
+    /// How long the owner waits before it keeps the tree as possibly still in use.
+    limit: Duration,
 }
 
 /// Where a message for a running child went (see [`TaskService::send`]).
@@ -679,6 +695,8 @@ struct Owned {
     events: Option<Arc<dyn EventSink>>,
     ledger: Option<ChildLedger>,
     worktree: Option<Box<crate::worktree::Worktree>>,
+    /// With a worktree: the children below that may still be working in it.
+    tree_users: Option<Box<TreeUsers>>,
     report: Option<oneshot::Sender<ChildEnd>>,
     /// How to resume it for a message after it ends (a background child with a transcript);
     /// boxed, since most children have none and every owner is allocated whole.
@@ -801,6 +819,10 @@ impl Drop for ChildGuard {
 /// reports the child anyway: a hung volume must not keep a parent from its notification.
 const DISK_LIMIT: Duration = Duration::from_secs(10);
 
+/// How long past its own grace a worktree's owner waits for the children below it to stop
+/// (theirs may differ from its own), before it keeps the tree rather than remove it under one.
+const TREE_SETTLE: Duration = Duration::from_secs(2);
+
 /// How many ended children's names a service remembers (see [`TaskService::ended_named`]).
 pub const ENDED_NAMES: usize = 256;
 
@@ -910,13 +932,28 @@ impl Owned {
     async fn finish(&mut self, state: &mut Finishing) {
         let id = self.record.id;
         // The worktree: gone when nothing changed; otherwise kept, and the parent told where.
+        // Not before the children below, cancelled in `begin`, have stopped working in it.
+        let settled = match self.tree_users.take() {
+            Some(mut users) => tokio::time::timeout(users.limit, users.held.recv())
+                .await
+                .is_ok(),
+            None => true,
+        };
         if let Some(wt) = self.worktree.as_deref() {
-            match Box::pin(tokio::time::timeout(DISK_LIMIT, wt.finish())).await {
-                Ok(crate::worktree::Finished::Removed) => {}
-                Ok(crate::worktree::Finished::Kept(why)) => {
-                    keep(&mut state.n, wt, &why.to_string())
+            if !settled {
+                keep(
+                    &mut state.n,
+                    wt,
+                    "a child started below it had not stopped working in it",
+                );
+            } else {
+                match Box::pin(tokio::time::timeout(DISK_LIMIT, wt.finish())).await {
+                    Ok(crate::worktree::Finished::Removed) => {}
+                    Ok(crate::worktree::Finished::Kept(why)) => {
+                        keep(&mut state.n, wt, &why.to_string())
+                    }
+                    Err(_) => keep(&mut state.n, wt, "git did not answer in time"),
                 }
-                Err(_) => keep(&mut state.n, wt, "git did not answer in time"),
             }
         }
         self.worktree = None;
@@ -1327,6 +1364,7 @@ impl TaskService {
             // Reachable (to stop, to message) from here on; a name is claimed in the same step it
             // is checked, so two children started together cannot both take it.
             let cancel = agent.cancellation().clone();
+            let mut tree_users = None;
             let taken = {
                 let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
                 let taken = match &name {
@@ -1350,6 +1388,16 @@ impl TaskService {
                         .take(&id);
                 }
                 if taken.is_none() {
+                    // A child with a worktree of its own holds it for its descendants; any other
+                    // holds its parent's tree, if its parent works in one.
+                    let tree_hold = match &worktree {
+                        Some(_) => {
+                            let (hold, held) = mpsc::channel(1);
+                            tree_users = Some(held);
+                            Some(hold)
+                        }
+                        None => tokens.get(&parent).and_then(|p| p.tree_hold.clone()),
+                    };
                     tokens.insert(
                         id,
                         LiveChild {
@@ -1358,6 +1406,7 @@ impl TaskService {
                             name: name.clone(),
                             inbox: agent.shared().pending.clone(),
                             parent_inbox: parent_queue.clone(),
+                            tree_hold,
                         },
                     );
                 }
@@ -1494,6 +1543,12 @@ impl TaskService {
                 worktree: worktree
                     .and_then(crate::worktree::Unfinished::take)
                     .map(Box::new),
+                tree_users: tree_users.map(|held| {
+                    Box::new(TreeUsers {
+                        held,
+                        limit: grace + TREE_SETTLE,
+                    })
+                }),
                 report,
                 revive,
                 _settled: None,
