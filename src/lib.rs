@@ -165,11 +165,11 @@ pub mod prelude {
     pub use forkhive_spawn::mcp::{McpHub, McpServer, McpStatus};
     #[doc(inline)]
     pub use forkhive_spawn::runtime::{
-        Agent, AgentBuilder, AgentContext, AgentEvent, AgentRun, ChildReport, EventKind, EventSink,
-        FnSink, Limits, PendingMessage, StopReason,
+        Agent, AgentBuilder, AgentContext, AgentEvent, AgentRun, CancellationToken, ChildReport,
+        EventKind, EventSink, FnSink, Limits, PendingMessage, StopReason,
     };
     #[doc(inline)]
-    pub use forkhive_spawn::task::{MemoryTaskRegistry, TaskConfig, TaskService};
+    pub use forkhive_spawn::task::{MemoryTaskRegistry, Retention, TaskConfig, TaskService};
     #[doc(inline)]
     pub use forkhive_spawn::tool::memory::MemoryRoots;
     #[doc(inline)]

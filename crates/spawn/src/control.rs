@@ -335,17 +335,18 @@ impl Tool for SendMessageTool {
             return ToolOutput::error("SendMessage only works inside an agent loop");
         };
         let turn = cx.turn().map_or(0, |t| t.turn());
+        // A record forgotten under the registry's retention has no state to tell.
         let state = ended(&service, &id)
             .await
-            .map_or_else(|| "ended".to_owned(), |s| s.to_string());
+            .map_or_else(String::new, |s| format!(" ({s})"));
         match service.revive(caller, turn, id, message).await {
             Ok(id) => ToolOutput::text(format!(
-                "Task {id} had ended ({state}); it was resumed from its transcript with your \
+                "Task {id} had ended{state}; it was resumed from its transcript with your \
                  message and runs in the background again. Its next <task-notification> \
                  reports this run."
             )),
             Err(e) => ToolOutput::error(format!(
-                "task {id} had ended ({state}) and could not be resumed, so the message was \
+                "task {id} had ended{state} and could not be resumed, so the message was \
                  not delivered: {}",
                 crate::task::error_chain(&e)
             )),

@@ -108,39 +108,48 @@ async fn a_child_model_must_be_allowed_by_the_host() {
 }
 
 /// A fork's request is its parent's bytes, model included: asking for another model is an
-/// error, not a silent fork on the parent's.
+/// error, not a silent fork on the parent's. A fresh agent on that model is suggested only when
+/// the host allows it.
 #[tokio::test]
 async fn a_fork_asking_for_another_model_is_refused() {
     use std::sync::Mutex;
-    let results: Arc<Mutex<Vec<(String, String, bool)>>> = Arc::default();
-    let model = {
-        let results = Arc::clone(&results);
-        brain(move |r| {
-            if has_tool_result(r) {
-                results.lock().unwrap().extend(support::results(r));
-                return Plan::Reply(say("parent done"));
-            }
-            let input = serde_json::json!({"description": "f", "prompt": "p", "model": "other"});
-            Plan::Reply(calls(&[("f1", "Agent", &input.to_string())]))
-        })
-    };
-    let tool = AgentTool::new(AgentToolConfig::default().with_fork_enabled(true)).unwrap();
-    let mut parent = Agent::builder(model)
-        .model("m")
-        .tools(ToolPool::new([Arc::new(tool) as Arc<dyn Tool>]).unwrap())
-        .build()
-        .await
-        .unwrap();
-    let _ = parent.run("go").await;
-    let results = results.lock().unwrap().clone();
-    assert_eq!(
-        results,
-        vec![(
-            "f1".to_owned(),
+    for (allowed, want) in [
+        (
+            vec![],
             "a fork keeps its parent's model `m` (the prompt cache is keyed on it): omit \
-             `model`, or name a `subagent_type` to start a fresh agent on `other`"
-                .to_owned(),
-            true
-        )]
-    );
+             `model`",
+        ),
+        (
+            vec!["other".to_owned()],
+            "a fork keeps its parent's model `m` (the prompt cache is keyed on it): omit \
+             `model`, or name a `subagent_type` to start a fresh agent on `other`",
+        ),
+    ] {
+        let results: Arc<Mutex<Vec<(String, String, bool)>>> = Arc::default();
+        let model = {
+            let results = Arc::clone(&results);
+            brain(move |r| {
+                if has_tool_result(r) {
+                    results.lock().unwrap().extend(support::results(r));
+                    return Plan::Reply(say("parent done"));
+                }
+                let input =
+                    serde_json::json!({"description": "f", "prompt": "p", "model": "other"});
+                Plan::Reply(calls(&[("f1", "Agent", &input.to_string())]))
+            })
+        };
+        let config = AgentToolConfig::default()
+            .with_fork_enabled(true)
+            .with_allowed_models(allowed);
+        let tool = AgentTool::new(config).unwrap();
+        let mut parent = Agent::builder(model)
+            .model("m")
+            .tools(ToolPool::new([Arc::new(tool) as Arc<dyn Tool>]).unwrap())
+            .build()
+            .await
+            .unwrap();
+        let _ = parent.run("go").await;
+        let results = results.lock().unwrap().clone();
+        assert_eq!(results, vec![("f1".to_owned(), want.to_owned(), true)]);
+    }
 }

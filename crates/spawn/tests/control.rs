@@ -491,6 +491,77 @@ async fn a_message_to_a_finished_worker_resumes_it_from_its_transcript() {
     );
 }
 
+/// A finished worker whose record the registry's retention has already forgotten is still
+/// offered as resumable (its transcript is there): a message resumes it, recorded again as
+/// the same task, and its new run is reported as any resumed run is.
+#[tokio::test]
+async fn a_message_resumes_a_worker_whose_record_was_forgotten() {
+    use forkhive_spawn::task::Retention;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let sent = Arc::new(AtomicBool::new(false));
+    let b = brain(move |r| {
+        let all = r.all_messages();
+        if !is_parent(r) {
+            return match all.len() {
+                1 => Plan::Reply(say("first answer")),
+                _ => Plan::Reply(say("second answer")),
+            };
+        }
+        if all.len() == 1 {
+            return Plan::Reply(calls(&[(
+                "a1",
+                "Agent",
+                r#"{"description":"look","prompt":"p","subagent_type":"worker","run_in_background":true,"name":"alpha"}"#,
+            )]));
+        }
+        let notified = all.iter().any(|m| m.text().contains("<task-notification>"));
+        if notified && !sent.swap(true, Ordering::SeqCst) {
+            return Plan::Reply(calls(&[(
+                "m1",
+                "SendMessage",
+                r#"{"to":"alpha","message":"and the tests?"}"#,
+            )]));
+        }
+        Plan::Reply(say("waiting"))
+    });
+    // Every ended record is forgotten at once.
+    let tasks = Arc::new(MemoryTaskRegistry::with_retention(Retention {
+        max_ended: 0,
+        max_age: None,
+    }));
+    let (mut p, service) = build_parent_over(b, Some(dir.path()), None, 5000, tasks).await;
+    let run = p.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let worker = run.children()[0].id;
+    let msgs = p.params().messages().to_vec();
+    let sent = msgs
+        .iter()
+        .flat_map(message_results)
+        .find(|(id, _, _)| id == "m1")
+        .unwrap();
+    assert_eq!(
+        sent,
+        (
+            "m1".to_owned(),
+            format!(
+                "Task {worker} had ended; it was resumed from its transcript with your message \
+                 and runs in the background again. Its next <task-notification> reports this \
+                 run."
+            ),
+            false
+        )
+    );
+    let ns = notifications(&p);
+    assert_eq!(ns.len(), 2, "one notification per run");
+    assert!(ns.iter().all(|n| n.task_id == worker));
+    assert_eq!(ns[1].result.as_deref(), Some("second answer"));
+    assert_eq!(ns[1].status, TaskStatus::Completed);
+    // Ended again, and forgotten again.
+    assert!(service.registry().get(&worker).await.is_none());
+    assert_eq!(service.live(), 0);
+}
+
 /// A stopped worker gets a message too: it is resumed from its transcript — its cancelled
 /// tool call answered with an error — and given it.
 #[tokio::test]

@@ -420,9 +420,15 @@ impl AgentTool {
             return Ok(());
         }
         let Some(def) = definition else {
+            // A fresh agent on `asked` is advice only where the host allows that model.
+            let or = if self.config.allowed_models.iter().any(|m| m == asked) {
+                format!(", or name a `subagent_type` to start a fresh agent on `{asked}`")
+            } else {
+                String::new()
+            };
             return Err(format!(
                 "a fork keeps its parent's model `{parent_model}` (the prompt cache is keyed on \
-                 it): omit `model`, or name a `subagent_type` to start a fresh agent on `{asked}`"
+                 it): omit `model`{or}"
             ));
         };
         let own = def.model.as_deref().filter(|m| *m != MODEL_INHERIT);

@@ -20,3 +20,7 @@ pub use events::{AgentEvent, EventKind, EventSink, FnSink};
 pub use outcome::{AgentRun, Limits, StopReason, TurnRecord};
 pub use pending::{Expectation, Halt, PendingMessage, PendingQueue, PromiseHandle, Receipt, Wake};
 pub use state::{AgentState, Extensions, FileStamp, TreeState, TurnSnapshot};
+/// The token that stops an agent and everything it started ([`AgentBuilder::cancellation`],
+/// [`Agent::cancellation`]): tokio-util's, re-exported so a host needs no dependency of its
+/// own to make one.
+pub use tokio_util::sync::CancellationToken;

@@ -819,6 +819,15 @@ impl Drop for ChildGuard {
 /// reports the child anyway: a hung volume must not keep a parent from its notification.
 const DISK_LIMIT: Duration = Duration::from_secs(10);
 
+/// The type a child's record gives it: its definition's name, `fork`, or none.
+fn agent_type_of(agent: &crate::runtime::Agent) -> String {
+    match agent.context().agent_type() {
+        Some(t) => t.to_owned(),
+        None if agent.context().query_source().is_fork() => "fork".to_owned(),
+        None => String::new(),
+    }
+}
+
 /// How long past its own grace a worktree's owner waits for the children below it to stop
 /// (theirs may differ from its own), before it keeps the tree rather than remove it under one.
 const TREE_SETTLE: Duration = Duration::from_secs(2);
@@ -1356,11 +1365,7 @@ impl TaskService {
             let reopened = resumed.is_some();
             let id = *agent.id();
             let parent = agent.context().parent().copied().unwrap_or(id);
-            let agent_type = match agent.context().agent_type() {
-                Some(t) => t.to_owned(),
-                None if agent.context().query_source().is_fork() => "fork".to_owned(),
-                None => String::new(),
-            };
+            let agent_type = agent_type_of(&agent);
             // Reachable (to stop, to message) from here on; a name is claimed in the same step it
             // is checked, so two children started together cannot both take it.
             let cancel = agent.cancellation().clone();

@@ -170,6 +170,13 @@ pub(crate) use crate::base::ids::IdMap;
 /// [`get`](TaskRegistry::get) and [`children`](TaskRegistry::children); once every child of an
 /// unregistered root is forgotten, so is the root's
 /// [`descendants_usage`](TaskRegistry::descendants_usage).
+///
+/// The default keeps 10,000 ended records for at most an hour. Set it with
+/// [`MemoryTaskRegistry::with_retention`]. A forgotten background child can still be resumed
+/// with a message while its service keeps it resumable ([`TaskConfig::max_resumable`]): its
+/// record is then made again.
+///
+/// [`TaskConfig::max_resumable`]: super::TaskConfig::max_resumable
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
     /// Most ended records kept.

@@ -442,13 +442,29 @@ impl TaskService {
                 ));
             }
         };
-        if let Err(e) = self.registry.reopen(&id).await {
+        let reopened = match self.registry.reopen(&id).await {
+            Ok(_) => Ok(()),
+            // Forgotten under the registry's retention while its transcript stayed: the same
+            // task is recorded again for this run, as offered (its earlier runs' usage stays
+            // in its ancestors' totals).
+            Err(_) if self.registry.get(&id).await.is_none() => {
+                let mut record = super::TaskRecord::new(id, me, description.clone());
+                record.agent_type = super::agent_type_of(&agent);
+                record.transcript = agent.transcript_path().map(PathBuf::from);
+                match self.registry.create(record).await {
+                    Ok(()) => self
+                        .registry
+                        .transition(&id, super::TaskState::Running)
+                        .await
+                        .map(|_| ()),
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = reopened {
             if let Some(wt) = worktree {
                 let _ = Box::pin(wt.finish()).await;
-            }
-            // A record the registry has forgotten can never be reopened: not resumable.
-            if self.registry.get(&id).await.is_none() {
-                self.lock_dormant().take(&id);
             }
             return Err(give_up(&mut guard, e));
         }
