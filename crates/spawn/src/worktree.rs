@@ -435,7 +435,8 @@ async fn add(
         // One `worktree add` at a time in this process: concurrent ones do not only contend
         // for git's lock files, git also reads the other trees' half-written admin files
         // ("failed to read .git/worktrees/<name>/commondir") and fails. Other processes are
-        // met with retries on the lock files. Only the registration is serialised
+        // met with retries on both ("Coordinator Mode — gotchas": parallel adds race; peers'
+        // users report them failing on git's lock files). Only the registration is serialised
         // (`--no-checkout`); each tree's files are written below, in parallel.
         static CREATING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
         let _one_at_a_time = CREATING.lock().await;
@@ -449,8 +450,18 @@ async fn add(
         loop {
             match git(top, &args).await {
                 Ok(_) => break,
-                // Another worker holds one of git's lock files: wait and try again.
-                Err(e) if e.contains(".lock") && attempt < LOCK_ATTEMPTS => {
+                // Another process holds one of git's lock files, or is half-way through adding
+                // a tree of its own: wait and try again.
+                Err(e) if contended(&e) && attempt < LOCK_ATTEMPTS => {
+                    // The failed add may have made the new branch already; the retry makes it
+                    // again (taken away only while it still points where it started).
+                    if let Some(b) = branch {
+                        let _ = git(
+                            top,
+                            &["update-ref", "-d", &format!("refs/heads/{b}"), start],
+                        )
+                        .await;
+                    }
                     tokio::time::sleep(delay + jitter(attempt)).await;
                     delay = (delay * 2).min(Duration::from_millis(500));
                     attempt += 1;
@@ -474,6 +485,15 @@ async fn add(
         return Err(format!("checking out the worktree failed: {e}"));
     }
     Ok(())
+}
+
+/// Whether a failed `git worktree add` met another process's add rather than a real problem:
+/// one of git's lock files held (`….lock`, "could not lock config file"), or another tree's
+/// admin files read half-written ("failed to read .git/worktrees/<name>/commondir").
+fn contended(stderr: &str) -> bool {
+    stderr.contains(".lock")
+        || stderr.contains("could not lock")
+        || (stderr.contains("failed to read") && stderr.contains("worktrees"))
 }
 
 /// Adds `/<root>/` to the repository's `info/exclude` unless it is there.
@@ -608,6 +628,26 @@ async fn git(dir: &Path, args: &[&str]) -> std::result::Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What git prints when another process's `worktree add` is in the way (seen with six
+    /// processes adding at once), and what it prints for a real refusal.
+    #[test]
+    fn another_processs_add_is_told_from_a_real_failure() {
+        for met in [
+            "fatal: failed to read .git/worktrees/p6-4/commondir: Success",
+            "fatal: Unable to create '/r/.git/index.lock': File exists.",
+            "error: could not lock config file .git/config: File exists",
+        ] {
+            assert!(contended(met), "{met}");
+        }
+        for real in [
+            "fatal: a branch named 'forkhive/a' already exists",
+            "fatal: '/r/.forkhive/worktrees/a' already exists",
+            "fatal: invalid reference: HEAD",
+        ] {
+            assert!(!contended(real), "{real}");
+        }
+    }
 
     #[test]
     fn slugs_are_checked() {

@@ -390,6 +390,60 @@ async fn sixteen_worktrees_created_at_once_all_succeed() {
     assert_eq!(branches(repo.path()), "");
 }
 
+/// Run as a child process by the test below: creates `FORKHIVE_WT_EACH` worktrees, one after
+/// another, named after writer `FORKHIVE_WT_WRITER`.
+#[tokio::test]
+#[ignore = "a process for worktrees_created_by_six_processes_at_once_all_succeed"]
+async fn worktree_creator_process() {
+    let (Ok(repo), Ok(n), Ok(each)) = (
+        std::env::var("FORKHIVE_WT_REPO"),
+        std::env::var("FORKHIVE_WT_WRITER"),
+        std::env::var("FORKHIVE_WT_EACH"),
+    ) else {
+        return;
+    };
+    for i in 0..each.parse::<usize>().unwrap() {
+        if let Err(e) = Worktree::create(Path::new(&repo), &format!("p{n}-{i}"), None).await {
+            panic!("process {n}, tree {i}: {e}");
+        }
+    }
+}
+
+/// Six processes create ten worktrees each in one repository at the same time (hosts sharing
+/// a checkout): each process serialises its own adds, so they meet only through git, whose
+/// lock files and half-written admin files fail an add now and then. Every tree is made, on
+/// its own branch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worktrees_created_by_six_processes_at_once_all_succeed() {
+    let repo = repo();
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..6)
+        .map(|n| {
+            tokio::process::Command::new(&exe)
+                .args(["--exact", "worktree_creator_process", "--ignored"])
+                .env("FORKHIVE_WT_REPO", repo.path())
+                .env("FORKHIVE_WT_WRITER", n.to_string())
+                .env("FORKHIVE_WT_EACH", "10")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for c in children {
+        let out = c.wait_with_output().await.unwrap();
+        assert!(
+            out.status.success(),
+            "a creator failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(branches(repo.path()).lines().count(), 60);
+    let listed = git(repo.path(), &["worktree", "list"]);
+    assert_eq!(listed.lines().count(), 61, "{listed}");
+}
+
 mod support;
 
 /// A worker started with `isolation: "worktree"` works in its own checkout: its `LS` sees the
