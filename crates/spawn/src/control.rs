@@ -248,9 +248,19 @@ impl Tool for SendMessageTool {
             return out;
         }
         let Some(service) = service(cx) else {
-            return ToolOutput::error(format!(
-                "no recipient `{to}`: no task is running; `main` reaches the agent that started you"
-            ));
+            // `main` is advice only for a child: the agent at the top has no one above it.
+            let team = cx
+                .caller()
+                .and_then(|c| c.tree().extensions().get::<crate::team::Team>());
+            let why = match (team, cx.agent().depth()) {
+                (Some(team), 0) => format!(
+                    "team `{}` has no teammate of that name, and no task is running",
+                    team.name()
+                ),
+                (None, 0) => "no task is running".to_owned(),
+                _ => "no task is running; `main` reaches the agent that started you".to_owned(),
+            };
+            return ToolOutput::error(format!("no recipient `{to}`: {why}"));
         };
         let message = PendingMessage::new(
             envelope(&me, text),

@@ -447,6 +447,65 @@ async fn limits_and_unknown_types_are_refusals_the_model_can_act_on() {
     );
 }
 
+/// Children that have ended no longer count against the per-agent cap: an agent at its cap
+/// starts as many again once they finish (a peer's users report finished agents still
+/// counted, so no new one could start).
+#[tokio::test]
+async fn ended_children_free_their_places_under_the_cap() {
+    let b = brain(|r| {
+        if !is_parent(r) {
+            return Plan::Reply(say("done"));
+        }
+        let all = r.all_messages();
+        let notified = all
+            .iter()
+            .map(|m| m.text().matches("<task-notification>").count())
+            .sum::<usize>();
+        let started = all
+            .iter()
+            .flat_map(|m| m.content.iter())
+            .filter(|b| matches!(b, ContentBlock::ToolUse { .. }))
+            .count();
+        let two = |round: usize| {
+            Plan::Reply(calls_owned(
+                &(0..2)
+                    .map(|i| agent_call(&format!("r{round}c{i}"), serde_json::json!({"description": "x", "prompt": "y", "subagent_type": "worker", "run_in_background": true})))
+                    .collect::<Vec<_>>(),
+            ))
+        };
+        match (started, notified) {
+            (0, _) => two(0),
+            (2, 2) => two(1),
+            _ => Plan::Reply(say("ok")),
+        }
+    });
+    let config = AgentToolConfig::default().with_registry(worker_registry());
+    let tasks = TaskConfig::default().with_max_children_per_agent(2);
+    let mut p = parent(b, config, tasks).await;
+    let run = p.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let msgs = p.params().messages().to_vec();
+    let errors: Vec<String> = msgs
+        .iter()
+        .flat_map(|m| m.content.iter())
+        .filter_map(|b| match b {
+            ContentBlock::ToolResult {
+                content,
+                is_error: true,
+                ..
+            } => Some(content.text()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(errors, Vec::<String>::new());
+    assert_eq!(run.children().len(), 4);
+    let notified: usize = msgs
+        .iter()
+        .map(|m| m.text().matches("<task-notification>").count())
+        .sum();
+    assert_eq!(notified, 4);
+}
+
 #[tokio::test(start_paused = true)]
 async fn deadlines_panics_and_cancellation_each_yield_one_notification_with_what_was_done() {
     let dir = tempfile::tempdir().unwrap();

@@ -345,6 +345,54 @@ async fn teammate_refusals_say_what_was_wrong() {
     assert!(team.roster().is_empty());
 }
 
+/// A letter to a name no teammate has is refused, with the names there are, and makes no
+/// inbox (a peer reports it sent, into an inbox nobody reads).
+#[tokio::test]
+async fn a_letter_to_a_name_no_teammate_has_is_refused_and_makes_no_inbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = brain(|r| {
+        if !is_parent(r) {
+            return Plan::Reply(say("done"));
+        }
+        match r.all_messages().len() {
+            1 => Plan::Reply(calls(&[(
+                "m1",
+                "SendMessage",
+                r#"{"to":"carol","message":"are you there?"}"#,
+            )])),
+            _ => Plan::Reply(say("done")),
+        }
+    });
+    let mailbox = Arc::new(forkhive_spawn::mailbox::FileMailbox::new(dir.path()));
+    let team = Arc::new(Team::new("review", mailbox).unwrap());
+    let mut lead = lead_in(&team, b, lead_tools()).await;
+    let run = lead.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let got = all_results(&lead.params().messages().to_vec());
+    assert_eq!(got.len(), 1);
+    assert!(got[0].1, "{got:?}");
+    assert_eq!(
+        got[0].0,
+        "no recipient `carol`: team `review` has no teammate of that name, and no task is running"
+    );
+    let mut files = Vec::new();
+    let mut dirs = vec![dir.path().to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                files.push(p);
+            }
+        }
+    }
+    assert!(
+        !files.iter().any(|f| f.to_string_lossy().contains("carol")),
+        "{files:?}"
+    );
+}
+
 /// The last `requestId` of a plan request in the lead's conversation.
 fn last_plan_request(text: &str) -> Option<String> {
     let at = text.rfind("plan_approval_request")?;
