@@ -58,6 +58,52 @@ async fn a_waiting_reader_wakes_when_a_letter_arrives_from_another_host() {
     );
 }
 
+/// A reader blocked on one inbox does not hold the handle's shared connection: through the
+/// same handle, letters to another inbox are sent, read and counted at once, and the wait
+/// outlives the shared connection's 10 s response timeout without an error, then wakes when
+/// its letter comes (a blocking read on a multiplexed connection times out on the client and
+/// holds the socket: redis-rs's users report it).
+#[tokio::test]
+async fn a_blocked_wait_leaves_its_handle_free_and_outlives_the_response_timeout() {
+    let Some(url) = url() else { return };
+    let p = prefix("blocked");
+    let mail = RedisMailbox::with_prefix(&url, &p).unwrap();
+    let (waited, other) = (
+        Inbox::new("team", "bob").unwrap(),
+        Inbox::new("team", "carol").unwrap(),
+    );
+    let waiting = tokio::spawn({
+        let (mail, inbox) = (mail.clone(), waited.clone());
+        async move { mail.wait(&inbox, Duration::from_secs(30)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for i in 0..3 {
+        let at = std::time::Instant::now();
+        mail.send(&other, Letter::new("alice", format!("{i}")))
+            .await
+            .unwrap();
+        assert_eq!(mail.receive(&other).await.unwrap().len(), i + 1);
+        assert_eq!(mail.stored(&other).await.unwrap(), i + 1);
+        assert!(
+            at.elapsed() < Duration::from_millis(500),
+            "the handle waited behind the blocked read: {:?}",
+            at.elapsed()
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert!(!waiting.is_finished(), "the wait ended before its letter");
+    let sent = std::time::Instant::now();
+    mail.send(&waited, Letter::new("alice", "at last"))
+        .await
+        .unwrap();
+    assert!(waiting.await.unwrap().unwrap());
+    assert!(
+        sent.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        sent.elapsed()
+    );
+}
+
 #[tokio::test]
 async fn no_server_is_an_error_that_hides_the_password() {
     // A port nothing listens on.
