@@ -371,6 +371,12 @@ impl Worktree {
             .map(|n| n.trim().parse::<u64>());
             let outcome = match only_here {
                 Ok(Ok(0)) => match git(&top, &["rev-parse", &branch_ref]).await {
+                    // Made by a process that died before the tree was checked out (git may
+                    // still hold it locked, "initializing"): nobody ever worked in it, though
+                    // git would call its every file deleted.
+                    Ok(tip) if never_checked_out(&path).await => {
+                        remove_unborn(&top, &path, &branch_ref, tip.trim()).await
+                    }
                     // Its start is its tip: `finish` removes it only if nothing else changed.
                     Ok(tip) => {
                         Worktree {
@@ -398,6 +404,41 @@ impl Worktree {
     }
 }
 
+/// Whether the tree at `path` was never checked out: its directory holds nothing but its
+/// `.git` file, and its index is empty.
+async fn never_checked_out(path: &Path) -> bool {
+    let Ok(mut entries) = tokio::fs::read_dir(path).await else {
+        return false;
+    };
+    let mut names = Vec::new();
+    while let Ok(Some(e)) = entries.next_entry().await {
+        names.push(e.file_name());
+        if names.len() > 1 {
+            return false;
+        }
+    }
+    names.len() == 1
+        && names[0] == ".git"
+        && git(path, &["ls-files"])
+            .await
+            .is_ok_and(|files| files.trim().is_empty())
+}
+
+/// Removes a tree that was never checked out (see [`never_checked_out`]), lock and all, and its
+/// branch while it still points at `tip`.
+async fn remove_unborn(top: &Path, path: &Path, branch_ref: &str, tip: &str) -> Finished {
+    let path = path.to_string_lossy().into_owned();
+    // Twice forced: once for the "deleted" files it never had, once for the lock of the
+    // `git worktree add` that died.
+    if let Err(e) = git(top, &["worktree", "remove", "--force", "--force", &path]).await {
+        return Finished::Kept(Keep::Unknown(e));
+    }
+    if let Err(e) = git(top, &["update-ref", "-d", branch_ref, tip]).await {
+        tracing::warn!(branch = %branch_ref, "worktree removed, its branch kept: {e}");
+    }
+    Finished::Removed
+}
+
 /// Whether nothing in the tree's directory or its index changed for `age` (a tree that cannot
 /// be looked at counts as touched: it is left alone).
 async fn untouched_for(path: &Path, age: Duration) -> bool {
@@ -406,9 +447,11 @@ async fn untouched_for(path: &Path, age: Duration) -> bool {
         Err(_) => return false,
     };
     let now = std::time::SystemTime::now();
-    for p in [path.to_path_buf(), index] {
+    for (p, needed) in [(path.to_path_buf(), true), (index, false)] {
         match tokio::fs::metadata(&p).await.and_then(|m| m.modified()) {
             Ok(t) if now.duration_since(t).unwrap_or_default() >= age => {}
+            // A tree never checked out has no index yet.
+            Err(e) if !needed && e.kind() == std::io::ErrorKind::NotFound => {}
             _ => return false,
         }
     }

@@ -158,6 +158,64 @@ async fn stale_trees_are_pruned_only_when_clean_and_their_owner_is_gone() {
     assert!(e.to_string().contains("not a git repository"), "{e}");
 }
 
+/// Trees whose maker died before it checked them out — one still locked by the `git worktree
+/// add` that was killed ("initializing"), one registered but never checked out — hold no one's
+/// work, though git calls their every file deleted and refuses to remove a locked tree: once
+/// stale, they are removed with their branches. A tree whose files were deleted by its worker
+/// is kept.
+#[tokio::test]
+async fn trees_whose_maker_died_before_checkout_are_pruned() {
+    use std::time::Duration;
+    let repo = repo();
+    let root = repo.path().join(".forkhive/worktrees");
+    for slug in ["locked", "unchecked"] {
+        let at = root.join(slug).to_string_lossy().into_owned();
+        git(
+            repo.path(),
+            &[
+                "worktree",
+                "add",
+                "-q",
+                "--no-checkout",
+                "--no-track",
+                "-b",
+                &format!("forkhive/{slug}"),
+                &at,
+                "HEAD",
+            ],
+        );
+    }
+    let locked = root.join("locked").to_string_lossy().into_owned();
+    git(
+        repo.path(),
+        &["worktree", "lock", "--reason", "initializing", &locked],
+    );
+    let emptied = Worktree::create(repo.path(), "emptied", None)
+        .await
+        .unwrap();
+    std::fs::remove_file(emptied.path().join("lib.rs")).unwrap();
+    let mut pruned = Worktree::prune(repo.path(), None, Duration::ZERO, |_| false)
+        .await
+        .unwrap();
+    pruned.sort_by(|a, b| a.branch.cmp(&b.branch));
+    let got: Vec<(&str, &Finished)> = pruned
+        .iter()
+        .map(|s| (s.branch.as_str(), &s.outcome))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("forkhive/emptied", &Finished::Kept(Keep::Changes(1))),
+            ("forkhive/locked", &Finished::Removed),
+            ("forkhive/unchecked", &Finished::Removed),
+        ]
+    );
+    assert!(!root.join("locked").exists() && !root.join("unchecked").exists());
+    assert_eq!(branches(repo.path()).trim(), "+ forkhive/emptied");
+    let listed = git(repo.path(), &["worktree", "list"]);
+    assert_eq!(listed.lines().count(), 2, "{listed}");
+}
+
 /// A worktree dropped before any owner took it (a spawn that failed or was dropped) is
 /// finished anyway: untouched, it is removed with its branch.
 #[tokio::test]
