@@ -543,6 +543,58 @@ async fn the_leads_run_returns_when_its_teammates_are_idle() {
     .expect("alice stopped with her lead");
 }
 
+/// A teammate told to stop inside a tool that does not return for a minute is cancelled once
+/// the team's shutdown grace has passed: it confirms its shutdown, and its lead's run returns
+/// (a peer's users report shutdowns that never complete).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_cancels_a_teammate_stuck_in_a_tool_after_the_grace() {
+    let b = brain(move |r| {
+        if !is_parent(r) {
+            return Plan::Reply(calls(&[("h", "Hang", "{}")]));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[
+                ("a1", "Agent", &teammate("alice")),
+                (
+                    "x1",
+                    "SendMessage",
+                    r#"{"to":"alice","message":{"type":"shutdown_request","reason":"enough"}}"#,
+                ),
+            ]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let team = Arc::new(
+        Team::new("review", Arc::new(MemoryMailbox::new()))
+            .unwrap()
+            .with_shutdown_grace(std::time::Duration::from_millis(300)),
+    );
+    assert_eq!(
+        Team::new("t", Arc::new(MemoryMailbox::new()))
+            .unwrap()
+            .shutdown_grace(),
+        forkhive_spawn::team::SHUTDOWN_GRACE
+    );
+    let hang = TestTool::sleeper("Hang", true, 60_000).arc();
+    let mut lead = lead_in(&team, b, lead_tools_with(vec![hang])).await;
+    let started = std::time::Instant::now();
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+        .await
+        .expect("the lead's run returned after alice shut down");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let all = format!("{:?}", lead.params().messages());
+    assert!(all.contains("shutdown_approved"), "{all}");
+    let ns = notifications(&lead);
+    assert_eq!(ns.len(), 1, "{all}");
+    assert_eq!(ns[0].status, forkhive_core::TaskStatus::Killed, "{all}");
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
+}
+
 /// A busy teammate stops after its current tool round, not when its whole task is done: it
 /// keeps calling a slow tool, and the lead's shutdown request ends it after one more round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

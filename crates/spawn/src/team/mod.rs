@@ -182,6 +182,9 @@ struct Control {
     seen: Seen,
     /// Its pending queue.
     queue: PendingQueue,
+    /// Its run's token: cancelled when a shutdown it was given is not done within the team's
+    /// [`shutdown_grace`](Team::with_shutdown_grace).
+    cancel: tokio_util::sync::CancellationToken,
 }
 
 /// A team: its name, its mailbox and its roster. One per lead.
@@ -209,6 +212,9 @@ pub struct Team {
     joined: Mutex<HashMap<String, String>>,
     /// What teammates do with a shutdown request.
     shutdown: ShutdownPolicy,
+    /// How long a teammate told to stop may take to reach its next tool-round boundary before
+    /// it is cancelled.
+    shutdown_grace: Duration,
     /// Where its teammates run.
     side: Side,
     /// On a worker: the state its teammate last reported to its lead (busy) and its number.
@@ -276,6 +282,7 @@ impl Team {
             planning: Mutex::default(),
             joined: Mutex::default(),
             shutdown: ShutdownPolicy::default(),
+            shutdown_grace: SHUTDOWN_GRACE,
             side: Side::Local,
             reported: Mutex::new((true, 0)),
         })
@@ -323,6 +330,20 @@ impl Team {
     pub fn with_shutdown_policy(mut self, policy: ShutdownPolicy) -> Self {
         self.shutdown = policy;
         self
+    }
+
+    /// How long a teammate told to stop may take before it is cancelled (default
+    /// [`SHUTDOWN_GRACE`]). A teammate stops at its next tool-round boundary; one inside a
+    /// tool that does not return (or a model answer that does not end) would otherwise stop
+    /// only when that call times out. Cancelled, it still confirms its shutdown to the lead.
+    pub fn with_shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
+        self
+    }
+
+    /// How long a teammate told to stop may take before it is cancelled.
+    pub fn shutdown_grace(&self) -> Duration {
+        self.shutdown_grace
     }
 
     /// Keeps the roster in `file` (Claude Code's `<root>/teams/<team>/config.json`): written
@@ -1172,6 +1193,18 @@ impl Team {
             // The stop first: a run the halt ends must find it set.
             c.stop.send_replace(Some(request_id));
             c.halt.request();
+            // A run that does not reach its next tool round in time is cancelled (a peer's
+            // users report shutdowns that never complete). Its owner cancels the token when it
+            // ends anyway, which ends this wait early.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let (token, grace) = (c.cancel.clone(), self.shutdown_grace);
+                drop(rt.spawn(async move {
+                    tokio::select! {
+                        () = token.cancelled() => {}
+                        () = tokio::time::sleep(grace) => token.cancel(),
+                    }
+                }));
+            }
         }
     }
 
@@ -1644,6 +1677,10 @@ enum Intercept {
     Instead(PendingMessage),
 }
 
+/// How long a teammate told to stop may take before it is cancelled, unless the team says
+/// otherwise ([`Team::with_shutdown_grace`]).
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
 /// Aborts a task when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -1689,6 +1726,7 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                         asked: None,
                         seen: Seen::new(),
                         queue: queue.clone(),
+                        cancel: token.clone(),
                     },
                 );
             }
