@@ -638,6 +638,140 @@ async fn a_worker_in_a_worktree_sees_it_and_its_owner_keeps_or_removes_it() {
     assert_eq!(all.lines().count(), 2, "{all}");
 }
 
+/// Teammates started with `isolation: "worktree"` each work in a worktree of their own, not
+/// in the lead's checkout: each one's listing shows its own tree, each writes only there, and
+/// each tree is kept on its own branch when its teammate shuts down (a peer's users report
+/// teammates' isolation ignored, and agents committing to each other's branches).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn teammates_in_worktrees_each_work_in_their_own() {
+    use forkhive_spawn::agent_tool::{AgentTool, AgentToolConfig};
+    use forkhive_spawn::control::SendMessageTool;
+    use forkhive_spawn::definition::{AgentDefinition, AgentRegistry, DefinitionSource};
+    use forkhive_spawn::mailbox::MemoryMailbox;
+    use forkhive_spawn::runtime::{Agent, AgentContext, StopReason};
+    use forkhive_spawn::team::{MemberState, Team};
+    use forkhive_spawn::tool::{ListDir, Tool, ToolFilter, ToolPool};
+    use std::sync::{Arc, Mutex};
+    use support::*;
+
+    let repo = repo();
+    let listings: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let seen = Arc::clone(&listings);
+    let asked = std::sync::atomic::AtomicBool::new(false);
+    let b = brain(move |r| {
+        if !is_parent(r) {
+            let me = AgentContext::current().unwrap();
+            return match r.all_messages().len() {
+                1 => Plan::Reply(calls(&[("l", "LS", "{}"), ("t", "Touch", "{}")])),
+                _ => {
+                    if let Some((_, listing, _)) =
+                        results(r).into_iter().find(|(id, _, _)| id == "l")
+                    {
+                        seen.lock().unwrap().push((me.id().to_string(), listing));
+                    }
+                    Plan::Reply(say("done"))
+                }
+            };
+        }
+        let teammate = |name: &str| {
+            format!(
+                r#"{{"description":"{name}","prompt":"task for {name}","subagent_type":"worker","name":"{name}","team_name":"review","isolation":"worktree"}}"#
+            )
+        };
+        match r.all_messages().len() {
+            1 => Plan::Reply(calls(&[
+                ("a1", "Agent", &teammate("alice")),
+                ("a2", "Agent", &teammate("bob")),
+            ])),
+            // Both idle: both are told to stop.
+            _ if r
+                .all_messages()
+                .iter()
+                .map(|m| m.text().matches(r#""type":"idle_notification""#).count())
+                .sum::<usize>()
+                >= 2
+                && !asked.swap(true, std::sync::atomic::Ordering::SeqCst) =>
+            {
+                Plan::Reply(calls(&[
+                    (
+                        "s1",
+                        "SendMessage",
+                        r#"{"to":"alice","message":{"type":"shutdown_request","reason":"done"}}"#,
+                    ),
+                    (
+                        "s2",
+                        "SendMessage",
+                        r#"{"to":"bob","message":{"type":"shutdown_request","reason":"done"}}"#,
+                    ),
+                ]))
+            }
+            _ => Plan::Reply(say("ok")),
+        }
+    });
+    let mut w = AgentDefinition::new("worker", "a teammate", DefinitionSource::Project);
+    w.system_prompt = "You are a worker.".into();
+    let config = AgentToolConfig::default()
+        .with_registry(AgentRegistry::from_definitions([w]))
+        .with_teams_enabled(true)
+        .with_isolation_enabled(true)
+        .with_worktree_repo(Some(repo.path().to_path_buf()))
+        .with_warm_fanout(None)
+        .with_filter(ToolFilter::default());
+    let tools = ToolPool::new([
+        AgentTool::new(config).unwrap().arc(),
+        Arc::new(SendMessageTool::new().unwrap()) as Arc<dyn Tool>,
+        Arc::new(ListDir::new(repo.path()).await.unwrap()) as Arc<dyn Tool>,
+        Arc::new(Touch(repo.path().to_path_buf(), touch_definition())) as Arc<dyn Tool>,
+    ])
+    .unwrap();
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let mut lead = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(tools)
+        .extension(Arc::clone(&team))
+        .limits(forkhive_spawn::runtime::Limits::default().with_max_turns(Some(20)))
+        .build()
+        .await
+        .unwrap();
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+        .await
+        .expect("the lead's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
+    assert_eq!(team.member("bob").unwrap().state, MemberState::Stopped);
+    // Nothing was written in the lead's checkout.
+    assert!(!repo.path().join("TOUCHED").exists());
+    let listings = listings.lock().unwrap().clone();
+    assert_eq!(
+        listings.len(),
+        2,
+        "{listings:?} {:?}",
+        lead.params().messages()
+    );
+    for (id, listing) in &listings {
+        assert!(listing.contains("lib.rs"), "{listing}");
+        assert!(
+            !listing.contains(".forkhive"),
+            "{id} saw the lead's checkout: {listing}"
+        );
+    }
+    // Each tree is kept (its teammate touched a file), on its own branch, at its own path.
+    let ns = notifications(&lead);
+    assert_eq!(ns.len(), 2, "{ns:?}");
+    let kept: Vec<_> = ns
+        .iter()
+        .map(|n| n.worktree.clone().expect("a kept tree"))
+        .collect();
+    assert_ne!(kept[0].path, kept[1].path);
+    assert_ne!(kept[0].branch, kept[1].branch);
+    for k in &kept {
+        assert!(Path::new(&k.path).join("TOUCHED").exists(), "{k:?}");
+    }
+    let all = branches(repo.path());
+    assert_eq!(all.lines().count(), 2, "{all}");
+}
+
 /// A worker in a worktree ends at its turn limit while a background child it started is still
 /// writing in its tree, through the rooted tool the child inherited. The worker's owner stops
 /// the child and waits for it before asking git, so the file the child wrote keeps the tree and
