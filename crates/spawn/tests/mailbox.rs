@@ -85,6 +85,45 @@ async fn a_claude_code_inbox_is_read_and_written_in_its_own_format() {
     assert_eq!(mail.stored(&me).await.unwrap(), 2);
 }
 
+/// An inbox grown to 2 MB of letters marked read (Claude Code's writer marks, never prunes)
+/// still delivers the one unread letter at its end, and acknowledging it prunes the file
+/// (a peer's users report an unpruned 1.77 MB inbox that stopped delivering).
+#[tokio::test]
+async fn a_two_megabyte_inbox_of_read_letters_still_delivers_and_is_pruned() {
+    let dir = tempfile::tempdir().unwrap();
+    let mail = FileMailbox::new(dir.path());
+    let me = Inbox::new("my-team", "worker-1").unwrap();
+    let path = mail.path(&me);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let filler = "x".repeat(1000);
+    let mut entries: Vec<serde_json::Value> = (0..2000)
+        .map(|i| {
+            serde_json::json!({
+                "from": "team-lead",
+                "text": format!("{i} {filler}"),
+                "timestamp": "2026-01-01T00:00:00.000Z",
+                "read": true,
+            })
+        })
+        .collect();
+    entries.push(serde_json::json!({
+        "from": "team-lead",
+        "text": "the one you have not read",
+        "timestamp": "2026-01-01T00:00:01.000Z",
+        "read": false,
+    }));
+    std::fs::write(&path, serde_json::to_vec(&entries).unwrap()).unwrap();
+    assert!(std::fs::metadata(&path).unwrap().len() > 2_000_000);
+    let got = mail.receive(&me).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].text, "the one you have not read");
+    mail.ack(&me, &[got[0].id.clone()]).await.unwrap();
+    assert_eq!(mail.stored(&me).await.unwrap(), 0);
+    assert!(mail.receive(&me).await.unwrap().is_empty());
+    let left = std::fs::metadata(&path).unwrap().len();
+    assert!(left < 100, "the inbox still holds {left} bytes");
+}
+
 /// A reader waiting on a file inbox is woken by the operating system when another program
 /// (here: a plain write of Claude Code's format, as its own writer does) changes the file —
 /// not by polling, so an idle reader costs nothing.

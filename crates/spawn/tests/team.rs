@@ -345,6 +345,63 @@ async fn teammate_refusals_say_what_was_wrong() {
     assert!(team.roster().is_empty());
 }
 
+/// The roster file deleted under a running team (its whole directory, as another session's
+/// clean-up might) is written again at the next change, whole: the shutdown that follows is
+/// recorded, and a lead built from the file gets its team back (a peer's users report their
+/// team's config file vanishing mid-session).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roster_file_deleted_mid_session_is_written_again_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let roster_file = dir.path().join("teams/review/config.json");
+    let b = brain(move |r| {
+        if !is_parent(r) {
+            return Plan::Reply(say("done"));
+        }
+        match last_user_text(r).as_str() {
+            "go" => Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))])),
+            "stop alice" => Plan::Reply(calls(&[(
+                "s1",
+                "SendMessage",
+                r#"{"to":"alice","message":{"type":"shutdown_request"}}"#,
+            )])),
+            _ => Plan::Reply(say("ok")),
+        }
+    });
+    let team = Arc::new(
+        Team::new("review", Arc::new(MemoryMailbox::new()))
+            .unwrap()
+            .with_roster_file(&roster_file)
+            .unwrap(),
+    );
+    let mut lead = lead_in(&team, b, lead_tools()).await;
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+        .await
+        .expect("the lead's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Idle);
+    assert!(
+        roster_file.exists(),
+        "the roster was written when alice joined"
+    );
+    std::fs::remove_dir_all(dir.path().join("teams")).unwrap();
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("stop alice"))
+        .await
+        .expect("the lead's second run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
+    let saved: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&roster_file).unwrap()).unwrap();
+    let members = saved["members"].as_array().unwrap();
+    assert_eq!(members.len(), 1, "{saved}");
+    assert_eq!(members[0]["name"], "alice");
+    assert_eq!(members[0]["state"], "stopped");
+    let again = Team::new("review", Arc::new(MemoryMailbox::new()))
+        .unwrap()
+        .with_roster_file(&roster_file)
+        .unwrap();
+    assert_eq!(again.roster(), team.roster());
+}
+
 /// A letter to a name no teammate has is refused, with the names there are, and makes no
 /// inbox (a peer reports it sent, into an inbox nobody reads).
 #[tokio::test]
