@@ -930,6 +930,116 @@ async fn plan_mode_holds_a_teammate_until_the_lead_approves() {
     );
 }
 
+/// A rejected plan leaves its teammate in plan mode: its write after the rejection is still
+/// held, and only the write after a later approval runs (a peer's users report plan mode
+/// letting work through before the lead's review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_plan_keeps_the_teammate_from_writing() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let b = brain(|r| {
+        let text = text_of(r);
+        let last = last_texts(r).join("\n");
+        if !is_parent(r) {
+            if last.contains("approved your plan") {
+                return Plan::Reply(calls(&[("w2", "Write", "{}")]));
+            }
+            if last.contains("rejected your plan") {
+                return Plan::Reply(calls(&[("w1", "Write", "{}")]));
+            }
+            if text.contains("w1") && !text.contains("p2") {
+                return Plan::Reply(calls(&[(
+                    "p2",
+                    "SendMessage",
+                    r#"{"to":"team-lead","message":{"type":"plan_approval_request","plan":"write it, with tests"}}"#,
+                )]));
+            }
+            if r.all_messages().len() == 1 {
+                return Plan::Reply(calls(&[(
+                    "p1",
+                    "SendMessage",
+                    r#"{"to":"team-lead","message":{"type":"plan_approval_request","plan":"write it"}}"#,
+                )]));
+            }
+            if text.contains("w2") {
+                return Plan::Reply(say("written"));
+            }
+            return Plan::Reply(say("waiting"));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[(
+                "a1",
+                "Agent",
+                r#"{"description":"alice","prompt":"task for alice","subagent_type":"worker","name":"alice","team_name":"review","mode":"plan"}"#,
+            )]));
+        }
+        let answered = called(r, "plan_approval_response");
+        let asked = text.matches("summary=\\\"plan_approval_request").count();
+        if asked > answered
+            && let Some(id) = last_plan_request(&text)
+        {
+            let approve = answered > 0;
+            return Plan::Reply(calls(&[(
+                "r1",
+                "SendMessage",
+                &format!(
+                    r#"{{"to":"alice","message":{{"type":"plan_approval_response","request_id":"{id}","approve":{approve},"feedback":"add tests"}}}}"#
+                ),
+            )]));
+        }
+        if text.contains("written") && called(r, "shutdown_request") == 0 {
+            return Plan::Reply(calls(&[(
+                "x1",
+                "SendMessage",
+                r#"{"to":"alice","message":{"type":"shutdown_request"}}"#,
+            )]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let writes = Arc::new(AtomicUsize::new(0));
+    let w = Arc::clone(&writes);
+    let write = TestTool::new("Write", OBJECT, false, move |_, _| {
+        let w = Arc::clone(&w);
+        async move {
+            w.fetch_add(1, Ordering::SeqCst);
+            forkhive_spawn::tool::ToolOutput::text("wrote")
+        }
+    })
+    .arc();
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let events = Arc::new(Events::default());
+    let mut lead = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(lead_tools_with(vec![write]))
+        .extension(Arc::clone(&team))
+        .events(events.clone())
+        .limits(forkhive_spawn::runtime::Limits::default().with_max_turns(Some(40)))
+        .build()
+        .await
+        .unwrap();
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+        .await
+        .expect("the lead's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let all = format!("{:?}", events.take());
+    assert_eq!(
+        writes.load(Ordering::SeqCst),
+        1,
+        "only the write after the approval ran: {all}"
+    );
+    assert!(!team.in_plan_mode("alice"));
+    assert!(
+        all.contains(
+            "plan mode: `Write` may run once the lead approves your plan; send it with \
+             SendMessage to `team-lead`, message"
+        ),
+        "the write after the rejection was held: {all}"
+    );
+    let said = format!("{:?}", lead.params().messages());
+    assert!(said.contains(r#""approve":false"#), "{said}");
+    assert!(said.contains(r#""approve":true"#), "{said}");
+}
+
 /// `to: "*"`: the lead's broadcast reaches every teammate; a teammate's reaches the others
 /// and the lead. Structured broadcasts and broadcasts without a team are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
