@@ -211,6 +211,10 @@ impl Tool for SendMessageTool {
                 && cx.agent().depth() == 0
                 && let Some(caller) = cx.caller()
             {
+                // One lead per team on its mailbox: another would take this one's letters.
+                if let Err(e) = team.claim_lead().await {
+                    return ToolOutput::error(e.to_string());
+                }
                 team.serve_lead_unless_served(caller.pending().clone(), cx.cancellation().clone());
             }
             // Only the lead and its teammates write through the team: anyone else in the

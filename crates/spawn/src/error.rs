@@ -168,6 +168,20 @@ pub enum Error {
         now: u64,
     },
 
+    /// Another lead holds the team on this mailbox ([`Mailbox::claim_lead`]): two leads of one
+    /// team would share its inboxes and take each other's letters.
+    ///
+    /// [`Mailbox::claim_lead`]: crate::mailbox::Mailbox::claim_lead
+    #[error(
+        "team `{team}` has another lead on this mailbox ({holder}); give this team another name, or stop that lead"
+    )]
+    TeamTaken {
+        /// The team.
+        team: String,
+        /// Who holds it, as far as the mailbox knows.
+        holder: String,
+    },
+
     /// A structured team message was refused: from the wrong sender, for no open request, or
     /// not the kind expected.
     #[error("team protocol: {0}")]

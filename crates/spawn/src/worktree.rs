@@ -374,7 +374,10 @@ impl Worktree {
                     // Made by a process that died before the tree was checked out (git may
                     // still hold it locked, "initializing"): nobody ever worked in it, though
                     // git would call its every file deleted.
-                    Ok(tip) if never_checked_out(&path).await => {
+                    Ok(tip)
+                        if untouched_for(&path, older_than.max(UNBORN_AFTER)).await
+                            && never_checked_out(&path).await =>
+                    {
                         remove_unborn(&top, &path, &branch_ref, tip.trim()).await
                     }
                     // Its start is its tip: `finish` removes it only if nothing else changed.
@@ -404,8 +407,14 @@ impl Worktree {
     }
 }
 
+/// How long a tree must have stood unchecked-out before [`Worktree::prune`] takes its maker
+/// for dead, whatever `older_than` it is given: making one takes milliseconds, and another
+/// process may be making it right now.
+const UNBORN_AFTER: Duration = Duration::from_secs(10 * 60);
+
 /// Whether the tree at `path` was never checked out: its directory holds nothing but its
-/// `.git` file, and its index is empty.
+/// `.git` file, and it has no index (which `git worktree add --no-checkout` leaves, and the
+/// checkout writes; a tree whose files were all removed with `git rm` still has one).
 async fn never_checked_out(path: &Path) -> bool {
     let Ok(mut entries) = tokio::fs::read_dir(path).await else {
         return false;
@@ -417,11 +426,16 @@ async fn never_checked_out(path: &Path) -> bool {
             return false;
         }
     }
-    names.len() == 1
-        && names[0] == ".git"
-        && git(path, &["ls-files"])
-            .await
-            .is_ok_and(|files| files.trim().is_empty())
+    if names.len() != 1 || names[0] != ".git" {
+        return false;
+    }
+    match git(path, &["rev-parse", "--git-path", "index"]).await {
+        Ok(index) => matches!(
+            tokio::fs::symlink_metadata(path.join(index.trim())).await,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound
+        ),
+        Err(_) => false,
+    }
 }
 
 /// Removes a tree that was never checked out (see [`never_checked_out`]), lock and all, and its
@@ -509,7 +523,19 @@ async fn add(
                     delay = (delay * 2).min(Duration::from_millis(500));
                     attempt += 1;
                 }
-                Err(e) => return Err(format!("git worktree add failed: {e}")),
+                Err(e) => {
+                    // Met another add to the last: the branch the failed one made goes too.
+                    if let Some(b) = branch
+                        && contended(&e)
+                    {
+                        let _ = git(
+                            top,
+                            &["update-ref", "-d", &format!("refs/heads/{b}"), start],
+                        )
+                        .await;
+                    }
+                    return Err(format!("git worktree add failed: {e}"));
+                }
             }
         }
     }

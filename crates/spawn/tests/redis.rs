@@ -182,6 +182,39 @@ async fn ended_records_expire_once_nothing_below_runs() {
     );
 }
 
+/// A task made again after its record expired (a message resumes an ended child) is listed
+/// once among its parent's children.
+#[tokio::test]
+async fn a_task_made_again_after_it_expired_is_listed_once() {
+    use forkhive_core::{TaskId, TaskKind};
+    use forkhive_spawn::task::{RedisTaskRegistry, Retention, TaskRecord, TaskRegistry, TaskState};
+    let Some(url) = url() else { return };
+    let r = RedisTaskRegistry::new(&url, &prefix("again"))
+        .unwrap()
+        .with_retention(Retention {
+            max_ended: usize::MAX,
+            max_age: Some(Duration::from_millis(300)),
+        });
+    let base = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let id = |n: u64| TaskId::from_entropy(TaskKind::Agent, base + n);
+    let (root, parent, child, sibling) = (id(1), id(2), id(3), id(4));
+    r.create(TaskRecord::new(parent, root, "p")).await.unwrap();
+    r.transition(&parent, TaskState::Running).await.unwrap();
+    r.create(TaskRecord::new(child, parent, "c")).await.unwrap();
+    r.create(TaskRecord::new(sibling, parent, "s"))
+        .await
+        .unwrap();
+    r.transition(&child, TaskState::Completed).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(r.get(&child).await.is_none(), "the child expired");
+    r.create(TaskRecord::new(child, parent, "c")).await.unwrap();
+    let listed: Vec<TaskId> = r.children(&parent).await.iter().map(|t| t.id).collect();
+    assert_eq!(listed, [child, sibling]);
+}
+
 /// A malformed cycle above a task ends the ancestor walk at its first repeat: usage reaches
 /// each ancestor once.
 #[tokio::test]

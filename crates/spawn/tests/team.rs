@@ -402,6 +402,70 @@ async fn a_roster_file_deleted_mid_session_is_written_again_whole() {
     assert_eq!(again.roster(), team.roster());
 }
 
+/// Two leads of one team on one mailbox would share its inboxes and take each other's letters
+/// (a peer's users report one session's team wiping another's): the second is refused, in its
+/// `Agent` call and its `SendMessage`, until the first team is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_lead_of_the_same_team_on_one_mailbox_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = brain(|r| {
+        if !is_parent(r) {
+            return Plan::Reply(say("done"));
+        }
+        match last_user_text(r).as_str() {
+            "go" => Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))])),
+            "try" => Plan::Reply(calls(&[
+                ("a2", "Agent", &teammate("bob")),
+                ("m2", "SendMessage", r#"{"to":"alice","message":"hi"}"#),
+            ])),
+            "stop alice" => Plan::Reply(calls(&[(
+                "s1",
+                "SendMessage",
+                r#"{"to":"alice","message":{"type":"shutdown_request"}}"#,
+            )])),
+            _ => Plan::Reply(say("ok")),
+        }
+    });
+    let mailbox = || Arc::new(forkhive_spawn::mailbox::FileMailbox::new(dir.path()));
+    let first = Arc::new(Team::new("review", mailbox()).unwrap());
+    let mut lead = lead_in(&first, Arc::clone(&b), lead_tools()).await;
+    let run = lead.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let second = Arc::new(Team::new("review", mailbox()).unwrap());
+    let mut other = lead_in(&second, Arc::clone(&b), lead_tools()).await;
+    let run = other.run("try").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let lock = dir.path().join("teams/review/lead.lock");
+    let refusal = format!(
+        "team `review` has another lead on this mailbox ({} is locked by process {}); give \
+         this team another name, or stop that lead",
+        lock.display(),
+        std::process::id()
+    );
+    let got = all_results(&other.params().messages().to_vec());
+    assert_eq!(
+        got,
+        [(refusal.clone(), true), (refusal, true)],
+        "the second lead's calls"
+    );
+    assert!(second.roster().is_empty());
+    // The host's own check, before any lead runs.
+    let err = second.claim_lead().await.unwrap_err();
+    assert!(
+        matches!(&err, forkhive_spawn::Error::TeamTaken { team, .. } if team == "review"),
+        "{err}"
+    );
+    // The first team ends: its teammate shut down, its lead and team dropped.
+    let run = lead.run("stop alice").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    drop(lead);
+    drop(first);
+    second.claim_lead().await.unwrap();
+    let run = other.run("try").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    assert_eq!(second.member("bob").unwrap().state, MemberState::Idle);
+}
+
 /// A letter to a name no teammate has is refused, with the names there are, and makes no
 /// inbox (a peer reports it sent, into an inbox nobody reads).
 #[tokio::test]

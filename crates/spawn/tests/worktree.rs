@@ -161,8 +161,8 @@ async fn stale_trees_are_pruned_only_when_clean_and_their_owner_is_gone() {
 /// Trees whose maker died before it checked them out — one still locked by the `git worktree
 /// add` that was killed ("initializing"), one registered but never checked out — hold no one's
 /// work, though git calls their every file deleted and refuses to remove a locked tree: once
-/// stale, they are removed with their branches. A tree whose files were deleted by its worker
-/// is kept.
+/// they have stood so for ten minutes (another process may be making one right now), they are
+/// removed with their branches. A tree whose files its worker removed with `git rm` is kept.
 #[tokio::test]
 async fn trees_whose_maker_died_before_checkout_are_pruned() {
     use std::time::Duration;
@@ -193,21 +193,54 @@ async fn trees_whose_maker_died_before_checkout_are_pruned() {
     let emptied = Worktree::create(repo.path(), "emptied", None)
         .await
         .unwrap();
-    std::fs::remove_file(emptied.path().join("lib.rs")).unwrap();
-    let mut pruned = Worktree::prune(repo.path(), None, Duration::ZERO, |_| false)
+    git(emptied.path(), &["rm", "-q", "lib.rs"]);
+    let outcomes = |pruned: Vec<forkhive_spawn::worktree::Stale>| {
+        let mut got: Vec<(String, Finished)> =
+            pruned.into_iter().map(|s| (s.branch, s.outcome)).collect();
+        got.sort_by(|a, b| a.0.cmp(&b.0));
+        got
+    };
+    // Just made: perhaps by a process still making them. Nothing is removed.
+    let young = Worktree::prune(repo.path(), None, Duration::ZERO, |_| false)
         .await
         .unwrap();
-    pruned.sort_by(|a, b| a.branch.cmp(&b.branch));
-    let got: Vec<(&str, &Finished)> = pruned
-        .iter()
-        .map(|s| (s.branch.as_str(), &s.outcome))
-        .collect();
+    assert!(
+        outcomes(young)
+            .iter()
+            .all(|(_, o)| matches!(o, Finished::Kept(_))),
+    );
+    assert!(root.join("locked").exists() && root.join("unchecked").exists());
+    // Ten minutes on.
+    let then = std::time::SystemTime::now() - Duration::from_secs(11 * 60);
+    for slug in ["locked", "unchecked", "emptied"] {
+        std::fs::File::open(root.join(slug))
+            .unwrap()
+            .set_modified(then)
+            .unwrap();
+    }
+    let index = root
+        .join("emptied")
+        .join(git(&root.join("emptied"), &["rev-parse", "--git-path", "index"]).trim());
+    std::fs::File::options()
+        .write(true)
+        .open(&index)
+        .unwrap()
+        .set_modified(then)
+        .unwrap();
+    let got = outcomes(
+        Worktree::prune(repo.path(), None, Duration::ZERO, |_| false)
+            .await
+            .unwrap(),
+    );
     assert_eq!(
         got,
         [
-            ("forkhive/emptied", &Finished::Kept(Keep::Changes(1))),
-            ("forkhive/locked", &Finished::Removed),
-            ("forkhive/unchecked", &Finished::Removed),
+            (
+                "forkhive/emptied".to_owned(),
+                Finished::Kept(Keep::Changes(1))
+            ),
+            ("forkhive/locked".to_owned(), Finished::Removed),
+            ("forkhive/unchecked".to_owned(), Finished::Removed),
         ]
     );
     assert!(!root.join("locked").exists() && !root.join("unchecked").exists());

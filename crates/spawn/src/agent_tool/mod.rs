@@ -485,6 +485,8 @@ impl AgentTool {
                         );
                     }
                     let team = crate::team::led_by(&caller.tree, team_name, me)?;
+                    // One lead per team on its mailbox: another would take this one's letters.
+                    team.claim_lead().await.map_err(|e| e.to_string())?;
                     Some((team, name.clone()))
                 }
                 _ => None,

@@ -24,3 +24,48 @@ pub(crate) fn file_kind(meta: &std::fs::Metadata) -> &'static str {
     }
     "a special file"
 }
+
+/// Tries `file`'s exclusive lock once: `true` taken (or the platform has no such locks),
+/// `false` held by another open of the file.
+///
+/// Unix only (where `flock` exists: not Solaris): there the lock is advisory, so readers are
+/// never kept out (a transcript's: a fork child's resume reads it); elsewhere none is taken.
+/// The lock belongs to the open file: a second open of the same file, in this process or
+/// another, does not get it; it goes when the last handle to the open file is closed, or
+/// its process dies.
+pub(crate) fn try_lock_once(file: &std::fs::File) -> std::io::Result<bool> {
+    #[cfg(all(
+        unix,
+        not(any(
+            target_os = "solaris",
+            target_os = "espidf",
+            target_os = "horizon",
+            target_os = "vita"
+        ))
+    ))]
+    {
+        use rustix::fs::{FlockOperation, flock};
+        match flock(file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => Ok(true),
+            Err(e) if e == rustix::io::Errno::WOULDBLOCK => Ok(false),
+            // A file system without locks (some network mounts): written as before.
+            Err(e) if e == rustix::io::Errno::NOLCK || e == rustix::io::Errno::OPNOTSUPP => {
+                Ok(true)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+    #[cfg(not(all(
+        unix,
+        not(any(
+            target_os = "solaris",
+            target_os = "espidf",
+            target_os = "horizon",
+            target_os = "vita"
+        ))
+    )))]
+    {
+        let _ = file;
+        Ok(true)
+    }
+}

@@ -45,7 +45,32 @@ where
     inboxes_are_apart(open()).await?;
     a_waiting_reader_wakes(&open).await?;
     senders_ids_are_kept(&open).await?;
+    a_lead_is_claimed_once(open()).await?;
     Ok(())
+}
+
+/// A team's lead claimed and kept ([`LeadClaim::is_kept`](super::LeadClaim::is_kept)) refuses a
+/// second claim of that team, not of another, until it is given up. A mailbox that keeps no
+/// claims passes with nothing to check.
+async fn a_lead_is_claimed_once(m: Arc<dyn Mailbox>) -> Result<(), ConformanceError> {
+    let first = S.op(m.claim_lead("claimed").await, "claim_lead")?;
+    if !first.is_kept() {
+        return Ok(());
+    }
+    let second = m.claim_lead("claimed").await;
+    S.check(
+        matches!(second, Err(crate::Error::TeamTaken { ref team, .. }) if team == "claimed"),
+        || format!("a second claim of a claimed team gave {second:?}"),
+    )?;
+    let other = S.op(m.claim_lead("another").await, "claim_lead of another team")?;
+    drop((first, other));
+    let again = S.op(
+        m.claim_lead("claimed").await,
+        "claim_lead after it was given up",
+    )?;
+    S.check(again.is_kept(), || {
+        "a claim after the first was given up was not kept".into()
+    })
 }
 
 async fn senders_ids_are_kept<F>(open: &F) -> Result<(), ConformanceError>

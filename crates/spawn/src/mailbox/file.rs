@@ -25,7 +25,7 @@ use tokio::sync::Notify;
 use async_trait::async_trait;
 use serde_json::{Map, Value};
 
-use super::{Delivered, Inbox, Letter, Mailbox, new_id, timestamp_now};
+use super::{Delivered, Inbox, LeadClaim, Letter, Mailbox, new_id, timestamp_now};
 use crate::error::{Error, Result};
 
 /// How many times a writer tries an inbox's lock before [`Error::MailboxBusy`].
@@ -211,6 +211,11 @@ impl FileMailbox {
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
             .is_some_and(|(_, dirs)| path.parent().is_some_and(|d| dirs.contains_key(d)))
+    }
+
+    /// The file whose lock claims team `team`'s lead ([`Mailbox::claim_lead`]).
+    pub fn lead_lock_path(&self, team: &str) -> PathBuf {
+        self.root.join("teams").join(team).join("lead.lock")
     }
 
     /// The file of `inbox`.
@@ -529,8 +534,57 @@ fn write_now(inbox: &Inbox, path: &Path, entries: &[Value]) -> Result<()> {
     done
 }
 
+/// Claims `team`'s lead by the exclusive lock of `path`, writing this process's id into it for
+/// whoever finds it held. The lock goes with the returned file: when it is dropped, or when
+/// this process dies (nothing stale to break).
+fn claim_lead_now(team: &str, path: &Path) -> Result<std::fs::File> {
+    use std::io::{Read, Seek, Write};
+    let io = |what: &str, e: std::io::Error| Error::Mailbox {
+        inbox: format!("{team}/team-lead"),
+        message: format!("{what} the team's lead lock {}: {e}", path.display()),
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| io("creating the directory of", e))?;
+    }
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true).write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NOFOLLOW);
+    }
+    let mut file = opts.open(path).map_err(|e| io("opening", e))?;
+    if !crate::base::files::try_lock_once(&file).map_err(|e| io("locking", e))? {
+        let mut said = String::new();
+        let _ = file.read_to_string(&mut said);
+        let said = said.trim();
+        return Err(Error::TeamTaken {
+            team: team.to_owned(),
+            holder: if said.is_empty() {
+                format!("{} is locked", path.display())
+            } else {
+                format!("{} is locked by {said}", path.display())
+            },
+        });
+    }
+    let stamp = format!("process {}\n", std::process::id());
+    file.set_len(0)
+        .and_then(|()| file.rewind())
+        .and_then(|()| file.write_all(stamp.as_bytes()))
+        .map_err(|e| io("writing", e))?;
+    Ok(file)
+}
+
 #[async_trait]
 impl Mailbox for FileMailbox {
+    async fn claim_lead(&self, team: &str) -> Result<LeadClaim> {
+        let (team, path) = (team.to_owned(), self.lead_lock_path(team));
+        let file = tokio::task::spawn_blocking(move || claim_lead_now(&team, &path))
+            .await
+            .map_err(|e| Error::Refused(format!("claiming a team's lead failed: {e}")))??;
+        Ok(LeadClaim::kept(file))
+    }
+
     async fn send(&self, to: &Inbox, letter: Letter) -> Result<String> {
         let path = self.path(to);
         if let Some(dir) = path.parent() {

@@ -8,8 +8,8 @@ use tokio::sync::Notify;
 
 use async_trait::async_trait;
 
-use super::{Delivered, Inbox, Letter, Mailbox, new_id, timestamp_now};
-use crate::error::Result;
+use super::{Delivered, Inbox, LeadClaim, Letter, Mailbox, new_id, timestamp_now};
+use crate::error::{Error, Result};
 
 /// Mailboxes in memory, for agents in one process. Clones share the same store (a clone is
 /// what a reader that restarted within the process sees). One short lock per call, never held
@@ -19,6 +19,23 @@ pub struct MemoryMailbox {
     inboxes: Arc<Mutex<HashMap<Inbox, VecDeque<Delivered>>>>,
     /// Woken (all waiters) when a letter reaches the inbox.
     arrivals: Arc<Mutex<HashMap<Inbox, Arc<Notify>>>>,
+    /// The teams whose lead is claimed ([`Mailbox::claim_lead`]).
+    leads: Arc<Mutex<std::collections::HashSet<String>>>,
+}
+
+/// A team's lead claimed in a [`MemoryMailbox`]: given up when dropped.
+struct MemoryLead {
+    leads: Arc<Mutex<std::collections::HashSet<String>>>,
+    team: String,
+}
+
+impl Drop for MemoryLead {
+    fn drop(&mut self) {
+        self.leads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.team);
+    }
 }
 
 impl MemoryMailbox {
@@ -44,6 +61,24 @@ impl MemoryMailbox {
 
 #[async_trait]
 impl Mailbox for MemoryMailbox {
+    async fn claim_lead(&self, team: &str) -> Result<LeadClaim> {
+        if !self
+            .leads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(team.to_owned())
+        {
+            return Err(Error::TeamTaken {
+                team: team.to_owned(),
+                holder: "another `Team` value in this process holds it".to_owned(),
+            });
+        }
+        Ok(LeadClaim::kept(MemoryLead {
+            leads: Arc::clone(&self.leads),
+            team: team.to_owned(),
+        }))
+    }
+
     async fn send(&self, to: &Inbox, letter: Letter) -> Result<String> {
         // Only a sender's own id can repeat; a fresh one is unique.
         let (id, chosen) = match letter.id {

@@ -45,6 +45,7 @@ pub(crate) use self::redis::{
     Handle as RedisHandle, redact as redact_url, wait_on_stream as redis_wait_on_stream,
 };
 pub use file::{FileMailbox, LOCK_ATTEMPTS};
+// `LeadClaim` is defined here, beside the trait.
 pub use memory::MemoryMailbox;
 
 /// The longest team or agent name.
@@ -204,6 +205,34 @@ fn escape(s: &str) -> String {
     out
 }
 
+/// A team's lead claimed on a mailbox ([`Mailbox::claim_lead`]), held while this value lives.
+pub struct LeadClaim(Option<Box<dyn std::any::Any + Send + Sync>>);
+
+impl LeadClaim {
+    /// A claim the mailbox does not keep (it has no way to): it refuses no other lead.
+    pub fn unkept() -> Self {
+        Self(None)
+    }
+
+    /// A claim kept by `guard`, given up when the guard is dropped.
+    pub fn kept(guard: impl std::any::Any + Send + Sync) -> Self {
+        Self(Some(Box::new(guard)))
+    }
+
+    /// Whether the mailbox keeps it: while it lives, another claim of its team is refused.
+    pub fn is_kept(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+impl fmt::Debug for LeadClaim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeadClaim")
+            .field("kept", &self.is_kept())
+            .finish()
+    }
+}
+
 /// Keeps letters per inbox until they are acknowledged. Object-safe and async, so a networked
 /// store (Redis Streams) plugs in where these are used; every implementation passes
 /// [`conformance::run`].
@@ -225,6 +254,16 @@ pub trait Mailbox: Send + Sync + fmt::Debug + 'static {
 
     /// How many letters `inbox` stores (acknowledged ones are pruned, so this is its depth).
     async fn stored(&self, inbox: &Inbox) -> Result<usize>;
+
+    /// Claims the lead of team `team` on this mailbox for as long as the returned value lives:
+    /// another claim of the team meanwhile — through this handle or another on the same store
+    /// — is [`Error::TeamTaken`](crate::Error::TeamTaken). Two leads of one team would share
+    /// its inboxes and take each other's letters. The default keeps no claim
+    /// ([`LeadClaim::unkept`]); the in-memory and file mailboxes keep one.
+    async fn claim_lead(&self, team: &str) -> Result<LeadClaim> {
+        let _ = team;
+        Ok(LeadClaim::unkept())
+    }
 
     /// Waits until `inbox` holds an unacknowledged letter, or `timeout` passes; returns
     /// whether it does. An idle reader waits here. The same as

@@ -864,6 +864,7 @@ impl Owned {
                         revive::Dormant::new(
                             self.record.parent,
                             self.record.description.clone(),
+                            self.record.agent_type.clone(),
                             *recipe,
                             rx,
                         ),

@@ -512,7 +512,14 @@ impl TaskRegistry for RedisTaskRegistry {
             }
         };
         let mut out = Vec::with_capacity(ids.len());
-        for id in ids.iter().filter_map(|i| i.parse::<TaskId>().ok()) {
+        // A task made again after its record expired (a resume) is listed again: once, at
+        // its first place.
+        let mut listed = std::collections::HashSet::with_capacity(ids.len());
+        for id in ids
+            .iter()
+            .filter_map(|i| i.parse::<TaskId>().ok())
+            .filter(|id| listed.insert(*id))
+        {
             // A child whose record expired is gone (see the retention).
             match self.record(&mut conn, &id).await {
                 Ok(Some(r)) => out.push(r),

@@ -82,6 +82,8 @@ impl Recipe {
 pub(super) struct Dormant {
     parent: TaskId,
     description: String,
+    /// Its record's type: a record forgotten meanwhile is made again with it.
+    agent_type: String,
     recipe: Recipe,
     /// Resolves when the previous run's owner is done.
     settled: Option<oneshot::Receiver<()>>,
@@ -93,12 +95,14 @@ impl Dormant {
     pub(super) fn new(
         parent: TaskId,
         description: String,
+        agent_type: String,
         recipe: Recipe,
         settled: oneshot::Receiver<()>,
     ) -> Self {
         Self {
             parent,
             description,
+            agent_type,
             recipe,
             settled: Some(settled),
             reviving: None,
@@ -321,6 +325,7 @@ impl TaskService {
             Claimed {
                 recipe: d.recipe.clone(),
                 description: d.description.clone(),
+                agent_type: d.agent_type.clone(),
                 settled: d.settled.take(),
                 queue,
                 // The parent waits for the resumed run as for any child it started.
@@ -367,6 +372,7 @@ impl TaskService {
         let Claimed {
             recipe,
             description,
+            agent_type,
             settled,
             queue,
             promise,
@@ -445,20 +451,25 @@ impl TaskService {
         let reopened = match self.registry.reopen(&id).await {
             Ok(_) => Ok(()),
             // Forgotten under the registry's retention while its transcript stayed: the same
-            // task is recorded again for this run, as offered (its earlier runs' usage stays
-            // in its ancestors' totals).
+            // task is recorded again for this run, as offered. The record starts anew (this
+            // run's usage is its own); what earlier runs added to its ancestors' totals stays
+            // while those are kept.
             Err(_) if self.registry.get(&id).await.is_none() => {
                 let mut record = super::TaskRecord::new(id, me, description.clone());
-                record.agent_type = super::agent_type_of(&agent);
+                record.agent_type = agent_type;
                 record.transcript = agent.transcript_path().map(PathBuf::from);
-                match self.registry.create(record).await {
+                let made = match self.registry.create(record).await {
                     Ok(()) => self
                         .registry
                         .transition(&id, super::TaskState::Running)
                         .await
                         .map(|_| ()),
                     Err(e) => Err(e),
+                };
+                if let Err(e) = &made {
+                    tracing::warn!(task = %id, "its forgotten record could not be made again: {e}");
                 }
+                made
             }
             Err(e) => Err(e),
         };
@@ -501,6 +512,7 @@ impl TaskService {
 struct Claimed {
     recipe: Recipe,
     description: String,
+    agent_type: String,
     settled: Option<oneshot::Receiver<()>>,
     queue: PendingQueue,
     promise: crate::base::pending::Expectation,
@@ -751,6 +763,7 @@ mod tests {
             Dormant::new(
                 *agent.id(),
                 "d".into(),
+                "worker".into(),
                 Recipe::of(&agent, PathBuf::from("t.jsonl")),
                 rx,
             )

@@ -219,6 +219,8 @@ pub struct Team {
     side: Side,
     /// On a worker: the state its teammate last reported to its lead (busy) and its number.
     reported: Mutex<(bool, u64)>,
+    /// Its lead's claim on the mailbox, once taken ([`claim_lead`](Team::claim_lead)).
+    lead_claim: tokio::sync::Mutex<Option<crate::mailbox::LeadClaim>>,
 }
 
 /// Where a team's teammates run, as seen from this [`Team`] value.
@@ -285,6 +287,7 @@ impl Team {
             shutdown_grace: SHUTDOWN_GRACE,
             side: Side::Local,
             reported: Mutex::new((true, 0)),
+            lead_claim: tokio::sync::Mutex::const_new(None),
         })
     }
 
@@ -333,9 +336,11 @@ impl Team {
     }
 
     /// How long a teammate told to stop may take before it is cancelled (default
-    /// [`SHUTDOWN_GRACE`]). A teammate stops at its next tool-round boundary; one inside a
-    /// tool that does not return (or a model answer that does not end) would otherwise stop
-    /// only when that call times out. Cancelled, it still confirms its shutdown to the lead.
+    /// [`SHUTDOWN_GRACE`], three minutes). A teammate stops at its next tool-round boundary;
+    /// one inside a tool without a timeout (or a model answer that does not end) would
+    /// otherwise never stop. Cancelled, it still confirms its shutdown to the lead. The grace
+    /// of the side that runs the teammate applies (on a pool, the worker's `Team`). Under
+    /// [`ShutdownPolicy::Ask`] it runs from the teammate's approval.
     pub fn with_shutdown_grace(mut self, grace: Duration) -> Self {
         self.shutdown_grace = grace;
         self
@@ -344,6 +349,23 @@ impl Team {
     /// How long a teammate told to stop may take before it is cancelled.
     pub fn shutdown_grace(&self) -> Duration {
         self.shutdown_grace
+    }
+
+    /// Claims this team's lead on its mailbox ([`Mailbox::claim_lead`]) for as long as this
+    /// value lives, if it has not yet: a second lead of the same team on the same store —
+    /// another process, or another `Team` value — would share its inboxes and take its
+    /// letters, so its claim is [`Error::TeamTaken`]. The lead claims it when it starts its
+    /// first teammate or sends its first letter; a host may claim it at start-up to fail
+    /// early. A teammate's side of a team on a pool claims nothing.
+    pub async fn claim_lead(&self) -> Result<()> {
+        if matches!(self.side, Side::Member(_)) {
+            return Ok(());
+        }
+        let mut held = self.lead_claim.lock().await;
+        if held.is_none() {
+            *held = Some(self.mailbox.claim_lead(&self.name).await?);
+        }
+        Ok(())
     }
 
     /// Keeps the roster in `file` (Claude Code's `<root>/teams/<team>/config.json`): written
@@ -1678,8 +1700,14 @@ enum Intercept {
 }
 
 /// How long a teammate told to stop may take before it is cancelled, unless the team says
-/// otherwise ([`Team::with_shutdown_grace`]).
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// otherwise ([`Team::with_shutdown_grace`]): longer than a tool call's default timeout (two
+/// minutes), so a teammate in an ordinary tool round always finishes it; the grace ends only
+/// what would otherwise not end — a tool without a timeout, a model answer that does not.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3 * 60);
+
+/// How long a teammate on a worker keeps trying to confirm its shutdown to its lead once its
+/// run was cancelled.
+const CONFIRM_LIMIT: Duration = Duration::from_secs(10);
 
 /// Aborts a task when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -1865,8 +1893,13 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                     timestamp: crate::mailbox::timestamp_now(),
                 };
                 if matches!(team.side, Side::Member(_)) {
-                    team.to_lead_until_stored(ok.to_letter(name.clone()), &token)
-                        .await;
+                    // Tried for a while even when the run was cancelled (a shutdown past its
+                    // grace), not given up at the first failure with the run's token.
+                    let own = tokio_util::sync::CancellationToken::new();
+                    let confirm = team.to_lead_until_stored(ok.to_letter(name.clone()), &own);
+                    if tokio::time::timeout(CONFIRM_LIMIT, confirm).await.is_err() {
+                        tracing::warn!("teammate `{name}` could not confirm its shutdown in time");
+                    }
                 } else if let Err(e) = team.send(LEAD, ok.to_letter(name.clone())).await {
                     tracing::warn!("teammate `{name}` could not confirm its shutdown: {e}");
                 }

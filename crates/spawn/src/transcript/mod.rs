@@ -237,49 +237,6 @@ pub const WRITER_WAIT: Duration = Duration::from_secs(5);
 /// The longest pause between two tries of a held lock.
 const LOCK_PAUSE_MAX: Duration = Duration::from_millis(50);
 
-/// Tries `file`'s exclusive lock once: `true` taken (or the platform has no such locks),
-/// `false` held by another open of the file.
-///
-/// Unix only (where `flock` exists: not Solaris): there the lock is advisory, so readers are
-/// never kept out; elsewhere a whole-file lock would keep out the readers a fork child's resume
-/// needs, and none is taken.
-fn try_lock_once(file: &std::fs::File) -> std::io::Result<bool> {
-    #[cfg(all(
-        unix,
-        not(any(
-            target_os = "solaris",
-            target_os = "espidf",
-            target_os = "horizon",
-            target_os = "vita"
-        ))
-    ))]
-    {
-        use rustix::fs::{FlockOperation, flock};
-        match flock(file, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => Ok(true),
-            Err(e) if e == rustix::io::Errno::WOULDBLOCK => Ok(false),
-            // A file system without locks (some network mounts): written as before.
-            Err(e) if e == rustix::io::Errno::NOLCK || e == rustix::io::Errno::OPNOTSUPP => {
-                Ok(true)
-            }
-            Err(e) => Err(e.into()),
-        }
-    }
-    #[cfg(not(all(
-        unix,
-        not(any(
-            target_os = "solaris",
-            target_os = "espidf",
-            target_os = "horizon",
-            target_os = "vita"
-        ))
-    )))]
-    {
-        let _ = file;
-        Ok(true)
-    }
-}
-
 /// Takes `file`'s exclusive lock, waiting up to [`WRITER_WAIT`] while another writer holds it
 /// (backing off from 1 ms to 50 ms). The lock goes with the last handle to the open file:
 /// a writer's, or the one its unfinished write still holds.
@@ -326,7 +283,7 @@ fn lock_for_writing_blocking(file: &std::fs::File, path: &Path) -> Result<()> {
 /// One try of the lock, `waited` into the wait: taken, or not yet, or an error (it failed, or
 /// the wait is over).
 fn lock_tried(file: &std::fs::File, path: &Path, waited: Duration) -> Result<bool> {
-    match try_lock_once(file) {
+    match crate::base::files::try_lock_once(file) {
         Ok(true) => Ok(true),
         Ok(false) if waited >= WRITER_WAIT => Err(Error::TranscriptBusy {
             path: path.to_path_buf(),
