@@ -716,6 +716,79 @@ async fn a_shutdown_cancels_a_teammate_stuck_in_a_tool_after_the_grace() {
     assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
 }
 
+/// A letter to a teammate busy with a long task reaches it mid-task, in its next request after
+/// the letter came, not when the task is done (a peer's users report teammates that ignore
+/// their inbox until they finish).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_teammate_reads_a_letter_at_its_next_turn() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    // Alice's turns, and the turn at which the letter was in her request.
+    let turns = Arc::new(AtomicUsize::new(0));
+    let sent_at: Arc<Mutex<Option<usize>>> = Arc::default();
+    let read_at: Arc<Mutex<Option<usize>>> = Arc::default();
+    let (t, sent, read) = (
+        Arc::clone(&turns),
+        Arc::clone(&sent_at),
+        Arc::clone(&read_at),
+    );
+    let b = brain(move |r| {
+        if !is_parent(r) {
+            let turn = t.fetch_add(1, Ordering::SeqCst) + 1;
+            if last_texts(r).join("\n").contains("and report") {
+                read.lock().unwrap().get_or_insert(turn);
+                return Plan::Reply(say("reporting"));
+            }
+            // A long task: a slow tool call per turn, for up to forty turns.
+            if turn < 40 {
+                return Plan::Reply(calls(&[("s", "Slow", "{}")]));
+            }
+            return Plan::Reply(say("finished"));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
+        }
+        if called(r, "and report") == 0 {
+            // Once she is well into her task (off the worker, whose queue may hold her).
+            tokio::task::block_in_place(|| {
+                while t.load(Ordering::SeqCst) < 3 {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+            });
+            sent.lock().unwrap().get_or_insert(t.load(Ordering::SeqCst));
+            return Plan::Reply(calls(&[(
+                "m1",
+                "SendMessage",
+                r#"{"to":"alice","message":"and report"}"#,
+            )]));
+        }
+        if text_of(r).contains("reporting") && called(r, "shutdown_request") == 0 {
+            return Plan::Reply(calls(&[(
+                "x1",
+                "SendMessage",
+                r#"{"to":"alice","message":{"type":"shutdown_request"}}"#,
+            )]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let slow = TestTool::sleeper("Slow", true, 50).arc();
+    let mut lead = lead_in(&team, b, lead_tools_with(vec![slow])).await;
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+        .await
+        .expect("the lead's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let (sent, read) = (
+        sent_at.lock().unwrap().unwrap(),
+        read_at.lock().unwrap().unwrap(),
+    );
+    assert!(
+        read <= sent + 2,
+        "sent during her turn {sent}, read at her turn {read}"
+    );
+    assert!(read < 40, "read only when her task was done");
+}
+
 /// A busy teammate stops after its current tool round, not when its whole task is done: it
 /// keeps calling a slow tool, and the lead's shutdown request ends it after one more round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1337,6 +1410,100 @@ async fn a_teammate_waiting_for_work_is_neither_stalled_nor_out_of_time() {
         ns[0]
     );
     assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
+}
+
+/// A teammate idle past its deadline is woken by a peer's letter, not only its lead's: it
+/// answers, goes idle again, and the lead's run waits for both idle notices (a peer's users
+/// report idle notices that come late, or teammates that time out before a peer's message).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peers_letter_wakes_a_teammate_idle_past_its_deadline() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let got_pong = Arc::new(AtomicBool::new(false));
+    let pong = Arc::clone(&got_pong);
+    let b = brain(move |r| {
+        let last = last_texts(r).join("\n");
+        if !is_parent(r) {
+            return match who(r).as_str() {
+                "alice" if last.contains(">ping<") => Plan::Reply(calls(&[(
+                    "p",
+                    "SendMessage",
+                    r#"{"to":"bob","message":"pong"}"#,
+                )])),
+                "alice" if has_tool_result(r) => Plan::Reply(say("answered")),
+                "bob" if last.contains("ask alice") => Plan::Reply(calls(&[(
+                    "q",
+                    "SendMessage",
+                    r#"{"to":"alice","message":"ping"}"#,
+                )])),
+                "bob" if last.contains(">pong<") => {
+                    pong.store(true, Ordering::SeqCst);
+                    Plan::Reply(say("alice answered"))
+                }
+                _ => Plan::Reply(say("ready")),
+            };
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[
+                ("a1", "Agent", &teammate("alice")),
+                ("a2", "Agent", &teammate("bob")),
+            ]));
+        }
+        if last.contains("ask bob") {
+            return Plan::Reply(calls(&[(
+                "m1",
+                "SendMessage",
+                r#"{"to":"bob","message":"ask alice"}"#,
+            )]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let service = TaskService::new(
+        Arc::new(MemoryTaskRegistry::new()),
+        TaskConfig::default()
+            .with_deadline(Some(std::time::Duration::from_millis(400)))
+            .with_stall_after(Some(std::time::Duration::from_millis(100))),
+    );
+    let mut lead = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(lead_tools())
+        .extension(Arc::clone(&team))
+        .extension(Arc::clone(&service))
+        .limits(forkhive_spawn::runtime::Limits::default().with_max_turns(Some(40)))
+        .build()
+        .await
+        .unwrap();
+    let run = lead.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    // Idle for longer than the deadline and the stall time together.
+    tokio::time::sleep(std::time::Duration::from_millis(900)).await;
+    let before = format!("{:?}", lead.params().messages())
+        .matches(r#"teammate_id=\"alice\" summary=\"idle_notification\""#)
+        .count();
+    let run = tokio::time::timeout(std::time::Duration::from_secs(10), lead.run("ask bob"))
+        .await
+        .expect("the lead's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    assert!(
+        got_pong.load(Ordering::SeqCst),
+        "alice's answer reached bob"
+    );
+    for name in ["alice", "bob"] {
+        assert_eq!(
+            team.member(name).unwrap().state,
+            MemberState::Idle,
+            "{name}"
+        );
+    }
+    let after = format!("{:?}", lead.params().messages())
+        .matches(r#"teammate_id=\"alice\" summary=\"idle_notification\""#)
+        .count();
+    assert!(
+        after > before,
+        "alice's idle notice after her answer reached the lead"
+    );
+    assert!(notifications(&lead).is_empty(), "nobody was stopped");
 }
 
 /// A teammate whose definition allows only `Slow` still gets `SendMessage` (the team's tool),
