@@ -322,6 +322,39 @@ async fn jobs_that_cannot_run_are_dead_lettered_and_reported() {
     assert_eq!(pool.backlog().await.unwrap(), 0);
 }
 
+/// A task that runs five times its lease on a live worker keeps its lease: the worker renews
+/// it, so the other worker never takes the task over, and it runs and reports once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_long_task_on_a_live_worker_keeps_its_lease() {
+    let Some(url) = url() else { return };
+    let pool = Pool::new(&url, &prefix("renew"), "p", fast()).unwrap();
+    let (w1, s1) = start_worker(&pool, "w1", answering(Duration::from_secs(3)));
+    let (w2, s2) = start_worker(&pool, "w2", answering(Duration::from_secs(3)));
+    let dad = parent();
+    let job = Job::new(dad, "long", "take your time");
+    pool.submit(&job).await.unwrap();
+    let got = pending_n(&pool, &dad, 1).await;
+    assert_eq!(
+        (got[0].task_id, got[0].status),
+        (job.task, TaskStatus::Completed)
+    );
+    // A while longer: a stolen task would report again.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(pool.queue().pending(&dad).await.unwrap().len(), 1);
+    s1.cancel();
+    s2.cancel();
+    let (r1, r2) = (w1.await.unwrap().unwrap(), w2.await.unwrap().unwrap());
+    assert_eq!(r1.ran + r2.ran, 1, "{r1:?} {r2:?}");
+    assert_eq!(r1.reported + r2.reported, 1, "{r1:?} {r2:?}");
+    for r in [&r1, &r2] {
+        assert_eq!(
+            (r.reclaimed_killed, r.reclaimed_rerun, r.lost_leases),
+            (0, 0, 0),
+            "{r:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cancel_reaches_a_running_task_on_another_worker() {
     let Some(url) = url() else { return };
