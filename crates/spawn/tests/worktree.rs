@@ -500,6 +500,40 @@ async fn worktree_creator_process() {
     }
 }
 
+/// Two workers committing in their trees at the same time each commit to their own branch:
+/// neither branch holds the other's commits, and the main branch holds neither (a peer's users
+/// report agents committing to each other's branches).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_in_two_trees_at_once_stay_on_their_own_branches() {
+    let repo = repo();
+    let a = Worktree::create(repo.path(), "a", None).await.unwrap();
+    let b = Worktree::create(repo.path(), "b", None).await.unwrap();
+    let commit = |dir: std::path::PathBuf, who: &'static str| {
+        std::thread::spawn(move || {
+            for i in 0..5 {
+                std::fs::write(dir.join(format!("{who}{i}.txt")), "x").unwrap();
+                git(&dir, &["add", "."]);
+                git(&dir, &["commit", "-q", "-m", &format!("{who} {i}")]);
+            }
+        })
+    };
+    let (ta, tb) = (
+        commit(a.path().to_path_buf(), "a"),
+        commit(b.path().to_path_buf(), "b"),
+    );
+    ta.join().unwrap();
+    tb.join().unwrap();
+    let log = |range: &str| git(repo.path(), &["log", "--format=%s", range]);
+    let (on_a, on_b) = (log("main..forkhive/a"), log("main..forkhive/b"));
+    assert_eq!(on_a.lines().count(), 5, "{on_a}");
+    assert!(on_a.lines().all(|l| l.starts_with("a ")), "{on_a}");
+    assert_eq!(on_b.lines().count(), 5, "{on_b}");
+    assert!(on_b.lines().all(|l| l.starts_with("b ")), "{on_b}");
+    assert_eq!(log("main").trim(), "start");
+    assert_eq!(a.finish().await, Finished::Kept(Keep::Commits(5)));
+    assert_eq!(b.finish().await, Finished::Kept(Keep::Commits(5)));
+}
+
 /// Six processes create ten worktrees each in one repository at the same time (hosts sharing
 /// a checkout): each process serialises its own adds, so they meet only through git, whose
 /// lock files and half-written admin files fail an add now and then. Every tree is made, on
