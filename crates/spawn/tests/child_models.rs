@@ -113,16 +113,26 @@ async fn a_child_model_must_be_allowed_by_the_host() {
 #[tokio::test]
 async fn a_fork_asking_for_another_model_is_refused() {
     use std::sync::Mutex;
-    for (allowed, want) in [
+    // (the host's allow list, whether an agent type runs on `other`, the refusal)
+    for (allowed, typed, want) in [
         (
             vec![],
+            false,
             "a fork keeps its parent's model `m` (the prompt cache is keyed on it): omit \
              `model`",
         ),
         (
             vec!["other".to_owned()],
+            false,
             "a fork keeps its parent's model `m` (the prompt cache is keyed on it): omit \
              `model`, or name a `subagent_type` to start a fresh agent on `other`",
+        ),
+        // Not allowed by the host, but an agent type's own model.
+        (
+            vec![],
+            true,
+            "a fork keeps its parent's model `m` (the prompt cache is keyed on it): omit \
+             `model`, or start a fresh agent of a type that runs on `other`: `reviewer`",
         ),
     ] {
         let results: Arc<Mutex<Vec<(String, String, bool)>>> = Arc::default();
@@ -138,8 +148,16 @@ async fn a_fork_asking_for_another_model_is_refused() {
                 Plan::Reply(calls(&[("f1", "Agent", &input.to_string())]))
             })
         };
+        let registry = if typed {
+            let mut d = AgentDefinition::new("reviewer", "reviews", DefinitionSource::Project);
+            d.model = Some("other".into());
+            AgentRegistry::from_definitions([d])
+        } else {
+            AgentRegistry::default()
+        };
         let config = AgentToolConfig::default()
             .with_fork_enabled(true)
+            .with_registry(registry)
             .with_allowed_models(allowed);
         let tool = AgentTool::new(config).unwrap();
         let mut parent = Agent::builder(model)

@@ -420,9 +420,23 @@ impl AgentTool {
             return Ok(());
         }
         let Some(def) = definition else {
-            // A fresh agent on `asked` is advice only where the host allows that model.
+            // A fresh agent on `asked` is advice only where it would be allowed: the host
+            // allows that model, or an agent type runs on it as its own.
+            let own: Vec<&str> = self
+                .config
+                .registry
+                .list()
+                .into_iter()
+                .filter(|d| d.model.as_deref() == Some(asked))
+                .map(|d| d.name.as_str())
+                .collect();
             let or = if self.config.allowed_models.iter().any(|m| m == asked) {
                 format!(", or name a `subagent_type` to start a fresh agent on `{asked}`")
+            } else if !own.is_empty() {
+                format!(
+                    ", or start a fresh agent of a type that runs on `{asked}`: `{}`",
+                    own.join("`, `")
+                )
             } else {
                 String::new()
             };
