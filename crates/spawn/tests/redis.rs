@@ -104,6 +104,44 @@ async fn a_blocked_wait_leaves_its_handle_free_and_outlives_the_response_timeout
     );
 }
 
+/// Two hosts' leads of one team on one Redis: the second is refused while the first holds
+/// the team (its claim renewed past its TTL), and leads once the first gives it up.
+#[tokio::test]
+async fn a_team_is_led_from_one_host_at_a_time() {
+    use forkhive_spawn::mailbox::LEAD_CLAIM_TTL;
+    let Some(url) = url() else { return };
+    let p = prefix("lead");
+    let here = RedisMailbox::with_prefix(&url, &p).unwrap();
+    let there = here.reopen();
+    let first = here.claim_lead("review").await.unwrap();
+    assert!(first.is_kept());
+    // Past its TTL: renewed, still held.
+    tokio::time::sleep(LEAD_CLAIM_TTL + Duration::from_secs(1)).await;
+    let err = there.claim_lead("review").await.unwrap_err().to_string();
+    assert!(
+        err.starts_with(&format!(
+            "team `review` has another lead on this mailbox ({p}:{{review}}:lead in Redis at "
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("is held by process {} (", std::process::id())),
+        "{err}"
+    );
+    // Another team is free.
+    drop(there.claim_lead("other").await.unwrap());
+    drop(first);
+    let mut again = there.claim_lead("review").await;
+    for _ in 0..40 {
+        if again.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        again = there.claim_lead("review").await;
+    }
+    assert!(again.unwrap().is_kept());
+}
+
 #[tokio::test]
 async fn no_server_is_an_error_that_hides_the_password() {
     // A port nothing listens on.

@@ -39,7 +39,7 @@ use async_trait::async_trait;
 use crate::error::{Error, Result};
 
 #[cfg(feature = "redis")]
-pub use self::redis::{DEFAULT_PREFIX, RedisMailbox};
+pub use self::redis::{DEFAULT_PREFIX, LEAD_CLAIM_TTL, RedisMailbox};
 #[cfg(feature = "redis")]
 pub(crate) use self::redis::{
     Handle as RedisHandle, redact as redact_url, wait_on_stream as redis_wait_on_stream,
@@ -259,7 +259,7 @@ pub trait Mailbox: Send + Sync + fmt::Debug + 'static {
     /// another claim of the team meanwhile — through this handle or another on the same store
     /// — is [`Error::TeamTaken`](crate::Error::TeamTaken). Two leads of one team would share
     /// its inboxes and take each other's letters. The default keeps no claim
-    /// ([`LeadClaim::unkept`]); the in-memory and file mailboxes keep one.
+    /// ([`LeadClaim::unkept`]); the in-memory, file and Redis mailboxes keep one.
     async fn claim_lead(&self, team: &str) -> Result<LeadClaim> {
         let _ = team;
         Ok(LeadClaim::unkept())

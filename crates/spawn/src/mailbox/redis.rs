@@ -27,7 +27,7 @@ use redis::AsyncCommands as _;
 use redis::aio::ConnectionManager;
 use tokio::sync::OnceCell;
 
-use super::{Delivered, Inbox, Letter, Mailbox, beyond, new_id, timestamp_now};
+use super::{Delivered, Inbox, LeadClaim, Letter, Mailbox, beyond, new_id, timestamp_now};
 use crate::error::{Error, Result};
 
 /// The default key prefix.
@@ -60,6 +60,55 @@ end
 if redis.call('XLEN', KEYS[1]) == 0 then redis.call('DEL', KEYS[1]) end
 return #ARGV
 ";
+
+/// How long a lead's claim on a team ([`Mailbox::claim_lead`]) lasts in Redis unless renewed
+/// (its holder renews it every third of this): a lead that died without giving it up holds its
+/// team this long at most.
+pub const LEAD_CLAIM_TTL: Duration = Duration::from_secs(15);
+
+/// Renews the claim KEYS[1] while it is still ARGV[1]'s, for ARGV[2] ms: 1 renewed, 0 lost.
+const RENEW_CLAIM: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+";
+
+/// Gives up the claim KEYS[1] while it is still ARGV[1]'s.
+const RELEASE_CLAIM: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+";
+
+/// A team's lead claimed in Redis: renewed while it lives, given up when dropped.
+struct RedisLead {
+    renew: tokio::task::JoinHandle<()>,
+    conn: ConnectionManager,
+    key: String,
+    holder: String,
+}
+
+impl Drop for RedisLead {
+    fn drop(&mut self) {
+        self.renew.abort();
+        // Given up at once where a runtime can still send it; else it lapses within its TTL.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (mut conn, key, holder) = (
+                self.conn.clone(),
+                std::mem::take(&mut self.key),
+                std::mem::take(&mut self.holder),
+            );
+            drop(rt.spawn(async move {
+                let released = redis::Script::new(RELEASE_CLAIM)
+                    .key(&key)
+                    .arg(&holder)
+                    .invoke_async::<i64>(&mut conn)
+                    .await;
+                if let Err(e) = released {
+                    tracing::warn!("could not give up the team claim {key}: {e}");
+                }
+            }));
+        }
+    }
+}
 
 /// The shared, reconnecting connection of a handle (mailboxes and the task registry): gives
 /// up connecting after three tries of 5 s (the default retries for longer), and gives a slow
@@ -406,6 +455,70 @@ impl Mailbox for RedisMailbox {
         conn.xlen(&stream)
             .await
             .map_err(|e| self.fail(inbox, "XLEN", e))
+    }
+
+    /// A key `<prefix>:{<team>}:lead` set only if absent, with [`LEAD_CLAIM_TTL`], renewed by
+    /// a task the claim owns and deleted when it is dropped (only while still its own).
+    async fn claim_lead(&self, team: &str) -> Result<LeadClaim> {
+        let lead = Inbox::new(team, "team-lead")?;
+        let key = format!("{}:{{{team}}}:lead", self.prefix);
+        let holder = format!("process {} ({})", std::process::id(), new_id());
+        let ttl = u64::try_from(LEAD_CLAIM_TTL.as_millis()).unwrap_or(u64::MAX);
+        let mut conn = self.conn(&lead).await?;
+        let set: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg(&holder)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.fail(&lead, "SET", e))?;
+        if set.is_none() {
+            let held: Option<String> = conn
+                .get(&key)
+                .await
+                .map_err(|e| self.fail(&lead, "GET", e))?;
+            return Err(Error::TeamTaken {
+                team: team.to_owned(),
+                holder: format!(
+                    "{key} in Redis at {} is held by {}",
+                    self.h.shown,
+                    held.as_deref().unwrap_or("another lead")
+                ),
+            });
+        }
+        let renew = {
+            let (mut conn, key, holder) = (conn.clone(), key.clone(), holder.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(LEAD_CLAIM_TTL / 3).await;
+                    let renewed = redis::Script::new(RENEW_CLAIM)
+                        .key(&key)
+                        .arg(&holder)
+                        .arg(ttl)
+                        .invoke_async::<i64>(&mut conn)
+                        .await;
+                    match renewed {
+                        Ok(1) => {}
+                        Ok(_) => {
+                            tracing::warn!(
+                                "the team claim {key} lapsed (Redis was out of reach for longer \
+                                 than its TTL): another lead may take the team"
+                            );
+                            return;
+                        }
+                        Err(e) => tracing::warn!("could not renew the team claim {key}: {e}"),
+                    }
+                }
+            })
+        };
+        Ok(LeadClaim::kept(RedisLead {
+            renew,
+            conn,
+            key,
+            holder,
+        }))
     }
 
     async fn wait_beyond(
