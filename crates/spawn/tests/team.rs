@@ -437,10 +437,9 @@ async fn a_second_lead_of_the_same_team_on_one_mailbox_is_refused() {
     assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
     let lock = dir.path().join("teams/review/lead.lock");
     let refusal = format!(
-        "team `review` has another lead on this mailbox ({} is locked by process {}); give \
-         this team another name, or stop that lead",
+        "team `review` has another lead on this mailbox ({} is locked by another `Team` value \
+         in this process); give this team another name, or stop that lead",
         lock.display(),
-        std::process::id()
     );
     let got = all_results(&other.params().messages().to_vec());
     assert_eq!(
@@ -713,6 +712,13 @@ async fn a_shutdown_cancels_a_teammate_stuck_in_a_tool_after_the_grace() {
     let ns = notifications(&lead);
     assert_eq!(ns.len(), 1, "{all}");
     assert_eq!(ns[0].status, forkhive_core::TaskStatus::Killed, "{all}");
+    assert_eq!(
+        ns[0].note.as_deref(),
+        Some(
+            "its shutdown was not done within the team's shutdown grace of 300ms, so it was \
+             cancelled"
+        )
+    );
     assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
 }
 
@@ -1510,70 +1516,109 @@ async fn a_peers_letter_wakes_a_teammate_idle_past_its_deadline() {
 /// and its first message says who it is in which team.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_teammate_keeps_send_message_whatever_its_allow_list() {
-    let b = brain(|r| {
-        let text = text_of(r);
-        if !is_parent(r) {
-            let tools: Vec<String> = r.prefix.tools().iter().map(|t| t.name.clone()).collect();
-            if r.all_messages().len() == 1 {
-                assert!(
+    // The lead's tools, or the host's own for subagents (without `SendMessage`).
+    for own in [false, true] {
+        let b = brain(|r| {
+            let text = text_of(r);
+            if !is_parent(r) {
+                let tools: Vec<String> = r.prefix.tools().iter().map(|t| t.name.clone()).collect();
+                if r.all_messages().len() == 1 {
+                    assert!(
                     text.contains(
                         "You are `carol`, a teammate in team `review`. Your lead is `team-lead`."
                     ),
                     "{text}"
                 );
+                    return Plan::Reply(calls(&[(
+                        "s1",
+                        "SendMessage",
+                        &format!(
+                            r#"{{"to":"team-lead","message":"my tools: {}"}}"#,
+                            tools.join(",")
+                        ),
+                    )]));
+                }
+                return Plan::Reply(say("sent"));
+            }
+            if r.all_messages().len() == 1 {
                 return Plan::Reply(calls(&[(
-                    "s1",
-                    "SendMessage",
-                    &format!(
-                        r#"{{"to":"team-lead","message":"my tools: {}"}}"#,
-                        tools.join(",")
-                    ),
+                    "a1",
+                    "Agent",
+                    r#"{"description":"carol","prompt":"task for carol","subagent_type":"narrow","name":"carol","team_name":"review"}"#,
                 )]));
             }
-            return Plan::Reply(say("sent"));
-        }
+            if text.contains("idle_notification") && called(r, "shutdown_request") == 0 {
+                return Plan::Reply(calls(&[(
+                    "x",
+                    "SendMessage",
+                    r#"{"to":"carol","message":{"type":"shutdown_request"}}"#,
+                )]));
+            }
+            Plan::Reply(say("ok"))
+        });
+        let mut narrow = AgentDefinition::new("narrow", "one tool", DefinitionSource::Project);
+        narrow.system_prompt = "You are narrow.".into();
+        narrow.tools = Some(vec!["Slow".into()]);
+        let config = AgentToolConfig::default()
+            .with_registry(AgentRegistry::from_definitions([narrow]))
+            .with_teams_enabled(true)
+            .with_warm_fanout(None)
+            .with_filter(ToolFilter::default())
+            .with_subagent_tools(
+                own.then(|| ToolPool::new([TestTool::sleeper("Slow", true, 1).arc()]).unwrap()),
+            );
+        let tools = ToolPool::new([
+            AgentTool::new(config).unwrap().arc(),
+            Arc::new(SendMessageTool::new().unwrap()) as Arc<dyn Tool>,
+            TestTool::sleeper("Slow", true, 1).arc(),
+            TestTool::sleeper("Other", true, 1).arc(),
+        ])
+        .unwrap();
+        let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+        let mut lead = lead_in(&team, b, tools).await;
+        let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+            .await
+            .expect("the lead's run returned");
+        assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+        let all = format!("{:?}", lead.params().messages());
+        assert!(
+            all.contains("my tools: SendMessage,Slow")
+                || all.contains("my tools: Slow,SendMessage"),
+            "{all}"
+        );
+    }
+}
+
+/// A lead without `SendMessage` has none to give a teammate, which could then reach nobody:
+/// the teammate is not started, and the call says why.
+#[tokio::test]
+async fn a_teammate_without_send_message_to_have_is_not_started() {
+    let b = brain(|r| {
         if r.all_messages().len() == 1 {
-            return Plan::Reply(calls(&[(
-                "a1",
-                "Agent",
-                r#"{"description":"carol","prompt":"task for carol","subagent_type":"narrow","name":"carol","team_name":"review"}"#,
-            )]));
-        }
-        if text.contains("idle_notification") && called(r, "shutdown_request") == 0 {
-            return Plan::Reply(calls(&[(
-                "x",
-                "SendMessage",
-                r#"{"to":"carol","message":{"type":"shutdown_request"}}"#,
-            )]));
+            return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
         }
         Plan::Reply(say("ok"))
     });
-    let mut narrow = AgentDefinition::new("narrow", "one tool", DefinitionSource::Project);
-    narrow.system_prompt = "You are narrow.".into();
-    narrow.tools = Some(vec!["Slow".into()]);
+    let mut w = AgentDefinition::new("worker", "a teammate", DefinitionSource::Project);
+    w.system_prompt = "You are a worker.".into();
     let config = AgentToolConfig::default()
-        .with_registry(AgentRegistry::from_definitions([narrow]))
-        .with_teams_enabled(true)
-        .with_warm_fanout(None)
-        .with_filter(ToolFilter::default());
-    let tools = ToolPool::new([
-        AgentTool::new(config).unwrap().arc(),
-        Arc::new(SendMessageTool::new().unwrap()) as Arc<dyn Tool>,
-        TestTool::sleeper("Slow", true, 1).arc(),
-        TestTool::sleeper("Other", true, 1).arc(),
-    ])
-    .unwrap();
+        .with_registry(AgentRegistry::from_definitions([w]))
+        .with_teams_enabled(true);
+    let tools = ToolPool::new([AgentTool::new(config).unwrap().arc()]).unwrap();
     let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
     let mut lead = lead_in(&team, b, tools).await;
-    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
-        .await
-        .expect("the lead's run returned");
+    let run = lead.run("go").await;
     assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
-    let all = format!("{:?}", lead.params().messages());
-    assert!(
-        all.contains("my tools: SendMessage,Slow") || all.contains("my tools: Slow,SendMessage"),
-        "{all}"
+    assert_eq!(
+        all_results(&lead.params().messages().to_vec()),
+        [(
+            "a teammate needs `SendMessage` to reach its lead, and this host gives none: put \
+             `SendMessageTool` in the lead's tools"
+                .to_owned(),
+            true
+        )]
     );
+    assert!(team.roster().is_empty());
 }
 
 /// A shutdown that arrives behind another letter, while the teammate is busy with a long tool,

@@ -263,6 +263,78 @@ async fn a_claude_code_teammate_in_the_roster_file_survives_a_forkhive_change() 
     assert_eq!(saved["description"], "shared with Claude Code", "{saved}");
 }
 
+/// A teammate may not take the name of a member the roster file lists that this lead does not
+/// run (a Claude Code teammate, in any case): the two would share one inbox, and its entry
+/// would be written over as ours. And a roster file of another team is refused: it would be
+/// written over with this team's name and members.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roster_files_own_members_and_team_are_not_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("teams/review/config.json");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    let claude = r#"{"name":"review","leadAgentId":"team-lead@review","members":[
+{"agentId":"Alice@review","name":"Alice","agentType":"general-purpose","color":"red"}]}"#;
+    std::fs::write(&file, claude).unwrap();
+    let b = brain(|r| {
+        if !is_parent(r) {
+            return Plan::Reply(say("ready"));
+        }
+        if r.all_messages().len() == 1 {
+            return start_alice(None);
+        }
+        Plan::Reply(say("ok"))
+    });
+    let team = Arc::new(
+        Team::new("review", Arc::new(MemoryMailbox::new()))
+            .unwrap()
+            .with_roster_file(&file)
+            .unwrap(),
+    );
+    let mut lead = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(tools_for(worker(), vec![]))
+        .extension(Arc::clone(&team))
+        .build()
+        .await
+        .unwrap();
+    let run = lead.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let results: Vec<(String, bool)> = lead
+        .params()
+        .messages()
+        .iter()
+        .flat_map(message_results)
+        .map(|(_, t, e)| (t, e))
+        .collect();
+    assert_eq!(
+        results,
+        [(
+            "team `review`'s roster file names a member `Alice` that this lead does not run \
+             (another session's teammate, whose inbox this one would share); give this one \
+             another name"
+                .to_owned(),
+            true
+        )]
+    );
+    assert!(team.roster().is_empty());
+    let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(saved["members"][0]["color"], "red", "{saved}");
+    // Another team's file.
+    let err = Team::new("other", Arc::new(MemoryMailbox::new()))
+        .unwrap()
+        .with_roster_file(&file)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        format!(
+            "mailbox other/config.json: {} is not a team roster: it is team `review`'s",
+            file.display()
+        )
+    );
+}
+
 /// docs/teams.md: a `shutdown_request` is sent by "the lead, to a teammate". A plain subagent
 /// of the lead (not the lead, not a teammate: a `worker` started without `name`/`team_name`,
 /// say one reading untrusted text) that sends `alice` one is refused, saying why, and alice

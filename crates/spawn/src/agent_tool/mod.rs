@@ -16,6 +16,7 @@ use async_trait::async_trait;
 use forkhive_core::fork::is_in_fork_child;
 use forkhive_core::{TaskId, TaskKind, TaskStatus, ToolDefinition};
 
+use crate::base::pending::SEND_MESSAGE;
 use crate::definition::{AgentRegistry, MODEL_INHERIT};
 use crate::runtime::Limits;
 use crate::strategy::{
@@ -666,7 +667,10 @@ impl AgentTool {
                             .map_err(|e| chain(&e))?,
                     );
                     // The tools it will have (its definition's, through the layers), moved there.
-                    let base = &self.subagent_base(&caller.pool);
+                    let base = &match &team {
+                        Some(_) => with_team_tool(self.subagent_base(&caller.pool), &caller.pool)?,
+                        None => self.subagent_base(&caller.pool),
+                    };
                     let audience = if background {
                         crate::tool::ToolAudience::Background
                     } else {
@@ -732,6 +736,17 @@ impl AgentTool {
                 .subagent_tools
                 .as_ref()
                 .map(|_| self.subagent_base(&caller.pool));
+            // A teammate always has `SendMessage`: without it, it could not reach its lead or
+            // answer a shutdown ("Claude Code Multi-Agent Internals — 6.4 Teammates get
+            // team-aware prompts and tool injection"). A host's `subagent_tools` without it
+            // get the lead's; a lead without one has none to give.
+            let subagent_base = match (&team, subagent_base) {
+                (Some(_), Some(base)) => Some(with_team_tool(base, &caller.pool)?),
+                (Some(_), None) if caller.pool.get(SEND_MESSAGE).is_none() => {
+                    return Err(no_team_tool());
+                }
+                (_, base) => base,
+            };
             // One binding: a second (`let prepared = …; let mut prepared = match prepared`) would
             // keep both in the call's future across the start below.
             let mut prepared = match strategy
@@ -1030,6 +1045,24 @@ impl Tool for AgentTool {
             Err(text) => ToolOutput::error(text),
         }
     }
+}
+
+/// `base` with `SendMessage`, the lead's own, when it lacks one: a teammate's tools.
+fn with_team_tool(base: ToolPool, lead: &ToolPool) -> std::result::Result<ToolPool, String> {
+    if base.get(SEND_MESSAGE).is_some() {
+        return Ok(base);
+    }
+    let Some(tool) = lead.get(SEND_MESSAGE) else {
+        return Err(no_team_tool());
+    };
+    base.with([Arc::clone(tool)]).map_err(|e| e.to_string())
+}
+
+/// Why a teammate cannot start when no `SendMessage` is there to give it.
+fn no_team_tool() -> String {
+    "a teammate needs `SendMessage` to reach its lead, and this host gives none: put \
+     `SendMessageTool` in the lead's tools"
+        .to_owned()
 }
 
 #[cfg(test)]

@@ -558,10 +558,16 @@ fn claim_lead_now(team: &str, path: &Path) -> Result<std::fs::File> {
         let mut said = String::new();
         let _ = file.read_to_string(&mut said);
         let said = said.trim();
+        let me = format!("process {}", std::process::id());
         return Err(Error::TeamTaken {
             team: team.to_owned(),
             holder: if said.is_empty() {
                 format!("{} is locked", path.display())
+            } else if said == me {
+                format!(
+                    "{} is locked by another `Team` value in this process",
+                    path.display()
+                )
             } else {
                 format!("{} is locked by {said}", path.display())
             },

@@ -1827,6 +1827,11 @@ fn notification(
             };
             let note = match ended {
                 Ended::Stopped { why, .. } if status == Killed => why.note(),
+                // Stopped by its own run's decision, which says why (a teammate whose
+                // shutdown outran its grace).
+                Ended::Ran(run) if status == Killed => {
+                    run.error.as_ref().map(|e| error_chain(e.as_ref()))
+                }
                 _ => None,
             };
             (status, summary, result, note)

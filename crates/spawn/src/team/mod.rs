@@ -185,6 +185,8 @@ struct Control {
     /// Its run's token: cancelled when a shutdown it was given is not done within the team's
     /// [`shutdown_grace`](Team::with_shutdown_grace).
     cancel: tokio_util::sync::CancellationToken,
+    /// Set when that grace ran out: its notification says why it was stopped.
+    overdue: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A team: its name, its mailbox and its roster. One per lead.
@@ -385,6 +387,17 @@ impl Team {
                 let members = v["members"]
                     .as_array()
                     .ok_or_else(|| bad("no `members` array".to_owned()))?;
+                // Another team's file would be written over with this team's name and members.
+                let lead = format!("{LEAD}@{}", self.name);
+                match (v["name"].as_str(), v["leadAgentId"].as_str()) {
+                    (Some(other), _) if other != self.name => {
+                        return Err(bad(format!("it is team `{other}`'s")));
+                    }
+                    (_, Some(other)) if other != lead => {
+                        return Err(bad(format!("its lead is `{other}`, not `{lead}`")));
+                    }
+                    _ => {}
+                }
                 let mut all = self.lock();
                 for m in members {
                     let (Some(name), Some(task)) = (m["name"].as_str(), m["taskId"].as_str())
@@ -585,6 +598,14 @@ impl Team {
                 member.name
             )));
         }
+        if let Some(foreign) = self.foreign_member(&member.name) {
+            return Err(Error::Refused(format!(
+                "team `{}`'s roster file names a member `{foreign}` that this lead does not run \
+                 (another session's teammate, whose inbox this one would share); give this one \
+                 another name",
+                self.name
+            )));
+        }
         let mut all = self.lock();
         if let Some(m) = all
             .values()
@@ -613,6 +634,23 @@ impl Team {
         drop(all);
         self.save();
         Ok(())
+    }
+
+    /// A member of the roster file named `name` (in any case) that is none of this team's: one
+    /// without a task id (a Claude Code teammate), or with another task than ours of that name.
+    fn foreign_member(&self, name: &str) -> Option<String> {
+        let file = self.roster_file.as_ref()?;
+        let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(file).ok()?).ok()?;
+        let ours = self.lock();
+        doc["members"].as_array()?.iter().find_map(|m| {
+            let theirs = m["name"].as_str()?;
+            if !theirs.eq_ignore_ascii_case(name) {
+                return None;
+            }
+            let task = m["taskId"].as_str().and_then(|t| t.parse::<TaskId>().ok());
+            let known = task.is_some_and(|t| ours.values().any(|o| o.task == t));
+            (!known).then(|| theirs.to_owned())
+        })
     }
 
     fn set_state(&self, name: &str, state: MemberState) {
@@ -646,7 +684,9 @@ impl Team {
         self.planning.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Sends `letter` to `to` (a teammate's name or [`LEAD`]). A teammate that has stopped is
+    /// Sends `letter` to `to` (a teammate's name or [`LEAD`]) and returns the letter's id (a
+    /// structured message's own id, such as a shutdown request's `requestId`, is inside its
+    /// text: keep the [`Protocol`] to match the answer). A teammate that has stopped is
     /// an error: nobody would read it. Until its recipient has taken it into its conversation,
     /// the letter holds the lead's run. A letter whose whole text is the team's own
     /// bookkeeping (what teammates on other hosts tell their lead) is refused.
@@ -1220,10 +1260,14 @@ impl Team {
             // ends anyway, which ends this wait early.
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 let (token, grace) = (c.cancel.clone(), self.shutdown_grace);
+                let overdue = Arc::clone(&c.overdue);
                 drop(rt.spawn(async move {
                     tokio::select! {
                         () = token.cancelled() => {}
-                        () = tokio::time::sleep(grace) => token.cancel(),
+                        () = tokio::time::sleep(grace) => {
+                            overdue.store(true, std::sync::atomic::Ordering::SeqCst);
+                            token.cancel();
+                        }
                     }
                 }));
             }
@@ -1743,6 +1787,7 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
         Box::pin(async move {
             let queue = agent.pending();
             let token = agent.cancellation().clone();
+            let overdue = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let (stop_tx, mut stop_rx) = watch::channel::<Option<String>>(None);
             {
                 team.holds().hold(&name, promise);
@@ -1755,6 +1800,7 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                         seen: Seen::new(),
                         queue: queue.clone(),
                         cancel: token.clone(),
+                        overdue: Arc::clone(&overdue),
                     },
                 );
             }
@@ -1884,6 +1930,13 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                 team.busy(&name);
                 team.report_state(&name, true, &token).await;
                 run = agent.run_pending().await;
+            }
+            if overdue.load(std::sync::atomic::Ordering::SeqCst) {
+                run.error = Some(Arc::new(Error::Refused(format!(
+                    "its shutdown was not done within the team's shutdown grace of {:?}, so it \
+                     was cancelled",
+                    team.shutdown_grace
+                ))));
             }
             let asked = stop_rx.borrow().clone();
             if let Some(request_id) = asked {
