@@ -974,7 +974,7 @@ async fn shutdown_answers_are_checked() {
 /// approves its plan — the permission check holds it, whatever the model writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_mode_holds_a_teammate_until_the_lead_approves() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::Ordering;
     let b = brain(|r| {
         let text = text_of(r);
         let last = last_texts(r).join("\n");
@@ -1027,6 +1027,43 @@ async fn plan_mode_holds_a_teammate_until_the_lead_approves() {
         }
         Plan::Reply(say("ok"))
     });
+    let PlanRun {
+        team,
+        events,
+        writes,
+        ..
+    } = plan_run(b).await;
+    assert_eq!(
+        writes.load(Ordering::SeqCst),
+        1,
+        "only the write after approval ran"
+    );
+    assert!(!team.in_plan_mode("alice"));
+    let all = format!("{:?}", events.take());
+    assert!(
+        all.contains(
+            "plan mode: `Write` may run once the lead approves your plan; send it with \
+             SendMessage to `team-lead`, message"
+        ),
+        "{all}"
+    );
+    assert!(
+        all.contains("plan mode: `Write` waits until the lead approves your plan; it has your request and will answer"),
+        "{all}"
+    );
+}
+
+/// A lead in team `review` whose teammates have a `Write` tool that counts its runs, after its
+/// run on "go" completed.
+struct PlanRun {
+    lead: Agent,
+    team: Arc<Team>,
+    events: Arc<Events>,
+    writes: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+async fn plan_run(b: Arc<Brain>) -> PlanRun {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     let writes = Arc::new(AtomicUsize::new(0));
     let w = Arc::clone(&writes);
     let write = TestTool::new("Write", OBJECT, false, move |_, _| {
@@ -1053,24 +1090,12 @@ async fn plan_mode_holds_a_teammate_until_the_lead_approves() {
         .await
         .expect("the lead's run returned");
     assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
-    assert_eq!(
-        writes.load(Ordering::SeqCst),
-        1,
-        "only the write after approval ran"
-    );
-    assert!(!team.in_plan_mode("alice"));
-    let all = format!("{:?}", events.take());
-    assert!(
-        all.contains(
-            "plan mode: `Write` may run once the lead approves your plan; send it with \
-             SendMessage to `team-lead`, message"
-        ),
-        "{all}"
-    );
-    assert!(
-        all.contains("plan mode: `Write` waits until the lead approves your plan; it has your request and will answer"),
-        "{all}"
-    );
+    PlanRun {
+        lead,
+        team,
+        events,
+        writes,
+    }
 }
 
 /// A rejected plan leaves its teammate in plan mode: its write after the rejection is still
@@ -1078,7 +1103,7 @@ async fn plan_mode_holds_a_teammate_until_the_lead_approves() {
 /// letting work through before the lead's review).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rejected_plan_keeps_the_teammate_from_writing() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::Ordering;
     let b = brain(|r| {
         let text = text_of(r);
         let last = last_texts(r).join("\n");
@@ -1138,32 +1163,12 @@ async fn a_rejected_plan_keeps_the_teammate_from_writing() {
         }
         Plan::Reply(say("ok"))
     });
-    let writes = Arc::new(AtomicUsize::new(0));
-    let w = Arc::clone(&writes);
-    let write = TestTool::new("Write", OBJECT, false, move |_, _| {
-        let w = Arc::clone(&w);
-        async move {
-            w.fetch_add(1, Ordering::SeqCst);
-            forkhive_spawn::tool::ToolOutput::text("wrote")
-        }
-    })
-    .arc();
-    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
-    let events = Arc::new(Events::default());
-    let mut lead = Agent::builder(b)
-        .model("m")
-        .system_prompt("You are the parent.")
-        .tools(lead_tools_with(vec![write]))
-        .extension(Arc::clone(&team))
-        .events(events.clone())
-        .limits(forkhive_spawn::runtime::Limits::default().with_max_turns(Some(40)))
-        .build()
-        .await
-        .unwrap();
-    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
-        .await
-        .expect("the lead's run returned");
-    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let PlanRun {
+        lead,
+        team,
+        events,
+        writes,
+    } = plan_run(b).await;
     let all = format!("{:?}", events.take());
     assert_eq!(
         writes.load(Ordering::SeqCst),
