@@ -1353,6 +1353,34 @@ async fn a_teammate_that_panics_is_stopped_and_its_name_is_free() {
     assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
 }
 
+/// A lead in team `review` with `tools`, whose children have a 400 ms deadline and a 100 ms
+/// stall check, after its run on "go" completed.
+async fn lead_on_a_deadline(
+    b: Arc<Brain>,
+    tools: ToolPool,
+) -> (Arc<Team>, Arc<TaskService>, Agent) {
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let service = TaskService::new(
+        Arc::new(MemoryTaskRegistry::new()),
+        TaskConfig::default()
+            .with_deadline(Some(std::time::Duration::from_millis(400)))
+            .with_stall_after(Some(std::time::Duration::from_millis(100))),
+    );
+    let mut lead = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(tools)
+        .extension(Arc::clone(&team))
+        .extension(Arc::clone(&service))
+        .limits(forkhive_spawn::runtime::Limits::default().with_max_turns(Some(40)))
+        .build()
+        .await
+        .unwrap();
+    let run = lead.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    (team, service, lead)
+}
+
 /// A teammate's deadline and stall check count the time it works, not the time it waits for
 /// work: idle past both it is neither stalled nor stopped; working past what is left of its
 /// deadline it is stopped (`killed`).
@@ -1379,26 +1407,8 @@ async fn a_teammate_waiting_for_work_is_neither_stalled_nor_out_of_time() {
         }
         Plan::Reply(say("ok"))
     });
-    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
-    let service = TaskService::new(
-        Arc::new(MemoryTaskRegistry::new()),
-        TaskConfig::default()
-            .with_deadline(Some(std::time::Duration::from_millis(400)))
-            .with_stall_after(Some(std::time::Duration::from_millis(100))),
-    );
     let slow = TestTool::sleeper("Slow", true, 150).arc();
-    let mut lead = Agent::builder(b)
-        .model("m")
-        .system_prompt("You are the parent.")
-        .tools(lead_tools_with(vec![slow]))
-        .extension(Arc::clone(&team))
-        .extension(Arc::clone(&service))
-        .limits(forkhive_spawn::runtime::Limits::default().with_max_turns(Some(40)))
-        .build()
-        .await
-        .unwrap();
-    let run = lead.run("go").await;
-    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let (team, service, mut lead) = lead_on_a_deadline(b, lead_tools_with(vec![slow])).await;
     let alice = team.member("alice").unwrap();
     assert_eq!(alice.state, MemberState::Idle);
     // Idle for longer than the deadline and the stall time together.
@@ -1468,25 +1478,7 @@ async fn a_peers_letter_wakes_a_teammate_idle_past_its_deadline() {
         }
         Plan::Reply(say("ok"))
     });
-    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
-    let service = TaskService::new(
-        Arc::new(MemoryTaskRegistry::new()),
-        TaskConfig::default()
-            .with_deadline(Some(std::time::Duration::from_millis(400)))
-            .with_stall_after(Some(std::time::Duration::from_millis(100))),
-    );
-    let mut lead = Agent::builder(b)
-        .model("m")
-        .system_prompt("You are the parent.")
-        .tools(lead_tools())
-        .extension(Arc::clone(&team))
-        .extension(Arc::clone(&service))
-        .limits(forkhive_spawn::runtime::Limits::default().with_max_turns(Some(40)))
-        .build()
-        .await
-        .unwrap();
-    let run = lead.run("go").await;
-    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let (team, _service, mut lead) = lead_on_a_deadline(b, lead_tools()).await;
     // Idle for longer than the deadline and the stall time together.
     tokio::time::sleep(std::time::Duration::from_millis(900)).await;
     let before = format!("{:?}", lead.params().messages())
