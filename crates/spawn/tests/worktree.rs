@@ -728,6 +728,9 @@ async fn teammates_in_worktrees_each_work_in_their_own() {
     let b = brain(move |r| {
         if !is_parent(r) {
             let me = AgentContext::current().unwrap();
+            // Its definition lists two tools; a teammate keeps `SendMessage` all the same.
+            let tools: Vec<&str> = r.prefix.tools().iter().map(|t| t.name.as_str()).collect();
+            assert!(tools.contains(&"SendMessage"), "{tools:?}");
             return match r.all_messages().len() {
                 1 => Plan::Reply(calls(&[("l", "LS", "{}"), ("t", "Touch", "{}")])),
                 _ => {
@@ -777,6 +780,7 @@ async fn teammates_in_worktrees_each_work_in_their_own() {
     });
     let mut w = AgentDefinition::new("worker", "a teammate", DefinitionSource::Project);
     w.system_prompt = "You are a worker.".into();
+    w.tools = Some(vec!["LS".into(), "Touch".into()]);
     let config = AgentToolConfig::default()
         .with_registry(AgentRegistry::from_definitions([w]))
         .with_teams_enabled(true)

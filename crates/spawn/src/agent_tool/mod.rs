@@ -667,10 +667,7 @@ impl AgentTool {
                             .map_err(|e| chain(&e))?,
                     );
                     // The tools it will have (its definition's, through the layers), moved there.
-                    let base = &match &team {
-                        Some(_) => with_team_tool(self.subagent_base(&caller.pool), &caller.pool)?,
-                        None => self.subagent_base(&caller.pool),
-                    };
+                    let base = &self.subagent_base(&caller.pool);
                     let audience = if background {
                         crate::tool::ToolAudience::Background
                     } else {
@@ -682,6 +679,11 @@ impl AgentTool {
                         definition.and_then(|d| d.tools.as_deref()),
                         definition.and_then(|d| d.disallowed_tools.as_deref()),
                     );
+                    // A teammate keeps `SendMessage` whatever its definition lists.
+                    let base = match &team {
+                        Some(_) => with_team_tool(base, &caller.pool)?,
+                        None => base,
+                    };
                     let path = wt.get().map(|w| w.path().to_path_buf()).unwrap_or_default();
                     match base.rooted(&path).await {
                         Ok(pool) => (Some(wt), Some(pool)),

@@ -34,6 +34,12 @@ pub(crate) fn file_kind(meta: &std::fs::Metadata) -> &'static str {
 /// another, does not get it; it goes when the last handle to the open file is closed, or
 /// its process dies.
 pub(crate) fn try_lock_once(file: &std::fs::File) -> std::io::Result<bool> {
+    // A file system or platform without such locks: written as before.
+    Ok(try_lock(file)?.unwrap_or(true))
+}
+
+/// [`try_lock_once`], saying `None` where the file system or the platform has no such locks.
+pub(crate) fn try_lock(file: &std::fs::File) -> std::io::Result<Option<bool>> {
     #[cfg(all(
         unix,
         not(any(
@@ -46,11 +52,11 @@ pub(crate) fn try_lock_once(file: &std::fs::File) -> std::io::Result<bool> {
     {
         use rustix::fs::{FlockOperation, flock};
         match flock(file, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => Ok(true),
-            Err(e) if e == rustix::io::Errno::WOULDBLOCK => Ok(false),
-            // A file system without locks (some network mounts): written as before.
+            Ok(()) => Ok(Some(true)),
+            Err(e) if e == rustix::io::Errno::WOULDBLOCK => Ok(Some(false)),
+            // A file system without locks (some network mounts).
             Err(e) if e == rustix::io::Errno::NOLCK || e == rustix::io::Errno::OPNOTSUPP => {
-                Ok(true)
+                Ok(None)
             }
             Err(e) => Err(e.into()),
         }
@@ -66,6 +72,6 @@ pub(crate) fn try_lock_once(file: &std::fs::File) -> std::io::Result<bool> {
     )))]
     {
         let _ = file;
-        Ok(true)
+        Ok(None)
     }
 }

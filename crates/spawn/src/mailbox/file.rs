@@ -537,7 +537,54 @@ fn write_now(inbox: &Inbox, path: &Path, entries: &[Value]) -> Result<()> {
 /// Claims `team`'s lead by the exclusive lock of `path`, writing this process's id into it for
 /// whoever finds it held. The lock goes with the returned file: when it is dropped, or when
 /// this process dies (nothing stale to break).
-fn claim_lead_now(team: &str, path: &Path) -> Result<std::fs::File> {
+/// The lead locks this process holds, by path: a second claim here is refused before the
+/// file system is asked (on a network mount, Linux makes `flock` a process-wide lock, which
+/// another `Team` value of this process would get, and give up for both).
+static CLAIMED: std::sync::LazyLock<Mutex<HashSet<PathBuf>>> =
+    std::sync::LazyLock::new(Mutex::default);
+
+/// A lead claimed in a [`FileMailbox`]: its lock file (the lock goes with it) and its place
+/// among this process's claims.
+struct FileLead {
+    _file: Option<std::fs::File>,
+    path: PathBuf,
+}
+
+impl Drop for FileLead {
+    fn drop(&mut self) {
+        CLAIMED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.path);
+    }
+}
+
+fn claim_lead_now(team: &str, path: &Path) -> Result<LeadClaim> {
+    if !CLAIMED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(path.to_path_buf())
+    {
+        return Err(Error::TeamTaken {
+            team: team.to_owned(),
+            holder: format!(
+                "{} is locked by another `Team` value in this process",
+                path.display()
+            ),
+        });
+    }
+    // Given up again on every way out but a kept claim.
+    let mut lead = FileLead {
+        _file: None,
+        path: path.to_path_buf(),
+    };
+    lead._file = Some(lock_lead_file(team, path)?);
+    Ok(LeadClaim::kept(lead))
+}
+
+/// Takes the lock of `path`; a file system without locks gives the claim this process keeps
+/// alone, with a warning.
+fn lock_lead_file(team: &str, path: &Path) -> Result<std::fs::File> {
     use std::io::{Read, Seek, Write};
     let io = |what: &str, e: std::io::Error| Error::Mailbox {
         inbox: format!("{team}/team-lead"),
@@ -554,26 +601,32 @@ fn claim_lead_now(team: &str, path: &Path) -> Result<std::fs::File> {
         opts.custom_flags(libc::O_NOFOLLOW);
     }
     let mut file = opts.open(path).map_err(|e| io("opening", e))?;
-    if !crate::base::files::try_lock_once(&file).map_err(|e| io("locking", e))? {
+    let locked = crate::base::files::try_lock(&file).map_err(|e| io("locking", e))?;
+    if locked.is_none() {
+        tracing::warn!(
+            "{} cannot be locked on this file system: team `{team}`'s lead is claimed only \
+             within this process",
+            path.display()
+        );
+    }
+    if locked == Some(false) {
         let mut said = String::new();
         let _ = file.read_to_string(&mut said);
         let said = said.trim();
-        let me = format!("process {}", std::process::id());
         return Err(Error::TeamTaken {
             team: team.to_owned(),
             holder: if said.is_empty() {
                 format!("{} is locked", path.display())
-            } else if said == me {
-                format!(
-                    "{} is locked by another `Team` value in this process",
-                    path.display()
-                )
             } else {
-                format!("{} is locked by {said}", path.display())
+                format!(
+                    "{} is locked by {}",
+                    path.display(),
+                    super::claim_held_by(said)
+                )
             },
         });
     }
-    let stamp = format!("process {}\n", std::process::id());
+    let stamp = format!("{}\n", super::claim_holder());
     file.set_len(0)
         .and_then(|()| file.rewind())
         .and_then(|()| file.write_all(stamp.as_bytes()))
@@ -585,10 +638,9 @@ fn claim_lead_now(team: &str, path: &Path) -> Result<std::fs::File> {
 impl Mailbox for FileMailbox {
     async fn claim_lead(&self, team: &str) -> Result<LeadClaim> {
         let (team, path) = (team.to_owned(), self.lead_lock_path(team));
-        let file = tokio::task::spawn_blocking(move || claim_lead_now(&team, &path))
+        tokio::task::spawn_blocking(move || claim_lead_now(&team, &path))
             .await
-            .map_err(|e| Error::Refused(format!("claiming a team's lead failed: {e}")))??;
-        Ok(LeadClaim::kept(file))
+            .map_err(|e| Error::Refused(format!("claiming a team's lead failed: {e}")))?
     }
 
     async fn send(&self, to: &Inbox, letter: Letter) -> Result<String> {

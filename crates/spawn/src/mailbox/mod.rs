@@ -332,6 +332,24 @@ fn iso8601(ms: u64) -> String {
 }
 
 /// A new letter id: a random UUID (version 4), as Claude Code's `msg_id`.
+/// Who holds a team's claim, as a claim records it: this process's id and a tag drawn once
+/// per process, so a process knows its own claims (another host's process may have the same
+/// id).
+pub(crate) fn claim_holder() -> String {
+    static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let tag = TAG.get_or_init(|| new_id().chars().take(12).collect());
+    format!("process {} [{tag}]", std::process::id())
+}
+
+/// What a refusal says of a claim held by `holder`: this process's, or whose it is.
+pub(crate) fn claim_held_by(holder: &str) -> String {
+    if holder.starts_with(&claim_holder()) {
+        "another `Team` value in this process".to_owned()
+    } else {
+        holder.to_owned()
+    }
+}
+
 pub(crate) fn new_id() -> String {
     let mut b = [0u8; 16];
     if getrandom::fill(&mut b).is_err() {

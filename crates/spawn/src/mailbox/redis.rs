@@ -462,37 +462,52 @@ impl Mailbox for RedisMailbox {
     async fn claim_lead(&self, team: &str) -> Result<LeadClaim> {
         let lead = Inbox::new(team, "team-lead")?;
         let key = format!("{}:{{{team}}}:lead", self.prefix);
-        let holder = format!("process {} ({})", std::process::id(), new_id());
+        let holder = format!("{} ({})", super::claim_holder(), new_id());
         let ttl = u64::try_from(LEAD_CLAIM_TTL.as_millis()).unwrap_or(u64::MAX);
         let mut conn = self.conn(&lead).await?;
-        let set: Option<String> = redis::cmd("SET")
-            .arg(&key)
-            .arg(&holder)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.fail(&lead, "SET", e))?;
-        if set.is_none() {
+        // A claim of this process given up a moment ago is deleted by a task of its own: it
+        // is waited for, a little.
+        let mut tries = 0;
+        loop {
+            let set: Option<String> = redis::cmd("SET")
+                .arg(&key)
+                .arg(&holder)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.fail(&lead, "SET", e))?;
+            if set.is_some() {
+                break;
+            }
             let held: Option<String> = conn
                 .get(&key)
                 .await
                 .map_err(|e| self.fail(&lead, "GET", e))?;
+            // Lapsed between the two: free again.
+            let Some(held) = held else { continue };
+            tries += 1;
+            if held.starts_with(&super::claim_holder()) && tries < 20 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
             return Err(Error::TeamTaken {
                 team: team.to_owned(),
                 holder: format!(
                     "{key} in Redis at {} is held by {}",
                     self.h.shown,
-                    held.as_deref().unwrap_or("another lead")
+                    super::claim_held_by(&held)
                 ),
             });
         }
         let renew = {
             let (mut conn, key, holder) = (conn.clone(), key.clone(), holder.clone());
             tokio::spawn(async move {
+                let mut pause = LEAD_CLAIM_TTL / 3;
                 loop {
-                    tokio::time::sleep(LEAD_CLAIM_TTL / 3).await;
+                    tokio::time::sleep(pause).await;
+                    pause = LEAD_CLAIM_TTL / 3;
                     let renewed = redis::Script::new(RENEW_CLAIM)
                         .key(&key)
                         .arg(&holder)
@@ -501,14 +516,29 @@ impl Mailbox for RedisMailbox {
                         .await;
                     match renewed {
                         Ok(1) => {}
+                        // Lapsed (Redis out of reach for longer than the TTL): taken again if
+                        // nobody took it meanwhile.
                         Ok(_) => {
-                            tracing::warn!(
-                                "the team claim {key} lapsed (Redis was out of reach for longer \
-                                 than its TTL): another lead may take the team"
-                            );
-                            return;
+                            let again: redis::RedisResult<Option<String>> = redis::cmd("SET")
+                                .arg(&key)
+                                .arg(&holder)
+                                .arg("NX")
+                                .arg("PX")
+                                .arg(ttl)
+                                .query_async(&mut conn)
+                                .await;
+                            if !matches!(again, Ok(Some(_))) {
+                                tracing::error!(
+                                    "the team claim {key} lapsed and another lead took the team"
+                                );
+                                return;
+                            }
                         }
-                        Err(e) => tracing::warn!("could not renew the team claim {key}: {e}"),
+                        // Soon again: one slow answer must not let the TTL run out.
+                        Err(e) => {
+                            tracing::warn!("could not renew the team claim {key}: {e}");
+                            pause = Duration::from_secs(1);
+                        }
                     }
                 }
             })

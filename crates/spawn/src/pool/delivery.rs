@@ -707,6 +707,8 @@ impl PoolAgentTool {
             .ok_or("the pool's Agent tool runs only inside an agent loop")?;
         let me = cx.agent();
         let team = crate::team::led_by(caller.tree(), team_name, me)?;
+        // One lead per team on its mailbox: another would take this one's letters.
+        team.claim_lead().await.map_err(|e| e.to_string())?;
         let Some(link) = team
             .lead_link()
             .filter(|_| team.pool() == Some(self.pool.base().as_str()))

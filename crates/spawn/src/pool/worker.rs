@@ -1024,7 +1024,11 @@ impl Worker {
                     config.session_timeout.as_secs()
                 ),
                 Some(Stop::Shutdown) => "its worker shut down before it finished".to_owned(),
-                _ => "cancelled".to_owned(),
+                // Its run may say why (a teammate whose shutdown outran its grace).
+                _ => run.error.as_ref().map_or_else(
+                    || "cancelled".to_owned(),
+                    |e| crate::task::error_chain(e.as_ref()),
+                ),
             };
             n = noted(n, note);
         }

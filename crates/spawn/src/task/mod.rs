@@ -1825,13 +1825,17 @@ fn notification(
             } else {
                 run.final_text.clone()
             };
+            // A cancelled or killed run that says why it was stopped (a teammate whose
+            // shutdown outran its grace) gives that; a deadline, a drop or an abandoned call
+            // says its own.
+            let said = || run.error.as_ref().map(|e| error_chain(e.as_ref()));
             let note = match ended {
+                Ended::Stopped {
+                    why: Why::Cancelled,
+                    ..
+                } if status == Killed => said(),
                 Ended::Stopped { why, .. } if status == Killed => why.note(),
-                // Stopped by its own run's decision, which says why (a teammate whose
-                // shutdown outran its grace).
-                Ended::Ran(run) if status == Killed => {
-                    run.error.as_ref().map(|e| error_chain(e.as_ref()))
-                }
+                Ended::Ran(_) if status == Killed => said(),
                 _ => None,
             };
             (status, summary, result, note)

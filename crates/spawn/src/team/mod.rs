@@ -1931,7 +1931,10 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                 team.report_state(&name, true, &token).await;
                 run = agent.run_pending().await;
             }
-            if overdue.load(std::sync::atomic::Ordering::SeqCst) {
+            if overdue.load(std::sync::atomic::Ordering::SeqCst)
+                && run.stop == StopReason::Cancelled
+                && run.error.is_none()
+            {
                 run.error = Some(Arc::new(Error::Refused(format!(
                     "its shutdown was not done within the team's shutdown grace of {:?}, so it \
                      was cancelled",
