@@ -257,7 +257,7 @@ pub trait Mailbox: Send + Sync + fmt::Debug + 'static {
 
     /// Claims the lead of team `team` on this mailbox for as long as the returned value lives:
     /// another claim of the team meanwhile — through this handle or another on the same store
-    /// — is [`Error::TeamTaken`](crate::Error::TeamTaken). Two leads of one team would share
+    /// — is [`Error::TeamTaken`]. Two leads of one team would share
     /// its inboxes and take each other's letters. The default keeps no claim
     /// ([`LeadClaim::unkept`]); the in-memory, file and Redis mailboxes keep one.
     async fn claim_lead(&self, team: &str) -> Result<LeadClaim> {
