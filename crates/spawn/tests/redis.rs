@@ -173,14 +173,17 @@ async fn the_redis_task_registry_conforms() {
     .unwrap();
 }
 
-/// An ended task is kept while a task below it runs, then expires after the retention age;
-/// a revived one is kept again.
-#[tokio::test]
-async fn ended_records_expire_once_nothing_below_runs() {
-    use forkhive_core::{TaskId, TaskKind};
-    use forkhive_spawn::task::{RedisTaskRegistry, Retention, TaskRecord, TaskRegistry, TaskState};
-    let Some(url) = url() else { return };
-    let r = RedisTaskRegistry::new(&url, &prefix("ttl"))
+/// A Redis task registry under a fresh `key` prefix whose ended records expire after 300 ms,
+/// and task ids fresh to this run (`id(n)`); `None` without a server.
+fn registry_kept_300ms(
+    key: &str,
+) -> Option<(
+    forkhive_spawn::task::RedisTaskRegistry,
+    impl Fn(u64) -> forkhive_core::TaskId,
+)> {
+    use forkhive_spawn::task::{RedisTaskRegistry, Retention};
+    let url = url()?;
+    let r = RedisTaskRegistry::new(&url, &prefix(key))
         .unwrap()
         .with_retention(Retention {
             max_ended: usize::MAX,
@@ -190,7 +193,19 @@ async fn ended_records_expire_once_nothing_below_runs() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos() as u64;
-    let id = |n: u64| TaskId::from_entropy(TaskKind::Agent, base + n);
+    Some((r, move |n: u64| {
+        forkhive_core::TaskId::from_entropy(forkhive_core::TaskKind::Agent, base + n)
+    }))
+}
+
+/// An ended task is kept while a task below it runs, then expires after the retention age;
+/// a revived one is kept again.
+#[tokio::test]
+async fn ended_records_expire_once_nothing_below_runs() {
+    use forkhive_spawn::task::{TaskRecord, TaskRegistry, TaskState};
+    let Some((r, id)) = registry_kept_300ms("ttl") else {
+        return;
+    };
     let (root, parent, child) = (id(1), id(2), id(3));
     r.create(TaskRecord::new(parent, root, "p")).await.unwrap();
     r.create(TaskRecord::new(child, parent, "c")).await.unwrap();
@@ -228,20 +243,10 @@ async fn ended_records_expire_once_nothing_below_runs() {
 /// once among its parent's children.
 #[tokio::test]
 async fn a_task_made_again_after_it_expired_is_listed_once() {
-    use forkhive_core::{TaskId, TaskKind};
-    use forkhive_spawn::task::{RedisTaskRegistry, Retention, TaskRecord, TaskRegistry, TaskState};
-    let Some(url) = url() else { return };
-    let r = RedisTaskRegistry::new(&url, &prefix("again"))
-        .unwrap()
-        .with_retention(Retention {
-            max_ended: usize::MAX,
-            max_age: Some(Duration::from_millis(300)),
-        });
-    let base = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    let id = |n: u64| TaskId::from_entropy(TaskKind::Agent, base + n);
+    use forkhive_spawn::task::{TaskRecord, TaskRegistry, TaskState};
+    let Some((r, id)) = registry_kept_300ms("again") else {
+        return;
+    };
     let (root, parent, child, sibling) = (id(1), id(2), id(3), id(4));
     r.create(TaskRecord::new(parent, root, "p")).await.unwrap();
     r.transition(&parent, TaskState::Running).await.unwrap();
@@ -253,7 +258,8 @@ async fn a_task_made_again_after_it_expired_is_listed_once() {
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(r.get(&child).await.is_none(), "the child expired");
     r.create(TaskRecord::new(child, parent, "c")).await.unwrap();
-    let listed: Vec<TaskId> = r.children(&parent).await.iter().map(|t| t.id).collect();
+    let listed: Vec<forkhive_core::TaskId> =
+        r.children(&parent).await.iter().map(|t| t.id).collect();
     assert_eq!(listed, [child, sibling]);
 }
 

@@ -197,6 +197,36 @@ async fn a_letter_before_a_shutdown_is_read_or_reported() {
     );
 }
 
+/// A lead in team `review` keeping its roster in `file`, after a run that started `alice`.
+async fn alice_started_on_the_roster(file: &std::path::Path) -> (Arc<Team>, Agent) {
+    let b = brain(|r| {
+        if !is_parent(r) {
+            return Plan::Reply(say("ready"));
+        }
+        if r.all_messages().len() == 1 {
+            return start_alice(None);
+        }
+        Plan::Reply(say("ok"))
+    });
+    let team = Arc::new(
+        Team::new("review", Arc::new(MemoryMailbox::new()))
+            .unwrap()
+            .with_roster_file(file)
+            .unwrap(),
+    );
+    let mut lead = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(tools_for(worker(), vec![]))
+        .extension(Arc::clone(&team))
+        .build()
+        .await
+        .unwrap();
+    let run = lead.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    (team, lead)
+}
+
 /// docs/teams.md, Restarts: the roster file is Claude Code's own `teams/<team>/config.json`,
 /// shared with its processes. Claude Code has written its teammate `carol` there; the forkhive
 /// lead starts `alice`. Carol stays in the file, with every field Claude Code wrote, and so do
@@ -214,31 +244,7 @@ async fn a_claude_code_teammate_in_the_roster_file_survives_a_forkhive_change() 
  "color":"blue","planModeRequired":false,"backendType":"in-process","cwd":"/src"}]}"#,
     )
     .unwrap();
-    let b = brain(|r| {
-        if !is_parent(r) {
-            return Plan::Reply(say("ready"));
-        }
-        if r.all_messages().len() == 1 {
-            return start_alice(None);
-        }
-        Plan::Reply(say("ok"))
-    });
-    let team = Arc::new(
-        Team::new("review", Arc::new(MemoryMailbox::new()))
-            .unwrap()
-            .with_roster_file(&file)
-            .unwrap(),
-    );
-    let mut lead = Agent::builder(b)
-        .model("m")
-        .system_prompt("You are the parent.")
-        .tools(tools_for(worker(), vec![]))
-        .extension(Arc::clone(&team))
-        .build()
-        .await
-        .unwrap();
-    let run = lead.run("go").await;
-    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let (team, lead) = alice_started_on_the_roster(&file).await;
     let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
     let names: Vec<&str> = saved["members"]
         .as_array()
@@ -275,31 +281,7 @@ async fn a_roster_files_own_members_and_team_are_not_taken_over() {
     let claude = r#"{"name":"review","leadAgentId":"team-lead@review","members":[
 {"agentId":"Alice@review","name":"Alice","agentType":"general-purpose","color":"red"}]}"#;
     std::fs::write(&file, claude).unwrap();
-    let b = brain(|r| {
-        if !is_parent(r) {
-            return Plan::Reply(say("ready"));
-        }
-        if r.all_messages().len() == 1 {
-            return start_alice(None);
-        }
-        Plan::Reply(say("ok"))
-    });
-    let team = Arc::new(
-        Team::new("review", Arc::new(MemoryMailbox::new()))
-            .unwrap()
-            .with_roster_file(&file)
-            .unwrap(),
-    );
-    let mut lead = Agent::builder(b)
-        .model("m")
-        .system_prompt("You are the parent.")
-        .tools(tools_for(worker(), vec![]))
-        .extension(Arc::clone(&team))
-        .build()
-        .await
-        .unwrap();
-    let run = lead.run("go").await;
-    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let (team, lead) = alice_started_on_the_roster(&file).await;
     let results: Vec<(String, bool)> = lead
         .params()
         .messages()
