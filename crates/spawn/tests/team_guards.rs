@@ -244,7 +244,7 @@ async fn a_claude_code_teammate_in_the_roster_file_survives_a_forkhive_change() 
  "color":"blue","planModeRequired":false,"backendType":"in-process","cwd":"/src"}]}"#,
     )
     .unwrap();
-    let (team, lead) = alice_started_on_the_roster(&file).await;
+    alice_started_on_the_roster(&file).await;
     let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
     let names: Vec<&str> = saved["members"]
         .as_array()

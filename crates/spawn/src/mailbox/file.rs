@@ -534,9 +534,6 @@ fn write_now(inbox: &Inbox, path: &Path, entries: &[Value]) -> Result<()> {
     done
 }
 
-/// Claims `team`'s lead by the exclusive lock of `path`, writing this process's id into it for
-/// whoever finds it held. The lock goes with the returned file: when it is dropped, or when
-/// this process dies (nothing stale to break).
 /// The lead locks this process holds, by path: a second claim here is refused before the
 /// file system is asked (on a network mount, Linux makes `flock` a process-wide lock, which
 /// another `Team` value of this process would get, and give up for both).
@@ -559,6 +556,9 @@ impl Drop for FileLead {
     }
 }
 
+/// Claims `team`'s lead by the exclusive lock of `path`, writing this process's id into it for
+/// whoever finds it held. The lock goes with the returned claim: when it is dropped, or when
+/// this process dies (nothing stale to break).
 fn claim_lead_now(team: &str, path: &Path) -> Result<LeadClaim> {
     if !CLAIMED
         .lock()
