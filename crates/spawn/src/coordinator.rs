@@ -31,7 +31,7 @@ use crate::agent_tool::{AgentTool, AgentToolConfig};
 use crate::control::{SendMessageTool, TaskStopTool};
 use crate::error::Result;
 use crate::runtime::AgentBuilder;
-use crate::tool::{Tool, ToolAudience, ToolFilter, ToolPool};
+use crate::tool::{Tool, ToolAudience, ToolPool};
 
 /// The coordinator's system prompt, in our own words after the four phases, the "never
 /// delegate understanding" rule and the prompt-level concurrency rules of "Chapter 20: Agent
@@ -69,7 +69,8 @@ pub struct CoordinatorConfig {
     /// set on it, which forces every spawn into the background and turns forks off.
     pub agent_tool: AgentToolConfig,
     /// The tools workers may have. They get the background set of these (filtering layers 1
-    /// and 2) minus `SendMessage`, and never `Agent`.
+    /// and 2) minus `SendMessage`, and never `Agent`; a teammate the coordinator starts gets
+    /// the coordinator's own `SendMessage`.
     pub worker_tools: ToolPool,
     /// A scratchpad directory announced to the coordinator and its workers (see
     /// [`task::scratchpad`](crate::task::scratchpad), which makes one safely).
@@ -104,20 +105,29 @@ impl CoordinatorConfig {
 /// The worker tools' names a coordinator is told about: those a background worker keeps, in
 /// pool order (the same bytes every turn: the list is part of the prompt's cache key).
 pub fn worker_tool_names(config: &CoordinatorConfig) -> Vec<String> {
-    worker_filter(&config.agent_tool.filter)
-        .pool(&config.worker_tools, ToolAudience::Background, None, None)
+    config
+        .agent_tool
+        .filter
+        .pool(
+            &worker_pool(&config.worker_tools),
+            ToolAudience::Background,
+            None,
+            None,
+        )
         .names()
         .into_iter()
         .map(str::to_owned)
         .collect()
 }
 
-/// Layers 1 and 2 for workers: the host's, with `SendMessage` taken away.
-fn worker_filter(filter: &ToolFilter) -> ToolFilter {
-    let mut f = filter.clone();
-    f.global_disallow
-        .push(crate::control::SEND_MESSAGE.to_owned());
-    f
+/// The tools workers are drawn from: the host's, without `SendMessage`. Taken from the pool,
+/// not through the filter's layer 1: a teammate the coordinator starts (`name` and
+/// `team_name`) gets the coordinator's own `SendMessage`, which it needs to reach its lead
+/// and to answer a shutdown ("Claude Code Multi-Agent Internals — 6.4 Teammates get
+/// team-aware prompts and tool injection"), and a filter that named it would take it away
+/// again.
+fn worker_pool(tools: &ToolPool) -> ToolPool {
+    tools.filtered(|t| t.definition().name != crate::control::SEND_MESSAGE)
 }
 
 /// Makes `builder` a coordinator's: its system prompt, its three tools, and a user-context
@@ -129,7 +139,6 @@ pub fn coordinator(builder: AgentBuilder, config: CoordinatorConfig) -> Result<A
         worker_tools,
         scratchpad,
     } = config;
-    let filter = worker_filter(&agent_tool.filter);
     let mut worker_context = agent_tool.subagent_user_context.clone();
     let note = scratchpad.as_ref().map(|dir| {
         format!(
@@ -144,8 +153,7 @@ pub fn coordinator(builder: AgentBuilder, config: CoordinatorConfig) -> Result<A
     }
     let agent_tool = agent_tool
         .with_coordinator_mode(true)
-        .with_filter(filter)
-        .with_subagent_tools(Some(worker_tools))
+        .with_subagent_tools(Some(worker_pool(&worker_tools)))
         .with_subagent_user_context(worker_context);
     let tools = ToolPool::new([
         AgentTool::new(agent_tool)?.arc(),

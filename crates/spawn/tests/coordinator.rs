@@ -172,3 +172,85 @@ async fn the_scratchpad_is_made_safely_and_announced_to_all() {
 fn config_with_scratchpad(dir: &std::path::Path) -> CoordinatorConfig {
     config().with_scratchpad(dir)
 }
+
+/// A teammate a coordinator starts (`name` and `team_name`) has `SendMessage` — the
+/// coordinator's own, which it needs to reach its lead — while a plain worker beside it has
+/// none; the host's `SendMessage` among the worker tools goes to neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinators_teammate_keeps_send_message_and_its_workers_do_not() {
+    use forkhive_spawn::mailbox::MemoryMailbox;
+    use forkhive_spawn::team::Team;
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<(String, Vec<String>)>::new()));
+    let record = Arc::clone(&seen);
+    let b = brain(move |r| {
+        let text = text_of(r);
+        if !is_coordinator(r) {
+            let who = if text.contains("task for carol") {
+                "carol"
+            } else {
+                "plain"
+            };
+            let tools: Vec<String> = r.prefix.tools().iter().map(|t| t.name.clone()).collect();
+            if r.all_messages().len() == 1 {
+                record.lock().unwrap().push((who.to_owned(), tools));
+                if who == "carol" {
+                    return Plan::Reply(calls(&[(
+                        "s1",
+                        "SendMessage",
+                        r#"{"to":"team-lead","message":"carol is here"}"#,
+                    )]));
+                }
+            }
+            return Plan::Reply(say("done"));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[
+                (
+                    "a1",
+                    "Agent",
+                    r#"{"description":"carol","prompt":"task for carol","subagent_type":"worker","name":"carol","team_name":"review"}"#,
+                ),
+                (
+                    "a2",
+                    "Agent",
+                    r#"{"description":"plain","prompt":"task for plain","subagent_type":"worker"}"#,
+                ),
+            ]));
+        }
+        if text.contains("idle_notification") && called(r, "shutdown_request") == 0 {
+            return Plan::Reply(calls(&[(
+                "x",
+                "SendMessage",
+                r#"{"to":"carol","message":{"type":"shutdown_request"}}"#,
+            )]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let mut config = config();
+    config.agent_tool = config.agent_tool.with_teams_enabled(true);
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let mut c = coordinator(Agent::builder(b).model("m"), config)
+        .unwrap()
+        .extension(Arc::clone(&team))
+        .build()
+        .await
+        .unwrap();
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), c.run("go"))
+        .await
+        .expect("the coordinator's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            (
+                "carol".to_owned(),
+                vec!["Lookup".into(), "Read".into(), "SendMessage".into()]
+            ),
+            ("plain".to_owned(), vec!["Lookup".into(), "Read".into()]),
+        ]
+    );
+    let all = format!("{:?}", c.params().messages());
+    assert!(all.contains("carol is here"), "{all}");
+}

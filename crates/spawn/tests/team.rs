@@ -1841,3 +1841,49 @@ async fn teammate_names_that_differ_only_in_case_are_refused() {
     );
     assert_eq!(team.roster().len(), 1);
 }
+
+/// Teammates started from a host's `subagent_tools` without `SendMessage` share one pool with
+/// the lead's `SendMessage` added: their heads are rendered once and cached once, not once per
+/// teammate (which would also push other heads out of the cache).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn teammates_given_the_leads_send_message_share_one_cached_head() {
+    let b = brain(|r| {
+        if !is_parent(r) {
+            return Plan::Reply(say("done"));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[
+                ("a1", "Agent", &teammate("alice")),
+                ("a2", "Agent", &teammate("bob")),
+                ("a3", "Agent", &teammate("carol")),
+            ]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let mut w = AgentDefinition::new("worker", "a teammate", DefinitionSource::Project);
+    w.system_prompt = "You are a worker.".into();
+    let agent_tool = AgentTool::new(
+        AgentToolConfig::default()
+            .with_registry(AgentRegistry::from_definitions([w]))
+            .with_teams_enabled(true)
+            .with_warm_fanout(None)
+            .with_subagent_tools(Some(
+                ToolPool::new([TestTool::sleeper("Slow", true, 1).arc()]).unwrap(),
+            )),
+    )
+    .unwrap();
+    let tools = ToolPool::new([
+        agent_tool.clone().arc(),
+        Arc::new(SendMessageTool::new().unwrap()) as Arc<dyn Tool>,
+    ])
+    .unwrap();
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let mut lead = lead_in(&team, b, tools).await;
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+        .await
+        .expect("the lead's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    assert_eq!(team.roster().len(), 3);
+    assert_eq!(agent_tool.cached_heads(), 1);
+    lead.cancellation().cancel();
+}

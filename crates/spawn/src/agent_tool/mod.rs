@@ -285,6 +285,19 @@ pub struct AgentTool {
     /// `subagent_tools` with the caller's MCP tools, for the last caller pool seen (one pool
     /// object per caller pool, so the head cache, keyed by pool, keeps hitting).
     with_mcp: Arc<std::sync::Mutex<Option<WithMcp>>>,
+    /// The subagent tools with the lead's `SendMessage`, for the last pair seen: teammates of
+    /// one lead share one pool, so the head cache, keyed by pool, keeps hitting.
+    with_team: Arc<std::sync::Mutex<Option<WithTeam>>>,
+}
+
+/// A teammate's tools: a base pool (whose identity the guard reserves) joined by one lead's
+/// `SendMessage`.
+#[derive(Debug)]
+struct WithTeam {
+    base: usize,
+    _guard: crate::tool::pool::PoolIdentity,
+    tool: Arc<dyn Tool>,
+    pool: ToolPool,
 }
 
 /// `subagent_tools` joined by the MCP tools of one caller pool (whose identity the guard
@@ -341,6 +354,7 @@ impl AgentTool {
             filter: Arc::new(config.filter.clone()),
             heads: Arc::new(HeadCache::new()),
             with_mcp: Arc::default(),
+            with_team: Arc::default(),
             config: Arc::new(config),
             definition,
         })
@@ -366,6 +380,33 @@ impl AgentTool {
     /// coordinator's workers) joined by the caller's MCP tools — MCP tools are always
     /// available (Agent definitions, §9.5 layer 3; Chapter 20: workers get
     /// `assembleToolPool(…, appState.mcp.tools)`).
+    /// [`with_team_tool`], the same pool for the same base and lead tool: one built per
+    /// teammate would compile nothing new, but each would miss the head cache and push
+    /// another teammate's head out of it.
+    fn team_base(&self, base: ToolPool, lead: &ToolPool) -> std::result::Result<ToolPool, String> {
+        let Some(tool) = lead
+            .get(SEND_MESSAGE)
+            .filter(|_| base.get(SEND_MESSAGE).is_none())
+        else {
+            return with_team_tool(base, lead);
+        };
+        let mut memo = self.with_team.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = memo
+            .as_ref()
+            .filter(|m| m.base == base.identity() && Arc::ptr_eq(&m.tool, tool))
+        {
+            return Ok(m.pool.clone());
+        }
+        let pool = with_team_tool(base.clone(), lead)?;
+        *memo = Some(WithTeam {
+            base: base.identity(),
+            _guard: base.identity_guard(),
+            tool: Arc::clone(tool),
+            pool: pool.clone(),
+        });
+        Ok(pool)
+    }
+
     fn subagent_base(&self, caller: &ToolPool) -> ToolPool {
         let Some(tools) = &self.config.subagent_tools else {
             return caller.clone();
@@ -743,7 +784,7 @@ impl AgentTool {
             // team-aware prompts and tool injection"). A host's `subagent_tools` without it
             // get the lead's; a lead without one has none to give.
             let subagent_base = match (&team, subagent_base) {
-                (Some(_), Some(base)) => Some(with_team_tool(base, &caller.pool)?),
+                (Some(_), Some(base)) => Some(self.team_base(base, &caller.pool)?),
                 (Some(_), None) if caller.pool.get(SEND_MESSAGE).is_none() => {
                     return Err(no_team_tool());
                 }
