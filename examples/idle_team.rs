@@ -171,18 +171,26 @@ async fn measure(name: &str, mailbox: Arc<dyn Mailbox>, a: &Args) -> Result<(), 
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
-    // The host ends the team: cancelling the lead stops every teammate.
-    lead.cancellation().cancel();
+    // The host ends the team: every teammate is asked to stop, and the call returns once
+    // their owners have finished them and the team's claim is given up.
     let stopping = Instant::now();
-    while team
-        .roster()
-        .iter()
-        .any(|m| m.state != MemberState::Stopped)
+    let stopped = tokio::time::timeout(
+        Duration::from_secs(10),
+        team.shut_down(Some("the host exits".into())),
+    )
+    .await
+    .map_err(|_| "teammates still running 10 s after the host shut the team down".to_owned())?
+    .map_err(|e| e.to_string())?;
+    if stopped.len() != n
+        || team
+            .roster()
+            .iter()
+            .any(|m| m.state != MemberState::Stopped)
     {
-        if stopping.elapsed() > Duration::from_secs(10) {
-            return Err("teammates still running 10 s after the lead was cancelled".into());
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        return Err(format!(
+            "{} of {n} teammates were asked to stop",
+            stopped.len()
+        ));
     }
     lat.sort();
     let pct = |p: usize| lat[(lat.len() * p / 100).min(lat.len() - 1)];

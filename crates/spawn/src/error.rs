@@ -182,6 +182,22 @@ pub enum Error {
         holder: String,
     },
 
+    /// [`Team::shut_down`] waited its time and these teammates were still running (or their
+    /// owners still finishing them).
+    ///
+    /// [`Team::shut_down`]: crate::team::Team::shut_down
+    #[error(
+        "team `{team}`: {running} still running {waited:?} after the shutdown was asked (the team's shutdown grace and `SHUT_DOWN_MARGIN`)"
+    )]
+    TeamNotStopped {
+        /// The team.
+        team: String,
+        /// Who was still running, by name.
+        running: String,
+        /// How long the shutdown waited.
+        waited: std::time::Duration,
+    },
+
     /// A structured team message was refused: from the wrong sender, for no open request, or
     /// not the kind expected.
     #[error("team protocol: {0}")]

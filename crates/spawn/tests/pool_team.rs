@@ -1506,3 +1506,53 @@ async fn a_woken_teammate_that_answers_at_once_lets_the_lead_end() {
     }
     assert_eq!((hung, early), (0, 0), "of 6 runs: hung, returned early");
 }
+
+/// The host's `Team::shut_down` on a pool: teammates idle on two workers each end on their
+/// worker, the call returns once the lead has their notifications, and the team's claim is
+/// given up (another lead of the team takes it at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_host_shuts_a_team_on_a_pool_down() {
+    let Some(url) = redis_url() else { return };
+    let pool = Pool::new(&url, &key_prefix("shut"), "crew", config()).unwrap();
+    let b = brain(|r| {
+        if !is_parent(r) {
+            return Plan::Reply(say("done"));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[
+                ("a1", "Agent", &teammate("alice")),
+                ("a2", "Agent", &teammate("bob")),
+            ]));
+        }
+        Plan::Reply(say("waiting"))
+    });
+    let (w1, stop1) = worker(&pool, "w1", b.clone(), Vec::new());
+    let (w2, stop2) = worker(&pool, "w2", b.clone(), Vec::new());
+    let team = Arc::new(pool.team("review").unwrap());
+    let mut lead = lead(&pool, &team, b).await;
+    let run = tokio::time::timeout(Duration::from_secs(60), lead.run("go"))
+        .await
+        .expect("the lead's run returned while its teammates are idle");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let before = lead.pending().len();
+    let asked = tokio::time::timeout(Duration::from_secs(30), team.shut_down(None))
+        .await
+        .expect("the shutdown returned")
+        .unwrap();
+    assert_eq!(asked, ["alice", "bob"]);
+    let roster = team.roster();
+    assert!(
+        roster.iter().all(|m| m.state == MemberState::Stopped),
+        "{roster:?}"
+    );
+    assert!(
+        lead.pending().len() >= before + 2,
+        "{}",
+        lead.pending().len()
+    );
+    pool.team("review").unwrap().claim_lead().await.unwrap();
+    stop1.cancel();
+    stop2.cancel();
+    let (r1, r2) = (w1.await.unwrap().unwrap(), w2.await.unwrap().unwrap());
+    assert_eq!((r1.ran, r2.ran), (1, 1), "{r1:?} {r2:?}");
+}

@@ -146,6 +146,27 @@ async fn a_team_is_led_from_one_host_at_a_time() {
     assert!(again.unwrap().is_kept());
 }
 
+/// `LeadClaim::release` returns once Redis has dropped the claim: a host that awaits it before
+/// it exits leaves no claim to lapse, and another host may lead the team at once.
+#[tokio::test]
+async fn a_released_claim_is_gone_from_redis_when_release_returns() {
+    let Some(url) = url() else { return };
+    let p = prefix("release");
+    let here = RedisMailbox::with_prefix(&url, &p).unwrap();
+    let key = format!("{p}:{{review}}:lead");
+    // Asked without yielding to the runtime: a release still under way has not run.
+    let mut conn = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let claim = here.claim_lead("review").await.unwrap();
+    let held: Option<String> = redis::cmd("GET").arg(&key).query(&mut conn).unwrap();
+    assert!(held.is_some(), "the claim is {key}");
+    claim.release().await;
+    let held: Option<String> = redis::cmd("GET").arg(&key).query(&mut conn).unwrap();
+    assert_eq!(held, None);
+}
+
 #[tokio::test]
 async fn no_server_is_an_error_that_hides_the_password() {
     // A port nothing listens on.

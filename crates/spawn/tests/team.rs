@@ -1887,3 +1887,157 @@ async fn teammates_given_the_leads_send_message_share_one_cached_head() {
     assert_eq!(agent_tool.cached_heads(), 1);
     lead.cancellation().cancel();
 }
+
+/// `Team::shut_down` — what a host does before it exits — ends every teammate, idle or busy,
+/// and returns once their owners have finished them (both notifications are on the lead's
+/// queue); then the team's claim is given up, and another lead may take it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shut_down_ends_every_teammate_and_gives_the_team_up() {
+    let b = brain(|r| {
+        if !is_parent(r) {
+            return Plan::Reply(say("done"));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[
+                ("a1", "Agent", &teammate("alice")),
+                ("a2", "Agent", &teammate("bob")),
+            ]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let mailbox: Arc<dyn forkhive_spawn::mailbox::Mailbox> = Arc::new(MemoryMailbox::new());
+    let team = Arc::new(Team::new("review", Arc::clone(&mailbox)).unwrap());
+    let mut lead = lead_in(&team, b, lead_tools()).await;
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+        .await
+        .expect("the lead's run returned while its teammates are idle");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    // Taken while the first lead holds it.
+    let other = Team::new("review", Arc::clone(&mailbox)).unwrap();
+    assert!(matches!(
+        other.claim_lead().await,
+        Err(forkhive_spawn::Error::TeamTaken { .. })
+    ));
+    let before = lead.pending().len();
+    let asked = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        team.shut_down(Some("the host exits".into())),
+    )
+    .await
+    .expect("the shutdown returned")
+    .unwrap();
+    assert_eq!(asked, ["alice", "bob"]);
+    for m in team.roster() {
+        assert_eq!(m.state, MemberState::Stopped, "{}", m.name);
+    }
+    // Each owner delivered its teammate's notification before the shutdown returned.
+    assert!(
+        lead.pending().len() >= before + 2,
+        "{}",
+        lead.pending().len()
+    );
+    other.claim_lead().await.unwrap();
+    // Nothing left to shut down.
+    assert!(team.shut_down(None).await.unwrap().is_empty());
+}
+
+/// Unlike the lead's own request, the host's shutdown ends a teammate whatever the policy:
+/// under `Ask`, one stuck in a tool that does not return for a minute is cancelled once the
+/// team's grace has passed, and its notification says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shut_down_cancels_a_teammate_stuck_in_a_tool_whatever_the_policy() {
+    let b = brain(|r| {
+        if !is_parent(r) {
+            return Plan::Reply(calls(&[("h", "Hang", "{}")]));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let team = Arc::new(
+        Team::new("review", Arc::new(MemoryMailbox::new()))
+            .unwrap()
+            .with_shutdown_policy(ShutdownPolicy::Ask)
+            .with_shutdown_grace(std::time::Duration::from_millis(300)),
+    );
+    let hang = TestTool::sleeper("Hang", true, 60_000).arc();
+    let mut lead = lead_in(&team, b, lead_tools_with(vec![hang])).await;
+    let host = {
+        let team = Arc::clone(&team);
+        tokio::spawn(async move {
+            while team.member("alice").is_none() {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            team.shut_down(None).await
+        })
+    };
+    let started = std::time::Instant::now();
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+        .await
+        .expect("the lead's run returned once alice was cancelled");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    assert_eq!(host.await.unwrap().unwrap(), ["alice"]);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let ns = notifications(&lead);
+    assert_eq!(ns.len(), 1);
+    assert_eq!(ns[0].status, forkhive_core::TaskStatus::Killed);
+    assert_eq!(
+        ns[0].note.as_deref(),
+        Some(
+            "its shutdown was not done within the team's shutdown grace of 300ms, so it was \
+             cancelled"
+        )
+    );
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
+}
+
+/// A host's shutdown dropped before it returns (its own timeout) still ends the teammates it
+/// asked; the team's claim stays, since it was not given up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shut_down_dropped_midway_still_ends_the_teammates_it_asked() {
+    let b = brain(|r| {
+        if !is_parent(r) {
+            return Plan::Reply(calls(&[("h", "Hang", "{}")]));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let mailbox: Arc<dyn forkhive_spawn::mailbox::Mailbox> = Arc::new(MemoryMailbox::new());
+    let team = Arc::new(
+        Team::new("review", Arc::clone(&mailbox))
+            .unwrap()
+            .with_shutdown_grace(std::time::Duration::from_millis(300)),
+    );
+    let hang = TestTool::sleeper("Hang", true, 60_000).arc();
+    let mut lead = lead_in(&team, b, lead_tools_with(vec![hang])).await;
+    let host = {
+        let team = Arc::clone(&team);
+        tokio::spawn(async move {
+            while team.member("alice").is_none() {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            // Given up long before the grace ends.
+            tokio::time::timeout(std::time::Duration::from_millis(50), team.shut_down(None)).await
+        })
+    };
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+        .await
+        .expect("the lead's run returned once alice was cancelled");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    assert!(host.await.unwrap().is_err(), "the shutdown was dropped");
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
+    assert_eq!(notifications(&lead).len(), 1);
+    assert!(matches!(
+        Team::new("review", mailbox).unwrap().claim_lead().await,
+        Err(forkhive_spawn::Error::TeamTaken { .. })
+    ));
+}

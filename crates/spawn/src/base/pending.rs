@@ -365,8 +365,9 @@ struct Slot {
 
 /// A child's promise and whether it is held, shared by its owner and the child.
 ///
-/// Whether it is held is watched by one reader, the owner's supervisor, so a flag, a version
-/// and one `Notify` do what a `watch` channel would, in one allocation with the slot (a
+/// Whether it is held is watched by one reader, the owner's supervisor (and its closing by
+/// whoever waits for the child's end, [`PromiseHandle::closed`]), so a flag, a version and
+/// one `Notify` do what a `watch` channel would, in one allocation with the slot (a
 /// `watch` channel's state is some 340 bytes more per child, and a wide fan-out holds
 /// thousands).
 #[derive(Debug)]
@@ -454,11 +455,17 @@ impl OwnedPromise {
         }
     }
 
-    /// Closes the promise: what it was, and the queue it was on.
+    /// Closes the promise: what it was, and the queue it was on. Wakes whoever waits for it
+    /// to close ([`PromiseHandle::closed`]); the version stays, since whether it is held is
+    /// not what changed.
     fn close(&self) -> (Promised, PendingQueue) {
-        let mut slot = self.inner.slot.lock().unwrap_or_else(|e| e.into_inner());
-        let promised = std::mem::replace(&mut slot.promised, Promised::Closed);
-        (promised, slot.queue.clone())
+        let closed = {
+            let mut slot = self.inner.slot.lock().unwrap_or_else(|e| e.into_inner());
+            let promised = std::mem::replace(&mut slot.promised, Promised::Closed);
+            (promised, slot.queue.clone())
+        };
+        self.inner.changed.notify_waiters();
+        closed
     }
 
     /// Delivers `message`: through the promise if it is held, else queued as it is, on the
@@ -523,6 +530,21 @@ impl PromiseHandle {
     /// Whether its owner has delivered or withdrawn it.
     pub(crate) fn is_closed(&self) -> bool {
         matches!(self.lock().promised, Promised::Closed)
+    }
+
+    /// Waits until its owner has delivered or withdrawn it: the child's owner has finished
+    /// it. Cancel-safe.
+    pub(crate) async fn closed(&self) {
+        loop {
+            let notified = self.inner.changed.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the slot is read: a close after the read wakes it.
+            notified.as_mut().enable();
+            if self.is_closed() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Whether the parent waits for this child now.

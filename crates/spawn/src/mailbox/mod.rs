@@ -206,22 +206,59 @@ fn escape(s: &str) -> String {
 }
 
 /// A team's lead claimed on a mailbox ([`Mailbox::claim_lead`]), held while this value lives.
-pub struct LeadClaim(Option<Box<dyn std::any::Any + Send + Sync>>);
+/// Dropped, it is given up as soon as the store can be told; [`release`](Self::release) waits
+/// until it has been.
+pub struct LeadClaim {
+    guard: Option<Box<dyn std::any::Any + Send + Sync>>,
+    /// Answered (or dropped) once the store has been told the claim is given up.
+    released: Option<tokio::sync::oneshot::Receiver<()>>,
+}
 
 impl LeadClaim {
     /// A claim the mailbox does not keep (it has no way to): it refuses no other lead.
     pub fn unkept() -> Self {
-        Self(None)
+        Self {
+            guard: None,
+            released: None,
+        }
     }
 
     /// A claim kept by `guard`, given up when the guard is dropped.
     pub fn kept(guard: impl std::any::Any + Send + Sync) -> Self {
-        Self(Some(Box::new(guard)))
+        Self {
+            guard: Some(Box::new(guard)),
+            released: None,
+        }
+    }
+
+    /// A claim kept by `guard` whose giving up, started when the guard is dropped, ends later
+    /// (a networked store's round trip): the guard answers `released` (or drops it) once the
+    /// store knows, and [`release`](Self::release) waits for that.
+    pub fn kept_until_released(
+        guard: impl std::any::Any + Send + Sync,
+        released: tokio::sync::oneshot::Receiver<()>,
+    ) -> Self {
+        Self {
+            guard: Some(Box::new(guard)),
+            released: Some(released),
+        }
     }
 
     /// Whether the mailbox keeps it: while it lives, another claim of its team is refused.
     pub fn is_kept(&self) -> bool {
-        self.0.is_some()
+        self.guard.is_some()
+    }
+
+    /// Gives the claim up and returns once the store has been told (at once for a store that
+    /// gives it up as the guard drops): another lead may claim the team then. A host about to
+    /// exit awaits this rather than dropping the claim, which a networked store may not hear
+    /// of before the runtime ends.
+    pub async fn release(mut self) {
+        drop(self.guard.take());
+        if let Some(released) = self.released.take() {
+            // Dropped unanswered where no runtime could send it: nothing more to wait for.
+            let _ = released.await;
+        }
     }
 }
 

@@ -84,6 +84,8 @@ struct RedisLead {
     conn: ConnectionManager,
     key: String,
     holder: String,
+    /// Answered once the claim is given up ([`LeadClaim::release`] waits for it).
+    released: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Drop for RedisLead {
@@ -91,10 +93,11 @@ impl Drop for RedisLead {
         self.renew.abort();
         // Given up at once where a runtime can still send it; else it lapses within its TTL.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (mut conn, key, holder) = (
+            let (mut conn, key, holder, done) = (
                 self.conn.clone(),
                 std::mem::take(&mut self.key),
                 std::mem::take(&mut self.holder),
+                self.released.take(),
             );
             drop(rt.spawn(async move {
                 let released = redis::Script::new(RELEASE_CLAIM)
@@ -104,6 +107,9 @@ impl Drop for RedisLead {
                     .await;
                 if let Err(e) = released {
                     tracing::warn!("could not give up the team claim {key}: {e}");
+                }
+                if let Some(done) = done {
+                    let _ = done.send(());
                 }
             }));
         }
@@ -543,12 +549,17 @@ impl Mailbox for RedisMailbox {
                 }
             })
         };
-        Ok(LeadClaim::kept(RedisLead {
-            renew,
-            conn,
-            key,
-            holder,
-        }))
+        let (released, on_release) = tokio::sync::oneshot::channel();
+        Ok(LeadClaim::kept_until_released(
+            RedisLead {
+                renew,
+                conn,
+                key,
+                holder,
+                released: Some(released),
+            },
+            on_release,
+        ))
     }
 
     async fn wait_beyond(

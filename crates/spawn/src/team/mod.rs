@@ -1255,22 +1255,125 @@ impl Team {
             // The stop first: a run the halt ends must find it set.
             c.stop.send_replace(Some(request_id));
             c.halt.request();
-            // A run that does not reach its next tool round in time is cancelled (a peer's
-            // users report shutdowns that never complete). Its owner cancels the token when it
-            // ends anyway, which ends this wait early.
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let (token, grace) = (c.cancel.clone(), self.shutdown_grace);
-                let overdue = Arc::clone(&c.overdue);
-                drop(rt.spawn(async move {
-                    tokio::select! {
-                        () = token.cancelled() => {}
-                        () = tokio::time::sleep(grace) => {
-                            overdue.store(true, std::sync::atomic::Ordering::SeqCst);
-                            token.cancel();
-                        }
+            self.cancel_after_grace(c);
+        }
+    }
+
+    /// Cancels the teammate of `c` if it has not ended within the team's shutdown grace: a run
+    /// that does not reach its next tool round in time (a peer's users report shutdowns that
+    /// never complete). Its owner cancels the token when it ends anyway, which ends this wait
+    /// early.
+    fn cancel_after_grace(&self, c: &Control) {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (token, grace) = (c.cancel.clone(), self.shutdown_grace);
+            let overdue = Arc::clone(&c.overdue);
+            drop(rt.spawn(async move {
+                tokio::select! {
+                    () = token.cancelled() => {}
+                    () = tokio::time::sleep(grace) => {
+                        overdue.store(true, std::sync::atomic::Ordering::SeqCst);
+                        token.cancel();
                     }
-                }));
+                }
+            }));
+        }
+    }
+
+    /// Shuts every teammate down and returns once each has ended and its owner has finished
+    /// it — its record, its worktree, its notification — then stops moving the lead's letters
+    /// and gives up the team's claim on its mailbox: what a host does before it exits, so that
+    /// no worktree is left unasked about and another lead may take the team at once.
+    ///
+    /// Each running or idle teammate is sent a `shutdown_request` with `reason`, as the lead's
+    /// `SendMessage` would send it, and its answer reaches the lead's inbox. Unlike a request
+    /// the lead sends, this one ends the teammate whatever the team's [`ShutdownPolicy`]: a
+    /// teammate still running when the team's shutdown grace has passed since this call —
+    /// stuck in a tool, or one that rejected the request under `Ask` — is cancelled. Returns
+    /// the names it asked, in roster order. The team may be used again afterwards: the next
+    /// teammate claims the team again.
+    ///
+    /// On a pool, teammates end on their workers, under the grace of the workers' `Team`.
+    /// An [`Error::TeamNotStopped`] names the teammates still running
+    /// [`SHUT_DOWN_MARGIN`] after the grace (the claim is kept then); a letter that could not
+    /// be sent is the error returned after the others were asked and waited for. A teammate's
+    /// side of a team on a pool cannot shut it down ([`Error::Refused`]). Dropped before it
+    /// returns, the teammates already asked still stop, and the claim is kept.
+    pub async fn shut_down(&self, reason: Option<String>) -> Result<Vec<String>> {
+        if matches!(self.side, Side::Member(_)) {
+            return Err(Error::Refused(format!(
+                "a teammate's side of team `{}` cannot shut the team down; its lead does",
+                self.name
+            )));
+        }
+        // The promises first: a teammate that stops meanwhile is still waited for.
+        let (names, waits) = {
+            let holds = self.holds();
+            let names: Vec<String> = self
+                .lock()
+                .values()
+                .filter(|m| m.state != MemberState::Stopped)
+                .map(|m| m.name.clone())
+                .collect();
+            let mut waits: Vec<(Option<String>, PromiseHandle)> = names
+                .iter()
+                .filter_map(|n| holds.running.get(n).map(|p| (Some(n.clone()), p.clone())))
+                .collect();
+            // Teammates stopped already whose owners are still finishing them.
+            waits.extend(holds.finishing.iter().map(|p| (None, p.clone())));
+            (names, waits)
+        };
+        let mut failed = None;
+        for name in &names {
+            let request = shutdown_request(reason.clone()).to_letter(LEAD);
+            match self.send(name, request).await {
+                Ok(_) => {}
+                // Stopped meanwhile: nothing to ask.
+                Err(_)
+                    if self
+                        .member(name)
+                        .is_none_or(|m| m.state == MemberState::Stopped) => {}
+                Err(e) => {
+                    tracing::warn!(team = %self.name, "could not ask `{name}` to shut down: {e}");
+                    failed.get_or_insert(e);
+                }
             }
+            // Ended whatever the policy, and whether or not the letter went.
+            if let Some(c) = self.controls().get(name) {
+                self.cancel_after_grace(c);
+            }
+        }
+        let waited = self.shutdown_grace + SHUT_DOWN_MARGIN;
+        let all = futures::future::join_all(waits.iter().map(|(_, p)| p.closed()));
+        if tokio::time::timeout(waited, all).await.is_err() {
+            let running: Vec<String> = waits
+                .iter()
+                .filter(|(_, p)| !p.is_closed())
+                .map(|(n, _)| match n {
+                    Some(n) => format!("`{n}`"),
+                    None => "a stopped teammate's owner".to_owned(),
+                })
+                .collect();
+            return Err(Error::TeamNotStopped {
+                team: self.name.clone(),
+                running: running.join(", "),
+                waited,
+            });
+        }
+        if let Some(relay) = self
+            .lead_poller
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            relay.task.abort();
+        }
+        let claim = self.lead_claim.lock().await.take();
+        if let Some(claim) = claim {
+            claim.release().await;
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(names),
         }
     }
 
@@ -1748,6 +1851,11 @@ enum Intercept {
 /// minutes), so a teammate in an ordinary tool round always finishes it; the grace ends only
 /// what would otherwise not end — a tool without a timeout, a model answer that does not.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3 * 60);
+
+/// How long [`Team::shut_down`] waits past the team's shutdown grace for the teammates it
+/// cancelled then to end, and for their owners to finish them (a worktree's owner asks git
+/// about it).
+pub const SHUT_DOWN_MARGIN: Duration = Duration::from_secs(10);
 
 /// How long a teammate on a worker keeps trying to confirm its shutdown to its lead once its
 /// run was cancelled.
