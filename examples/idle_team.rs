@@ -181,16 +181,18 @@ async fn measure(name: &str, mailbox: Arc<dyn Mailbox>, a: &Args) -> Result<(), 
     .await
     .map_err(|_| "teammates still running 10 s after the host shut the team down".to_owned())?
     .map_err(|e| e.to_string())?;
-    if stopped.len() != n
-        || team
-            .roster()
-            .iter()
-            .any(|m| m.state != MemberState::Stopped)
-    {
+    if stopped.len() != n {
         return Err(format!(
             "{} of {n} teammates were asked to stop",
             stopped.len()
         ));
+    }
+    if let Some(m) = team
+        .roster()
+        .into_iter()
+        .find(|m| m.state != MemberState::Stopped)
+    {
+        return Err(format!("`{}` is {} after the shutdown", m.name, m.state));
     }
     lat.sort();
     let pct = |p: usize| lat[(lat.len() * p / 100).min(lat.len() - 1)];

@@ -1937,8 +1937,24 @@ async fn shut_down_ends_every_teammate_and_gives_the_team_up() {
         lead.pending().len()
     );
     other.claim_lead().await.unwrap();
+    drop(other);
     // Nothing left to shut down.
     assert!(team.shut_down(None).await.unwrap().is_empty());
+    // The lead runs on: its run does not wait for letters nobody relays, and the teammates'
+    // answers and notifications reach it once each.
+    let run = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        lead.run("anything left?"),
+    )
+    .await
+    .expect("the lead's next run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let all = format!("{:?}", lead.params().messages());
+    for who in ["alice", "bob"] {
+        let approved = format!(r#"teammate_id=\"{who}\" summary=\"shutdown_approved\""#);
+        assert_eq!(all.matches(&approved).count(), 1, "{who}: {all}");
+    }
+    assert_eq!(notifications(&lead).len(), 2, "{all}");
 }
 
 /// Unlike the lead's own request, the host's shutdown ends a teammate whatever the policy:
@@ -1966,10 +1982,11 @@ async fn shut_down_cancels_a_teammate_stuck_in_a_tool_whatever_the_policy() {
     let host = {
         let team = Arc::clone(&team);
         tokio::spawn(async move {
+            // As soon as she is on the roster: one whose run has not started yet is ended
+            // after the grace all the same.
             while team.member("alice").is_none() {
                 tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             team.shut_down(None).await
         })
     };
@@ -1998,7 +2015,8 @@ async fn shut_down_cancels_a_teammate_stuck_in_a_tool_whatever_the_policy() {
 }
 
 /// A host's shutdown dropped before it returns (its own timeout) still ends the teammates it
-/// asked; the team's claim stays, since it was not given up.
+/// asked — under `Ask` too, where only the shutdown's own timer ends one stuck in a tool; the
+/// team's claim stays, since it was not given up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shut_down_dropped_midway_still_ends_the_teammates_it_asked() {
     let b = brain(|r| {
@@ -2014,7 +2032,8 @@ async fn a_shut_down_dropped_midway_still_ends_the_teammates_it_asked() {
     let team = Arc::new(
         Team::new("review", Arc::clone(&mailbox))
             .unwrap()
-            .with_shutdown_grace(std::time::Duration::from_millis(300)),
+            .with_shutdown_policy(ShutdownPolicy::Ask)
+            .with_shutdown_grace(std::time::Duration::from_secs(1)),
     );
     let hang = TestTool::sleeper("Hang", true, 60_000).arc();
     let mut lead = lead_in(&team, b, lead_tools_with(vec![hang])).await;

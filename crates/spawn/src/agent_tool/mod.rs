@@ -376,10 +376,6 @@ impl AgentTool {
         &self.config
     }
 
-    /// The pool a child's tools are drawn from: the caller's, or `subagent_tools` (a
-    /// coordinator's workers) joined by the caller's MCP tools — MCP tools are always
-    /// available (Agent definitions, §9.5 layer 3; Chapter 20: workers get
-    /// `assembleToolPool(…, appState.mcp.tools)`).
     /// [`with_team_tool`], the same pool for the same base and lead tool: one built per
     /// teammate would compile nothing new, but each would miss the head cache and push
     /// another teammate's head out of it.
@@ -407,6 +403,10 @@ impl AgentTool {
         Ok(pool)
     }
 
+    /// The pool a child's tools are drawn from: the caller's, or `subagent_tools` (a
+    /// coordinator's workers) joined by the caller's MCP tools — MCP tools are always
+    /// available (Agent definitions, §9.5 layer 3; Chapter 20: workers get
+    /// `assembleToolPool(…, appState.mcp.tools)`).
     fn subagent_base(&self, caller: &ToolPool) -> ToolPool {
         let Some(tools) = &self.config.subagent_tools else {
             return caller.clone();

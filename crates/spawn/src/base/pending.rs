@@ -376,6 +376,8 @@ struct PromiseInner {
     /// `true` while held: the owner's supervisor counts only that time against the child's
     /// deadline and stall check.
     held: AtomicBool,
+    /// Set once the owner has closed the promise and what it promised is on its queue.
+    finished: AtomicBool,
     /// Bumped after every write of `held`: the watcher compares it with the last it saw.
     version: AtomicU64,
     changed: Notify,
@@ -434,6 +436,7 @@ impl OwnedPromise {
                     queue: queue.clone(),
                 }),
                 held: AtomicBool::new(true),
+                finished: AtomicBool::new(false),
                 version: AtomicU64::new(0),
                 changed: Notify::new(),
             }),
@@ -455,17 +458,18 @@ impl OwnedPromise {
         }
     }
 
-    /// Closes the promise: what it was, and the queue it was on. Wakes whoever waits for it
-    /// to close ([`PromiseHandle::closed`]); the version stays, since whether it is held is
-    /// not what changed.
+    /// Closes the promise: what it was, and the queue it was on.
     fn close(&self) -> (Promised, PendingQueue) {
-        let closed = {
-            let mut slot = self.inner.slot.lock().unwrap_or_else(|e| e.into_inner());
-            let promised = std::mem::replace(&mut slot.promised, Promised::Closed);
-            (promised, slot.queue.clone())
-        };
+        let mut slot = self.inner.slot.lock().unwrap_or_else(|e| e.into_inner());
+        let promised = std::mem::replace(&mut slot.promised, Promised::Closed);
+        (promised, slot.queue.clone())
+    }
+
+    /// Wakes whoever waits for the promise to close ([`PromiseHandle::closed`]), once what it
+    /// promised is on its queue; the version stays, since whether it is held did not change.
+    fn closed(&self) {
+        self.inner.finished.store(true, Ordering::Release);
         self.inner.changed.notify_waiters();
-        closed
     }
 
     /// Delivers `message`: through the promise if it is held, else queued as it is, on the
@@ -476,6 +480,7 @@ impl OwnedPromise {
             (Promised::Held(e), _) => e.deliver(message),
             (Promised::SetDown | Promised::Closed, queue) => queue.push(message),
         }
+        // (`self` drops next and wakes the waiters, the message queued.)
     }
 }
 
@@ -483,6 +488,7 @@ impl Drop for OwnedPromise {
     /// Withdraws the promise if it was not delivered; a handle can no longer take it up.
     fn drop(&mut self) {
         drop(self.close());
+        self.closed();
     }
 }
 
@@ -532,15 +538,15 @@ impl PromiseHandle {
         matches!(self.lock().promised, Promised::Closed)
     }
 
-    /// Waits until its owner has delivered or withdrawn it: the child's owner has finished
-    /// it. Cancel-safe.
+    /// Waits until its owner has delivered or withdrawn it — the child's owner has finished
+    /// it, and a delivered message is on its queue. Cancel-safe.
     pub(crate) async fn closed(&self) {
         loop {
             let notified = self.inner.changed.notified();
             let mut notified = std::pin::pin!(notified);
-            // Registered before the slot is read: a close after the read wakes it.
+            // Registered before the flag is read: a close after the read wakes it.
             notified.as_mut().enable();
-            if self.is_closed() {
+            if self.inner.finished.load(Ordering::Acquire) {
                 return;
             }
             notified.await;

@@ -223,6 +223,11 @@ pub struct Team {
     reported: Mutex<(bool, u64)>,
     /// Its lead's claim on the mailbox, once taken ([`claim_lead`](Team::claim_lead)).
     lead_claim: tokio::sync::Mutex<Option<crate::mailbox::LeadClaim>>,
+    /// Set while [`shut_down`](Team::shut_down) runs: no teammate joins, and one whose run
+    /// starts meanwhile is cancelled after the grace like those asked.
+    shutting_down: std::sync::atomic::AtomicBool,
+    /// Notified when a teammate's state on the roster changes.
+    roster_changed: tokio::sync::Notify,
 }
 
 /// Where a team's teammates run, as seen from this [`Team`] value.
@@ -253,6 +258,9 @@ struct LeadRelay {
     task: tokio::task::JoinHandle<()>,
     queue: PendingQueue,
     until: tokio::sync::watch::Sender<tokio_util::sync::CancellationToken>,
+    /// Ends the relay for good ([`Team::shut_down`]): it acknowledges the letters it put in
+    /// the lead's queue (the lead's run no longer waits for them) and returns.
+    give_up: tokio_util::sync::CancellationToken,
 }
 
 impl Drop for Team {
@@ -290,6 +298,8 @@ impl Team {
             side: Side::Local,
             reported: Mutex::new((true, 0)),
             lead_claim: tokio::sync::Mutex::const_new(None),
+            shutting_down: std::sync::atomic::AtomicBool::new(false),
+            roster_changed: tokio::sync::Notify::new(),
         })
     }
 
@@ -592,6 +602,12 @@ impl Team {
     /// Names that differ only in case are one name here: on a case-insensitive file system
     /// (macOS, Windows) `Alice` and `alice` would share an inbox file, and `Team-Lead` the lead's.
     pub(crate) fn join(&self, member: Member) -> Result<()> {
+        if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::Refused(format!(
+                "team `{}` is shutting down; start `{}` once its shutdown has returned",
+                self.name, member.name
+            )));
+        }
         if member.name.eq_ignore_ascii_case(LEAD) {
             return Err(Error::Refused(format!(
                 "`{}` is the lead's name in a team (in any case); give the teammate another",
@@ -666,6 +682,7 @@ impl Team {
             // one of its name joins afresh.
             Some(m) if m.state != state && m.state != MemberState::Stopped => {
                 m.state = state;
+                self.roster_changed.notify_waiters();
                 true
             }
             _ => false,
@@ -1280,48 +1297,54 @@ impl Team {
     }
 
     /// Shuts every teammate down and returns once each has ended and its owner has finished
-    /// it — its record, its worktree, its notification — then stops moving the lead's letters
-    /// and gives up the team's claim on its mailbox: what a host does before it exits, so that
-    /// no worktree is left unasked about and another lead may take the team at once.
+    /// it — its record, its worktree, its notification (on the lead's queue) — then gives the
+    /// team up: what a host does before it exits, so that no worktree is left unasked about
+    /// and another lead may take the team at once.
     ///
     /// Each running or idle teammate is sent a `shutdown_request` with `reason`, as the lead's
-    /// `SendMessage` would send it, and its answer reaches the lead's inbox. Unlike a request
-    /// the lead sends, this one ends the teammate whatever the team's [`ShutdownPolicy`]: a
-    /// teammate still running when the team's shutdown grace has passed since this call —
-    /// stuck in a tool, or one that rejected the request under `Ask` — is cancelled. Returns
-    /// the names it asked, in roster order. The team may be used again afterwards: the next
-    /// teammate claims the team again.
+    /// `SendMessage` would send it. Unlike a request the lead sends, this one ends a teammate
+    /// in this process whatever the team's [`ShutdownPolicy`]: one still running when the
+    /// team's shutdown grace has passed since this call — stuck in a tool, or one that
+    /// rejected the request under `Ask` — is cancelled. No teammate joins meanwhile (an
+    /// `Agent` call starting one is refused, saying so). Returns the names it asked, in roster
+    /// order.
     ///
-    /// On a pool, teammates end on their workers, under the grace of the workers' `Team`.
-    /// An [`Error::TeamNotStopped`] names the teammates still running
-    /// [`SHUT_DOWN_MARGIN`] after the grace (the claim is kept then); a letter that could not
-    /// be sent is the error returned after the others were asked and waited for. A teammate's
-    /// side of a team on a pool cannot shut it down ([`Error::Refused`]). Dropped before it
-    /// returns, the teammates already asked still stop, and the claim is kept.
+    /// Giving the team up: the lead's letters stop being moved into its conversation — those
+    /// already in its queue (the teammates' `shutdown_approved` answers among them) are
+    /// acknowledged and reach it at its next run, later ones stay in the mailbox for the
+    /// team's next lead — and the team's claim on its mailbox is given up, the store told
+    /// before this returns. The team may be used again: its next teammate claims it again.
+    ///
+    /// On a pool, teammates end on their workers, under the policy and grace of the workers'
+    /// `Team`: one that rejects under `Ask` is not cancelled. [`Error::TeamNotStopped`] names
+    /// the teammates still running (or owners still finishing) [`SHUT_DOWN_MARGIN`] after
+    /// this team's grace; the team is not given up then. A letter that could not be sent is
+    /// the error returned once the others were asked and waited for. A teammate's side of a
+    /// team on a pool cannot shut it down ([`Error::Refused`]). Dropped before it returns, the
+    /// teammates already asked still stop, and the team is not given up.
     pub async fn shut_down(&self, reason: Option<String>) -> Result<Vec<String>> {
+        use std::sync::atomic::Ordering;
         if matches!(self.side, Side::Member(_)) {
             return Err(Error::Refused(format!(
                 "a teammate's side of team `{}` cannot shut the team down; its lead does",
                 self.name
             )));
         }
-        // The promises first: a teammate that stops meanwhile is still waited for.
-        let (names, waits) = {
-            let holds = self.holds();
-            let names: Vec<String> = self
-                .lock()
-                .values()
-                .filter(|m| m.state != MemberState::Stopped)
-                .map(|m| m.name.clone())
-                .collect();
-            let mut waits: Vec<(Option<String>, PromiseHandle)> = names
-                .iter()
-                .filter_map(|n| holds.running.get(n).map(|p| (Some(n.clone()), p.clone())))
-                .collect();
-            // Teammates stopped already whose owners are still finishing them.
-            waits.extend(holds.finishing.iter().map(|p| (None, p.clone())));
-            (names, waits)
-        };
+        /// Clears the flag however the shutdown ends (returned, failed, dropped).
+        struct Shutting<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Shutting<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::SeqCst);
+            }
+        }
+        self.shutting_down.store(true, Ordering::SeqCst);
+        let shutting = Shutting(&self.shutting_down);
+        let names: Vec<String> = self
+            .lock()
+            .values()
+            .filter(|m| m.state != MemberState::Stopped)
+            .map(|m| m.name.clone())
+            .collect();
         let mut failed = None;
         for name in &names {
             let request = shutdown_request(reason.clone()).to_letter(LEAD);
@@ -1337,43 +1360,98 @@ impl Team {
                     failed.get_or_insert(e);
                 }
             }
-            // Ended whatever the policy, and whether or not the letter went.
+            // Ended whatever the policy, and whether or not the letter went. (One whose run
+            // has not started yet is armed as it starts.)
             if let Some(c) = self.controls().get(name) {
                 self.cancel_after_grace(c);
             }
         }
         let waited = self.shutdown_grace + SHUT_DOWN_MARGIN;
-        let all = futures::future::join_all(waits.iter().map(|(_, p)| p.closed()));
-        if tokio::time::timeout(waited, all).await.is_err() {
-            let running: Vec<String> = waits
+        let ended = async {
+            // Every teammate asked has ended on the roster…
+            loop {
+                let notified = self.roster_changed.notified();
+                let mut notified = std::pin::pin!(notified);
+                notified.as_mut().enable();
+                if names.iter().all(|n| {
+                    self.member(n)
+                        .is_none_or(|m| m.state == MemberState::Stopped)
+                }) {
+                    break;
+                }
+                notified.await;
+            }
+            // …and its owner has finished it: a teammate's promise moves to `finishing` as it
+            // stops on the roster, and closes once its notification is on the lead's queue.
+            let finishing = self.holds().finishing.clone();
+            futures::future::join_all(finishing.iter().map(PromiseHandle::closed)).await;
+        };
+        if tokio::time::timeout(waited, ended).await.is_err() {
+            let mut running: Vec<String> = names
                 .iter()
-                .filter(|(_, p)| !p.is_closed())
-                .map(|(n, _)| match n {
-                    Some(n) => format!("`{n}`"),
-                    None => "a stopped teammate's owner".to_owned(),
+                .filter(|n| {
+                    self.member(n)
+                        .is_some_and(|m| m.state != MemberState::Stopped)
                 })
+                .map(|n| format!("`{n}`"))
                 .collect();
+            if running.is_empty() {
+                running.push("the owner of a teammate that stopped".to_owned());
+            }
             return Err(Error::TeamNotStopped {
                 team: self.name.clone(),
                 running: running.join(", "),
                 waited,
             });
         }
-        if let Some(relay) = self
-            .lead_poller
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            relay.task.abort();
-        }
-        let claim = self.lead_claim.lock().await.take();
-        if let Some(claim) = claim {
-            claim.release().await;
-        }
+        drop(shutting);
+        self.give_up().await;
         match failed {
             Some(e) => Err(e),
             None => Ok(names),
+        }
+    }
+
+    /// Gives the team up ([`shut_down`](Self::shut_down)): the lead's relay ends, having
+    /// acknowledged what it put in the lead's queue; letters to the lead still in the mailbox
+    /// no longer hold its run; the claim is given up, the store told.
+    async fn give_up(&self) {
+        let relay = self
+            .lead_poller
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(LeadRelay {
+            mut task, give_up, ..
+        }) = relay
+        {
+            give_up.cancel();
+            // An acknowledgement the store does not answer is not waited for long.
+            if tokio::time::timeout(Duration::from_secs(10), &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+            }
+        }
+        let released: Vec<Expectation> = {
+            let mut holds = self.holds();
+            let to_lead: Vec<(String, String)> = holds
+                .letters
+                .keys()
+                .filter(|(to, _)| to == LEAD)
+                .cloned()
+                .collect();
+            to_lead
+                .into_iter()
+                .filter_map(|k| holds.letters.remove(&k))
+                .collect()
+        };
+        // Released outside the lock: the queue wakes its readers.
+        drop(released);
+        let claim = self.lead_claim.lock().await.take();
+        if let Some(claim) = claim {
+            claim.release().await;
         }
     }
 
@@ -1566,27 +1644,38 @@ impl Team {
         let team = Arc::downgrade(self);
         let queue = lead.clone();
         let (watched, latest) = tokio::sync::watch::channel(until);
+        let give_up = tokio_util::sync::CancellationToken::new();
+        let given_up = give_up.clone();
         let relay = tokio::spawn(async move {
             let mut relay = Relay::new(mailbox, inbox, queue, team.clone(), None);
             loop {
-                let step = relay.step(|d| {
+                let intercept = |d: &crate::mailbox::Delivered| {
                     if team.upgrade().is_some_and(|team| team.take_bookkeeping(d)) {
                         Intercept::Take
                     } else {
                         Intercept::Show
                     }
-                });
+                };
                 let until = latest.borrow().clone();
-                let failed = tokio::select! {
-                    biased;
-                    () = until.cancelled() => {
-                        if latest.borrow().is_cancelled() {
-                            return;
+                let stepped = {
+                    let step = relay.step(intercept);
+                    tokio::select! {
+                        biased;
+                        () = given_up.cancelled() => None,
+                        () = until.cancelled() => {
+                            if latest.borrow().is_cancelled() {
+                                return;
+                            }
+                            // A newer lead took this queue over: go on for it.
+                            continue;
                         }
-                        // A newer lead took this queue over: go on for it.
-                        continue;
+                        r = step => Some(r.is_err()),
                     }
-                    r = step => r.is_err(),
+                };
+                // Given up ([`Team::shut_down`]): the last letters in, all acknowledged.
+                let Some(failed) = stepped else {
+                    relay.give_up(intercept).await;
+                    return;
                 };
                 if failed {
                     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -1597,6 +1686,7 @@ impl Team {
             task: relay,
             queue: lead,
             until: watched,
+            give_up,
         });
     }
 }
@@ -1705,6 +1795,46 @@ impl Relay {
             seen: Recent::default(),
             unacked: Vec::new(),
             untold: Vec::new(),
+        }
+    }
+
+    /// Ends the relay for good: the letters in the inbox now are put in the queue (through
+    /// `intercept`, as [`step`](Self::step) puts them), and they and those it put there before
+    /// are acknowledged — the conversation has them at its next run — so their holds go and
+    /// no later relay puts them in again. What fails leaves them in the inbox, for the next
+    /// lead.
+    async fn give_up(
+        &mut self,
+        mut intercept: impl FnMut(&crate::mailbox::Delivered) -> Intercept,
+    ) {
+        match self.mailbox.receive(&self.inbox).await {
+            Ok(letters) => {
+                for d in letters {
+                    if self.seen.contains(&d.id) {
+                        if !self.unacked.contains(&d.id) {
+                            self.unacked.push(d.id);
+                        }
+                        continue;
+                    }
+                    self.seen.insert(d.id.clone());
+                    match intercept(&d) {
+                        Intercept::Show => self
+                            .queue
+                            .push(PendingMessage::new(d.to_message(), MAILBOX_ORIGIN)),
+                        Intercept::Instead(message) => self.queue.push(message),
+                        Intercept::Take | Intercept::TakeToWork => {}
+                    }
+                    self.unacked.push(d.id);
+                }
+            }
+            Err(e) => tracing::warn!("could not read the lead's last letters: {e}"),
+        }
+        if self.unacked.is_empty() {
+            return;
+        }
+        let ids = std::mem::take(&mut self.unacked);
+        if let Err(e) = self.ack(&ids).await {
+            tracing::warn!("could not acknowledge the lead's letters as its relay ended: {e}");
         }
     }
 
@@ -1899,18 +2029,21 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
             let (stop_tx, mut stop_rx) = watch::channel::<Option<String>>(None);
             {
                 team.holds().hold(&name, promise);
-                team.controls().insert(
-                    name.clone(),
-                    Control {
-                        halt: agent.halt(),
-                        stop: stop_tx,
-                        asked: None,
-                        seen: Seen::new(),
-                        queue: queue.clone(),
-                        cancel: token.clone(),
-                        overdue: Arc::clone(&overdue),
-                    },
-                );
+                let control = Control {
+                    halt: agent.halt(),
+                    stop: stop_tx,
+                    asked: None,
+                    seen: Seen::new(),
+                    queue: queue.clone(),
+                    cancel: token.clone(),
+                    overdue: Arc::clone(&overdue),
+                };
+                // Started while the host shuts the team down: the request is in its inbox, and
+                // it ends after the grace whatever it does with it.
+                if team.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
+                    team.cancel_after_grace(&control);
+                }
+                team.controls().insert(name.clone(), control);
             }
             let relay = match team.inbox(&name) {
                 Ok(inbox) => {
