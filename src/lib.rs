@@ -140,7 +140,8 @@ pub struct HttpDocDoctests;
 pub struct DistributedDocDoctests;
 
 /// The names a host program needs, in one import: building agents and tools, the `Agent`
-/// tool, the task service, events, scripted and simulated backends, usage and prices.
+/// tool, the task service, teams and their mailboxes, coordinator mode, events, scripted and
+/// simulated backends, usage and prices.
 pub mod prelude {
     #[doc(inline)]
     pub use async_trait::async_trait;
@@ -153,6 +154,10 @@ pub mod prelude {
     #[doc(inline)]
     pub use forkhive_spawn::agent_tool::{AgentTool, AgentToolConfig};
     #[doc(inline)]
+    pub use forkhive_spawn::control::{SendMessageTool, TaskStopTool};
+    #[doc(inline)]
+    pub use forkhive_spawn::coordinator::{CoordinatorConfig, coordinator};
+    #[doc(inline)]
     pub use forkhive_spawn::definition::skills::Skills;
     #[doc(inline)]
     pub use forkhive_spawn::definition::{
@@ -160,16 +165,20 @@ pub mod prelude {
     };
     #[doc(inline)]
     pub use forkhive_spawn::hook::{CommandHook, Hook, HookEvent, HookInput, HookOutcome, Hooks};
+    #[doc(inline)]
+    pub use forkhive_spawn::mailbox::{FileMailbox, Letter, Mailbox, MemoryMailbox};
     #[cfg(feature = "mcp")]
     #[doc(inline)]
     pub use forkhive_spawn::mcp::{McpHub, McpServer, McpStatus};
     #[doc(inline)]
     pub use forkhive_spawn::runtime::{
-        Agent, AgentBuilder, AgentContext, AgentEvent, AgentRun, CancellationToken, ChildReport,
-        EventKind, EventSink, FnSink, Limits, PendingMessage, StopReason,
+        Agent, AgentBuilder, AgentContext, AgentEvent, AgentKind, AgentRun, CancellationToken,
+        ChildReport, EventKind, EventSink, FnSink, Limits, PendingMessage, StopReason,
     };
     #[doc(inline)]
     pub use forkhive_spawn::task::{MemoryTaskRegistry, Retention, TaskConfig, TaskService};
+    #[doc(inline)]
+    pub use forkhive_spawn::team::{MemberState, ShutdownPolicy, Team};
     #[doc(inline)]
     pub use forkhive_spawn::tool::memory::MemoryRoots;
     #[doc(inline)]

@@ -2060,3 +2060,52 @@ async fn a_shut_down_dropped_midway_still_ends_the_teammates_it_asked() {
         Err(forkhive_spawn::Error::TeamTaken { .. })
     ));
 }
+
+/// A teammate's context says it is one (`AgentKind::Teammate`, as its transcript does): a
+/// backend that plays every kind of child tells a teammate from a plain subagent by its kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_teammate_is_of_the_teammate_kind_and_a_subagent_is_not() {
+    use forkhive_spawn::runtime::{AgentContext, AgentKind};
+    let kinds = Arc::new(std::sync::Mutex::new(Vec::<(String, AgentKind)>::new()));
+    let seen = Arc::clone(&kinds);
+    let b = brain(move |r| {
+        if !is_parent(r) {
+            let me = AgentContext::current().unwrap();
+            let first = r.all_messages()[0].text();
+            let who = if first.contains("task for alice") {
+                "alice"
+            } else {
+                "plain"
+            };
+            seen.lock().unwrap().push((who.to_owned(), me.kind()));
+            return Plan::Reply(say("done"));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[
+                ("a1", "Agent", &teammate("alice")),
+                (
+                    "a2",
+                    "Agent",
+                    r#"{"description":"plain","prompt":"task for plain","subagent_type":"worker"}"#,
+                ),
+            ]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let mut lead = lead_in(&team, b, lead_tools()).await;
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+        .await
+        .expect("the lead's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let mut kinds = kinds.lock().unwrap().clone();
+    kinds.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        kinds,
+        [
+            ("alice".to_owned(), AgentKind::Teammate),
+            ("plain".to_owned(), AgentKind::Subagent)
+        ]
+    );
+    team.shut_down(None).await.unwrap();
+}

@@ -810,6 +810,7 @@ impl AgentTool {
                         progress: Arc::clone(&progress),
                         output: output.clone(),
                         child_id,
+                        teammate: team.is_some(),
                     },
                     background,
                 )

@@ -28,7 +28,8 @@ pub enum AgentKind {
     Subagent,
     /// A fork child sharing its parent's prompt cache.
     Fork,
-    /// A long-lived teammate.
+    /// A long-lived teammate: started by an `Agent` call with `name` and `team_name`, or run
+    /// on a pool's worker as a team's teammate.
     Teammate,
 }
 

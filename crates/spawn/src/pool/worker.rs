@@ -904,8 +904,12 @@ impl Worker {
             Some(t) => QuerySource::custom(t),
             None => QuerySource::default_agent(),
         };
-        let mut cx = AgentContext::new(job.task, AgentKind::Subagent, source)
-            .with_lineage(Some(job.parent), 1);
+        let kind = if job.teammate.is_some() {
+            AgentKind::Teammate
+        } else {
+            AgentKind::Subagent
+        };
+        let mut cx = AgentContext::new(job.task, kind, source).with_lineage(Some(job.parent), 1);
         if let Some(t) = &job.agent_type {
             cx = cx.with_agent_type(t.clone());
         }

@@ -169,6 +169,9 @@ pub struct SpawnContext<'a> {
     pub output: Option<Arc<crate::task::OutputFile>>,
     /// The child's task id (drawn by the caller, which names files after it).
     pub child_id: TaskId,
+    /// Whether the child is a teammate (`name` and `team_name`): its kind is
+    /// [`AgentKind::Teammate`], which its backend reads through its context.
+    pub(crate) teammate: bool,
 }
 
 impl SpawnContext<'_> {
@@ -320,9 +323,15 @@ impl SpawnStrategy for Subagent {
         } else {
             QuerySource::custom(&def.name)
         };
-        let mut seed = cx
-            .caller
-            .child_seed(cx.child_id, AgentKind::Subagent, source);
+        let mut seed = cx.caller.child_seed(
+            cx.child_id,
+            if cx.teammate {
+                AgentKind::Teammate
+            } else {
+                AgentKind::Subagent
+            },
+            source,
+        );
         seed.context = seed.context.with_agent_type(def.name.clone());
         let model = def
             .model
