@@ -178,7 +178,7 @@ pub mod prelude {
     #[doc(inline)]
     pub use forkhive_spawn::task::{MemoryTaskRegistry, Retention, TaskConfig, TaskService};
     #[doc(inline)]
-    pub use forkhive_spawn::team::{MemberState, ShutdownPolicy, Team};
+    pub use forkhive_spawn::team::{Member, MemberState, ShutdownPolicy, Team};
     #[doc(inline)]
     pub use forkhive_spawn::tool::memory::MemoryRoots;
     #[doc(inline)]

@@ -709,16 +709,7 @@ async fn a_shutdown_cancels_a_teammate_stuck_in_a_tool_after_the_grace() {
     );
     let all = format!("{:?}", lead.params().messages());
     assert!(all.contains("shutdown_approved"), "{all}");
-    let ns = notifications(&lead);
-    assert_eq!(ns.len(), 1, "{all}");
-    assert_eq!(ns[0].status, forkhive_core::TaskStatus::Killed, "{all}");
-    assert_eq!(
-        ns[0].note.as_deref(),
-        Some(
-            "its shutdown was not done within the team's shutdown grace of 300ms, so it was \
-             cancelled"
-        )
-    );
+    assert_killed_after_the_grace(&lead);
     assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
 }
 
@@ -1903,6 +1894,9 @@ async fn shut_down_ends_every_teammate_and_gives_the_team_up() {
                 ("a2", "Agent", &teammate("bob")),
             ]));
         }
+        if last_user_text(r).contains("more work") {
+            return Plan::Reply(calls(&[("a3", "Agent", &teammate("carol"))]));
+        }
         Plan::Reply(say("ok"))
     });
     let mailbox: Arc<dyn forkhive_spawn::mailbox::Mailbox> = Arc::new(MemoryMailbox::new());
@@ -1930,12 +1924,9 @@ async fn shut_down_ends_every_teammate_and_gives_the_team_up() {
     for m in team.roster() {
         assert_eq!(m.state, MemberState::Stopped, "{}", m.name);
     }
-    // Each owner delivered its teammate's notification before the shutdown returned.
-    assert!(
-        lead.pending().len() >= before + 2,
-        "{}",
-        lead.pending().len()
-    );
+    // Each owner delivered its teammate's notification before the shutdown returned, and the
+    // relay put both answers in.
+    assert_eq!(lead.pending().len(), before + 4);
     other.claim_lead().await.unwrap();
     drop(other);
     // Nothing left to shut down.
@@ -1955,6 +1946,18 @@ async fn shut_down_ends_every_teammate_and_gives_the_team_up() {
         assert_eq!(all.matches(&approved).count(), 1, "{who}: {all}");
     }
     assert_eq!(notifications(&lead).len(), 2, "{all}");
+    // The team used again: a new relay of the lead's queue does not put those answers in a
+    // second time, though the mailbox kept them until now.
+    let run = tokio::time::timeout(std::time::Duration::from_secs(10), lead.run("more work"))
+        .await
+        .expect("the third run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let all = format!("{:?}", lead.params().messages());
+    for who in ["alice", "bob"] {
+        let approved = format!(r#"teammate_id=\"{who}\" summary=\"shutdown_approved\""#);
+        assert_eq!(all.matches(&approved).count(), 1, "{who}: {all}");
+    }
+    assert_eq!(team.shut_down(None).await.unwrap(), ["carol"]);
 }
 
 /// Unlike the lead's own request, the host's shutdown ends a teammate whatever the policy:
@@ -1962,23 +1965,11 @@ async fn shut_down_ends_every_teammate_and_gives_the_team_up() {
 /// team's grace has passed, and its notification says why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shut_down_cancels_a_teammate_stuck_in_a_tool_whatever_the_policy() {
-    let b = brain(|r| {
-        if !is_parent(r) {
-            return Plan::Reply(calls(&[("h", "Hang", "{}")]));
-        }
-        if r.all_messages().len() == 1 {
-            return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
-        }
-        Plan::Reply(say("ok"))
-    });
-    let team = Arc::new(
-        Team::new("review", Arc::new(MemoryMailbox::new()))
-            .unwrap()
-            .with_shutdown_policy(ShutdownPolicy::Ask)
-            .with_shutdown_grace(std::time::Duration::from_millis(300)),
-    );
-    let hang = TestTool::sleeper("Hang", true, 60_000).arc();
-    let mut lead = lead_in(&team, b, lead_tools_with(vec![hang])).await;
+    let (team, mut lead) = alice_hanging_under_ask(
+        Arc::new(MemoryMailbox::new()),
+        std::time::Duration::from_millis(300),
+    )
+    .await;
     let host = {
         let team = Arc::clone(&team);
         tokio::spawn(async move {
@@ -2001,16 +1992,7 @@ async fn shut_down_cancels_a_teammate_stuck_in_a_tool_whatever_the_policy() {
         "{:?}",
         started.elapsed()
     );
-    let ns = notifications(&lead);
-    assert_eq!(ns.len(), 1);
-    assert_eq!(ns[0].status, forkhive_core::TaskStatus::Killed);
-    assert_eq!(
-        ns[0].note.as_deref(),
-        Some(
-            "its shutdown was not done within the team's shutdown grace of 300ms, so it was \
-             cancelled"
-        )
-    );
+    assert_killed_after_the_grace(&lead);
     assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
 }
 
@@ -2019,33 +2001,17 @@ async fn shut_down_cancels_a_teammate_stuck_in_a_tool_whatever_the_policy() {
 /// team's claim stays, since it was not given up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shut_down_dropped_midway_still_ends_the_teammates_it_asked() {
-    let b = brain(|r| {
-        if !is_parent(r) {
-            return Plan::Reply(calls(&[("h", "Hang", "{}")]));
-        }
-        if r.all_messages().len() == 1 {
-            return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
-        }
-        Plan::Reply(say("ok"))
-    });
     let mailbox: Arc<dyn forkhive_spawn::mailbox::Mailbox> = Arc::new(MemoryMailbox::new());
-    let team = Arc::new(
-        Team::new("review", Arc::clone(&mailbox))
-            .unwrap()
-            .with_shutdown_policy(ShutdownPolicy::Ask)
-            .with_shutdown_grace(std::time::Duration::from_secs(1)),
-    );
-    let hang = TestTool::sleeper("Hang", true, 60_000).arc();
-    let mut lead = lead_in(&team, b, lead_tools_with(vec![hang])).await;
+    let (team, mut lead) =
+        alice_hanging_under_ask(Arc::clone(&mailbox), std::time::Duration::from_secs(1)).await;
     let host = {
         let team = Arc::clone(&team);
         tokio::spawn(async move {
             while team.member("alice").is_none() {
                 tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            // Given up long before the grace ends.
-            tokio::time::timeout(std::time::Duration::from_millis(50), team.shut_down(None)).await
+            // Given up long before the grace ends, after it asked.
+            tokio::time::timeout(std::time::Duration::from_millis(300), team.shut_down(None)).await
         })
     };
     let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
@@ -2108,4 +2074,44 @@ async fn a_teammate_is_of_the_teammate_kind_and_a_subagent_is_not() {
         ]
     );
     team.shut_down(None).await.unwrap();
+}
+
+/// A team under `ShutdownPolicy::Ask` with `grace`, on `mailbox`, and its lead, whose brain
+/// starts `alice`; every turn of hers calls `Hang`, a tool that does not return for a minute.
+async fn alice_hanging_under_ask(
+    mailbox: Arc<dyn forkhive_spawn::mailbox::Mailbox>,
+    grace: std::time::Duration,
+) -> (Arc<Team>, Agent) {
+    let b = brain(|r| {
+        if !is_parent(r) {
+            return Plan::Reply(calls(&[("h", "Hang", "{}")]));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let team = Arc::new(
+        Team::new("review", mailbox)
+            .unwrap()
+            .with_shutdown_policy(ShutdownPolicy::Ask)
+            .with_shutdown_grace(grace),
+    );
+    let hang = TestTool::sleeper("Hang", true, 60_000).arc();
+    let lead = lead_in(&team, b, lead_tools_with(vec![hang])).await;
+    (team, lead)
+}
+
+/// The lead's one notification: its teammate killed when a 300 ms shutdown grace ran out.
+fn assert_killed_after_the_grace(lead: &Agent) {
+    let ns = notifications(lead);
+    assert_eq!(ns.len(), 1, "{ns:?}");
+    assert_eq!(ns[0].status, forkhive_core::TaskStatus::Killed);
+    assert_eq!(
+        ns[0].note.as_deref(),
+        Some(
+            "its shutdown was not done within the team's shutdown grace of 300ms, so it was \
+             cancelled"
+        )
+    );
 }

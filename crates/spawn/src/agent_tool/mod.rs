@@ -709,7 +709,9 @@ impl AgentTool {
                     );
                     // The tools it will have (its definition's, through the layers), moved there.
                     let base = &self.subagent_base(&caller.pool);
-                    let audience = if background {
+                    let audience = if team.is_some() {
+                        crate::tool::ToolAudience::Teammate
+                    } else if background {
                         crate::tool::ToolAudience::Background
                     } else {
                         crate::tool::ToolAudience::Foreground

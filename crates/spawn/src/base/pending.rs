@@ -533,9 +533,10 @@ impl PromiseHandle {
         }
     }
 
-    /// Whether its owner has delivered or withdrawn it.
-    pub(crate) fn is_closed(&self) -> bool {
-        matches!(self.lock().promised, Promised::Closed)
+    /// Whether its owner has delivered or withdrawn it and a delivered message is on its
+    /// queue: what [`closed`](Self::closed) waits for.
+    pub(crate) fn is_finished(&self) -> bool {
+        self.inner.finished.load(Ordering::Acquire)
     }
 
     /// Waits until its owner has delivered or withdrawn it — the child's owner has finished
@@ -546,7 +547,7 @@ impl PromiseHandle {
             let mut notified = std::pin::pin!(notified);
             // Registered before the flag is read: a close after the read wakes it.
             notified.as_mut().enable();
-            if self.inner.finished.load(Ordering::Acquire) {
+            if self.is_finished() {
                 return;
             }
             notified.await;

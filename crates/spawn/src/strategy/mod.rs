@@ -48,6 +48,8 @@ struct HeadKey {
     definition: String,
     model: String,
     background: bool,
+    /// A teammate's tools are filtered for teammates (the team tools too).
+    teammate: bool,
     pool: usize,
 }
 
@@ -347,6 +349,7 @@ impl SpawnStrategy for Subagent {
             definition: def.name.clone(),
             model: model.clone(),
             background,
+            teammate: cx.teammate,
             pool: source.identity(),
         };
         // A definition that starts MCP servers of its own is built afresh each time: each of
@@ -358,7 +361,9 @@ impl SpawnStrategy for Subagent {
             .model(model)
             .definition(def)
             .tool_filter(Arc::clone(cx.filter))
-            .audience(if background {
+            .audience(if cx.teammate {
+                ToolAudience::Teammate
+            } else if background {
                 ToolAudience::Background
             } else {
                 ToolAudience::Foreground

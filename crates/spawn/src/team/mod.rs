@@ -147,7 +147,10 @@ impl Holds {
         for promise in self.running.values() {
             promise.move_to(lead);
         }
-        self.finishing.retain(|promise| promise.move_to(lead));
+        // (One closed but whose message is not on its queue yet is kept: a shutdown waits for
+        // it.)
+        self.finishing
+            .retain(|promise| promise.move_to(lead) || !promise.is_finished());
         // Each new hold is made before the old one drops: the old queue is released, the new
         // one never looks settled in between.
         for hold in self.letters.values_mut() {
@@ -223,9 +226,13 @@ pub struct Team {
     reported: Mutex<(bool, u64)>,
     /// Its lead's claim on the mailbox, once taken ([`claim_lead`](Team::claim_lead)).
     lead_claim: tokio::sync::Mutex<Option<crate::mailbox::LeadClaim>>,
-    /// Set while [`shut_down`](Team::shut_down) runs: no teammate joins, and one whose run
-    /// starts meanwhile is cancelled after the grace like those asked.
-    shutting_down: std::sync::atomic::AtomicBool,
+    /// The shutdowns under way ([`shut_down`](Team::shut_down)): while there is one, no
+    /// teammate joins, and one whose run starts meanwhile is cancelled at the same deadline as
+    /// those asked. A leaf lock: nothing is locked while it is held.
+    shutdowns: Mutex<Shutdowns>,
+    /// What the lead's relays have taken from its inbox, for the queue they took it into:
+    /// a relay that serves the same queue again does not put a letter in twice.
+    lead_seen: Mutex<Option<(PendingQueue, Arc<Mutex<Recent>>)>>,
     /// Notified when a teammate's state on the roster changes.
     roster_changed: tokio::sync::Notify,
 }
@@ -258,9 +265,16 @@ struct LeadRelay {
     task: tokio::task::JoinHandle<()>,
     queue: PendingQueue,
     until: tokio::sync::watch::Sender<tokio_util::sync::CancellationToken>,
-    /// Ends the relay for good ([`Team::shut_down`]): it acknowledges the letters it put in
-    /// the lead's queue (the lead's run no longer waits for them) and returns.
+    /// Ends the relay for good ([`Team::shut_down`]): it puts the letters in the inbox now in
+    /// the lead's queue and returns.
     give_up: tokio_util::sync::CancellationToken,
+}
+
+/// The shutdowns under way and the earliest deadline they set.
+#[derive(Default)]
+struct Shutdowns {
+    count: usize,
+    deadline: Option<tokio::time::Instant>,
 }
 
 impl Drop for Team {
@@ -298,7 +312,8 @@ impl Team {
             side: Side::Local,
             reported: Mutex::new((true, 0)),
             lead_claim: tokio::sync::Mutex::const_new(None),
-            shutting_down: std::sync::atomic::AtomicBool::new(false),
+            shutdowns: Mutex::default(),
+            lead_seen: Mutex::default(),
             roster_changed: tokio::sync::Notify::new(),
         })
     }
@@ -602,12 +617,6 @@ impl Team {
     /// Names that differ only in case are one name here: on a case-insensitive file system
     /// (macOS, Windows) `Alice` and `alice` would share an inbox file, and `Team-Lead` the lead's.
     pub(crate) fn join(&self, member: Member) -> Result<()> {
-        if self.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(Error::Refused(format!(
-                "team `{}` is shutting down; start `{}` once its shutdown has returned",
-                self.name, member.name
-            )));
-        }
         if member.name.eq_ignore_ascii_case(LEAD) {
             return Err(Error::Refused(format!(
                 "`{}` is the lead's name in a team (in any case); give the teammate another",
@@ -623,6 +632,14 @@ impl Team {
             )));
         }
         let mut all = self.lock();
+        // Under the roster's lock, which a shutdown takes to list whom it asks: a teammate is
+        // refused, or listed.
+        if self.shutdown_deadline().is_some() {
+            return Err(Error::Refused(format!(
+                "team `{}` is shutting down; start `{}` once its shutdown has returned",
+                self.name, member.name
+            )));
+        }
         if let Some(m) = all
             .values()
             .find(|m| m.state != MemberState::Stopped && m.name.eq_ignore_ascii_case(&member.name))
@@ -1221,8 +1238,8 @@ impl Team {
             self.plans().remove(name);
             if let Some(promise) = holds.running.remove(name) {
                 // Its end is delivered after this: a new lead before then must get it.
-                holds.finishing.retain(|p| !p.is_closed());
-                if !promise.is_closed() {
+                holds.finishing.retain(|p| !p.is_finished());
+                if !promise.is_finished() {
                     holds.finishing.push(promise);
                 }
             }
@@ -1272,28 +1289,36 @@ impl Team {
             // The stop first: a run the halt ends must find it set.
             c.stop.send_replace(Some(request_id));
             c.halt.request();
-            self.cancel_after_grace(c);
+            Self::cancel_at(c, tokio::time::Instant::now() + self.shutdown_grace);
         }
     }
 
-    /// Cancels the teammate of `c` if it has not ended within the team's shutdown grace: a run
-    /// that does not reach its next tool round in time (a peer's users report shutdowns that
-    /// never complete). Its owner cancels the token when it ends anyway, which ends this wait
-    /// early.
-    fn cancel_after_grace(&self, c: &Control) {
+    /// Cancels the teammate of `c` if it has not ended by `deadline`, the end of the team's
+    /// shutdown `grace`: a run that does not reach its next tool round in time (a peer's users
+    /// report shutdowns that never complete). Its owner cancels the token when it ends anyway,
+    /// which ends this wait early.
+    fn cancel_at(c: &Control, deadline: tokio::time::Instant) {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (token, grace) = (c.cancel.clone(), self.shutdown_grace);
+            let token = c.cancel.clone();
             let overdue = Arc::clone(&c.overdue);
             drop(rt.spawn(async move {
                 tokio::select! {
                     () = token.cancelled() => {}
-                    () = tokio::time::sleep(grace) => {
+                    () = tokio::time::sleep_until(deadline) => {
                         overdue.store(true, std::sync::atomic::Ordering::SeqCst);
                         token.cancel();
                     }
                 }
             }));
         }
+    }
+
+    /// The deadline of the shutdowns under way, if any.
+    fn shutdown_deadline(&self) -> Option<tokio::time::Instant> {
+        self.shutdowns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .deadline
     }
 
     /// Shuts every teammate down and returns once each has ended and its owner has finished
@@ -1321,24 +1346,35 @@ impl Team {
     /// this team's grace; the team is not given up then. A letter that could not be sent is
     /// the error returned once the others were asked and waited for. A teammate's side of a
     /// team on a pool cannot shut it down ([`Error::Refused`]). Dropped before it returns, the
-    /// teammates already asked still stop, and the team is not given up.
+    /// teammates whose runs had started when it asked them still end by its deadline, and the
+    /// team is not given up.
     pub async fn shut_down(&self, reason: Option<String>) -> Result<Vec<String>> {
-        use std::sync::atomic::Ordering;
         if matches!(self.side, Side::Member(_)) {
             return Err(Error::Refused(format!(
                 "a teammate's side of team `{}` cannot shut the team down; its lead does",
                 self.name
             )));
         }
-        /// Clears the flag however the shutdown ends (returned, failed, dropped).
-        struct Shutting<'a>(&'a std::sync::atomic::AtomicBool);
+        /// Ends this shutdown's part however it ends (returned, failed, dropped).
+        struct Shutting<'a>(&'a Mutex<Shutdowns>);
         impl Drop for Shutting<'_> {
             fn drop(&mut self) {
-                self.0.store(false, Ordering::SeqCst);
+                let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+                s.count = s.count.saturating_sub(1);
+                if s.count == 0 {
+                    s.deadline = None;
+                }
             }
         }
-        self.shutting_down.store(true, Ordering::SeqCst);
-        let shutting = Shutting(&self.shutting_down);
+        // Every teammate asked, and every one whose run starts meanwhile, is cancelled at this
+        // deadline if it has not ended.
+        let deadline = tokio::time::Instant::now() + self.shutdown_grace;
+        {
+            let mut s = self.shutdowns.lock().unwrap_or_else(|e| e.into_inner());
+            s.count += 1;
+            s.deadline = Some(s.deadline.map_or(deadline, |d| d.min(deadline)));
+        }
+        let shutting = Shutting(&self.shutdowns);
         let names: Vec<String> = self
             .lock()
             .values()
@@ -1363,7 +1399,7 @@ impl Team {
             // Ended whatever the policy, and whether or not the letter went. (One whose run
             // has not started yet is armed as it starts.)
             if let Some(c) = self.controls().get(name) {
-                self.cancel_after_grace(c);
+                Self::cancel_at(c, deadline);
             }
         }
         let waited = self.shutdown_grace + SHUT_DOWN_MARGIN;
@@ -1404,17 +1440,19 @@ impl Team {
                 waited,
             });
         }
-        drop(shutting);
         self.give_up().await;
+        // Only now may teammates join: one that joined before the team was given up would run
+        // without its claim.
+        drop(shutting);
         match failed {
             Some(e) => Err(e),
             None => Ok(names),
         }
     }
 
-    /// Gives the team up ([`shut_down`](Self::shut_down)): the lead's relay ends, having
-    /// acknowledged what it put in the lead's queue; letters to the lead still in the mailbox
-    /// no longer hold its run; the claim is given up, the store told.
+    /// Gives the team up ([`shut_down`](Self::shut_down)): the lead's relay ends, the last
+    /// letters put in the lead's queue; letters to the lead no longer hold its run; the claim
+    /// is given up, the store told.
     async fn give_up(&self) {
         let relay = self
             .lead_poller
@@ -1643,11 +1681,25 @@ impl Team {
         let mailbox = Arc::clone(&self.mailbox);
         let team = Arc::downgrade(self);
         let queue = lead.clone();
+        // What earlier relays of this queue took; a new queue (another lead's) starts afresh,
+        // and gets the letters the old one had not acknowledged.
+        let seen = {
+            let mut shared = self.lead_seen.lock().unwrap_or_else(|e| e.into_inner());
+            match shared.as_ref() {
+                Some((q, seen)) if q.is(&lead) => Arc::clone(seen),
+                _ => {
+                    let seen = Arc::new(Mutex::new(Recent::default()));
+                    *shared = Some((lead.clone(), Arc::clone(&seen)));
+                    seen
+                }
+            }
+        };
         let (watched, latest) = tokio::sync::watch::channel(until);
         let give_up = tokio_util::sync::CancellationToken::new();
         let given_up = give_up.clone();
         let relay = tokio::spawn(async move {
             let mut relay = Relay::new(mailbox, inbox, queue, team.clone(), None);
+            relay.seen = seen;
             loop {
                 let intercept = |d: &crate::mailbox::Delivered| {
                     if team.upgrade().is_some_and(|team| team.take_bookkeeping(d)) {
@@ -1744,7 +1796,8 @@ struct Relay {
     /// The teammate it serves (`None`: the lead).
     teammate: Option<String>,
     /// Ids already taken (the most recent [`SEEN`]): a copy delivered again is not put in twice.
-    seen: Recent,
+    /// Shared by the lead's relays of one queue ([`Team::lead_seen`]).
+    seen: Arc<Mutex<Recent>>,
     unacked: Vec<String>,
     /// On a worker: letters taken that its lead has not been told of yet (told again at each
     /// step until it is).
@@ -1792,49 +1845,58 @@ impl Relay {
             queue,
             team,
             teammate,
-            seen: Recent::default(),
+            seen: Arc::default(),
             unacked: Vec::new(),
             untold: Vec::new(),
         }
     }
 
+    fn seen(&self) -> std::sync::MutexGuard<'_, Recent> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Ends the relay for good: the letters in the inbox now are put in the queue (through
-    /// `intercept`, as [`step`](Self::step) puts them), and they and those it put there before
-    /// are acknowledged — the conversation has them at its next run — so their holds go and
-    /// no later relay puts them in again. What fails leaves them in the inbox, for the next
-    /// lead.
+    /// `intercept`, as [`step`](Self::step) puts them), so the conversation has them at its
+    /// next run. Those the conversation has taken already are acknowledged; the others stay
+    /// in the inbox — a lead restarted from its transcript gets them again (letters to a
+    /// restarted lead are at least once) — while the shared [`seen`](Self::seen) keeps a
+    /// later relay of this queue from putting them in twice.
     async fn give_up(
         &mut self,
         mut intercept: impl FnMut(&crate::mailbox::Delivered) -> Intercept,
     ) {
-        match self.mailbox.receive(&self.inbox).await {
-            Ok(letters) => {
-                for d in letters {
-                    if self.seen.contains(&d.id) {
-                        if !self.unacked.contains(&d.id) {
-                            self.unacked.push(d.id);
-                        }
-                        continue;
-                    }
-                    self.seen.insert(d.id.clone());
-                    match intercept(&d) {
-                        Intercept::Show => self
-                            .queue
-                            .push(PendingMessage::new(d.to_message(), MAILBOX_ORIGIN)),
-                        Intercept::Instead(message) => self.queue.push(message),
-                        Intercept::Take | Intercept::TakeToWork => {}
-                    }
-                    self.unacked.push(d.id);
-                }
+        if self.queue.is_empty() && !self.unacked.is_empty() {
+            let done = std::mem::take(&mut self.unacked);
+            if let Err(e) = self.ack(&done).await {
+                tracing::warn!("could not acknowledge the lead's letters as its relay ended: {e}");
             }
-            Err(e) => tracing::warn!("could not read the lead's last letters: {e}"),
         }
-        if self.unacked.is_empty() {
-            return;
+        let letters = match self.mailbox.receive(&self.inbox).await {
+            Ok(letters) => letters,
+            Err(e) => {
+                tracing::warn!("could not read the lead's last letters: {e}");
+                return;
+            }
+        };
+        let mut taken = Vec::new();
+        for d in letters {
+            if self.seen().contains(&d.id) {
+                continue;
+            }
+            self.seen().insert(d.id.clone());
+            match intercept(&d) {
+                Intercept::Show => self
+                    .queue
+                    .push(PendingMessage::new(d.to_message(), MAILBOX_ORIGIN)),
+                Intercept::Instead(message) => self.queue.push(message),
+                // The team's own bookkeeping, taken as the relay takes it.
+                Intercept::Take | Intercept::TakeToWork => taken.push(d.id),
+            }
         }
-        let ids = std::mem::take(&mut self.unacked);
-        if let Err(e) = self.ack(&ids).await {
-            tracing::warn!("could not acknowledge the lead's letters as its relay ended: {e}");
+        if !taken.is_empty()
+            && let Err(e) = self.ack(&taken).await
+        {
+            tracing::warn!("could not acknowledge the lead's bookkeeping as its relay ended: {e}");
         }
     }
 
@@ -1908,7 +1970,7 @@ impl Relay {
         let mut new = 0;
         let mut working = false;
         for d in self.mailbox.receive(&self.inbox).await? {
-            if self.seen.contains(&d.id) {
+            if self.seen().contains(&d.id) {
                 // Taken before (a copy sent again after the first was acknowledged, or an
                 // acknowledgement that failed): acknowledge it, do not put it in again.
                 if !self.unacked.contains(&d.id) {
@@ -1916,7 +1978,7 @@ impl Relay {
                 }
                 continue;
             }
-            self.seen.insert(d.id.clone());
+            self.seen().insert(d.id.clone());
             new += 1;
             match intercept(&d) {
                 Intercept::Show => {}
@@ -2039,11 +2101,13 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                     overdue: Arc::clone(&overdue),
                 };
                 // Started while the host shuts the team down: the request is in its inbox, and
-                // it ends after the grace whatever it does with it.
-                if team.shutting_down.load(std::sync::atomic::Ordering::SeqCst) {
-                    team.cancel_after_grace(&control);
+                // it ends at the shutdown's deadline whatever it does with it. Looked at under
+                // the lock a shutdown takes to arm those it finds: armed once, either way.
+                let mut controls = team.controls();
+                if let Some(deadline) = team.shutdown_deadline() {
+                    Team::cancel_at(&control, deadline);
                 }
-                team.controls().insert(name.clone(), control);
+                controls.insert(name.clone(), control);
             }
             let relay = match team.inbox(&name) {
                 Ok(inbox) => {
@@ -2665,6 +2729,42 @@ mod tests {
     }
 
     /// A teammate whose run is dropped before it starts is stopped on the roster.
+    /// A shutdown waits for a teammate on the roster whose run has not started (no promise
+    /// to wait on yet) until the roster says it stopped; no teammate joins meanwhile, and one
+    /// may once the shutdown has returned.
+    #[tokio::test]
+    async fn a_shutdown_waits_on_the_roster_and_no_teammate_joins_meanwhile() {
+        let mail = Arc::new(Flaky::default());
+        let (team, _lead) = team(&mail);
+        let shutting = tokio::spawn({
+            let team = Arc::clone(&team);
+            async move { team.shut_down(None).await }
+        });
+        until("the shutdown is under way", || {
+            team.shutdown_deadline().is_some()
+        })
+        .await;
+        let bob = || Member {
+            name: "bob".into(),
+            task: TaskId::generate(forkhive_core::TaskKind::Agent),
+            agent_type: "worker".into(),
+            state: MemberState::Running,
+        };
+        assert_eq!(
+            team.join(bob()).unwrap_err().to_string(),
+            "team `t` is shutting down; start `bob` once its shutdown has returned"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!shutting.is_finished(), "alice has not stopped");
+        team.stopped("alice");
+        assert_eq!(shutting.await.unwrap().unwrap(), ["alice"]);
+        assert!(
+            team.lead_poller.lock().unwrap().is_none(),
+            "the lead's relay was given up"
+        );
+        team.join(bob()).unwrap();
+    }
+
     #[test]
     fn a_teammate_run_dropped_unrun_is_stopped() {
         let mail = Arc::new(Flaky::default());
