@@ -1946,6 +1946,15 @@ async fn shut_down_ends_every_teammate_and_gives_the_team_up() {
         assert_eq!(all.matches(&approved).count(), 1, "{who}: {all}");
     }
     assert_eq!(notifications(&lead).len(), 2, "{all}");
+    // Taken by the conversation, the answers are acknowledged: the lead's inbox is empty.
+    let inbox = team.inbox("team-lead").unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while !mailbox.receive(&inbox).await.unwrap().is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the lead's letters were acknowledged once its conversation took them");
     // The team used again: a new relay of the lead's queue does not put those answers in a
     // second time, though the mailbox kept them until now.
     let run = tokio::time::timeout(std::time::Duration::from_secs(10), lead.run("more work"))

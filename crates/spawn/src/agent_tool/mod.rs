@@ -651,7 +651,11 @@ impl AgentTool {
                         .filter
                         .pool(
                             base,
-                            crate::tool::ToolAudience::Background,
+                            if team.is_some() {
+                                crate::tool::ToolAudience::Teammate
+                            } else {
+                                crate::tool::ToolAudience::Background
+                            },
                             def.tools.as_deref(),
                             def.disallowed_tools.as_deref(),
                         )

@@ -270,11 +270,16 @@ struct LeadRelay {
     give_up: tokio_util::sync::CancellationToken,
 }
 
-/// The shutdowns under way and the earliest deadline they set.
+/// The deadline of each shutdown under way.
 #[derive(Default)]
-struct Shutdowns {
-    count: usize,
-    deadline: Option<tokio::time::Instant>,
+struct Shutdowns(Vec<tokio::time::Instant>);
+
+/// `grace` from now, or a time that never comes when that is past what the clock holds (a
+/// grace of `Duration::MAX` cancels nothing).
+fn deadline_after(grace: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(grace)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
 }
 
 impl Drop for Team {
@@ -1289,7 +1294,7 @@ impl Team {
             // The stop first: a run the halt ends must find it set.
             c.stop.send_replace(Some(request_id));
             c.halt.request();
-            Self::cancel_at(c, tokio::time::Instant::now() + self.shutdown_grace);
+            Self::cancel_at(c, deadline_after(self.shutdown_grace));
         }
     }
 
@@ -1318,7 +1323,10 @@ impl Team {
         self.shutdowns
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .deadline
+            .0
+            .iter()
+            .min()
+            .copied()
     }
 
     /// Shuts every teammate down and returns once each has ended and its owner has finished
@@ -1356,25 +1364,24 @@ impl Team {
             )));
         }
         /// Ends this shutdown's part however it ends (returned, failed, dropped).
-        struct Shutting<'a>(&'a Mutex<Shutdowns>);
+        struct Shutting<'a>(&'a Mutex<Shutdowns>, tokio::time::Instant);
         impl Drop for Shutting<'_> {
             fn drop(&mut self) {
                 let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
-                s.count = s.count.saturating_sub(1);
-                if s.count == 0 {
-                    s.deadline = None;
+                if let Some(at) = s.0.iter().position(|d| *d == self.1) {
+                    s.0.swap_remove(at);
                 }
             }
         }
-        // Every teammate asked, and every one whose run starts meanwhile, is cancelled at this
-        // deadline if it has not ended.
-        let deadline = tokio::time::Instant::now() + self.shutdown_grace;
-        {
-            let mut s = self.shutdowns.lock().unwrap_or_else(|e| e.into_inner());
-            s.count += 1;
-            s.deadline = Some(s.deadline.map_or(deadline, |d| d.min(deadline)));
-        }
-        let shutting = Shutting(&self.shutdowns);
+        // Every teammate asked, and every one whose run starts meanwhile, is cancelled at the
+        // earliest deadline of the shutdowns under way if it has not ended.
+        let deadline = deadline_after(self.shutdown_grace);
+        self.shutdowns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .push(deadline);
+        let shutting = Shutting(&self.shutdowns, deadline);
         let names: Vec<String> = self
             .lock()
             .values()
@@ -1399,10 +1406,10 @@ impl Team {
             // Ended whatever the policy, and whether or not the letter went. (One whose run
             // has not started yet is armed as it starts.)
             if let Some(c) = self.controls().get(name) {
-                Self::cancel_at(c, deadline);
+                Self::cancel_at(c, self.shutdown_deadline().unwrap_or(deadline));
             }
         }
-        let waited = self.shutdown_grace + SHUT_DOWN_MARGIN;
+        let waited = self.shutdown_grace.saturating_add(SHUT_DOWN_MARGIN);
         let ended = async {
             // Every teammate asked has ended on the roster…
             loop {
@@ -1726,7 +1733,7 @@ impl Team {
                 };
                 // Given up ([`Team::shut_down`]): the last letters in, all acknowledged.
                 let Some(failed) = stepped else {
-                    relay.give_up(intercept).await;
+                    relay.give_up(intercept, until).await;
                     return;
                 };
                 if failed {
@@ -1851,53 +1858,73 @@ impl Relay {
         }
     }
 
-    fn seen(&self) -> std::sync::MutexGuard<'_, Recent> {
-        self.seen.lock().unwrap_or_else(|e| e.into_inner())
+    /// Whether `id` is new to the relays sharing [`seen`](Self::seen), marking it seen: one
+    /// step, so two relays of one queue never both take a letter.
+    fn first_sight(&self, id: &str) -> bool {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.contains(id) {
+            return false;
+        }
+        seen.insert(id.to_owned());
+        true
     }
 
     /// Ends the relay for good: the letters in the inbox now are put in the queue (through
     /// `intercept`, as [`step`](Self::step) puts them), so the conversation has them at its
-    /// next run. Those the conversation has taken already are acknowledged; the others stay
-    /// in the inbox — a lead restarted from its transcript gets them again (letters to a
-    /// restarted lead are at least once) — while the shared [`seen`](Self::seen) keeps a
-    /// later relay of this queue from putting them in twice.
+    /// next run. They and those put in before are acknowledged once the conversation has
+    /// taken them — by a task that waits for the queue to drain, or for `until` (the lead's
+    /// token): a lead that ends first leaves them in the inbox, and a lead restarted from its
+    /// transcript gets them again (letters to a restarted lead are at least once).
     async fn give_up(
         &mut self,
         mut intercept: impl FnMut(&crate::mailbox::Delivered) -> Intercept,
+        until: tokio_util::sync::CancellationToken,
     ) {
-        if self.queue.is_empty() && !self.unacked.is_empty() {
-            let done = std::mem::take(&mut self.unacked);
-            if let Err(e) = self.ack(&done).await {
-                tracing::warn!("could not acknowledge the lead's letters as its relay ended: {e}");
+        let mut rest = std::mem::take(&mut self.unacked);
+        match self.mailbox.receive(&self.inbox).await {
+            Ok(letters) => {
+                for d in letters {
+                    if !self.first_sight(&d.id) {
+                        continue;
+                    }
+                    match intercept(&d) {
+                        Intercept::Show => self
+                            .queue
+                            .push(PendingMessage::new(d.to_message(), MAILBOX_ORIGIN)),
+                        Intercept::Instead(message) => self.queue.push(message),
+                        // The team's own bookkeeping, taken as the relay takes it.
+                        Intercept::Take | Intercept::TakeToWork => {}
+                    }
+                    rest.push(d.id);
+                }
             }
+            Err(e) => tracing::warn!("could not read the lead's last letters: {e}"),
         }
-        let letters = match self.mailbox.receive(&self.inbox).await {
-            Ok(letters) => letters,
-            Err(e) => {
-                tracing::warn!("could not read the lead's last letters: {e}");
-                return;
-            }
-        };
-        let mut taken = Vec::new();
-        for d in letters {
-            if self.seen().contains(&d.id) {
-                continue;
-            }
-            self.seen().insert(d.id.clone());
-            match intercept(&d) {
-                Intercept::Show => self
-                    .queue
-                    .push(PendingMessage::new(d.to_message(), MAILBOX_ORIGIN)),
-                Intercept::Instead(message) => self.queue.push(message),
-                // The team's own bookkeeping, taken as the relay takes it.
-                Intercept::Take | Intercept::TakeToWork => taken.push(d.id),
-            }
+        if rest.is_empty() {
+            return;
         }
-        if !taken.is_empty()
-            && let Err(e) = self.ack(&taken).await
-        {
-            tracing::warn!("could not acknowledge the lead's bookkeeping as its relay ended: {e}");
-        }
+        let (mailbox, inbox, queue, team) = (
+            Arc::clone(&self.mailbox),
+            self.inbox.clone(),
+            self.queue.clone(),
+            self.team.clone(),
+        );
+        drop(tokio::spawn(async move {
+            tokio::select! {
+                biased;
+                () = until.cancelled() => {}
+                () = queue.drained() => match mailbox.ack(&inbox, &rest).await {
+                    Ok(()) => {
+                        if let Some(team) = team.upgrade() {
+                            team.taken(LEAD, &rest);
+                        }
+                    }
+                    Err(e) => tracing::warn!(
+                        "could not acknowledge the lead's last letters: {e}; they stay in its inbox"
+                    ),
+                },
+            }
+        }));
     }
 
     async fn ack(&mut self, ids: &[String]) -> Result<()> {
@@ -1970,15 +1997,15 @@ impl Relay {
         let mut new = 0;
         let mut working = false;
         for d in self.mailbox.receive(&self.inbox).await? {
-            if self.seen().contains(&d.id) {
-                // Taken before (a copy sent again after the first was acknowledged, or an
-                // acknowledgement that failed): acknowledge it, do not put it in again.
+            if !self.first_sight(&d.id) {
+                // Taken before (a copy sent again after the first was acknowledged, an
+                // acknowledgement that failed, or a letter an earlier relay of this queue put
+                // in and left): acknowledged once the queue is drained, not put in again.
                 if !self.unacked.contains(&d.id) {
-                    taken.push(d.id);
+                    self.unacked.push(d.id);
                 }
                 continue;
             }
-            self.seen().insert(d.id.clone());
             new += 1;
             match intercept(&d) {
                 Intercept::Show => {}
@@ -2102,7 +2129,8 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                 };
                 // Started while the host shuts the team down: the request is in its inbox, and
                 // it ends at the shutdown's deadline whatever it does with it. Looked at under
-                // the lock a shutdown takes to arm those it finds: armed once, either way.
+                // the lock a shutdown takes to arm those it finds: armed either way (at most
+                // twice, to the same effect).
                 let mut controls = team.controls();
                 if let Some(deadline) = team.shutdown_deadline() {
                     Team::cancel_at(&control, deadline);
@@ -2728,7 +2756,6 @@ mod tests {
         until("acknowledged once drained", || lead.outstanding() == 0).await;
     }
 
-    /// A teammate whose run is dropped before it starts is stopped on the roster.
     /// A shutdown waits for a teammate on the roster whose run has not started (no promise
     /// to wait on yet) until the roster says it stopped; no teammate joins meanwhile, and one
     /// may once the shutdown has returned.
@@ -2764,6 +2791,22 @@ mod tests {
         );
         team.join(bob()).unwrap();
     }
+
+    /// A grace the clock cannot add (`Duration::MAX`: never cancel) is a deadline that never
+    /// comes, not a panic.
+    #[tokio::test]
+    async fn a_grace_past_the_clock_never_comes() {
+        let now = tokio::time::Instant::now();
+        assert!(deadline_after(Duration::MAX) > now + Duration::from_secs(365 * 24 * 3600));
+        assert_eq!(
+            deadline_after(Duration::from_secs(1))
+                .duration_since(now)
+                .as_secs(),
+            1
+        );
+    }
+
+    /// A teammate whose run is dropped before it starts is stopped on the roster.
 
     #[test]
     fn a_teammate_run_dropped_unrun_is_stopped() {
