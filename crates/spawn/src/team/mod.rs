@@ -137,6 +137,20 @@ struct Holds {
 }
 
 impl Holds {
+    /// Takes the holds of every letter to `recipient` not taken yet, for the caller to release
+    /// outside the lock.
+    fn letters_to(&mut self, recipient: &str) -> Vec<Expectation> {
+        let keys: Vec<(String, String)> = self
+            .letters
+            .keys()
+            .filter(|(to, _)| to == recipient)
+            .cloned()
+            .collect();
+        keys.into_iter()
+            .filter_map(|k| self.letters.remove(&k))
+            .collect()
+    }
+
     /// Serves `lead`: every hold is moved onto its queue, so a new lead on a team that outlived
     /// the lead that started its teammates waits for them, and their notifications reach it
     /// instead of a queue nobody reads.
@@ -1249,17 +1263,10 @@ impl Team {
                 }
             }
             holds.last_state.remove(name);
-            let gone: Vec<(String, String)> = holds
-                .letters
-                .keys()
-                .filter(|(to, _)| to == name)
-                .cloned()
-                .collect();
-            let released: Vec<_> = gone
-                .into_iter()
-                .filter_map(|k| holds.letters.remove(&k))
-                .collect();
-            (released, self.mark(name, MemberState::Stopped))
+            (
+                holds.letters_to(name),
+                self.mark(name, MemberState::Stopped),
+            )
         };
         // The file is written outside the lock every relay and send takes.
         if changed {
@@ -1479,19 +1486,7 @@ impl Team {
                 task.abort();
             }
         }
-        let released: Vec<Expectation> = {
-            let mut holds = self.holds();
-            let to_lead: Vec<(String, String)> = holds
-                .letters
-                .keys()
-                .filter(|(to, _)| to == LEAD)
-                .cloned()
-                .collect();
-            to_lead
-                .into_iter()
-                .filter_map(|k| holds.letters.remove(&k))
-                .collect()
-        };
+        let released = self.holds().letters_to(LEAD);
         // Released outside the lock: the queue wakes its readers.
         drop(released);
         let claim = self.lead_claim.lock().await.take();
