@@ -78,6 +78,14 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 ";
 
+/// `SET key holder NX PX ttl`: the claim taken for `ttl` ms if nobody holds it (answers the
+/// `OK` when taken, nil when held).
+fn claim_if_free(key: &str, holder: &str, ttl: u64) -> redis::Cmd {
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(key).arg(holder).arg("NX").arg("PX").arg(ttl);
+    cmd
+}
+
 /// A team's lead claimed in Redis: renewed while it lives, given up when dropped.
 struct RedisLead {
     renew: tokio::task::JoinHandle<()>,
@@ -475,12 +483,7 @@ impl Mailbox for RedisMailbox {
         // is waited for, a little.
         let mut tries = 0;
         loop {
-            let set: Option<String> = redis::cmd("SET")
-                .arg(&key)
-                .arg(&holder)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl)
+            let set: Option<String> = claim_if_free(&key, &holder, ttl)
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| self.fail(&lead, "SET", e))?;
@@ -525,14 +528,10 @@ impl Mailbox for RedisMailbox {
                         // Lapsed (Redis out of reach for longer than the TTL): taken again if
                         // nobody took it meanwhile.
                         Ok(_) => {
-                            let again: redis::RedisResult<Option<String>> = redis::cmd("SET")
-                                .arg(&key)
-                                .arg(&holder)
-                                .arg("NX")
-                                .arg("PX")
-                                .arg(ttl)
-                                .query_async(&mut conn)
-                                .await;
+                            let again: redis::RedisResult<Option<String>> =
+                                claim_if_free(&key, &holder, ttl)
+                                    .query_async(&mut conn)
+                                    .await;
                             if !matches!(again, Ok(Some(_))) {
                                 tracing::error!(
                                     "the team claim {key} lapsed and another lead took the team"
