@@ -624,10 +624,21 @@ async fn dropping_the_parent_cancels_every_task_it_has_on_the_pool() {
     w.await.unwrap().unwrap();
 }
 
+/// One permission request as the coordinator's policy saw it: the asking agent's id, kind
+/// and type, the tool, its input and whether it is read-only.
+type Asked = (
+    TaskId,
+    String,
+    serde_json::Value,
+    bool,
+    &'static str,
+    Option<String>,
+);
+
 /// The coordinator's own policy: `Write` to `secret.txt` is denied, any other allowed; every
 /// request is recorded with the agent that asked.
 #[derive(Debug, Default)]
-struct Guard(std::sync::Mutex<Vec<(TaskId, String, serde_json::Value, bool)>>);
+struct Guard(std::sync::Mutex<Vec<Asked>>);
 
 #[async_trait]
 impl forkhive_spawn::tool::PermissionPolicy for Guard {
@@ -640,6 +651,8 @@ impl forkhive_spawn::tool::PermissionPolicy for Guard {
             r.tool_name().to_owned(),
             r.input.clone(),
             r.tool.is_read_only(),
+            r.agent.kind().as_str(),
+            r.agent.agent_type().map(str::to_owned),
         ));
         let path = r.input["path"].as_str().unwrap_or("");
         #[allow(clippy::panic)]
@@ -725,7 +738,8 @@ async fn a_workers_permission_request_is_decided_in_the_coordinators_process() {
                 ),
                 (
                     "Agent",
-                    serde_json::json!({"description": "notes", "prompt": "notes.txt"}),
+                    serde_json::json!({"description": "notes", "prompt": "notes.txt",
+                                       "subagent_type": "scribe"}),
                 ),
                 (
                     "Agent",
@@ -806,6 +820,19 @@ async fn a_workers_permission_request_is_decided_in_the_coordinators_process() {
     assert!(
         asked.iter().all(|a| a.0 != *agent.id()),
         "asked as the worker's agent"
+    );
+    // The policy sees the asker as the worker ran it: a subagent, of the type it was started
+    // as (it saw every asker as an untyped subagent before).
+    assert_eq!(
+        asked
+            .iter()
+            .map(|a| (a.2["path"].as_str().unwrap(), a.4, a.5.as_deref()))
+            .collect::<Vec<_>>(),
+        [
+            ("boom.txt", "subagent", None),
+            ("notes.txt", "subagent", Some("scribe")),
+            ("secret.txt", "subagent", None)
+        ]
     );
     stop.cancel();
     worker.await.unwrap().unwrap();

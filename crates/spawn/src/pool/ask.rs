@@ -110,6 +110,13 @@ impl RemoteAsk {
             .arg(&input)
             .arg("tool_use_id")
             .arg(request.tool_use_id)
+            // Who asks, so the parent's policy sees the asker as a local child's policy would.
+            .arg("kind")
+            .arg(request.agent.kind().as_str())
+            .arg("agent_type")
+            .arg(request.agent.agent_type().unwrap_or(""))
+            .arg("query_source")
+            .arg(request.agent.query_source().as_str())
             .query_async(&mut conn)
             .await
             .map_err(|e| e.to_string())?;
@@ -328,8 +335,7 @@ async fn answer(
                 definition,
                 read_only: field("read_only") == "1",
             };
-            let cx = AgentContext::new(*task, AgentKind::Subagent, QuerySource::default_agent())
-                .with_lineage(Some(*parent), 1);
+            let cx = asker(&field, *task, *parent);
             let tool_use_id = field("tool_use_id");
             // A policy that panics denies the call, as in a local tool round, instead of
             // taking this answerer down (the worker would wait out its timeout).
@@ -389,6 +395,25 @@ async fn answer(
     }
 }
 
+/// The context of the agent that asked, from the request's fields: its kind (a teammate or
+/// a subagent: a pool runs nothing else), its type and its query source, as the worker
+/// wrote them. A request from an older worker, without them, is a default subagent's.
+fn asker(field: &impl Fn(&str) -> String, task: TaskId, parent: TaskId) -> AgentContext {
+    let kind = match field("kind").as_str() {
+        "teammate" => AgentKind::Teammate,
+        _ => AgentKind::Subagent,
+    };
+    let source = match field("query_source") {
+        s if s.is_empty() => QuerySource::default_agent(),
+        s => QuerySource::from_label(s),
+    };
+    let cx = AgentContext::new(task, kind, source).with_lineage(Some(parent), 1);
+    match field("agent_type") {
+        t if t.is_empty() => cx,
+        t => cx.with_agent_type(t),
+    }
+}
+
 async fn drop_entry(pool: &Pool, parent: &TaskId, entry: &str) -> crate::Result<()> {
     let mut conn = pool.conn().await?;
     redis::cmd("XDEL")
@@ -398,4 +423,63 @@ async fn drop_entry(pool: &Pool, parent: &TaskId, entry: &str) -> crate::Result<
         .await
         .map(|_| ())
         .map_err(|e| pool.fail("XDEL", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use forkhive_core::TaskKind;
+
+    fn fields(pairs: &[(&str, &str)]) -> impl Fn(&str) -> String {
+        let map: std::collections::HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |k| map.get(k).cloned().unwrap_or_default()
+    }
+
+    /// A teammate's request reaches the parent's policy as a teammate's, with its type and
+    /// source; one without those fields (an older worker) as a default subagent's; a worker
+    /// claiming to be the main agent is taken for a subagent.
+    #[test]
+    fn the_asker_is_rebuilt_as_the_worker_wrote_it() {
+        let (task, parent) = (
+            TaskId::generate(TaskKind::Agent),
+            TaskId::generate(TaskKind::Agent),
+        );
+        let mate = asker(
+            &fields(&[
+                ("kind", "teammate"),
+                ("agent_type", "reviewer"),
+                ("query_source", "agent:custom:reviewer"),
+            ]),
+            task,
+            parent,
+        );
+        assert_eq!(
+            (
+                mate.kind(),
+                mate.agent_type(),
+                mate.query_source().as_str(),
+                mate.parent(),
+                mate.depth(),
+                mate.id()
+            ),
+            (
+                AgentKind::Teammate,
+                Some("reviewer"),
+                "agent:custom:reviewer",
+                Some(&parent),
+                1,
+                &task
+            )
+        );
+        let old = asker(&fields(&[]), task, parent);
+        assert_eq!(
+            (old.kind(), old.agent_type(), old.query_source()),
+            (AgentKind::Subagent, None, &QuerySource::default_agent())
+        );
+        let main = asker(&fields(&[("kind", "main")]), task, parent);
+        assert_eq!(main.kind(), AgentKind::Subagent);
+    }
 }
