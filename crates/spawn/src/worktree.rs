@@ -238,8 +238,16 @@ impl Worktree {
     /// Removes the worktree and its branch when nothing changed; otherwise keeps both and says
     /// why. A status git cannot give keeps the tree.
     pub async fn finish(&self) -> Finished {
+        // Git is pointed at the tree's admin directory, never led there by the tree's own
+        // `.git` file: whoever worked in the tree may have rewritten that file to lead to a
+        // repository of their own, whose config (`core.fsmonitor`) git would run.
+        let admin = match admin_dir(&self.repo, &self.path).await {
+            Ok(a) => a,
+            Err(e) => return Finished::Kept(Keep::Unknown(e)),
+        };
         // Ignored files count too: `worktree remove` would delete them (a `.env`, a log).
-        let status = match git(
+        let status = match git_in(
+            &admin,
             &self.path,
             &[
                 "status",
@@ -261,7 +269,7 @@ impl Worktree {
         let mut commits = 0;
         for tip in ["HEAD".to_owned(), format!("refs/heads/{}", self.branch)] {
             let range = format!("{}..{tip}", self.base);
-            match git(&self.path, &["rev-list", "--count", &range]).await {
+            match git_in(&admin, &self.path, &["rev-list", "--count", &range]).await {
                 Ok(n) => match n.trim().parse::<u64>() {
                     Ok(n) => commits = commits.max(n),
                     Err(_) => {
@@ -351,7 +359,15 @@ impl Worktree {
             else {
                 continue;
             };
-            if live(&slug) || !untouched_for(&path, older_than).await {
+            if live(&slug) {
+                continue;
+            }
+            // A tree git does not know the admin directory of is not one to judge.
+            let admin = match admin_dir(&top, &path).await {
+                Ok(a) => a,
+                Err(_) => continue,
+            };
+            if !untouched_for(&path, &admin, older_than).await {
                 continue;
             }
             let branch_ref = format!("refs/heads/{branch}");
@@ -375,8 +391,8 @@ impl Worktree {
                     // still hold it locked, "initializing"): nobody ever worked in it, though
                     // git would call its every file deleted.
                     Ok(tip)
-                        if untouched_for(&path, older_than.max(UNBORN_AFTER)).await
-                            && never_checked_out(&path).await =>
+                        if untouched_for(&path, &admin, older_than.max(UNBORN_AFTER)).await
+                            && never_checked_out(&path, &admin).await =>
                     {
                         remove_unborn(&top, &path, &branch_ref, tip.trim()).await
                     }
@@ -413,9 +429,10 @@ impl Worktree {
 const UNBORN_AFTER: Duration = Duration::from_secs(10 * 60);
 
 /// Whether the tree at `path` was never checked out: its directory holds nothing but its
-/// `.git` file, and it has no index (which `git worktree add --no-checkout` leaves, and the
-/// checkout writes; a tree whose files were all removed with `git rm` still has one).
-async fn never_checked_out(path: &Path) -> bool {
+/// `.git` file, and it has no index in its admin directory `admin` (which `git worktree add
+/// --no-checkout` leaves, and the checkout writes; a tree whose files were all removed with
+/// `git rm` still has one).
+async fn never_checked_out(path: &Path, admin: &Path) -> bool {
     let Ok(mut entries) = tokio::fs::read_dir(path).await else {
         return false;
     };
@@ -429,13 +446,10 @@ async fn never_checked_out(path: &Path) -> bool {
     if names.len() != 1 || names[0] != ".git" {
         return false;
     }
-    match git(path, &["rev-parse", "--git-path", "index"]).await {
-        Ok(index) => matches!(
-            tokio::fs::symlink_metadata(path.join(index.trim())).await,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound
-        ),
-        Err(_) => false,
-    }
+    matches!(
+        tokio::fs::symlink_metadata(admin.join("index")).await,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound
+    )
 }
 
 /// Removes a tree that was never checked out (see [`never_checked_out`]), lock and all, and its
@@ -453,13 +467,10 @@ async fn remove_unborn(top: &Path, path: &Path, branch_ref: &str, tip: &str) -> 
     Finished::Removed
 }
 
-/// Whether nothing in the tree's directory or its index changed for `age` (a tree that cannot
-/// be looked at counts as touched: it is left alone).
-async fn untouched_for(path: &Path, age: Duration) -> bool {
-    let index = match git(path, &["rev-parse", "--git-path", "index"]).await {
-        Ok(p) => path.join(p.trim()),
-        Err(_) => return false,
-    };
+/// Whether nothing in the tree's directory or its index (in its admin directory `admin`)
+/// changed for `age` (a tree that cannot be looked at counts as touched: it is left alone).
+async fn untouched_for(path: &Path, admin: &Path, age: Duration) -> bool {
+    let index = admin.join("index");
     let now = std::time::SystemTime::now();
     for (p, needed) in [(path.to_path_buf(), true), (index, false)] {
         match tokio::fs::metadata(&p).await.and_then(|m| m.modified()) {
@@ -540,7 +551,11 @@ async fn add(
         }
     }
     // The tree's own index and files: nothing shared with the other trees is locked.
-    if let Err(e) = git(path, &["reset", "--hard", "--quiet"]).await {
+    let checked_out = match admin_dir(top, path).await {
+        Ok(admin) => git_in(&admin, path, &["reset", "--hard", "--quiet"]).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = checked_out {
         // Nobody has worked in it: take the half-made tree away again, and the branch made
         // for it (only while it still points where it started).
         let _ = git(top, &["worktree", "remove", "--force", &path_arg]).await;
@@ -677,11 +692,34 @@ fn jitter(attempt: u32) -> Duration {
 }
 
 /// Runs `git -C dir args…`; its stdout, or what it said on stderr (or why it could not run).
+///
+/// Only for directories the host owns (the repository's checkout): in a worker's tree, git
+/// would take the tree's `.git` file for the way to its repository. Use [`git_in`] there.
 async fn git(dir: &Path, args: &[&str]) -> std::result::Result<String, String> {
-    let out = tokio::process::Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(args)
+    let mut cmd = tokio::process::Command::new("git");
+    cmd.arg("-C").arg(dir).args(args);
+    run_git(cmd).await
+}
+
+/// Runs git on the worker's tree at `path` with its admin directory `admin` named outright
+/// (`--git-dir`, `--work-tree`), so nothing written in the tree chooses the repository, its
+/// config or what git runs; the file system monitor is off besides (a config that names one
+/// runs it as a command).
+async fn git_in(admin: &Path, path: &Path, args: &[&str]) -> std::result::Result<String, String> {
+    let mut cmd = tokio::process::Command::new("git");
+    cmd.arg("-C")
+        .arg(path)
+        .arg("--git-dir")
+        .arg(admin)
+        .arg("--work-tree")
+        .arg(path)
+        .args(["-c", "core.fsmonitor=false"])
+        .args(args);
+    run_git(cmd).await
+}
+
+async fn run_git(mut cmd: tokio::process::Command) -> std::result::Result<String, String> {
+    let out = cmd
         .env("GIT_TERMINAL_PROMPT", "0")
         .kill_on_drop(true)
         .output()
@@ -692,6 +730,37 @@ async fn git(dir: &Path, args: &[&str]) -> std::result::Result<String, String> {
     } else {
         Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
     }
+}
+
+/// The admin directory git keeps for the tree at `path` (`<common dir>/worktrees/<name>`),
+/// found from the repository's side — each admin directory's `gitdir` file names its tree's
+/// `.git` — and never through the tree's own `.git` file, which whoever works in the tree can
+/// rewrite ("Coordinator Mode", gotchas: "assume the worker is hostile").
+async fn admin_dir(top: &Path, path: &Path) -> std::result::Result<PathBuf, String> {
+    let common = git(top, &["rev-parse", "--git-common-dir"]).await?;
+    // Relative to `top` when git gives it relative (`.git`); `join` keeps an absolute one.
+    let worktrees = top.join(common.trim()).join("worktrees");
+    let want = tokio::fs::canonicalize(path)
+        .await
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut entries = tokio::fs::read_dir(&worktrees)
+        .await
+        .map_err(|e| format!("{}: {e}", worktrees.display()))?;
+    while let Ok(Some(entry)) = entries.next_entry().await {
+        let Ok(gitdir) = tokio::fs::read_to_string(entry.path().join("gitdir")).await else {
+            continue;
+        };
+        let Some(tree) = Path::new(gitdir.trim()).parent() else {
+            continue;
+        };
+        if tokio::fs::canonicalize(tree).await.is_ok_and(|t| t == want) {
+            return Ok(entry.path());
+        }
+    }
+    Err(format!(
+        "git has no worktree registered at {}",
+        path.display()
+    ))
 }
 
 #[cfg(test)]

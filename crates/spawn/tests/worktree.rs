@@ -406,19 +406,91 @@ async fn any_change_keeps_the_worktree_and_says_which() {
     );
 }
 
-/// A tree whose status git cannot give is kept, never removed on a guess.
+/// A tree whose status git cannot give is kept, never removed on a guess: its index is
+/// damaged, or the link from the tree to its repository is broken.
 #[tokio::test]
 async fn an_unreadable_status_keeps_the_tree() {
     let repo = repo();
     let wt = Worktree::create(repo.path(), "broken", None).await.unwrap();
-    // Break the link from the worktree to its repository.
-    std::fs::write(wt.path().join(".git"), "gitdir: /nonexistent/forkhive\n").unwrap();
+    let index = git(
+        wt.path(),
+        &["rev-parse", "--path-format=absolute", "--git-path", "index"],
+    );
+    std::fs::write(index.trim(), "not an index").unwrap();
     match wt.finish().await {
+        Finished::Kept(Keep::Unknown(why)) => assert!(why.contains("index"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(wt.path().join("lib.rs").exists());
+    let cut = Worktree::create(repo.path(), "cut", None).await.unwrap();
+    std::fs::write(cut.path().join(".git"), "gitdir: /nonexistent/forkhive\n").unwrap();
+    match cut.finish().await {
         Finished::Kept(Keep::Unknown(why)) => {
-            assert!(why.contains("not a git repository"), "{why}")
+            assert!(why.contains("validation failed"), "{why}")
         }
         other => panic!("{other:?}"),
     }
+    assert!(cut.path().join("lib.rs").exists());
+}
+
+/// A worker that rewrites its tree's `.git` file to lead to a repository of its own, whose
+/// config names a file system monitor, does not get git to run it in the owner's process when
+/// its tree is finished or pruned: git is pointed at the tree's admin directory, not led by
+/// the tree. The tree is kept (it holds the worker's files).
+#[tokio::test]
+async fn a_tree_whose_git_file_was_rewritten_runs_nothing_it_names() {
+    use std::time::Duration;
+    let repo = repo();
+    let wt = Worktree::create(repo.path(), "hostile", None)
+        .await
+        .unwrap();
+    let marker = repo.path().join("ran");
+    let plant = |at: &Path| {
+        let own = at.join(".x");
+        git(at, &["init", "-q", "--bare", own.to_str().unwrap()]);
+        let config = own.join("config");
+        let mut text = std::fs::read_to_string(&config).unwrap();
+        text.push_str(&format!(
+            "[core]\n\tbare = false\n\tfsmonitor = \"touch {}; false\"\n",
+            marker.display()
+        ));
+        std::fs::write(&config, text).unwrap();
+        std::fs::write(at.join(".git"), "gitdir: .x\n").unwrap();
+    };
+    plant(wt.path());
+    // What a git led by the tree does: the monitor runs (the check that the plant works).
+    let led = Command::new("git")
+        .arg("-C")
+        .arg(wt.path())
+        .args(["status", "--porcelain"])
+        .output()
+        .unwrap();
+    assert!(led.status.success());
+    assert!(
+        marker.exists(),
+        "the planted monitor should run under a plain `git status`"
+    );
+    std::fs::remove_file(&marker).unwrap();
+    match wt.finish().await {
+        Finished::Kept(Keep::Changes(n)) => assert!(n > 0),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        !marker.exists(),
+        "finishing the tree ran the worker's monitor"
+    );
+    let pruned = Worktree::prune(repo.path(), None, Duration::ZERO, |_| false)
+        .await
+        .unwrap();
+    assert_eq!(pruned.len(), 1, "{pruned:?}");
+    assert!(
+        matches!(pruned[0].outcome, Finished::Kept(Keep::Changes(_))),
+        "{pruned:?}"
+    );
+    assert!(
+        !marker.exists(),
+        "pruning the tree ran the worker's monitor"
+    );
     assert!(wt.path().join("lib.rs").exists());
 }
 
