@@ -226,10 +226,14 @@ impl Memory {
     }
 }
 
-/// Memory text that cannot close the element it is put in (only `</agent-memory` is changed;
-/// everything else reaches the model as written).
+/// Memory text with `&`, `<` and `>` escaped, as a letter's: agents write their memory, and the
+/// index reaches every later agent of the type as the text of its first user message — where an
+/// envelope left in it unescaped (`<task-notification>`, `<message from=…>`) would be taken for
+/// one the library delivered, by the model and by `find_notifications` ("Coordinator Mode",
+/// gotchas: `<task-notification>` injection from worker stdout). Nor can it close the element
+/// it is put in.
 fn escape_text(s: &str) -> String {
-    s.replace("</agent-memory", "<\\/agent-memory")
+    crate::mailbox::escape_text(s)
 }
 
 /// A name no other temporary file of this process has.
