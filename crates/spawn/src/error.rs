@@ -220,6 +220,15 @@ pub enum Error {
     #[error("invalid agent configuration: {0}")]
     Config(String),
 
+    /// A worker pool's store could not be reached or answered with an error (a Redis that is
+    /// down or refuses a command): an outage, not the host's configuration, and worth
+    /// retrying. `message` says which pool, where, and what was being done.
+    #[error("pool {message}")]
+    Pool {
+        /// The pool, where its store is, what was being done and what went wrong.
+        message: String,
+    },
+
     /// A hook's configuration cannot be used (settings or frontmatter that are not in the
     /// hooks format, a matcher that is not a pattern).
     #[error("invalid hook: {0}")]

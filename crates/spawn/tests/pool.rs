@@ -526,11 +526,28 @@ async fn a_worker_name_held_by_a_live_worker_is_refused() {
     let e = w2.await.unwrap().unwrap_err();
     assert_eq!(
         e.to_string(),
-        "invalid agent configuration: worker name `w1` is in use in pool `p`: another live \
-         worker holds it (a dead one's claim expires within the lease, 600 ms)"
+        "worker name `w1` is in use in pool `p`: another live worker holds it (a dead one's \
+         claim expires within the lease, 600 ms)"
     );
+    assert!(matches!(e, forkhive_spawn::Error::Refused(_)), "{e:?}");
     s1.cancel();
     w1.await.unwrap().unwrap();
+}
+
+/// A store that cannot be reached is an outage (`Error::Pool`, naming the pool, where and what
+/// was being done), not the host's configuration (`Error::Config`, which a host need not
+/// retry). Runs without a Redis: nothing answers on port 1.
+#[tokio::test]
+async fn an_unreachable_store_is_a_pool_error_not_a_configuration_error() {
+    let pool = Pool::new("redis://127.0.0.1:1", "fh-down", "p", fast()).unwrap();
+    let e = pool.outstanding(&parent()).await.unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, forkhive_spawn::Error::Pool { .. }), "{e:?}");
+    assert!(
+        text.starts_with("pool `p` at redis://127.0.0.1:1")
+            && text.contains(": could not connect: "),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -593,6 +610,82 @@ fn a_config_out_of_range_is_refused() {
         "invalid agent configuration: pool `p`: capacity 0, lease 15000 ms, max deliveries 3: \
          each must be at least 1, 300 ms and 1"
     );
+}
+
+/// A coordinator cancelled through its token while its tasks run on a worker (not dropped: the
+/// host keeps it) hears each task end, `killed`, in its queue when its run returns — as a
+/// local parent hears its children — and waits for nothing after: its run returns as soon as
+/// they are in, not at the end of its `cancel_grace`, and its next run returns at once. (The
+/// delivery stopped at the cancel, so the run waited its whole grace for notifications that
+/// never came, and so did every later run.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancelled_coordinator_hears_its_pool_tasks_end_and_waits_no_longer() {
+    let Some(url) = url() else { return };
+    let pool = Pool::new(&url, &prefix("cancel-kept"), "p", fast()).unwrap();
+    let (w, stop) = start_worker(&pool, "w1", Arc::new(Hangs("working".into())));
+    let turn = AtomicUsize::new(0);
+    let coordinator = ScriptedBackend::from_fn(move |_r| {
+        Ok(match turn.fetch_add(1, Ordering::SeqCst) {
+            0 => Response::tool_calls((0..3).map(|i| {
+                (
+                    "Agent",
+                    serde_json::json!({"description": format!("t{i}"), "prompt": "look"}),
+                )
+            })),
+            _ => Response::say("noted"),
+        })
+    });
+    let mut agent = Agent::builder(Arc::new(coordinator))
+        .model("m")
+        // Far longer than the test waits: a run that waits its grace fails the test.
+        .limits(
+            forkhive_spawn::runtime::Limits::default().with_cancel_grace(Duration::from_secs(120)),
+        )
+        .tools(
+            ToolPool::new([Arc::new(PoolAgentTool::new(pool.clone()).unwrap()) as Arc<dyn Tool>])
+                .unwrap(),
+        )
+        .build()
+        .await
+        .unwrap();
+    let cancel = agent.cancellation().clone();
+    let dad = *agent.id();
+    // Cancelled once all three run on the worker.
+    let (p2, d2) = (pool.clone(), dad);
+    tokio::spawn(async move {
+        for _ in 0..200 {
+            if p2.outstanding(&d2).await.unwrap().len() == 3 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        cancel.cancel();
+    });
+    let run = tokio::time::timeout(Duration::from_secs(20), agent.run("go"))
+        .await
+        .expect("the cancelled run waited for notifications that never came");
+    assert_eq!(run.stop, forkhive_spawn::runtime::StopReason::Cancelled);
+    let queued: Vec<TaskNotification> = agent
+        .pending()
+        .drain()
+        .iter()
+        .map(|m| TaskNotification::parse(&m.text).unwrap())
+        .collect();
+    assert_eq!(queued.len(), 3, "{queued:?}");
+    assert!(
+        queued
+            .iter()
+            .all(|n| n.status == TaskStatus::Killed && n.note.as_deref() == Some("cancelled")),
+        "{queued:?}"
+    );
+    assert_eq!(agent.pending().outstanding(), 0);
+    let again = tokio::time::timeout(Duration::from_secs(20), agent.run("and now?"))
+        .await
+        .expect("a cancelled agent's next run waited");
+    assert_eq!(again.stop, forkhive_spawn::runtime::StopReason::Cancelled);
+    stop.cancel();
+    w.await.unwrap().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

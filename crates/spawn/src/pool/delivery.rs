@@ -60,8 +60,9 @@ type Expected = Arc<Mutex<Promises>>;
 /// While the parent has tasks on the pool it has not heard from, it waits for them at the end
 /// of its turn, as for local background children — with no worker running, as long as it
 /// takes. Cancelling the parent, or dropping it (which cancels it), cancels all of them,
-/// wherever they run ([`Pool::cancel`]); a process that dies without dropping it (a crash)
-/// leaves them running, for its restart to collect.
+/// wherever they run ([`Pool::cancel`]); a cancelled parent that is kept hears each of them end
+/// (`killed`) in its queue, as it would a local child. A process that dies without dropping it
+/// (a crash) leaves them running, for its restart to collect.
 ///
 /// A resumed agent must be attached before it runs: nothing else tells it of its tasks on the
 /// pool, and without a delivery it neither waits for them nor hears of them (their
@@ -358,6 +359,10 @@ async fn deliver(
     let q = pool.queue().clone();
     let (tx, mut rx) = mpsc::unbounded_channel::<(String, bool)>();
     let mut in_flight: HashSet<String> = HashSet::new();
+    // Whether the parent's cancellation has been passed on to its tasks: once, and then the
+    // loop goes on delivering — their `killed` notifications are what the cancelled parent
+    // waits for (its `cancel_grace`), and owes its conversation.
+    let mut cancel_passed = false;
     // Receipts in, acknowledgements out: the ids recorded since the last look.
     let settle = |in_flight: &mut HashSet<String>,
                   held: &mut HashSet<String>,
@@ -429,7 +434,7 @@ async fn deliver(
             Err(e) => {
                 tracing::warn!(parent = %parent, "reading the pool's notifications: {e}");
                 tokio::select! {
-                    () = cancel.cancelled() => {}
+                    () = cancel.cancelled(), if !cancel_passed => {}
                     () = tokio::time::sleep(Duration::from_millis(500)) => {}
                 }
             }
@@ -438,16 +443,19 @@ async fn deliver(
         let known: Vec<String> = in_flight.iter().chain(held.iter()).cloned().collect();
         tokio::select! {
             biased;
-            () = cancel.cancelled() => {
+            () = cancel.cancelled(), if !cancel_passed => {
                 // The parent is cancelled (or dropped): so are all its tasks, wherever they run
                 // — in one script, on a task of its own that outlives this loop, so a drop
-                // that ends the loop does not cut it short. It ends with that one call.
+                // that ends the loop does not cut it short. It ends with that one call. The
+                // loop goes on: a cancelled parent that is kept hears its tasks end (`killed`)
+                // as a local parent hears its children, and waits for nothing more after.
+                cancel_passed = true;
+                let (pool, parent) = (pool.clone(), parent);
                 tokio::spawn(async move {
                     if let Err(e) = pool.cancel_children(&parent).await {
                         tracing::warn!(parent = %parent, "cancelling its tasks on the pool: {e}");
                     }
                 });
-                return;
             }
             Some(reply) = flushes.recv() => {
                 let done = settle(&mut in_flight, &mut held, &mut rx, None);

@@ -391,10 +391,9 @@ impl Pool {
     }
 
     fn fail(&self, what: &str, e: redis::RedisError) -> Error {
-        Error::Config(format!(
-            "pool `{}` at {}: {what}: {e}",
-            self.name, self.h.shown
-        ))
+        Error::Pool {
+            message: format!("`{}` at {}: {what}: {e}", self.name, self.h.shown),
+        }
     }
 
     async fn conn(&self) -> Result<ConnectionManager> {
@@ -478,8 +477,10 @@ impl Pool {
             .map_err(|e| self.fail("cancel", e))
     }
 
-    /// The tasks submitted for `parent` whose notification its conversation does not hold
-    /// yet (running, queued, or reported and not yet delivered).
+    /// The tasks submitted for `parent` whose notification is not acknowledged yet: running,
+    /// queued, or reported and not yet recorded in the parent's conversation. A delivery
+    /// acknowledges a notification a moment after the conversation records it, so a host
+    /// asking "is anything left?" right after a run calls [`Delivery::flush`] first.
     pub async fn outstanding(&self, parent: &TaskId) -> Result<Vec<TaskId>> {
         let mut conn = self.conn().await?;
         let ids: Vec<String> = redis::cmd("SMEMBERS")

@@ -221,10 +221,12 @@ impl Worker {
     }
 
     fn fail(&self, what: &str, e: redis::RedisError) -> Error {
-        Error::Config(format!(
-            "worker `{}` of pool `{}` at {}: {what}: {e}",
-            self.name, self.pool.name, self.pool.h.shown
-        ))
+        Error::Pool {
+            message: format!(
+                "`{}` at {}, worker `{}`: {what}: {e}",
+                self.pool.name, self.pool.h.shown, self.name
+            ),
+        }
     }
 
     /// Runs until `shutdown` is cancelled: takes jobs while it has a free slot (its own
@@ -369,7 +371,7 @@ impl Worker {
                 return Ok(());
             }
             if tokio::time::Instant::now() >= until || shutdown.is_cancelled() {
-                return Err(Error::Config(format!(
+                return Err(Error::Refused(format!(
                     "worker name `{}` is in use in pool `{}`: another live worker holds it (a \
                      dead one's claim expires within the lease, {} ms)",
                     self.name,
