@@ -385,6 +385,11 @@ async fn to_teammate(
     to: &str,
     input: &SendInput,
 ) -> ToolOutput {
+    // A teammate that writes to itself wakes itself, each wake a fresh run: a loop that
+    // holds its lead's run and spends tokens until its deadline.
+    if mine.as_deref().is_some_and(|m| m.eq_ignore_ascii_case(to)) {
+        return ToolOutput::error("you cannot send a message to yourself");
+    }
     let from = mine.clone().unwrap_or_else(|| crate::team::LEAD.to_owned());
     let letter = match &input.message {
         serde_json::Value::String(text) => {

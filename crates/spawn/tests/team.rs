@@ -948,6 +948,49 @@ async fn a_teammate_may_reject_a_shutdown_with_a_reason() {
     );
 }
 
+/// A teammate that writes to itself is refused: each letter would wake it for a
+/// fresh run, a loop that holds its lead's run and spends tokens until its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_teammate_cannot_write_to_itself() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<(String, bool)>::new()));
+    let seen2 = Arc::clone(&seen);
+    let b = brain(move |r| {
+        if !is_parent(r) {
+            let got = results(r);
+            if got.is_empty() {
+                return Plan::Reply(calls(&[
+                    ("s1", "SendMessage", r#"{"to":"alice","message":"go on"}"#),
+                    ("s2", "SendMessage", r#"{"to":"Alice","message":"go on"}"#),
+                ]));
+            }
+            seen2
+                .lock()
+                .unwrap()
+                .extend(got.into_iter().map(|(_, t, e)| (t, e)));
+            return Plan::Reply(say("done"));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let mut lead = lead_in(&team, b, lead_tools()).await;
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+        .await
+        .expect("the lead's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    assert_eq!(
+        seen.lock().unwrap().clone(),
+        [
+            ("you cannot send a message to yourself".to_owned(), true),
+            // Names are exact in `SendMessage`: no teammate is `Alice`.
+            ("no recipient `Alice`; send to one of: main".to_owned(), true),
+        ]
+    );
+    team.shut_down(None).await.unwrap();
+}
+
 /// Exact refusals of `shutdown_response`, straight on the team.
 #[tokio::test]
 async fn shutdown_answers_are_checked() {
