@@ -985,7 +985,10 @@ async fn a_teammate_cannot_write_to_itself() {
         [
             ("you cannot send a message to yourself".to_owned(), true),
             // Names are exact in `SendMessage`: no teammate is `Alice`.
-            ("no recipient `Alice`; send to one of: main".to_owned(), true),
+            (
+                "no recipient `Alice`; send to one of: main".to_owned(),
+                true
+            ),
         ]
     );
     team.shut_down(None).await.unwrap();

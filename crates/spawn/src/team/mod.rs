@@ -1797,8 +1797,9 @@ struct Relay {
     team: Weak<Team>,
     /// The teammate it serves (`None`: the lead).
     teammate: Option<String>,
-    /// Ids already taken (the most recent [`SEEN`]): a copy delivered again is not put in twice.
-    /// Shared by the lead's relays of one queue ([`Team::lead_seen`]).
+    /// Ids already taken — every one not yet acknowledged, and the most recent [`SEEN`] of
+    /// those that are: a copy delivered again is not put in twice. Shared by the lead's relays
+    /// of one queue ([`Team::lead_seen`]).
     seen: Arc<Mutex<Recent>>,
     unacked: Vec<String>,
     /// On a worker: letters taken that its lead has not been told of yet (told again at each
@@ -1806,14 +1807,18 @@ struct Relay {
     untold: Vec<String>,
 }
 
-/// How many letter ids a relay remembers.
+/// How many acknowledged letter ids a relay remembers (for a copy delivered again).
 const SEEN: usize = 4096;
 
-/// The most recent ids, at most [`SEEN`].
+/// Ids taken: every one not yet acknowledged (`live`: still in the inbox, so never forgotten
+/// — a forgotten one would be put in again at the next look, and then the next one forgotten,
+/// a flood of copies once more than [`SEEN`] wait), and the most recent [`SEEN`] of the
+/// acknowledged ones.
 #[derive(Default)]
 struct Recent {
     set: HashSet<String>,
     order: std::collections::VecDeque<String>,
+    live: HashSet<String>,
 }
 
 impl Recent {
@@ -1821,12 +1826,41 @@ impl Recent {
         self.set.contains(id)
     }
 
+    /// Remembers `id` (among the most recent [`SEEN`]).
     fn insert(&mut self, id: String) {
         if self.set.insert(id.clone()) {
             self.order.push_back(id);
-            if self.order.len() > SEEN
-                && let Some(old) = self.order.pop_front()
-            {
+            self.trim();
+        }
+    }
+
+    /// Takes `id`, unacknowledged: remembered until [`settled`](Self::settled), and then
+    /// among the most recent [`SEEN`].
+    fn take(&mut self, id: String) {
+        if self.set.insert(id.clone()) {
+            self.live.insert(id.clone());
+            self.order.push_back(id);
+        }
+    }
+
+    /// `ids` are acknowledged: gone from the inbox, forgotten once [`SEEN`] newer ones are.
+    fn settled(&mut self, ids: &[String]) {
+        for id in ids {
+            self.live.remove(id);
+        }
+        self.trim();
+    }
+
+    fn trim(&mut self) {
+        // Oldest first; one still unacknowledged goes to the back. There is an acknowledged
+        // one to find whenever more than `SEEN` are.
+        while self.set.len() - self.live.len() > SEEN {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if self.live.contains(&old) {
+                self.order.push_back(old);
+            } else {
                 self.set.remove(&old);
             }
         }
@@ -1860,7 +1894,7 @@ impl Relay {
         if seen.contains(id) {
             return false;
         }
-        seen.insert(id.to_owned());
+        seen.take(id.to_owned());
         true
     }
 
@@ -1898,11 +1932,12 @@ impl Relay {
         if rest.is_empty() {
             return;
         }
-        let (mailbox, inbox, queue, team) = (
+        let (mailbox, inbox, queue, team, seen) = (
             Arc::clone(&self.mailbox),
             self.inbox.clone(),
             self.queue.clone(),
             self.team.clone(),
+            Arc::clone(&self.seen),
         );
         drop(tokio::spawn(async move {
             tokio::select! {
@@ -1910,6 +1945,7 @@ impl Relay {
                 () = until.cancelled() => {}
                 () = queue.drained() => match mailbox.ack(&inbox, &rest).await {
                     Ok(()) => {
+                        seen.lock().unwrap_or_else(|e| e.into_inner()).settled(&rest);
                         if let Some(team) = team.upgrade() {
                             team.taken(LEAD, &rest);
                         }
@@ -1924,6 +1960,10 @@ impl Relay {
 
     async fn ack(&mut self, ids: &[String]) -> Result<()> {
         self.mailbox.ack(&self.inbox, ids).await?;
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .settled(ids);
         if let Some(team) = self.team.upgrade() {
             team.taken(self.teammate.as_deref().unwrap_or(LEAD), ids);
             // A teammate on a worker tells its lead (in another process) what it took: until
@@ -2734,6 +2774,63 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(lead.is_empty(), "the copy was not put in twice");
         assert_eq!(mail.stored(&team.inbox(LEAD).unwrap()).await.unwrap(), 0);
+    }
+
+    /// More letters waiting unacknowledged than the relay remembers acknowledged ones: none is
+    /// forgotten while it waits, so a new letter brings itself alone, not copies of the oldest
+    /// (which were forgotten and put in again, a flood of copies at every later letter).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn more_unacknowledged_letters_than_remembered_are_put_in_once() {
+        let mail = Arc::new(Flaky::default());
+        let (team, lead) = team(&mail);
+        let n = SEEN + 10;
+        for i in 0..n {
+            team.send(LEAD, Letter::new("alice", format!("letter {i}")))
+                .await
+                .unwrap();
+        }
+        until("every letter reached the lead's queue", || lead.len() >= n).await;
+        team.send(LEAD, Letter::new("alice", "one more"))
+            .await
+            .unwrap();
+        until("the new letter reached the queue", || lead.len() > n).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(lead.len(), n + 1, "each letter put in once");
+        lead.drain();
+        until("acknowledged once drained", || lead.outstanding() == 0).await;
+        assert_eq!(mail.stored(&team.inbox(LEAD).unwrap()).await.unwrap(), 0);
+    }
+
+    /// Taken ids are remembered until acknowledged, whatever their number; acknowledged ones
+    /// among the most recent [`SEEN`]; plain remembered ones (`insert`) likewise.
+    #[test]
+    fn taken_ids_are_forgotten_only_once_acknowledged() {
+        let mut r = Recent::default();
+        let ids: Vec<String> = (0..SEEN + 5).map(|i| format!("l{i}")).collect();
+        for id in &ids {
+            r.take(id.clone());
+        }
+        assert!(
+            ids.iter().all(|id| r.contains(id)),
+            "none forgotten while unacknowledged"
+        );
+        r.settled(&ids[..10]);
+        assert!(
+            ids.iter().all(|id| r.contains(id)),
+            "{} acknowledged of {} remembered: none to forget yet",
+            10,
+            ids.len()
+        );
+        r.settled(&ids);
+        assert_eq!(r.set.len(), SEEN);
+        assert!(!r.contains("l0") && !r.contains("l4") && r.contains("l5"));
+        assert!(r.contains(&format!("l{}", SEEN + 4)));
+        let mut plain = Recent::default();
+        for i in 0..SEEN + 1 {
+            plain.insert(format!("e{i}"));
+        }
+        assert_eq!(plain.set.len(), SEEN);
+        assert!(!plain.contains("e0") && plain.contains("e1"));
     }
 
     /// Letters waiting in a lead's queue that no run drains cost no reads: the relay waits for
