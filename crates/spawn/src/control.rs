@@ -161,6 +161,28 @@ struct SendInput {
     summary: Option<String>,
 }
 
+/// The most bytes one `SendMessage` carries (its text, or its structured message as JSON,
+/// with its summary): what it sends stays in its recipient's conversation, sent again with
+/// every later request, so a worker's flood of long messages would fill its parent's context
+/// ("Coordinator Mode", gotchas: "cap the resources"). The same cap as a child's answer
+/// ([`RESULT_CAP`](crate::task::RESULT_CAP)).
+pub const MESSAGE_CAP: usize = crate::task::RESULT_CAP;
+
+/// The refusal of a message longer than [`MESSAGE_CAP`].
+fn too_long(input: &SendInput) -> Option<ToolOutput> {
+    let body = match &input.message {
+        serde_json::Value::String(text) => text.len(),
+        other => other.to_string().len(),
+    };
+    let size = body + input.summary.as_ref().map_or(0, String::len);
+    (size > MESSAGE_CAP).then(|| {
+        ToolOutput::error(format!(
+            "the message is {size} bytes; one carries at most {MESSAGE_CAP}: send the gist, \
+             and write the rest to a file whose path you send"
+        ))
+    })
+}
+
 /// `<message from="…">text</message>` (see [`crate::base::pending::message_envelope`]).
 fn envelope(from: &TaskId, text: &str) -> String {
     crate::base::pending::message_envelope(&from.to_string(), text)
@@ -189,6 +211,9 @@ impl Tool for SendMessageTool {
             Ok(i) => i,
             Err(e) => return ToolOutput::error(format!("invalid SendMessage input: {e}")),
         };
+        if let Some(refused) = too_long(&input) {
+            return refused;
+        }
         let me = *cx.agent().id();
         let to = input.to.trim();
         if let Some((scheme, _)) = to.split_once(':')

@@ -375,6 +375,75 @@ async fn a_message_to_a_task_the_caller_did_not_start_is_refused() {
     assert_eq!(talker.result.as_deref(), Some("refused as expected"));
 }
 
+/// A message longer than `MESSAGE_CAP` is refused before it goes anywhere, saying how long it
+/// is: what a message carries stays in its recipient's conversation, so a flood of long ones
+/// would fill it. One of exactly the cap goes.
+#[tokio::test]
+async fn a_message_longer_than_the_cap_is_refused_with_its_size() {
+    use forkhive_spawn::control::MESSAGE_CAP;
+    use std::sync::Mutex;
+    let seen: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
+    let s2 = Arc::clone(&seen);
+    let b = brain(move |r| {
+        let all = r.all_messages();
+        if !is_parent(r) {
+            return match all.len() {
+                1 => {
+                    let long = "x".repeat(MESSAGE_CAP + 1);
+                    let exact = "y".repeat(MESSAGE_CAP - 4);
+                    Plan::Reply(calls(&[
+                        (
+                            "m1",
+                            "SendMessage",
+                            &format!(r#"{{"to":"main","message":"{long}"}}"#),
+                        ),
+                        (
+                            "m2",
+                            "SendMessage",
+                            &format!(r#"{{"to":"main","message":"{exact}","summary":"gist"}}"#),
+                        ),
+                    ]))
+                }
+                _ => {
+                    s2.lock()
+                        .unwrap()
+                        .extend(results(r).into_iter().map(|(_, t, e)| (t, e)));
+                    Plan::Reply(say("done"))
+                }
+            };
+        }
+        match all.len() {
+            1 => Plan::Reply(calls(&[(
+                "a1",
+                "Agent",
+                r#"{"description":"talker","prompt":"talk","subagent_type":"worker"}"#,
+            )])),
+            _ => Plan::Reply(say("done")),
+        }
+    });
+    let (mut p, _service) = parent(b).await;
+    let run = p.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(
+        seen[0],
+        (
+            format!(
+                "the message is {} bytes; one carries at most {MESSAGE_CAP}: send the gist, and \
+                 write the rest to a file whose path you send",
+                MESSAGE_CAP + 1
+            ),
+            true
+        )
+    );
+    assert!(
+        !seen[1].1,
+        "{:?}",
+        seen[1].0.chars().take(200).collect::<String>()
+    );
+}
+
 async fn parent_with_transcripts(
     backend: Arc<dyn Backend>,
     dir: &std::path::Path,

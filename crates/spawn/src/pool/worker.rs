@@ -1114,10 +1114,10 @@ impl Worker {
                 unread.len(),
                 unread.join(" ")
             );
-            n.note = Some(match n.note.take() {
+            n.note = Some(crate::task::cap_note(match n.note.take() {
                 Some(before) => format!("{before}; {line}"),
                 None => line,
-            });
+            }));
         }
         // A teammate's lead reads its last letters before it takes it for ended: the mark
         // follows them in its inbox.

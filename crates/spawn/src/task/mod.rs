@@ -925,6 +925,7 @@ impl Owned {
                     None => line,
                 });
             }
+            n.note = n.note.take().map(cap_note);
         }
         n
     }
@@ -1789,6 +1790,22 @@ pub(crate) fn cap_answer(mut answer: String, output: Option<&std::path::Path>) -
     answer
 }
 
+/// A notification's note, cut to [`RESULT_CAP`] bytes if longer (the messages and letters it
+/// lists are each capped, their number is not), saying so.
+pub(crate) fn cap_note(mut note: String) -> String {
+    if note.len() <= RESULT_CAP {
+        return note;
+    }
+    let mut cut = RESULT_CAP;
+    while !note.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let dropped = note.len() - cut;
+    note.truncate(cut);
+    note.push_str(&format!(" [truncated: {dropped} bytes more]"));
+    note
+}
+
 /// The notification for a child that ended as `ended` (built by trusted code only).
 fn notification(
     record: &TaskRecord,
@@ -1888,6 +1905,23 @@ pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A note longer than the cap is cut at a character boundary and says how much was cut;
+    /// a shorter one is kept whole.
+    #[test]
+    fn a_long_note_is_cut_and_says_so() {
+        assert_eq!(cap_note("short".into()), "short");
+        let note = format!("{}é{}", "a".repeat(RESULT_CAP - 1), "b".repeat(10));
+        let cut = cap_note(note.clone());
+        assert_eq!(
+            cut,
+            format!(
+                "{} [truncated: {} bytes more]",
+                "a".repeat(RESULT_CAP - 1),
+                12
+            )
+        );
+    }
     use forkhive_core::TaskKind;
 
     /// Every child of a wide fan-out that has not run yet holds its owner (and its agent, in
