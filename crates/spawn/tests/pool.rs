@@ -534,6 +534,57 @@ async fn a_worker_name_held_by_a_live_worker_is_refused() {
     w1.await.unwrap().unwrap();
 }
 
+/// A parent the host gives up on leaves nothing in Redis once abandoned: refused while a task
+/// of its still runs (it would report into the deleted keys, making them again), done once
+/// every task has reported — its undelivered notifications, its task list and its permission
+/// stream are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_abandoned_parent_leaves_no_keys_behind() {
+    let Some(url) = url() else { return };
+    let prefix = prefix("abandon");
+    let pool = Pool::new(&url, &prefix, "p", fast()).unwrap();
+    let (w, stop) = start_worker(&pool, "w1", Arc::new(Hangs("working".into())));
+    let dad = parent();
+    let jobs: Vec<Job> = (0..2)
+        .map(|i| Job::new(dad, format!("j{i}"), "x"))
+        .collect();
+    for j in &jobs {
+        pool.submit(j).await.unwrap();
+    }
+    let e = pool.abandon(&dad).await.unwrap_err();
+    let mut ids: Vec<String> = jobs.iter().map(|j| j.task.to_string()).collect();
+    ids.sort();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "parent {dad} still has tasks queued or running on pool `p`: {}; cancel them and \
+             wait for their reports before abandoning it",
+            ids.join(", ")
+        )
+    );
+    assert!(matches!(e, forkhive_spawn::Error::Refused(_)), "{e:?}");
+    pool.cancel_children(&dad).await.unwrap();
+    pending_n(&pool, &dad, 2).await;
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let mut keys = || -> Vec<String> {
+        let mut k: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}*{dad}*"))
+            .query(&mut conn)
+            .unwrap();
+        k.sort();
+        k
+    };
+    assert!(keys().len() >= 2, "{:?}", keys());
+    pool.abandon(&dad).await.unwrap();
+    assert_eq!(pool.outstanding(&dad).await.unwrap(), []);
+    assert!(pool.queue().pending(&dad).await.unwrap().is_empty());
+    // No key of the parent's is left.
+    assert_eq!(keys(), Vec::<String>::new());
+    stop.cancel();
+    w.await.unwrap().unwrap();
+}
+
 /// A store that cannot be reached is an outage (`Error::Pool`, naming the pool, where and what
 /// was being done), not the host's configuration (`Error::Config`, which a host need not
 /// retry). Runs without a Redis: nothing answers on port 1.

@@ -493,6 +493,57 @@ impl Pool {
         Ok(out)
     }
 
+    /// Deletes what the pool keeps for `parent`, a parent the host gives up on for good (it
+    /// will not be resumed): its notifications not delivered, its list of tasks, and its
+    /// permission requests. Without this they stay in Redis with no expiry, one set per parent.
+    ///
+    /// Only once every task it had has reported: a task still queued or running would report
+    /// into the deleted keys, making them again. Errors: [`Error::Refused`] naming those tasks
+    /// (cancel them with [`Pool::cancel_children`] or [`Delivery::cancel_tasks`] and wait for
+    /// their `killed` reports — [`NotificationQueue::pending`] on [`Pool::queue`] lists them —
+    /// first), or the store's failure.
+    ///
+    /// [`NotificationQueue::pending`]: crate::task::queue::NotificationQueue::pending
+    pub async fn abandon(&self, parent: &TaskId) -> Result<()> {
+        use crate::task::queue::NotificationQueue;
+        let reported: std::collections::HashSet<TaskId> = self
+            .queue
+            .pending(parent)
+            .await?
+            .into_iter()
+            .map(|q| q.notification.task_id)
+            .collect();
+        let running: Vec<String> = self
+            .outstanding(parent)
+            .await?
+            .into_iter()
+            .filter(|t| !reported.contains(t))
+            .map(|t| t.to_string())
+            .collect();
+        if !running.is_empty() {
+            return Err(Error::Refused(format!(
+                "parent {parent} still has tasks queued or running on pool `{}`: {}; cancel them \
+                 and wait for their reports before abandoning it",
+                self.name,
+                running.join(", ")
+            )));
+        }
+        let mut conn = self.conn().await?;
+        // Two commands: the queue's keys and the pool's are in different hash slots.
+        redis::cmd("DEL")
+            .arg(&self.queue.keys(parent)[..])
+            .query_async::<i64>(&mut conn)
+            .await
+            .map_err(|e| self.fail("DEL", e))?;
+        redis::cmd("DEL")
+            .arg(self.task_key("kids", parent))
+            .arg(self.task_key("asks", parent))
+            .query_async::<i64>(&mut conn)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.fail("DEL", e))
+    }
+
     /// Forgets tasks whose notifications `parent`'s conversation holds.
     async fn forget(&self, parent: &TaskId, tasks: &[String]) -> Result<()> {
         if tasks.is_empty() {
