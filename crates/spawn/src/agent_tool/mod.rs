@@ -982,8 +982,10 @@ fn check_name(name: &str) -> Result<(), String> {
 /// its partial answer.
 fn foreground_result(end: &ChildEnd) -> Result<String, String> {
     let n = &end.notification;
-    // Cut to RESULT_CAP already, by the owner that made the notification.
-    let answer = n.result.clone().unwrap_or_default();
+    // Cut to RESULT_CAP already, by the owner that made the notification. Read outside any
+    // envelope, so an envelope written in it must not pass for the library's.
+    let answer =
+        forkhive_core::notification::defang(n.result.as_deref().unwrap_or_default()).into_owned();
     let trailer = match &end.run {
         Some(run) => {
             let plural = |n: usize, one: &str, many: &str| {
