@@ -735,6 +735,19 @@ async fn a_cancelled_coordinator_hears_its_pool_tasks_end_and_waits_no_longer() 
         .await
         .expect("a cancelled agent's next run waited");
     assert_eq!(again.stop, forkhive_spawn::runtime::StopReason::Cancelled);
+    // Having heard every task, its delivery stops (a child's, ended, keeps no loop and no
+    // connection after it).
+    let delivery = Delivery::attach(&pool, &agent).await.unwrap();
+    for _ in 0..100 {
+        if !delivery.is_delivering() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !delivery.is_delivering(),
+        "the delivery went on after its parent heard all"
+    );
     stop.cancel();
     w.await.unwrap().unwrap();
 }

@@ -279,6 +279,14 @@ impl Delivery {
         self.inner.pool.cancel_children(&self.inner.parent).await
     }
 
+    /// Whether it still delivers. It stops once its parent has been cancelled (an agent is
+    /// cancelled when it ends or is dropped) and has heard every pool task it waited for —
+    /// their `killed` notifications are in its queue — or twice the pool's lease (at least
+    /// 10 s) after the cancel, whichever comes first.
+    pub fn is_delivering(&self) -> bool {
+        !self.inner._loop.is_finished()
+    }
+
     /// Makes the parent wait for `task`'s notification (as [`PoolAgentTool`] does for each
     /// task it submits).
     pub fn expect(&self, task: TaskId) {
@@ -328,6 +336,11 @@ impl Delivery {
     }
 }
 
+/// The least time a cancelled parent's delivery goes on delivering its tasks' `killed`
+/// notifications (twice the pool's lease when that is longer: a worker hears of the cancel
+/// at its next lease renewal).
+const CANCEL_DRAIN: Duration = Duration::from_secs(10);
+
 /// What the delivery loop works with.
 struct Loop {
     pool: Pool,
@@ -359,10 +372,13 @@ async fn deliver(
     let q = pool.queue().clone();
     let (tx, mut rx) = mpsc::unbounded_channel::<(String, bool)>();
     let mut in_flight: HashSet<String> = HashSet::new();
-    // Whether the parent's cancellation has been passed on to its tasks: once, and then the
-    // loop goes on delivering — their `killed` notifications are what the cancelled parent
-    // waits for (its `cancel_grace`), and owes its conversation.
-    let mut cancel_passed = false;
+    // When the parent's cancellation was passed on to its tasks (once). The loop then goes on
+    // delivering until the parent has heard every task it waits for — their `killed`
+    // notifications are what the cancelled parent waits for (its `cancel_grace`) and owes its
+    // conversation — or until `drain_for` has passed, and ends: a child that ended (its token
+    // is cancelled when it does) keeps no loop and no connection after it.
+    let mut cancel_passed: Option<tokio::time::Instant> = None;
+    let drain_for = pool.config.lease.saturating_mul(2).max(CANCEL_DRAIN);
     // Receipts in, acknowledgements out: the ids recorded since the last look.
     let settle = |in_flight: &mut HashSet<String>,
                   held: &mut HashSet<String>,
@@ -386,6 +402,16 @@ async fn deliver(
         done
     };
     loop {
+        if let Some(at) = cancel_passed {
+            let heard = expected
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .waiting
+                .is_empty();
+            if heard || at.elapsed() >= drain_for {
+                return;
+            }
+        }
         match q.pending(&parent).await {
             Ok(items) => {
                 let mut done = Vec::new();
@@ -434,7 +460,7 @@ async fn deliver(
             Err(e) => {
                 tracing::warn!(parent = %parent, "reading the pool's notifications: {e}");
                 tokio::select! {
-                    () = cancel.cancelled(), if !cancel_passed => {}
+                    () = cancel.cancelled(), if cancel_passed.is_none() => {}
                     () = tokio::time::sleep(Duration::from_millis(500)) => {}
                 }
             }
@@ -443,13 +469,13 @@ async fn deliver(
         let known: Vec<String> = in_flight.iter().chain(held.iter()).cloned().collect();
         tokio::select! {
             biased;
-            () = cancel.cancelled(), if !cancel_passed => {
+            () = cancel.cancelled(), if cancel_passed.is_none() => {
                 // The parent is cancelled (or dropped): so are all its tasks, wherever they run
                 // — in one script, on a task of its own that outlives this loop, so a drop
                 // that ends the loop does not cut it short. It ends with that one call. The
                 // loop goes on: a cancelled parent that is kept hears its tasks end (`killed`)
                 // as a local parent hears its children, and waits for nothing more after.
-                cancel_passed = true;
+                cancel_passed = Some(tokio::time::Instant::now());
                 let (pool, parent) = (pool.clone(), parent);
                 tokio::spawn(async move {
                     if let Err(e) = pool.cancel_children(&parent).await {
@@ -470,6 +496,7 @@ async fn deliver(
                 let done = settle(&mut in_flight, &mut held, &mut rx, Some(first));
                 acknowledge(&pool, &parent, done, &mut held).await;
             }
+            () = tokio::time::sleep(drain_for), if cancel_passed.is_some() => {}
             r = q.wait_beyond(&parent, &known, Duration::from_secs(30)) => {
                 if let Err(e) = r {
                     tracing::warn!(parent = %parent, "waiting for the pool's notifications: {e}");
