@@ -702,9 +702,10 @@ async fn git(dir: &Path, args: &[&str]) -> std::result::Result<String, String> {
 }
 
 /// Runs git on the worker's tree at `path` with its admin directory `admin` named outright
-/// (`--git-dir`, `--work-tree`), so nothing written in the tree chooses the repository, its
-/// config or what git runs; the file system monitor is off besides (a config that names one
-/// runs it as a command).
+/// (`--git-dir`, `--work-tree`), so nothing written in the tree chooses the repository or its
+/// config; the file system monitor is off besides (a config that names one runs it as a
+/// command). Git still reads the host's own config: a filter the worker's `.gitattributes`
+/// names runs only if the host's config defines it.
 async fn git_in(admin: &Path, path: &Path, args: &[&str]) -> std::result::Result<String, String> {
     let mut cmd = tokio::process::Command::new("git");
     cmd.arg("-C")
@@ -719,6 +720,19 @@ async fn git_in(admin: &Path, path: &Path, args: &[&str]) -> std::result::Result
 }
 
 async fn run_git(mut cmd: tokio::process::Command) -> std::result::Result<String, String> {
+    // The repository is named by the arguments alone: a host run from inside a git hook has
+    // these set for its own repository, and git would take them over `-C` and `--git-dir`.
+    for var in [
+        "GIT_DIR",
+        "GIT_WORK_TREE",
+        "GIT_INDEX_FILE",
+        "GIT_COMMON_DIR",
+        "GIT_OBJECT_DIRECTORY",
+        "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+        "GIT_NAMESPACE",
+    ] {
+        cmd.env_remove(var);
+    }
     let out = cmd
         .env("GIT_TERMINAL_PROMPT", "0")
         .kill_on_drop(true)
@@ -750,7 +764,10 @@ async fn admin_dir(top: &Path, path: &Path) -> std::result::Result<PathBuf, Stri
         let Ok(gitdir) = tokio::fs::read_to_string(entry.path().join("gitdir")).await else {
             continue;
         };
-        let Some(tree) = Path::new(gitdir.trim()).parent() else {
+        // Relative to the admin directory when git writes relative paths
+        // (`worktree.useRelativePaths`); `join` keeps an absolute one as it is.
+        let dotgit = entry.path().join(gitdir.trim());
+        let Some(tree) = dotgit.parent() else {
             continue;
         };
         if tokio::fs::canonicalize(tree).await.is_ok_and(|t| t == want) {
@@ -785,6 +802,40 @@ mod tests {
         ] {
             assert!(!contended(real), "{real}");
         }
+    }
+
+    /// The admin directory is found whether git wrote the tree's path into it absolute (the
+    /// default) or relative to it (`worktree.useRelativePaths`, git 2.48 on).
+    #[tokio::test]
+    async fn the_admin_directory_is_found_from_an_absolute_or_a_relative_gitdir() {
+        let dir = tempfile::tempdir().unwrap();
+        let top = dir.path();
+        let sh = |args: &[&str]| {
+            let out = std::process::Command::new("git")
+                .arg("-C")
+                .arg(top)
+                .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{args:?}: {out:?}");
+        };
+        sh(&["init", "-q", "-b", "main"]);
+        sh(&["commit", "-q", "--allow-empty", "-m", "start"]);
+        let path = top.join("trees/a");
+        sh(&["worktree", "add", "-q", "-b", "t", path.to_str().unwrap()]);
+        let admin = std::fs::canonicalize(top.join(".git/worktrees/a")).unwrap();
+        let found = admin_dir(top, &path).await.unwrap();
+        assert_eq!(std::fs::canonicalize(&found).unwrap(), admin);
+        std::fs::write(admin.join("gitdir"), "../../../trees/a/.git\n").unwrap();
+        let found = admin_dir(top, &path).await.unwrap();
+        assert_eq!(std::fs::canonicalize(&found).unwrap(), admin);
+        let other = top.join("trees/b");
+        std::fs::create_dir_all(&other).unwrap();
+        assert_eq!(
+            admin_dir(top, &other).await.unwrap_err(),
+            format!("git has no worktree registered at {}", other.display())
+        );
     }
 
     #[test]
