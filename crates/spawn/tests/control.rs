@@ -975,11 +975,17 @@ async fn a_late_message_comes_back_from_a_foreground_and_a_background_child() {
             .chain(notifications(&parent).into_iter().filter_map(|n| n.note))
             .collect::<Vec<_>>()
             .join("\n");
+        // In a foreground child's tool result the message's envelope is defanged: it was
+        // meant for the child, and must not read as one the parent was given.
+        let late = if background {
+            "<message from=\"host\">late news</message>"
+        } else {
+            "&lt;message from=\"host\">late news&lt;/message>"
+        };
         assert!(
-            told.contains(
-                "1 message(s) arrived after it stopped reading: \
-                 <message from=\"host\">late news</message>"
-            ),
+            told.contains(&format!(
+                "1 message(s) arrived after it stopped reading: {late}"
+            )),
             "background={background}: {told}"
         );
     }

@@ -1023,7 +1023,11 @@ fn foreground_result(end: &ChildEnd) -> Result<String, String> {
                 _ => note,
             })
             .filter(|note| !note.is_empty())
-            .map_or(String::new(), |note| format!("\n[{note}]"));
+            // It lists messages that came too late, each a whole `<message from=…>` envelope
+            // meant for the child: in the parent's tool result they must not read as its own.
+            .map_or(String::new(), |note| {
+                format!("\n[{}]", forkhive_core::notification::defang(note))
+            });
         return Ok(format!("{answer}\n\n{trailer}{note}{kept}"));
     }
     // Why it did not finish, then what the owner noted (why it was stopped, its transcript).
@@ -1037,7 +1041,7 @@ fn foreground_result(end: &ChildEnd) -> Result<String, String> {
     };
     if let Some(note) = &n.note {
         why.push_str(" (");
-        why.push_str(note);
+        why.push_str(&forkhive_core::notification::defang(note));
         why.push(')');
     }
     Err(format!(

@@ -226,14 +226,16 @@ impl Memory {
     }
 }
 
-/// Memory text with `&`, `<` and `>` escaped, as a letter's: agents write their memory, and the
-/// index reaches every later agent of the type as the text of its first user message — where an
-/// envelope left in it unescaped (`<task-notification>`, `<message from=…>`) would be taken for
-/// one the library delivered, by the model and by `find_notifications` ("Coordinator Mode",
-/// gotchas: `<task-notification>` injection from worker stdout). Nor can it close the element
-/// it is put in.
+/// Memory text as the next agent of the type reads it: the library's envelope tags defanged
+/// (agents write their memory, perhaps from hostile text they read, and the index reaches
+/// every later agent of the type as the text of its first user message — where an envelope
+/// left in it (`<task-notification>`, `<message from=…>`) would be taken for one the library
+/// delivered, by the model and by `find_notifications`: "Coordinator Mode", gotchas:
+/// `<task-notification>` injection from worker stdout), and unable to close the element it is
+/// put in. Nothing else changes: the code in it stays as written, and an agent that copies
+/// its index back into `MEMORY.md` does not write entities that compound run after run.
 fn escape_text(s: &str) -> String {
-    crate::mailbox::escape_text(s)
+    forkhive_core::notification::defang(s).replace("</agent-memory", "&lt;/agent-memory")
 }
 
 /// A name no other temporary file of this process has.
