@@ -403,8 +403,9 @@ fn asker(field: &impl Fn(&str) -> String, task: TaskId, parent: TaskId) -> Agent
         "teammate" => AgentKind::Teammate,
         _ => AgentKind::Subagent,
     };
+    // Never the main conversation's: a pool task is always someone's child.
     let source = match field("query_source") {
-        s if s.is_empty() => QuerySource::default_agent(),
+        s if s.is_empty() || s == QuerySource::main().as_str() => QuerySource::default_agent(),
         s => QuerySource::from_label(s),
     };
     let cx = AgentContext::new(task, kind, source).with_lineage(Some(parent), 1);
@@ -440,7 +441,7 @@ mod tests {
 
     /// A teammate's request reaches the parent's policy as a teammate's, with its type and
     /// source; one without those fields (an older worker) as a default subagent's; a worker
-    /// claiming to be the main agent is taken for a subagent.
+    /// claiming to be the main agent, by kind or by source, is taken for a subagent.
     #[test]
     fn the_asker_is_rebuilt_as_the_worker_wrote_it() {
         let (task, parent) = (
@@ -479,7 +480,14 @@ mod tests {
             (old.kind(), old.agent_type(), old.query_source()),
             (AgentKind::Subagent, None, &QuerySource::default_agent())
         );
-        let main = asker(&fields(&[("kind", "main")]), task, parent);
-        assert_eq!(main.kind(), AgentKind::Subagent);
+        let main = asker(
+            &fields(&[("kind", "main"), ("query_source", "main")]),
+            task,
+            parent,
+        );
+        assert_eq!(
+            (main.kind(), main.query_source()),
+            (AgentKind::Subagent, &QuerySource::default_agent())
+        );
     }
 }

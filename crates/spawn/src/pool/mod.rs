@@ -497,22 +497,37 @@ impl Pool {
     /// will not be resumed): its notifications not delivered, its list of tasks, and its
     /// permission requests. Without this they stay in Redis with no expiry, one set per parent.
     ///
-    /// Only once every task it had has reported: a task still queued or running would report
-    /// into the deleted keys, making them again. Errors: [`Error::Refused`] naming those tasks
-    /// (cancel them with [`Pool::cancel_children`] or [`Delivery::cancel_tasks`] and wait for
-    /// their `killed` reports — [`NotificationQueue::pending`] on [`Pool::queue`] lists them —
-    /// first), or the store's failure.
+    /// Only once every task it had has reported (or been delivered): a task still queued or
+    /// running would report into the deleted keys, making them again. Errors:
+    /// [`Error::Refused`] naming those tasks (cancel them with [`Pool::cancel_children`] or
+    /// [`Delivery::cancel_tasks`] and wait for their `killed` reports —
+    /// [`NotificationQueue::pending`] on [`Pool::queue`] lists them — first; a task queued with
+    /// no worker alive to take it holds the parent until one does), or [`Error::Pool`].
     ///
     /// [`NotificationQueue::pending`]: crate::task::queue::NotificationQueue::pending
     pub async fn abandon(&self, parent: &TaskId) -> Result<()> {
         use crate::task::queue::NotificationQueue;
-        let reported: std::collections::HashSet<TaskId> = self
+        let mut reported: std::collections::HashSet<TaskId> = self
             .queue
             .pending(parent)
-            .await?
+            .await
+            .map_err(|e| Error::Pool {
+                message: format!("`{}`: reading {parent}'s notifications: {e}", self.name),
+            })?
             .into_iter()
             .map(|q| q.notification.task_id)
             .collect();
+        // Delivered, and left on the parent's task list by a process that stopped between the
+        // two (the queue's record of delivered ids is by task id).
+        let mut conn = self.conn().await?;
+        let delivered: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&self.queue.keys(parent)[2])
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.fail("ZRANGE", e))?;
+        reported.extend(delivered.iter().filter_map(|t| t.parse::<TaskId>().ok()));
         let running: Vec<String> = self
             .outstanding(parent)
             .await?
@@ -528,7 +543,6 @@ impl Pool {
                 running.join(", ")
             )));
         }
-        let mut conn = self.conn().await?;
         // Two commands: the queue's keys and the pool's are in different hash slots.
         redis::cmd("DEL")
             .arg(&self.queue.keys(parent)[..])
