@@ -161,20 +161,31 @@ struct SendInput {
     summary: Option<String>,
 }
 
-/// The most bytes one `SendMessage` carries (its text, or its structured message as JSON,
-/// with its summary): what it sends stays in its recipient's conversation, sent again with
+/// The most bytes one `SendMessage` carries, escaped as its recipient reads it (its text, or
+/// its structured message as JSON, with its summary): what it sends stays in its recipient's conversation, sent again with
 /// every later request, so a worker's flood of long messages would fill its parent's context
 /// ("Coordinator Mode", gotchas: "cap the resources"). The same cap as a child's answer
 /// ([`RESULT_CAP`](crate::task::RESULT_CAP)).
 pub const MESSAGE_CAP: usize = crate::task::RESULT_CAP;
 
-/// The refusal of a message longer than [`MESSAGE_CAP`].
+/// The refusal of a message longer than [`MESSAGE_CAP`], as its recipient gets it: escaped
+/// (`&` is five bytes there, `<` and `>` four).
 fn too_long(input: &SendInput) -> Option<ToolOutput> {
-    let body = match &input.message {
-        serde_json::Value::String(text) => text.len(),
-        other => other.to_string().len(),
+    let escaped = |s: &str| {
+        s.len()
+            + s.bytes()
+                .map(|b| match b {
+                    b'&' => 4,
+                    b'<' | b'>' => 3,
+                    _ => 0,
+                })
+                .sum::<usize>()
     };
-    let size = body + input.summary.as_ref().map_or(0, String::len);
+    let body = match &input.message {
+        serde_json::Value::String(text) => escaped(text),
+        other => escaped(&other.to_string()),
+    };
+    let size = body + input.summary.as_deref().map_or(0, escaped);
     (size > MESSAGE_CAP).then(|| {
         ToolOutput::error(format!(
             "the message is {size} bytes; one carries at most {MESSAGE_CAP}: send the gist, \

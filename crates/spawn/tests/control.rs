@@ -391,6 +391,8 @@ async fn a_message_longer_than_the_cap_is_refused_with_its_size() {
                 1 => {
                     let long = "x".repeat(MESSAGE_CAP + 1);
                     let exact = "y".repeat(MESSAGE_CAP - 4);
+                    // Counted as its recipient reads it: `&amp;` is five bytes.
+                    let amps = "&".repeat(MESSAGE_CAP / 5 + 1);
                     Plan::Reply(calls(&[
                         (
                             "m1",
@@ -401,6 +403,11 @@ async fn a_message_longer_than_the_cap_is_refused_with_its_size() {
                             "m2",
                             "SendMessage",
                             &format!(r#"{{"to":"main","message":"{exact}","summary":"gist"}}"#),
+                        ),
+                        (
+                            "m3",
+                            "SendMessage",
+                            &format!(r#"{{"to":"main","message":"{amps}"}}"#),
                         ),
                     ]))
                 }
@@ -425,7 +432,18 @@ async fn a_message_longer_than_the_cap_is_refused_with_its_size() {
     let run = p.run("go").await;
     assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
     let seen = seen.lock().unwrap().clone();
-    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert_eq!(
+        seen[2],
+        (
+            format!(
+                "the message is {} bytes; one carries at most {MESSAGE_CAP}: send the gist, and \
+                 write the rest to a file whose path you send",
+                (MESSAGE_CAP / 5 + 1) * 5
+            ),
+            true
+        )
+    );
     assert_eq!(
         seen[0],
         (
