@@ -162,9 +162,9 @@ struct SendInput {
 }
 
 /// The most bytes one `SendMessage` carries, escaped as its recipient reads it (its text, or
-/// its structured message as JSON, with its summary): what it sends stays in its recipient's conversation, sent again with
-/// every later request, so a worker's flood of long messages would fill its parent's context
-/// ("Coordinator Mode", gotchas: "cap the resources"). The same cap as a child's answer
+/// its structured message as JSON, with its summary): what it sends stays in its recipient's
+/// conversation, sent again with every later request, so a worker's flood of long messages
+/// would fill its parent's context ("Coordinator Mode", gotchas: "cap the resources"). The same cap as a child's answer
 /// ([`RESULT_CAP`](crate::task::RESULT_CAP)).
 pub const MESSAGE_CAP: usize = crate::task::RESULT_CAP;
 

@@ -1775,11 +1775,7 @@ pub(crate) fn cap_answer(mut answer: String, output: Option<&std::path::Path>) -
     if answer.len() <= RESULT_CAP {
         return answer;
     }
-    let mut cut = RESULT_CAP;
-    while !answer.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    answer.truncate(cut);
+    answer.truncate(boundary_at_most(&answer, RESULT_CAP));
     match output {
         Some(path) => answer.push_str(&format!(
             "\n[truncated; its output file {} has more]",
@@ -1790,16 +1786,22 @@ pub(crate) fn cap_answer(mut answer: String, output: Option<&std::path::Path>) -
     answer
 }
 
+/// The last character boundary of `s` at or before byte `at`.
+fn boundary_at_most(s: &str, at: usize) -> usize {
+    let mut cut = at.min(s.len());
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    cut
+}
+
 /// A notification's note, cut to [`RESULT_CAP`] bytes if longer (the messages and letters it
 /// lists are each capped, their number is not), saying so.
 pub(crate) fn cap_note(mut note: String) -> String {
     if note.len() <= RESULT_CAP {
         return note;
     }
-    let mut cut = RESULT_CAP;
-    while !note.is_char_boundary(cut) {
-        cut -= 1;
-    }
+    let cut = boundary_at_most(&note, RESULT_CAP);
     let dropped = note.len() - cut;
     note.truncate(cut);
     note.push_str(&format!(" [truncated: {dropped} bytes more]"));
@@ -1905,6 +1907,7 @@ pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use forkhive_core::TaskKind;
 
     /// A note longer than the cap is cut at a character boundary and says how much was cut;
     /// a shorter one is kept whole.
@@ -1922,7 +1925,6 @@ mod tests {
             )
         );
     }
-    use forkhive_core::TaskKind;
 
     /// Every child of a wide fan-out that has not run yet holds its owner (and its agent, in
     /// the future the task polls): 10,000 of them at once is the fan-out the docs measure. A
