@@ -1112,6 +1112,117 @@ async fn a_teammate_on_a_worker_may_reject_a_shutdown() {
     assert_eq!(alice, MemberState::Idle);
 }
 
+/// 6b. The host's `Team::shut_down` ends a teammate on a worker that rejects it under `Ask`:
+/// once the lead's shutdown grace has passed, the lead cancels it on the pool, its worker stops
+/// it, and the shutdown returns with it stopped and its notification in the lead's queue
+/// (before, the teammate kept running on its worker and the shutdown failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_hosts_shutdown_cancels_a_teammate_on_a_worker_that_rejects_it() {
+    let Some(url) = redis_url() else { return };
+    let pool = Pool::new(&url, &key_prefix("rv6b"), "crew", config()).unwrap();
+    let (team, lead, w1, stop) = rejecting_alice(&pool).await;
+    let started = Instant::now();
+    let asked = tokio::time::timeout(Duration::from_secs(30), team.shut_down(None))
+        .await
+        .expect("the shutdown returned");
+    let took = started.elapsed();
+    let pending: String = lead.pending().drain().into_iter().map(|m| m.text).collect();
+    stop.cancel();
+    let report = w1.await.unwrap().unwrap();
+    assert_eq!(asked.unwrap(), ["alice"]);
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
+    assert!(
+        took >= Duration::from_secs(2),
+        "cancelled before the grace: {took:?}"
+    );
+    assert!(pending.contains("still busy"), "{pending}");
+    // Idle when it was cancelled, it ends with its last run's answer.
+    let task = team.member("alice").unwrap().task;
+    assert_eq!(
+        pending.matches("<task-notification>").count(),
+        1,
+        "{pending}"
+    );
+    assert!(
+        pending.contains(&format!("<task-id>{task}</task-id>")),
+        "{pending}"
+    );
+    assert_eq!(report.ran, 1, "{report:?}");
+}
+
+/// 6c. The same shutdown dropped before it returns still cancels the teammate on the pool at
+/// its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dropped_shutdown_still_cancels_a_teammate_on_a_worker_at_its_deadline() {
+    let Some(url) = redis_url() else { return };
+    let pool = Pool::new(&url, &key_prefix("rv6c"), "crew", config()).unwrap();
+    let (team, _lead, w1, stop) = rejecting_alice(&pool).await;
+    let dropped = tokio::time::timeout(Duration::from_millis(500), team.shut_down(None)).await;
+    assert!(
+        dropped.is_err(),
+        "the shutdown returned within 500 ms: {dropped:?}"
+    );
+    let started = Instant::now();
+    while team.member("alice").unwrap().state != MemberState::Stopped
+        && started.elapsed() < Duration::from_secs(20)
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let state = team.member("alice").unwrap().state;
+    stop.cancel();
+    let _ = w1.await;
+    assert_eq!(state, MemberState::Stopped, "after {:?}", started.elapsed());
+}
+
+/// A worker of one slot, a lead under `Ask` with a shutdown grace of 2 s, and its teammate
+/// `alice`, idle on the worker, who rejects every shutdown request; the lead's run has ended.
+async fn rejecting_alice(
+    pool: &Pool,
+) -> (
+    Arc<Team>,
+    Agent,
+    tokio::task::JoinHandle<forkhive_spawn::Result<WorkerReport>>,
+    CancellationToken,
+) {
+    let b = brain(|r| {
+        let raw = raw_text(r);
+        if !is_parent(r) {
+            if let Some(at) = raw.rfind("\"request_id\":\"")
+                && called(r, "shutdown_response") == 0
+            {
+                let rest = &raw[at + 14..];
+                let id = &rest[..rest.find('"').unwrap()];
+                return Plan::Reply(calls(&[(
+                    "r1",
+                    "SendMessage",
+                    &format!(
+                        r#"{{"to":"team-lead","message":{{"type":"shutdown_response","request_id":"{id}","approve":false,"reason":"still busy"}}}}"#
+                    ),
+                )]));
+            }
+            return Plan::Reply(say("A done"));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let (w1, stop) = worker(pool, "w1", b.clone(), Vec::new());
+    let team = Arc::new(
+        pool.team("review")
+            .unwrap()
+            .with_shutdown_policy(ShutdownPolicy::Ask)
+            .with_shutdown_grace(Duration::from_secs(2)),
+    );
+    let mut lead = lead(pool, &team, b).await;
+    let run = tokio::time::timeout(Duration::from_secs(30), lead.run("go"))
+        .await
+        .expect("the lead's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Idle);
+    (team, lead, w1, stop)
+}
+
 /// 7. The lead writes to a teammate on a worker by its task id (which the Agent result and
 /// notifications give it): refused, saying to write by name — a letter by task id would go
 /// around the team, and nothing would hold the lead's run while the teammate works on it.

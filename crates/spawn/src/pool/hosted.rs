@@ -130,6 +130,10 @@ impl TeamLink for Link {
             .send_unless(inbox, letter, &self.pool.task_key("closed", task))
             .await
     }
+
+    async fn cancel(&self, task: &TaskId) -> Result<()> {
+        self.pool.cancel(task).await.map(|_| ())
+    }
 }
 
 impl Pool {

@@ -1356,13 +1356,17 @@ impl Team {
     /// before this returns. The team may be used again: its next teammate claims it again.
     ///
     /// On a pool, teammates end on their workers, under the policy and grace of the workers'
-    /// `Team`: one that rejects under `Ask` is not cancelled. [`Error::TeamNotStopped`] names
-    /// the teammates still running (or owners still finishing) [`SHUT_DOWN_MARGIN`] after
-    /// this team's grace; the team is not given up then. A letter that could not be sent is
+    /// `Team`; one still running when this team's grace has passed (it rejected under `Ask`,
+    /// or is stuck in a tool) is cancelled on the pool (`Pool::cancel`):
+    /// its worker stops it, and its notification comes as any teammate's end does.
+    /// [`Error::TeamNotStopped`] names the
+    /// teammates still running (or owners still finishing) [`SHUT_DOWN_MARGIN`] after this
+    /// team's grace — a worker that cannot be reached, a store that fails — and the team is
+    /// not given up then. A letter that could not be sent is
     /// the error returned once the others were asked and waited for. A teammate's side of a
     /// team on a pool cannot shut it down ([`Error::Refused`]). Dropped before it returns, the
-    /// teammates whose runs had started when it asked them still end by its deadline, and the
-    /// team is not given up.
+    /// teammates whose runs had started when it asked them still end by its deadline (on a
+    /// pool, are cancelled there at its deadline), and the team is not given up.
     pub async fn shut_down(&self, reason: Option<String>) -> Result<Vec<String>> {
         if matches!(self.side, Side::Member(_)) {
             return Err(Error::Refused(format!(
@@ -1395,6 +1399,37 @@ impl Team {
             .filter(|m| m.state != MemberState::Stopped)
             .map(|m| m.name.clone())
             .collect();
+        // On a pool, a teammate ends on its worker under the worker's policy and grace: one
+        // that rejected the request under `Ask`, or is stuck in a tool, is still running when
+        // this shutdown's grace has passed. The lead cancels it on the pool then (its worker
+        // stops it and reports its end), so a host that shuts its team down before it exits
+        // leaves nothing running on the workers either — from a task of its own, as the
+        // timers beside the lead are, so a shutdown dropped midway still does it. (Cancelling a
+        // task that has ended does nothing.)
+        let overdue = match &self.side {
+            Side::Lead(link) => {
+                let asked: Vec<(String, TaskId)> = names
+                    .iter()
+                    .filter_map(|n| self.member(n))
+                    .filter(|m| m.state != MemberState::Stopped)
+                    .map(|m| (m.name, m.task))
+                    .collect();
+                let (link, team) = (Arc::clone(link), self.name.clone());
+                let at = self.shutdown_deadline().unwrap_or(deadline);
+                tokio::runtime::Handle::try_current().ok().map(|rt| {
+                    rt.spawn(async move {
+                        tokio::time::sleep_until(at).await;
+                        for (name, task) in asked {
+                            if let Err(e) = link.cancel(&task).await {
+                                tracing::warn!(%team, "could not cancel `{name}` (task {task}) \
+                                    at the end of the shutdown's grace: {e}");
+                            }
+                        }
+                    })
+                })
+            }
+            _ => None,
+        };
         let mut failed = None;
         for name in &names {
             let request = shutdown_request(reason.clone()).to_letter(LEAD);
@@ -1436,7 +1471,12 @@ impl Team {
             let finishing = self.holds().finishing.clone();
             futures::future::join_all(finishing.iter().map(PromiseHandle::closed)).await;
         };
-        if tokio::time::timeout(waited, ended).await.is_err() {
+        let ended = tokio::time::timeout(waited, ended).await;
+        // Returned (not dropped): what is left to cancel has ended, or has been cancelled.
+        if let Some(overdue) = overdue {
+            overdue.abort();
+        }
+        if ended.is_err() {
             let mut running: Vec<String> = names
                 .iter()
                 .filter(|n| {
