@@ -1357,13 +1357,12 @@ impl Team {
     ///
     /// On a pool, teammates end on their workers, under the policy and grace of the workers'
     /// `Team`; one still running when this team's grace has passed (it rejected under `Ask`,
-    /// or is stuck in a tool) is cancelled on the pool (`Pool::cancel`):
-    /// its worker stops it, and its notification comes as any teammate's end does.
-    /// [`Error::TeamNotStopped`] names the
-    /// teammates still running (or owners still finishing) [`SHUT_DOWN_MARGIN`] after this
+    /// or is stuck in a tool) is cancelled on the pool (`Pool::cancel`): its worker stops it,
+    /// and its notification comes as any teammate's end does. [`Error::TeamNotStopped`] names
+    /// the teammates still running (or owners still finishing) [`SHUT_DOWN_MARGIN`] after this
     /// team's grace — a worker that cannot be reached, a store that fails — and the team is
-    /// not given up then. A letter that could not be sent is
-    /// the error returned once the others were asked and waited for. A teammate's side of a
+    /// not given up then. A letter that could not be sent is the error returned once the
+    /// others were asked and waited for. A teammate's side of a
     /// team on a pool cannot shut it down ([`Error::Refused`]). Dropped before it returns, the
     /// teammates whose runs had started when it asked them still end by its deadline (on a
     /// pool, are cancelled there at its deadline), and the team is not given up.
