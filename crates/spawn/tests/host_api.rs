@@ -201,3 +201,138 @@ async fn each_type_runs_to_its_own_deadline() {
     let record = service.registry().get(&capped.id).await.unwrap();
     assert_eq!(record.state, forkhive_spawn::task::TaskState::Killed);
 }
+
+/// A run that stops at a limit returns with its background children still running: it lists
+/// them running, and the next run that returns after each has ended lists it again with its
+/// status and usage — also when it ended between the two runs — so each child's end is in
+/// exactly one run's `children()`, and a host summing them counts each child once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_still_running_when_its_run_stopped_is_reported_by_the_run_that_sees_it_end() {
+    let a = Arc::new(tokio::sync::Semaphore::new(0));
+    let b = Arc::new(tokio::sync::Semaphore::new(0));
+    let (ga, gb) = (Arc::clone(&a), Arc::clone(&b));
+    let gate = TestTool::new("Gate", OBJECT, true, move |input, _| {
+        let gate = if input["which"] == "a" {
+            Arc::clone(&ga)
+        } else {
+            Arc::clone(&gb)
+        };
+        async move {
+            drop(gate.acquire().await.unwrap());
+            ToolOutput::text("opened")
+        }
+    });
+    let release_b = Arc::clone(&b);
+    let brain = brain(move |r| {
+        if !is_parent(r) {
+            if has_tool_result(r) {
+                return Plan::Reply(say("part done"));
+            }
+            let which = if r.all_messages()[0].text().contains("do a") {
+                "a"
+            } else {
+                "b"
+            };
+            return Plan::Reply(Response::tool_calls([(
+                "Gate",
+                serde_json::json!({ "which": which }),
+            )]));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(Response::tool_calls([
+                (
+                    "Agent",
+                    serde_json::json!({"description": "part a", "prompt": "do a", "subagent_type": "worker", "run_in_background": true}),
+                ),
+                (
+                    "Agent",
+                    serde_json::json!({"description": "part b", "prompt": "do b", "subagent_type": "worker", "run_in_background": true}),
+                ),
+            ]));
+        }
+        if r.all_messages().len() == 3 {
+            // The first run's last turn: it stops at its limit after this call.
+            return Plan::Reply(Response::tool_calls([("Noop", serde_json::json!({}))]));
+        }
+        // The second run: `b` may finish now, while this run waits for it.
+        release_b.add_permits(1);
+        Plan::Reply(say("waiting"))
+    });
+    let mut w = AgentDefinition::new("worker", "does one job", DefinitionSource::Project);
+    w.system_prompt = "You are a worker.".into();
+    let config = AgentToolConfig::default()
+        .with_registry(AgentRegistry::from_definitions([w]))
+        .with_subagent_tools(Some(ToolPool::new([gate.arc()]).unwrap()));
+    let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), TaskConfig::default());
+    let mut p = Agent::builder(brain)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(
+            ToolPool::new([
+                Arc::new(AgentTool::new(config).unwrap()) as Arc<dyn Tool>,
+                TestTool::new("Noop", OBJECT, true, |_, _| async {
+                    ToolOutput::text("ok")
+                })
+                .arc(),
+            ])
+            .unwrap(),
+        )
+        .limits(forkhive_spawn::runtime::Limits::default().with_max_turns(Some(2)))
+        .extension(Arc::clone(&service))
+        .build()
+        .await
+        .unwrap();
+
+    let first = p.run("split it").await;
+    assert_eq!(
+        first.stop,
+        StopReason::MaxTurns { limit: 2 },
+        "{:?}",
+        first.error
+    );
+    let running: Vec<_> = first
+        .children()
+        .iter()
+        .map(|c| (c.description.as_str(), c.status, c.usage.total_tokens()))
+        .collect();
+    assert_eq!(running, [("part a", None, 0), ("part b", None, 0)]);
+    let (id_a, id_b) = (first.children()[0].id, first.children()[1].id);
+
+    // `a` ends between the runs; `b` during the second.
+    a.add_permits(1);
+    let ended = async {
+        while !service
+            .registry()
+            .get(&id_a)
+            .await
+            .unwrap()
+            .state
+            .is_terminal()
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), ended)
+        .await
+        .expect("a ended");
+    let second = tokio::time::timeout(std::time::Duration::from_secs(10), p.run_pending())
+        .await
+        .expect("the second run returned");
+    assert_eq!(second.stop, StopReason::Completed, "{:?}", second.error);
+    let reported: Vec<_> = second.children().iter().map(|c| (c.id, c.status)).collect();
+    assert_eq!(
+        reported,
+        [
+            (id_a, Some(TaskStatus::Completed)),
+            (id_b, Some(TaskStatus::Completed))
+        ]
+    );
+    for c in second.children() {
+        let record = service.registry().get(&c.id).await.unwrap();
+        assert!(c.usage.output_tokens > 0, "{}", c.description);
+        assert_eq!(record.usage, c.usage, "{}", c.description);
+    }
+    // Reported once: a later run lists neither.
+    let third = p.run("anything else?").await;
+    assert!(third.children().is_empty(), "{:?}", third.children());
+}

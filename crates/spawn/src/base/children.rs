@@ -23,7 +23,8 @@ pub struct ChildReport {
     /// Whether it ran in the background.
     pub background: bool,
     /// How it ended; `None` while it runs (in a run that returned without waiting for its
-    /// background children).
+    /// background children: a later run reports its end, see
+    /// [`AgentRun::children`](crate::runtime::AgentRun::children)).
     pub status: Option<TaskStatus>,
     /// Its own usage, cache figures included (zero while it runs); its descendants' is in
     /// the task registry's `tree_usage`.
@@ -69,6 +70,9 @@ pub struct ChildLedger(Arc<Mutex<Ledger>>);
 struct Ledger {
     children: Vec<ChildReport>,
     at: IdMap<usize>,
+    /// Children a run reported still running (in start order): the next run to report
+    /// after each has ended reports it again, ended.
+    carried: Vec<usize>,
 }
 
 impl ChildLedger {
@@ -119,6 +123,39 @@ impl ChildLedger {
     /// Whether it has started none.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// What a run that started the children from the `from`-th on reports
+    /// ([`AgentRun::children`]), in start order: children of earlier runs that were still
+    /// running when those runs returned and have ended since, then its own. Those of its own
+    /// still running are carried to the next run's report in turn, so each child's end (its
+    /// status and usage) is in exactly one report, and a child reported running has a
+    /// usage of zero there.
+    ///
+    /// [`AgentRun::children`]: crate::runtime::AgentRun::children
+    pub fn report(&self, from: usize) -> Vec<ChildReport> {
+        let mut ledger = self.lock();
+        let Ledger {
+            children, carried, ..
+        } = &mut *ledger;
+        let mut out = Vec::new();
+        carried.retain(|&i| match children.get(i) {
+            Some(c) if c.status.is_some() => {
+                out.push(c.clone());
+                false
+            }
+            Some(_) => true,
+            None => false,
+        });
+        let own = children.get(from..).unwrap_or_default();
+        carried.extend(
+            own.iter()
+                .enumerate()
+                .filter(|(_, c)| c.status.is_none())
+                .map(|(i, _)| from + i),
+        );
+        out.extend_from_slice(own);
+        out
     }
 
     /// The children from the `from`-th on, in start order.
@@ -172,6 +209,54 @@ mod tests {
         assert_eq!(all.iter().map(|c| c.id).collect::<Vec<_>>(), ids);
         assert_eq!(ledger.since(60).len(), 4);
         assert!(ledger.since(65).is_empty());
+    }
+
+    /// A child reported running is reported again, ended, by the first report after its
+    /// end, and never after; one still running is carried on; a report's own children come
+    /// after the carried ones, in start order.
+    #[test]
+    fn a_child_reported_running_is_reported_once_more_when_it_has_ended() {
+        let ledger = ChildLedger::default();
+        let ids: Vec<TaskId> = (0..3).map(|_| TaskId::generate(TaskKind::Agent)).collect();
+        let start = |id: &TaskId| ledger.started(*id, "w".into(), "m".into(), "d".into(), true);
+        let done = Usage {
+            output_tokens: 7,
+            ..Usage::default()
+        };
+        start(&ids[0]);
+        start(&ids[1]);
+        let first = ledger.report(0);
+        assert!(
+            first
+                .iter()
+                .all(|c| c.status.is_none() && c.usage == Usage::default())
+        );
+        ledger.ended(&ids[1], TaskStatus::Completed, done);
+        let from = ledger.len();
+        start(&ids[2]);
+        ledger.ended(&ids[2], TaskStatus::Failed, done);
+        let second: Vec<_> = ledger
+            .report(from)
+            .iter()
+            .map(|c| (c.id, c.status))
+            .collect();
+        assert_eq!(
+            second,
+            [
+                (ids[1], Some(TaskStatus::Completed)),
+                (ids[2], Some(TaskStatus::Failed))
+            ]
+        );
+        let from = ledger.len();
+        assert!(ledger.report(from).is_empty(), "ids[0] still runs");
+        ledger.ended(&ids[0], TaskStatus::Killed, done);
+        let third: Vec<_> = ledger
+            .report(from)
+            .iter()
+            .map(|c| (c.id, c.status))
+            .collect();
+        assert_eq!(third, [(ids[0], Some(TaskStatus::Killed))]);
+        assert!(ledger.report(from).is_empty());
     }
 
     /// An end for a child the ledger never started changes nothing; each end lands on its own

@@ -811,7 +811,7 @@ impl Agent {
             usage: run.usage,
             error: run.error,
             new_messages,
-            children: self.shared.children.since(run.children_from),
+            children: self.shared.children.report(run.children_from),
         }
     }
 }
