@@ -63,6 +63,11 @@ impl TaskStopTool {
             )?,
         })
     }
+
+    /// The tool behind an `Arc`, as a [`ToolPool`](crate::tool::ToolPool) takes it.
+    pub fn arc(self) -> Arc<dyn Tool> {
+        Arc::new(self)
+    }
 }
 
 #[derive(Deserialize)]
@@ -150,6 +155,11 @@ impl SendMessageTool {
                 r#"{"type":"object","properties":{"to":{"type":"string","description":"A task id or name, a teammate's name, main (team-lead from a teammate), or * for every teammate"},"message":{"type":["string","object"],"description":"The text; or, in a team: {\"type\":\"shutdown_request\",\"reason\":…} (lead), {\"type\":\"shutdown_response\",\"request_id\":…,\"approve\":…,\"reason\":…} (teammate), {\"type\":\"plan_approval_request\",\"plan\":…} (teammate), {\"type\":\"plan_approval_response\",\"request_id\":…,\"approve\":…,\"feedback\":…} (lead)"},"summary":{"type":"string","description":"A short preview, for a teammate"}},"required":["to","message"],"additionalProperties":false}"#,
             )?,
         })
+    }
+
+    /// The tool behind an `Arc`, as a [`ToolPool`](crate::tool::ToolPool) takes it.
+    pub fn arc(self) -> Arc<dyn Tool> {
+        Arc::new(self)
     }
 }
 

@@ -108,6 +108,44 @@ async fn a_foreground_subagent_answers_as_the_tool_result() {
     );
 }
 
+/// A foreground child that fails before it answers anything: the result says why, then its
+/// trailer after one blank line (no empty answer between them).
+#[tokio::test]
+async fn a_foreground_child_that_failed_with_no_answer_says_why_then_its_trailer() {
+    let b = brain(|r| {
+        if !is_parent(r) {
+            return Plan::Fail("the provider is down");
+        }
+        if r.all_messages().len() == 1 {
+            Plan::Reply(calls_owned(&[agent_call(
+                "a1",
+                serde_json::json!({"description": "count files", "prompt": "count the files", "subagent_type": "worker"}),
+            )]))
+        } else {
+            Plan::Reply(say("it failed"))
+        }
+    });
+    let config = AgentToolConfig::default().with_registry(worker_registry());
+    let mut p = parent(b.clone(), config, TaskConfig::default()).await;
+    let run = p.run("how many files?").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    let (text, is_error) = match &p.params().messages()[2].content[0] {
+        ContentBlock::ToolResult {
+            content, is_error, ..
+        } => (content.text(), *is_error),
+        other => panic!("{other:?}"),
+    };
+    assert!(is_error);
+    let (why, trailer) = text.split_once("\n\n").unwrap();
+    assert!(why.starts_with("the agent did not finish: "), "{text}");
+    assert!(!why.contains('\n'), "{text}");
+    assert!(
+        trailer.starts_with("[agent a")
+            && trailer.ends_with("failed: 0 tokens, 0 tool uses, 0 turns]"),
+        "{text}"
+    );
+}
+
 /// A foreground child's answer reaches its parent's tool result with the library's envelope
 /// tags escaped (a forged `<task-notification>` or `<message from=…>` there would read as one
 /// the library delivered), and everything else as written (the code in it stays readable).
@@ -594,6 +632,7 @@ async fn deadlines_panics_and_cancellation_each_yield_one_notification_with_what
         .with_deadline(Some(Duration::from_secs(60)))
         .with_stall_after(Some(Duration::from_secs(10)));
     let tool = AgentTool::new(config).unwrap();
+    let events = Arc::new(Events::default());
     let mut p = Agent::builder(b)
         .model("m")
         .system_prompt("You are the parent.")
@@ -605,6 +644,7 @@ async fn deadlines_panics_and_cancellation_each_yield_one_notification_with_what
             .unwrap(),
         )
         .transcript_dir(dir.path())
+        .events(Arc::clone(&events) as _)
         .build()
         .await
         .unwrap();
@@ -645,6 +685,18 @@ async fn deadlines_panics_and_cancellation_each_yield_one_notification_with_what
     let records = service(&p).registry().children(p.id()).await;
     let slow_rec = records.iter().find(|r| r.description == "slow").unwrap();
     assert!(slow_rec.stalled, "reported as stalled before the deadline");
+    // The host heard of the stall too, once, as the child's event.
+    let stalls: Vec<_> = events
+        .take()
+        .into_iter()
+        .filter_map(|e| match e.kind {
+            EventKind::Stalled { quiet_for } => Some((e.agent, quiet_for)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stalls.len(), 1, "{stalls:?}");
+    assert_eq!(stalls[0].0, slow_rec.id);
+    assert!(stalls[0].1 >= Duration::from_secs(10), "{stalls:?}");
     assert_eq!(slow_rec.state, TaskState::Killed);
     assert_eq!(service(&p).live(), 0, "slots freed");
 }
@@ -1377,4 +1429,39 @@ async fn a_cut_answer_names_the_output_file_that_has_the_rest() {
         )
     );
     assert!(std::fs::read_to_string(&out).unwrap().starts_with(&answer));
+}
+
+/// Fork mode set where forks are off (a non-interactive session) is said to the host's event
+/// sink when the main agent first runs, not only to `tracing`; once, and not with fork mode
+/// simply off.
+#[tokio::test]
+async fn fork_mode_turned_off_by_a_non_interactive_session_is_a_warning_event() {
+    let warnings_of = |config: AgentToolConfig| async move {
+        let events = Arc::new(Events::default());
+        let mut p = Agent::builder(brain(|_| Plan::Reply(say("hello"))))
+            .model("m")
+            .tools(ToolPool::new([AgentTool::new(config).unwrap().arc()]).unwrap())
+            .events(Arc::clone(&events) as _)
+            .build()
+            .await
+            .unwrap();
+        drop(p.run("hi").await);
+        drop(p.run("again").await);
+        events.warnings()
+    };
+    let off = warnings_of(
+        AgentToolConfig::default()
+            .with_fork_enabled(true)
+            .with_non_interactive(true),
+    )
+    .await;
+    assert_eq!(
+        off,
+        [
+            "tool `Agent`: fork mode is set but off: a non-interactive session disables forks, so \
+          an omitted `subagent_type` starts a general-purpose subagent"
+        ]
+    );
+    let plain = warnings_of(AgentToolConfig::default().with_non_interactive(true)).await;
+    assert!(plain.is_empty(), "{plain:?}");
 }

@@ -288,6 +288,8 @@ pub struct AgentTool {
     /// The subagent tools with the lead's `SendMessage`, for the last pair seen: teammates of
     /// one lead share one pool, so the head cache, keyed by pool, keeps hitting.
     with_team: Arc<std::sync::Mutex<Option<WithTeam>>>,
+    /// Why fork mode, set, is off (see [`Tool::warnings`]).
+    fork_off: Option<String>,
 }
 
 /// A teammate's tools: a base pool (whose identity the guard reserves) joined by one lead's
@@ -337,20 +339,24 @@ impl AgentTool {
                 )));
             }
         }
-        if config.fork_enabled && !config.forks() {
+        // Also emitted as an event when the main agent it is built into first runs.
+        let fork_off = (config.fork_enabled && !config.forks()).then(|| {
             let why = if config.coordinator_mode {
                 "coordinator mode"
             } else {
                 "a non-interactive session"
             };
-            tracing::warn!(
-                "fork mode is set but off: {why} disables forks, so an omitted `subagent_type` \
-                 starts a general-purpose subagent"
+            let warning = format!(
+                "fork mode is set but off: {why} disables forks, so an omitted \
+                 `subagent_type` starts a general-purpose subagent"
             );
-        }
+            tracing::warn!("{warning}");
+            warning
+        });
         let schema = config.input_schema().to_string();
         let definition = ToolDefinition::new(AGENT_TOOL, description, &schema)?;
         Ok(Self {
+            fork_off,
             filter: Arc::new(config.filter.clone()),
             heads: Arc::new(HeadCache::new()),
             with_mcp: Arc::default(),
@@ -1044,8 +1050,14 @@ fn foreground_result(end: &ChildEnd) -> Result<String, String> {
         why.push_str(&forkhive_core::notification::defang(note));
         why.push(')');
     }
+    // What it answered before it stopped, if anything, on lines of its own.
+    let answer = if answer.is_empty() {
+        answer
+    } else {
+        format!("\n{answer}")
+    };
     Err(format!(
-        "the agent did not finish: {why}\n{answer}\n\n{trailer}{kept}"
+        "the agent did not finish: {why}{answer}\n\n{trailer}{kept}"
     ))
 }
 
@@ -1067,6 +1079,11 @@ impl Tool for AgentTool {
     /// every teammate the model starts would be refused.
     fn check_tree(&self, tree: &crate::base::state::TreeState) -> std::result::Result<(), String> {
         crate::team::check_teams(self.config.teams_enabled, tree)
+    }
+
+    /// Fork mode set but turned off by coordinator mode or a non-interactive session.
+    fn warnings(&self) -> Vec<String> {
+        self.fork_off.iter().cloned().collect()
     }
 
     fn aliases(&self) -> &[&str] {

@@ -109,6 +109,14 @@ pub enum EventKind {
         /// Its one-line summary.
         summary: String,
     },
+    /// This background or foreground child has had no event of its own for `quiet_for` (at
+    /// least `TaskConfig::stall_after`): it is marked stalled in the task registry and runs on
+    /// until its deadline (`TaskService::cancel` stops it sooner). Emitted once per child, to
+    /// the sink that heard its `ChildStarted`, with the child as `agent`.
+    Stalled {
+        /// How long it has been quiet.
+        quiet_for: Duration,
+    },
     /// Something the host should know but that stops nothing (also logged with `tracing`):
     /// for example, a tool the agent's definition names that this agent will not have.
     Warning {
@@ -164,6 +172,9 @@ impl AgentEvent {
                 ..
             } => format!("{name} failed: {error}"),
             EventKind::Warning { message } => format!("warning: {message}"),
+            EventKind::Stalled { quiet_for } => {
+                format!("stalled: no event for {}", format_duration(*quiet_for))
+            }
             EventKind::CacheBreak { at } => format!("prompt cache break: {at}"),
             EventKind::Stopped { reason, usage } => {
                 format!("stopped, {reason}, {} tokens", usage.total_tokens())

@@ -72,6 +72,10 @@ impl fmt::Display for Shadowed {
 /// The greatest wins; every other one is listed in [`shadowed`](Self::shadowed). The order
 /// the files or directories were given in never matters, so the result is the same on every
 /// run.
+///
+/// `AgentRegistry::default()` is empty: it has no built-in agents (`general-purpose`,
+/// `Explore`, `Plan`…). Start from [`builtin`](Self::builtin) to keep them, as
+/// `AgentToolConfig::default()` does.
 #[derive(Debug, Clone, Default)]
 pub struct AgentRegistry {
     agents: BTreeMap<String, Arc<AgentDefinition>>,

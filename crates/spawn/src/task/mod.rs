@@ -1535,6 +1535,8 @@ impl TaskService {
             let promise = crate::base::pending::OwnedPromise::new(&parent_queue);
             let handle = promise.handle();
             let held = promise.held();
+            // Who hears of a stall, when there is a stall check (none is kept without one).
+            let stall_sink = self.config.stall_after.and(events.clone());
             let mut guard = ChildGuard::new(Box::new(Owned {
                 service: Arc::clone(self),
                 record,
@@ -1587,6 +1589,7 @@ impl TaskService {
                     deadline,
                     grace,
                     held,
+                    stall_sink: stall_sink.as_ref(),
                 };
                 let ended = Box::pin(service.supervise(child, watch, guard.report_mut())).await;
                 Box::pin(guard.finish(ended)).await;
@@ -1609,6 +1612,7 @@ impl TaskService {
             deadline,
             grace,
             mut held,
+            stall_sink,
         } = watch;
         // Already boxed by the caller: catching its panic needs no second box.
         let mut child = std::panic::AssertUnwindSafe(child).catch_unwind();
@@ -1672,11 +1676,15 @@ impl TaskService {
                         && now.duration_since(seen.1) >= after
                     {
                         stalled = true;
-                        tracing::warn!(
-                            task = %id,
-                            "no progress for {:?}: stalled",
-                            now.duration_since(seen.1)
-                        );
+                        let quiet_for = now.duration_since(seen.1);
+                        tracing::warn!(task = %id, "no progress for {quiet_for:?}: stalled");
+                        if let Some(sink) = stall_sink {
+                            sink.emit(AgentEvent {
+                                agent: *id,
+                                turn: progress.turns(),
+                                kind: EventKind::Stalled { quiet_for },
+                            });
+                        }
                         let _ = self.registry.mark_stalled(id).await;
                     }
                 }
@@ -1734,6 +1742,8 @@ struct Watch<'a> {
     /// Whether the child holds its promise: while it has set it down (a teammate waiting for
     /// work) its deadline and stall check stand still.
     held: crate::base::pending::HeldWatch,
+    /// The parent's sink, told of a stall.
+    stall_sink: Option<&'a Arc<dyn EventSink>>,
 }
 
 /// Waits for `sleep`, or forever when there is none.

@@ -275,6 +275,15 @@ pub trait Tool: Send + Sync + fmt::Debug + 'static {
         Ok(())
     }
 
+    /// What the host should know about how the tool was configured — a setting that does
+    /// nothing in this combination, say — each emitted once as an
+    /// [`EventKind::Warning`](crate::runtime::EventKind::Warning) when the main agent it is
+    /// built into starts its first run (a host without a `tracing` subscriber sees it too).
+    /// Default: nothing.
+    fn warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// The tool as `Any`, for code that recognises its own tool types (the crate's MCP tools
     /// do, to own their connections; default: `None`).
     fn as_any(&self) -> Option<&dyn std::any::Any> {
@@ -318,6 +327,12 @@ impl<T: Tool + ?Sized> Tool for Arc<T> {
         Self: 'f,
     {
         (**self).rooted(root)
+    }
+    fn check_tree(&self, tree: &TreeState) -> std::result::Result<(), String> {
+        (**self).check_tree(tree)
+    }
+    fn warnings(&self) -> Vec<String> {
+        (**self).warnings()
     }
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         (**self).as_any()

@@ -455,6 +455,11 @@ impl AgentBuilder {
                         tool.definition().name
                     )));
                 }
+                warnings.extend(
+                    tool.warnings()
+                        .into_iter()
+                        .map(|w| format!("tool `{}`: {w}", tool.definition().name)),
+                );
             }
         }
         #[cfg(feature = "mcp")]
