@@ -336,3 +336,63 @@ async fn a_child_still_running_when_its_run_stopped_is_reported_by_the_run_that_
     let third = p.run("anything else?").await;
     assert!(third.children().is_empty(), "{:?}", third.children());
 }
+
+/// A run dropped before it returned (a host's `timeout` around `run`) lists nothing; its
+/// background child runs on, and the next run that returns lists it, ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_runs_child_is_reported_by_the_next_run_that_returns() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = Arc::clone(&gate);
+    let wait = TestTool::new("Gate", OBJECT, true, move |_, _| {
+        let g = Arc::clone(&g);
+        async move {
+            drop(g.acquire().await.unwrap());
+            ToolOutput::text("opened")
+        }
+    });
+    let brain = brain(|r| {
+        if !is_parent(r) {
+            if has_tool_result(r) {
+                return Plan::Reply(say("part done"));
+            }
+            return Plan::Reply(Response::tool_calls([("Gate", serde_json::json!({}))]));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(Response::tool_calls([(
+                "Agent",
+                serde_json::json!({"description": "part a", "prompt": "do a", "subagent_type": "worker", "run_in_background": true}),
+            )]));
+        }
+        if text_of(r).contains("<task-notification>") {
+            return Plan::Reply(say("got it"));
+        }
+        // The first run's next turn never ends: the host gives up on it.
+        Plan::Hang
+    });
+    let mut w = AgentDefinition::new("worker", "does one job", DefinitionSource::Project);
+    w.system_prompt = "You are a worker.".into();
+    let config = AgentToolConfig::default()
+        .with_registry(AgentRegistry::from_definitions([w]))
+        .with_subagent_tools(Some(ToolPool::new([wait.arc()]).unwrap()));
+    let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), TaskConfig::default());
+    let mut p = Agent::builder(brain)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(ToolPool::new([Arc::new(AgentTool::new(config).unwrap()) as Arc<dyn Tool>]).unwrap())
+        .extension(Arc::clone(&service))
+        .build()
+        .await
+        .unwrap();
+    let dropped = tokio::time::timeout(std::time::Duration::from_millis(300), p.run("go")).await;
+    assert!(dropped.is_err(), "the first run returned");
+    let id = service.registry().children(p.id()).await[0].id;
+    gate.add_permits(1);
+    let second = tokio::time::timeout(std::time::Duration::from_secs(10), p.run_pending())
+        .await
+        .expect("the second run returned");
+    assert_eq!(second.stop, StopReason::Completed, "{:?}", second.error);
+    let reported: Vec<_> = second.children().iter().map(|c| (c.id, c.status)).collect();
+    assert_eq!(reported, [(id, Some(TaskStatus::Completed))]);
+    assert!(second.children()[0].usage.output_tokens > 0);
+    assert!(p.run("more?").await.children().is_empty());
+}

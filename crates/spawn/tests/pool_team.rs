@@ -1174,6 +1174,25 @@ async fn a_dropped_shutdown_still_cancels_a_teammate_on_a_worker_at_its_deadline
     assert_eq!(state, MemberState::Stopped, "after {:?}", started.elapsed());
 }
 
+/// 6d. A shutdown dropped before it asked anyone (here, while its first request was being
+/// stored) cancels nobody: the teammate it had not asked is still there after the grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_shutdown_dropped_before_it_asked_cancels_nobody() {
+    let Some(url) = redis_url() else { return };
+    let pool = Pool::new(&url, &key_prefix("rv6d"), "crew", config()).unwrap();
+    let (team, _lead, w1, stop) = rejecting_alice(&pool).await;
+    {
+        let shutdown = team.shut_down(None);
+        let mut shutdown = std::pin::pin!(shutdown);
+        assert!(futures::poll!(shutdown.as_mut()).is_pending());
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let state = team.member("alice").unwrap().state;
+    stop.cancel();
+    let _ = w1.await;
+    assert_eq!(state, MemberState::Idle);
+}
+
 /// A worker of one slot, a lead under `Ask` with a shutdown grace of 2 s, and its teammate
 /// `alice`, idle on the worker, who rejects every shutdown request; the lead's run has ended.
 async fn rejecting_alice(

@@ -70,9 +70,11 @@ pub struct ChildLedger(Arc<Mutex<Ledger>>);
 struct Ledger {
     children: Vec<ChildReport>,
     at: IdMap<usize>,
-    /// Children a run reported still running (in start order): the next run to report
-    /// after each has ended reports it again, ended.
+    /// Children a report listed still running (in start order): the next report after
+    /// each has ended lists it again, ended.
     carried: Vec<usize>,
+    /// How many children the reports so far have listed: the next lists those after.
+    reported: usize,
 }
 
 impl ChildLedger {
@@ -125,18 +127,21 @@ impl ChildLedger {
         self.len() == 0
     }
 
-    /// What a run that started the children from the `from`-th on reports
-    /// ([`AgentRun::children`]), in start order: children of earlier runs that were still
-    /// running when those runs returned and have ended since, then its own. Those of its own
-    /// still running are carried to the next run's report in turn, so each child's end (its
-    /// status and usage) is in exactly one report, and a child reported running has a
-    /// usage of zero there.
+    /// What the run returning now reports ([`AgentRun::children`]), in start order: the
+    /// children that earlier reports listed still running and that have ended since, then
+    /// every child started since the last report — by this run, by a run that was dropped
+    /// before it returned, or by a message that resumed one meanwhile. Those still running
+    /// are carried to the next report in turn, so each child's end (its status and usage) is
+    /// in exactly one report, and a child listed running has a usage of zero there.
     ///
     /// [`AgentRun::children`]: crate::runtime::AgentRun::children
-    pub fn report(&self, from: usize) -> Vec<ChildReport> {
+    pub fn report(&self) -> Vec<ChildReport> {
         let mut ledger = self.lock();
         let Ledger {
-            children, carried, ..
+            children,
+            carried,
+            reported,
+            ..
         } = &mut *ledger;
         let mut out = Vec::new();
         carried.retain(|&i| match children.get(i) {
@@ -147,14 +152,16 @@ impl ChildLedger {
             Some(_) => true,
             None => false,
         });
-        let own = children.get(from..).unwrap_or_default();
+        let from = (*reported).min(children.len());
+        let new = &children[from..];
         carried.extend(
-            own.iter()
+            new.iter()
                 .enumerate()
                 .filter(|(_, c)| c.status.is_none())
                 .map(|(i, _)| from + i),
         );
-        out.extend_from_slice(own);
+        out.extend_from_slice(new);
+        *reported = children.len();
         out
     }
 
@@ -212,12 +219,12 @@ mod tests {
     }
 
     /// A child reported running is reported again, ended, by the first report after its
-    /// end, and never after; one still running is carried on; a report's own children come
-    /// after the carried ones, in start order.
+    /// end, and never after; one still running is carried on; a report lists every child
+    /// started since the last, after the carried ones, in start order.
     #[test]
     fn a_child_reported_running_is_reported_once_more_when_it_has_ended() {
         let ledger = ChildLedger::default();
-        let ids: Vec<TaskId> = (0..3).map(|_| TaskId::generate(TaskKind::Agent)).collect();
+        let ids: Vec<TaskId> = (0..4).map(|_| TaskId::generate(TaskKind::Agent)).collect();
         let start = |id: &TaskId| ledger.started(*id, "w".into(), "m".into(), "d".into(), true);
         let done = Usage {
             output_tokens: 7,
@@ -225,21 +232,17 @@ mod tests {
         };
         start(&ids[0]);
         start(&ids[1]);
-        let first = ledger.report(0);
+        let first = ledger.report();
+        assert_eq!(first.len(), 2);
         assert!(
             first
                 .iter()
                 .all(|c| c.status.is_none() && c.usage == Usage::default())
         );
         ledger.ended(&ids[1], TaskStatus::Completed, done);
-        let from = ledger.len();
         start(&ids[2]);
         ledger.ended(&ids[2], TaskStatus::Failed, done);
-        let second: Vec<_> = ledger
-            .report(from)
-            .iter()
-            .map(|c| (c.id, c.status))
-            .collect();
+        let second: Vec<_> = ledger.report().iter().map(|c| (c.id, c.status)).collect();
         assert_eq!(
             second,
             [
@@ -247,16 +250,20 @@ mod tests {
                 (ids[2], Some(TaskStatus::Failed))
             ]
         );
-        let from = ledger.len();
-        assert!(ledger.report(from).is_empty(), "ids[0] still runs");
+        assert!(ledger.report().is_empty(), "ids[0] still runs");
+        // Started while no run reported (a run dropped midway): the next report has it.
+        start(&ids[3]);
         ledger.ended(&ids[0], TaskStatus::Killed, done);
-        let third: Vec<_> = ledger
-            .report(from)
-            .iter()
-            .map(|c| (c.id, c.status))
-            .collect();
-        assert_eq!(third, [(ids[0], Some(TaskStatus::Killed))]);
-        assert!(ledger.report(from).is_empty());
+        ledger.ended(&ids[3], TaskStatus::Completed, done);
+        let third: Vec<_> = ledger.report().iter().map(|c| (c.id, c.status)).collect();
+        assert_eq!(
+            third,
+            [
+                (ids[0], Some(TaskStatus::Killed)),
+                (ids[3], Some(TaskStatus::Completed))
+            ]
+        );
+        assert!(ledger.report().is_empty());
     }
 
     /// An end for a child the ledger never started changes nothing; each end lands on its own

@@ -226,18 +226,20 @@ impl AgentRun {
     }
 
     /// The children this run reports, in start order: id, agent type, status, usage and
-    /// cache figures. Those are the children it started, after those that earlier runs
+    /// cache figures. Those are the children started since the last run that returned — by
+    /// this run, or by one that was dropped before it returned — after those that earlier runs
     /// reported still running and that have ended since.
     ///
-    /// A run that completes waits for its background children, so each it started has ended
-    /// by then. A run that stops early — at a limit (`MaxTurns`, `TokenBudget`…), failed,
-    /// cancelled — or whose agent was built with `detach_background(true)` may return with
-    /// children still running: they are reported with `status: None` and a usage of zero,
-    /// and the next run of the agent that returns after each has ended (`run_pending`, for
-    /// one) reports it again with its end. Each child's status and usage are in exactly one
-    /// report, so summing `usage` over every run's children counts each child once. A child
-    /// resumed by `SendMessage` is reported once per run of its own, each with that run's
-    /// usage. (A child whose agent never runs again is in the task registry.)
+    /// A run that completes waits for its background children (a teammate waiting for work
+    /// excepted: it runs on, idle), so each it started has ended by then. A run that stops
+    /// early — at a limit (`MaxTurns`, `TokenBudget`…), failed, cancelled — or whose agent
+    /// was built with `detach_background(true)` may return with children still running:
+    /// they are reported with `status: None` and a usage of zero, and the next run of the
+    /// agent that returns after each has ended (`run_pending`, for one) reports it again
+    /// with its end. Each child's status and usage are in exactly one report, so summing
+    /// `usage` over every run's children counts each child once. A child resumed by
+    /// `SendMessage` is reported once per run of its own, each with that run's usage. (A
+    /// child whose agent never returns from a run again is in the task registry.)
     pub fn children(&self) -> &[crate::base::children::ChildReport] {
         &self.children
     }

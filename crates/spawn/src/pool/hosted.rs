@@ -131,8 +131,8 @@ impl TeamLink for Link {
             .await
     }
 
-    async fn cancel(&self, task: &TaskId) -> Result<()> {
-        self.pool.cancel(task).await.map(|_| ())
+    async fn cancel(&self, tasks: &[TaskId]) -> Result<()> {
+        self.pool.cancel_all(tasks).await.map(|_| ())
     }
 }
 

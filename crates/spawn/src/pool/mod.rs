@@ -462,7 +462,8 @@ impl Pool {
         self.cancel_all(&kids).await
     }
 
-    async fn cancel_all(&self, tasks: &[TaskId]) -> Result<u64> {
+    /// Cancels `tasks` and their descendants in one step (see [`cancel`](Self::cancel)).
+    pub(crate) async fn cancel_all(&self, tasks: &[TaskId]) -> Result<u64> {
         let mut conn = self.conn().await?;
         let script = redis::Script::new(CANCEL);
         let mut call = script.key(self.key("jobs"));

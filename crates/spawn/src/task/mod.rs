@@ -1678,6 +1678,8 @@ impl TaskService {
                         stalled = true;
                         let quiet_for = now.duration_since(seen.1);
                         tracing::warn!(task = %id, "no progress for {quiet_for:?}: stalled");
+                        // Marked first: a host that reads the record on the event sees it.
+                        let _ = self.registry.mark_stalled(id).await;
                         if let Some(sink) = stall_sink {
                             sink.emit(AgentEvent {
                                 agent: *id,
@@ -1685,7 +1687,6 @@ impl TaskService {
                                 kind: EventKind::Stalled { quiet_for },
                             });
                         }
-                        let _ = self.registry.mark_stalled(id).await;
                     }
                 }
             }

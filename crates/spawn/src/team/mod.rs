@@ -1405,24 +1405,24 @@ impl Team {
         // leaves nothing running on the workers either — from a task of its own, as the
         // timers beside the lead are, so a shutdown dropped midway still does it. (Cancelling a
         // task that has ended does nothing.)
+        // The teammates asked so far (each once its request was sent, or could not be): only
+        // those, as in this process, where each is armed as it is asked.
+        let asked: Arc<Mutex<Vec<TaskId>>> = Arc::default();
         let overdue = match &self.side {
             Side::Lead(link) => {
-                let asked: Vec<(String, TaskId)> = names
-                    .iter()
-                    .filter_map(|n| self.member(n))
-                    .filter(|m| m.state != MemberState::Stopped)
-                    .map(|m| (m.name, m.task))
-                    .collect();
-                let (link, team) = (Arc::clone(link), self.name.clone());
+                let (link, team, asked) = (Arc::clone(link), self.name.clone(), Arc::clone(&asked));
                 let at = self.shutdown_deadline().unwrap_or(deadline);
                 tokio::runtime::Handle::try_current().ok().map(|rt| {
                     rt.spawn(async move {
                         tokio::time::sleep_until(at).await;
-                        for (name, task) in asked {
-                            if let Err(e) = link.cancel(&task).await {
-                                tracing::warn!(%team, "could not cancel `{name}` (task {task}) \
-                                    at the end of the shutdown's grace: {e}");
-                            }
+                        let tasks =
+                            std::mem::take(&mut *asked.lock().unwrap_or_else(|e| e.into_inner()));
+                        // One round trip for all of them.
+                        if !tasks.is_empty()
+                            && let Err(e) = link.cancel(&tasks).await
+                        {
+                            tracing::warn!(%team, "could not cancel teammates {tasks:?} at the \
+                                end of the shutdown's grace: {e}");
                         }
                     })
                 })
@@ -1448,6 +1448,13 @@ impl Team {
             // has not started yet is armed as it starts.)
             if let Some(c) = self.controls().get(name) {
                 Self::cancel_at(c, self.shutdown_deadline().unwrap_or(deadline));
+            }
+            if overdue.is_some()
+                && let Some(m) = self
+                    .member(name)
+                    .filter(|m| m.state != MemberState::Stopped)
+            {
+                asked.lock().unwrap_or_else(|e| e.into_inner()).push(m.task);
             }
         }
         let waited = self.shutdown_grace.saturating_add(SHUT_DOWN_MARGIN);

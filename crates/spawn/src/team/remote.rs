@@ -49,10 +49,10 @@ pub(crate) trait TeamLink: Send + Sync {
     async fn members(&self, team: &str) -> Result<Vec<(String, TaskId, bool)>>;
     /// Stores `letter` in `inbox` unless `task` has ended and closed it: `None` then.
     async fn send(&self, inbox: &Inbox, task: &TaskId, letter: Letter) -> Result<Option<String>>;
-    /// Cancels teammate task `task` wherever it runs (its worker stops it and reports its
-    /// end): what a lead's [`shut_down`](super::Team::shut_down) does to a teammate still
-    /// running at the end of its grace.
-    async fn cancel(&self, task: &TaskId) -> Result<()>;
+    /// Cancels teammate tasks `tasks` wherever they run, in one step (each one's worker stops
+    /// it and reports its end): what a lead's [`shut_down`](super::Team::shut_down) does to
+    /// the teammates still running at the end of its grace.
+    async fn cancel(&self, tasks: &[TaskId]) -> Result<()>;
 }
 
 /// A teammate's notification held back until its last letters are read.

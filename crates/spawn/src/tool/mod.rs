@@ -276,10 +276,10 @@ pub trait Tool: Send + Sync + fmt::Debug + 'static {
     }
 
     /// What the host should know about how the tool was configured — a setting that does
-    /// nothing in this combination, say — each emitted once as an
-    /// [`EventKind::Warning`](crate::runtime::EventKind::Warning) when the main agent it is
-    /// built into starts its first run (a host without a `tracing` subscriber sees it too).
-    /// Default: nothing.
+    /// nothing in this combination, say. Read when a main agent is built with the tool, and
+    /// emitted with the agent's other build warnings, each once, as an
+    /// [`EventKind::Warning`](crate::runtime::EventKind::Warning) at the start of its first
+    /// run's loop (a host without a `tracing` subscriber sees it too). Default: nothing.
     fn warnings(&self) -> Vec<String> {
         Vec::new()
     }

@@ -21,8 +21,6 @@ pub(super) struct RunState {
     /// How many messages the conversation held when the run began: the run's own messages
     /// are the ones after them.
     start: usize,
-    /// How many children the agent had started when the run began.
-    children_from: usize,
     final_text: String,
     continuations: u32,
     pauses: u32,
@@ -62,7 +60,6 @@ impl Agent {
     pub(super) fn run_state(&self) -> RunState {
         RunState {
             start: self.params.messages().len(),
-            children_from: self.shared.children.len(),
             ..RunState::default()
         }
     }
@@ -811,7 +808,7 @@ impl Agent {
             usage: run.usage,
             error: run.error,
             new_messages,
-            children: self.shared.children.report(run.children_from),
+            children: self.shared.children.report(),
         }
     }
 }
