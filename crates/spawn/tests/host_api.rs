@@ -383,9 +383,22 @@ async fn a_dropped_runs_child_is_reported_by_the_next_run_that_returns() {
         .build()
         .await
         .unwrap();
-    let dropped = tokio::time::timeout(std::time::Duration::from_millis(300), p.run("go")).await;
-    assert!(dropped.is_err(), "the first run returned");
-    let id = service.registry().children(p.id()).await[0].id;
+    // The first run is dropped once its child is on record.
+    let parent = *p.id();
+    {
+        let run = p.run("go");
+        let mut run = std::pin::pin!(run);
+        let started = async {
+            while service.registry().children(&parent).await.is_empty() {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        };
+        tokio::select! {
+            r = &mut run => panic!("the first run returned: {:?}", r.stop),
+            () = started => {}
+        }
+    }
+    let id = service.registry().children(&parent).await[0].id;
     gate.add_permits(1);
     let second = tokio::time::timeout(std::time::Duration::from_secs(10), p.run_pending())
         .await

@@ -1056,6 +1056,26 @@ async fn a_restarted_lead_without_a_roster_file_never_shows_bookkeeping() {
     );
 }
 
+/// A teammate that rejects the first shutdown request it reads ("still busy") and otherwise
+/// answers "A done".
+fn rejecting_teammate(r: &Request) -> Plan {
+    let raw = raw_text(r);
+    if let Some(at) = raw.rfind("\"request_id\":\"")
+        && called(r, "shutdown_response") == 0
+    {
+        let rest = &raw[at + 14..];
+        let id = &rest[..rest.find('"').unwrap()];
+        return Plan::Reply(calls(&[(
+            "r1",
+            "SendMessage",
+            &format!(
+                r#"{{"to":"team-lead","message":{{"type":"shutdown_response","request_id":"{id}","approve":false,"reason":"still busy"}}}}"#
+            ),
+        )]));
+    }
+    Plan::Reply(say("A done"))
+}
+
 /// 6. ShutdownPolicy::Ask across hosts: the teammate rejects; the lead's run ends with it idle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_teammate_on_a_worker_may_reject_a_shutdown() {
@@ -1063,22 +1083,8 @@ async fn a_teammate_on_a_worker_may_reject_a_shutdown() {
     let pool = Pool::new(&url, &key_prefix("rv6"), "crew", config()).unwrap();
     let b = brain(|r| {
         let all = r.all_messages();
-        let raw = raw_text(r);
         if !is_parent(r) {
-            if let Some(at) = raw.rfind("\"request_id\":\"")
-                && called(r, "shutdown_response") == 0
-            {
-                let rest = &raw[at + 14..];
-                let id = &rest[..rest.find('"').unwrap()];
-                return Plan::Reply(calls(&[(
-                    "r1",
-                    "SendMessage",
-                    &format!(
-                        r#"{{"to":"team-lead","message":{{"type":"shutdown_response","request_id":"{id}","approve":false,"reason":"still busy"}}}}"#
-                    ),
-                )]));
-            }
-            return Plan::Reply(say("A done"));
+            return rejecting_teammate(r);
         }
         if all.len() == 1 {
             return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
@@ -1120,7 +1126,7 @@ async fn a_teammate_on_a_worker_may_reject_a_shutdown() {
 async fn the_hosts_shutdown_cancels_a_teammate_on_a_worker_that_rejects_it() {
     let Some(url) = redis_url() else { return };
     let pool = Pool::new(&url, &key_prefix("rv6b"), "crew", config()).unwrap();
-    let (team, lead, w1, stop) = rejecting_alice(&pool).await;
+    let (team, lead, w1, stop) = rejecting_alice(&pool, Duration::from_secs(2)).await;
     let started = Instant::now();
     let asked = tokio::time::timeout(Duration::from_secs(30), team.shut_down(None))
         .await
@@ -1156,7 +1162,7 @@ async fn the_hosts_shutdown_cancels_a_teammate_on_a_worker_that_rejects_it() {
 async fn a_dropped_shutdown_still_cancels_a_teammate_on_a_worker_at_its_deadline() {
     let Some(url) = redis_url() else { return };
     let pool = Pool::new(&url, &key_prefix("rv6c"), "crew", config()).unwrap();
-    let (team, _lead, w1, stop) = rejecting_alice(&pool).await;
+    let (team, _lead, w1, stop) = rejecting_alice(&pool, Duration::from_secs(2)).await;
     let dropped = tokio::time::timeout(Duration::from_millis(500), team.shut_down(None)).await;
     assert!(
         dropped.is_err(),
@@ -1179,24 +1185,57 @@ async fn a_dropped_shutdown_still_cancels_a_teammate_on_a_worker_at_its_deadline
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_shutdown_dropped_before_it_asked_cancels_nobody() {
     let Some(url) = redis_url() else { return };
-    let pool = Pool::new(&url, &key_prefix("rv6d"), "crew", config()).unwrap();
-    let (team, _lead, w1, stop) = rejecting_alice(&pool).await;
+    let prefix = key_prefix("rv6d");
+    let pool = Pool::new(&url, &prefix, "crew", config()).unwrap();
+    let (team, _lead, w1, stop) = rejecting_alice(&pool, Duration::from_secs(2)).await;
     {
         let shutdown = team.shut_down(None);
         let mut shutdown = std::pin::pin!(shutdown);
         assert!(futures::poll!(shutdown.as_mut()).is_pending());
     }
+    // Past the grace (2 s): no cancel was stored for her, and she is still there.
     tokio::time::sleep(Duration::from_secs(4)).await;
+    let task = team.member("alice").unwrap().task;
+    let mut c = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let marked: i64 = redis::cmd("EXISTS")
+        .arg(format!("{prefix}:{{crew}}:cancel:{task}"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
     let state = team.member("alice").unwrap().state;
     stop.cancel();
     let _ = w1.await;
+    assert_eq!(marked, 0, "a cancel was stored for alice");
     assert_eq!(state, MemberState::Idle);
 }
 
-/// A worker of one slot, a lead under `Ask` with a shutdown grace of 2 s, and its teammate
+/// 6e. With a grace of zero the deadline has passed before the first request is stored: the
+/// teammate is cancelled as it is asked, and the shutdown returns with it stopped. (Which of
+/// the deadline and the request comes first depends on the scheduler here; the unit test
+/// `a_pool_teammate_asked_after_the_deadline_is_cancelled_as_it_is_asked` fixes the order.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_teammate_asked_after_the_deadline_is_cancelled_at_once() {
+    let Some(url) = redis_url() else { return };
+    let pool = Pool::new(&url, &key_prefix("rv6e"), "crew", config()).unwrap();
+    let (team, _lead, w1, stop) = rejecting_alice(&pool, Duration::ZERO).await;
+    let asked = tokio::time::timeout(Duration::from_secs(30), team.shut_down(None))
+        .await
+        .expect("the shutdown returned");
+    stop.cancel();
+    let _ = w1.await;
+    assert_eq!(asked.unwrap(), ["alice"]);
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
+}
+
+/// A worker of one slot, a lead under `Ask` with a shutdown grace of `grace`, and its teammate
 /// `alice`, idle on the worker, who rejects every shutdown request; the lead's run has ended.
 async fn rejecting_alice(
     pool: &Pool,
+    grace: Duration,
 ) -> (
     Arc<Team>,
     Agent,
@@ -1204,22 +1243,8 @@ async fn rejecting_alice(
     CancellationToken,
 ) {
     let b = brain(|r| {
-        let raw = raw_text(r);
         if !is_parent(r) {
-            if let Some(at) = raw.rfind("\"request_id\":\"")
-                && called(r, "shutdown_response") == 0
-            {
-                let rest = &raw[at + 14..];
-                let id = &rest[..rest.find('"').unwrap()];
-                return Plan::Reply(calls(&[(
-                    "r1",
-                    "SendMessage",
-                    &format!(
-                        r#"{{"to":"team-lead","message":{{"type":"shutdown_response","request_id":"{id}","approve":false,"reason":"still busy"}}}}"#
-                    ),
-                )]));
-            }
-            return Plan::Reply(say("A done"));
+            return rejecting_teammate(r);
         }
         if r.all_messages().len() == 1 {
             return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
@@ -1231,7 +1256,7 @@ async fn rejecting_alice(
         pool.team("review")
             .unwrap()
             .with_shutdown_policy(ShutdownPolicy::Ask)
-            .with_shutdown_grace(Duration::from_secs(2)),
+            .with_shutdown_grace(grace),
     );
     let mut lead = lead(pool, &team, b).await;
     let run = tokio::time::timeout(Duration::from_secs(30), lead.run("go"))

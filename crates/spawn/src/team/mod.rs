@@ -284,6 +284,16 @@ struct LeadRelay {
     give_up: tokio_util::sync::CancellationToken,
 }
 
+/// Cancels `tasks`, teammates on a pool, in one step, saying why when it cannot.
+async fn cancel_on_pool(link: &dyn remote::TeamLink, team: &str, tasks: &[TaskId]) {
+    if !tasks.is_empty()
+        && let Err(e) = link.cancel(tasks).await
+    {
+        tracing::warn!(%team, "could not cancel teammates {tasks:?} at the end of the \
+            shutdown's grace: {e}");
+    }
+}
+
 /// The deadline of each shutdown under way.
 #[derive(Default)]
 struct Shutdowns(Vec<tokio::time::Instant>);
@@ -1406,8 +1416,9 @@ impl Team {
         // timers beside the lead are, so a shutdown dropped midway still does it. (Cancelling a
         // task that has ended does nothing.)
         // The teammates asked so far (each once its request was sent, or could not be): only
-        // those, as in this process, where each is armed as it is asked.
-        let asked: Arc<Mutex<Vec<TaskId>>> = Arc::default();
+        // those, as in this process, where each is armed as it is asked. Past the deadline
+        // (`None`), one asked later is cancelled at once, by the loop below.
+        let asked: Arc<Mutex<Option<Vec<TaskId>>>> = Arc::new(Mutex::new(Some(Vec::new())));
         let overdue = match &self.side {
             Side::Lead(link) => {
                 let (link, team, asked) = (Arc::clone(link), self.name.clone(), Arc::clone(&asked));
@@ -1415,15 +1426,12 @@ impl Team {
                 tokio::runtime::Handle::try_current().ok().map(|rt| {
                     rt.spawn(async move {
                         tokio::time::sleep_until(at).await;
-                        let tasks =
-                            std::mem::take(&mut *asked.lock().unwrap_or_else(|e| e.into_inner()));
-                        // One round trip for all of them.
-                        if !tasks.is_empty()
-                            && let Err(e) = link.cancel(&tasks).await
-                        {
-                            tracing::warn!(%team, "could not cancel teammates {tasks:?} at the \
-                                end of the shutdown's grace: {e}");
-                        }
+                        let tasks = asked
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .take()
+                            .unwrap_or_default();
+                        cancel_on_pool(&*link, &team, &tasks).await;
                     })
                 })
             }
@@ -1449,12 +1457,21 @@ impl Team {
             if let Some(c) = self.controls().get(name) {
                 Self::cancel_at(c, self.shutdown_deadline().unwrap_or(deadline));
             }
-            if overdue.is_some()
+            if let (Some(_), Side::Lead(link)) = (&overdue, &self.side)
                 && let Some(m) = self
                     .member(name)
                     .filter(|m| m.state != MemberState::Stopped)
             {
-                asked.lock().unwrap_or_else(|e| e.into_inner()).push(m.task);
+                let late = match &mut *asked.lock().unwrap_or_else(|e| e.into_inner()) {
+                    Some(waiting) => {
+                        waiting.push(m.task);
+                        false
+                    }
+                    None => true,
+                };
+                if late {
+                    cancel_on_pool(&**link, &self.name, &[m.task]).await;
+                }
             }
         }
         let waited = self.shutdown_grace.saturating_add(SHUT_DOWN_MARGIN);
@@ -2928,6 +2945,56 @@ mod tests {
             "the lead's relay was given up"
         );
         team.join(bob()).unwrap();
+    }
+
+    /// A pool whose sends take 50 ms, recording what it is told to cancel.
+    #[derive(Debug, Default)]
+    struct SlowLink {
+        cancelled: Mutex<Vec<TaskId>>,
+    }
+
+    #[async_trait]
+    impl TeamLink for SlowLink {
+        fn pool(&self) -> &str {
+            "slow"
+        }
+        async fn enlist(&self, _: &str, _: &str, _: &TaskId) -> Result<()> {
+            Ok(())
+        }
+        async fn members(&self, _: &str) -> Result<Vec<(String, TaskId, bool)>> {
+            Ok(Vec::new())
+        }
+        async fn send(&self, _: &Inbox, _: &TaskId, _: Letter) -> Result<Option<String>> {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            Ok(Some(crate::mailbox::new_id()))
+        }
+        async fn cancel(&self, tasks: &[TaskId]) -> Result<()> {
+            self.cancelled.lock().unwrap().extend_from_slice(tasks);
+            Ok(())
+        }
+    }
+
+    /// A pool teammate asked after the shutdown's deadline (here its grace is zero, and the
+    /// request takes 50 ms to store) is cancelled as it is asked; one never asked is not.
+    #[tokio::test(start_paused = true)]
+    async fn a_pool_teammate_asked_after_the_deadline_is_cancelled_as_it_is_asked() {
+        let link = Arc::new(SlowLink::default());
+        let team = Team::new("t", Arc::new(MemoryMailbox::new()) as Arc<dyn Mailbox>)
+            .unwrap()
+            .lead_on(Arc::clone(&link) as Arc<dyn TeamLink>)
+            .with_shutdown_grace(Duration::ZERO);
+        let alice = TaskId::generate(forkhive_core::TaskKind::Agent);
+        team.join(Member {
+            name: "alice".into(),
+            task: alice,
+            agent_type: "worker".into(),
+            state: MemberState::Idle,
+        })
+        .unwrap();
+        // Nothing stops her here: the shutdown ends when its margin has passed.
+        let out = team.shut_down(None).await;
+        assert!(matches!(out, Err(Error::TeamNotStopped { .. })), "{out:?}");
+        assert_eq!(*link.cancelled.lock().unwrap(), [alice]);
     }
 
     /// A grace the clock cannot add (`Duration::MAX`: never cancel) is a deadline that never
