@@ -1162,12 +1162,23 @@ async fn the_hosts_shutdown_cancels_a_teammate_on_a_worker_that_rejects_it() {
 async fn a_dropped_shutdown_still_cancels_a_teammate_on_a_worker_at_its_deadline() {
     let Some(url) = redis_url() else { return };
     let pool = Pool::new(&url, &key_prefix("rv6c"), "crew", config()).unwrap();
-    let (team, _lead, w1, stop) = rejecting_alice(&pool, Duration::from_secs(2)).await;
-    let dropped = tokio::time::timeout(Duration::from_millis(500), team.shut_down(None)).await;
-    assert!(
-        dropped.is_err(),
-        "the shutdown returned within 500 ms: {dropped:?}"
-    );
+    let (team, lead, w1, stop) = rejecting_alice(&pool, Duration::from_secs(2)).await;
+    // Dropped once alice has its request (her rejection is in the lead's queue), before the
+    // grace ends.
+    let before = lead.pending().len();
+    {
+        let shutdown = team.shut_down(None);
+        let mut shutdown = std::pin::pin!(shutdown);
+        let rejected = async {
+            while lead.pending().len() == before {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::select! {
+            r = &mut shutdown => panic!("the shutdown returned before it was dropped: {r:?}"),
+            () = rejected => {}
+        }
+    }
     let started = Instant::now();
     while team.member("alice").unwrap().state != MemberState::Stopped
         && started.elapsed() < Duration::from_secs(20)

@@ -135,7 +135,9 @@ impl ChildLedger {
     /// in exactly one report, and a child listed running has a usage of zero there.
     ///
     /// [`AgentRun::children`]: crate::runtime::AgentRun::children
-    pub fn report(&self) -> Vec<ChildReport> {
+    ///
+    /// Each call moves the ledger on: only the agent's own runs call it.
+    pub(crate) fn report(&self) -> Vec<ChildReport> {
         let mut ledger = self.lock();
         let Ledger {
             children,

@@ -111,11 +111,11 @@ pub enum EventKind {
     },
     /// This background or foreground child has had no event of its own for `quiet_for` (at
     /// least `TaskConfig::stall_after`): the task registry has been asked to mark it stalled
-    /// (`TaskRecord::stalled`), and it runs on until its deadline (`TaskService::cancel` stops it sooner). Emitted at most
-    /// once per run of the child (a child resumed by a message is watched afresh), to the
-    /// sink that heard its `ChildStarted`, with the child as `agent`. A child waiting on its
-    /// own children, or on a permission a person must give, makes no events either: read
-    /// the tree before you stop it.
+    /// (`TaskRecord::stalled`), and it runs on until its deadline (`TaskService::cancel`
+    /// stops it sooner). Emitted at most once per run of the child (a child resumed by a
+    /// message is watched afresh), to the sink that heard its `ChildStarted`, with the child
+    /// as `agent`. A child waiting on its own children, or on a permission a person must
+    /// give, makes no events either: read the tree before you stop it.
     Stalled {
         /// How long it has been quiet.
         quiet_for: Duration,

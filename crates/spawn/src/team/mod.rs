@@ -1469,8 +1469,13 @@ impl Team {
                     }
                     None => true,
                 };
+                // From a task of its own, as at the deadline: a shutdown dropped meanwhile
+                // still cancels the teammate it asked.
                 if late {
-                    cancel_on_pool(&**link, &self.name, &[m.task]).await;
+                    let (link, team, task) = (Arc::clone(link), self.name.clone(), m.task);
+                    drop(tokio::spawn(async move {
+                        cancel_on_pool(&*link, &team, &[task]).await;
+                    }));
                 }
             }
         }
@@ -2975,7 +2980,8 @@ mod tests {
     }
 
     /// A pool teammate asked after the shutdown's deadline (here its grace is zero, and the
-    /// request takes 50 ms to store) is cancelled as it is asked; one never asked is not.
+    /// request takes 50 ms to store) is cancelled as it is asked; a stopped one is not asked,
+    /// nor cancelled.
     #[tokio::test(start_paused = true)]
     async fn a_pool_teammate_asked_after_the_deadline_is_cancelled_as_it_is_asked() {
         let link = Arc::new(SlowLink::default());
@@ -2991,9 +2997,17 @@ mod tests {
             state: MemberState::Idle,
         })
         .unwrap();
+        team.join(Member {
+            name: "bob".into(),
+            task: TaskId::generate(forkhive_core::TaskKind::Agent),
+            agent_type: "worker".into(),
+            state: MemberState::Stopped,
+        })
+        .unwrap();
         // Nothing stops her here: the shutdown ends when its margin has passed.
         let out = team.shut_down(None).await;
         assert!(matches!(out, Err(Error::TeamNotStopped { .. })), "{out:?}");
+        // The cancel's own task has run by now (the margin is ten seconds).
         assert_eq!(*link.cancelled.lock().unwrap(), [alice]);
     }
 
