@@ -303,19 +303,22 @@ async fn a_creation_dropped_at_any_point_leaves_nothing_behind() {
         // Settles: made and removed, or never made.
         let tree = repo.path().join(".forkhive/worktrees").join(&slug);
         let mut settled = false;
-        for _ in 0..400 {
-            // Listed while a tree is being registered, git may fail to read its half-written
-            // admin files: not settled yet.
-            let listed = Command::new("git")
+        // Asked while a tree is being registered, git may fail to read its half-written admin
+        // files (`git branch` reads them too): not settled yet.
+        let ask = |args: &[&str]| {
+            Command::new("git")
                 .arg("-C")
                 .arg(repo.path())
-                .args(["worktree", "list", "--porcelain"])
+                .args(args)
                 .output()
                 .ok()
                 .filter(|o| o.status.success())
-                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        };
+        for _ in 0..400 {
+            let listed = ask(&["worktree", "list", "--porcelain"]);
             if listed.is_some_and(|l| !l.contains(&slug))
-                && branches(repo.path()).is_empty()
+                && ask(&["branch", "--list", "forkhive/*"]).is_some_and(|b| b.is_empty())
                 && !tree.exists()
             {
                 settled = true;
