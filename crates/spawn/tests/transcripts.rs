@@ -443,8 +443,8 @@ async fn drop_one_write_then_write_another(text: &str) {
     drop(agent);
     let before = transcript::read(&path).await.unwrap();
     let mut w = transcript::TranscriptWriter::reopen(&before).await.unwrap();
-    // One poll hands the record to the file; the flush may still be pending when it is
-    // dropped (or the file's thread may have finished the write first: the same outcome).
+    // One poll hands the record to the journal; its write may still be pending when it is
+    // dropped (or the journal may have finished the write first: the same outcome).
     let _ = w.message(&Message::user_text(text)).now_or_never();
     w.message(&Message::user_text("written after"))
         .await
@@ -465,8 +465,8 @@ async fn a_message_write_dropped_mid_flush_keeps_the_indexes_in_order() {
     drop_one_write_then_write_another("dropped mid-flush").await;
 }
 
-/// A record longer than the file's default buffer (2 MiB) is handed over whole: dropped after
-/// one poll, it is still written in one piece, and the next record starts a line of its own.
+/// A long record (3 MiB) is handed over whole: dropped after one poll, it is still written in
+/// one piece, and the next record starts a line of its own.
 #[tokio::test]
 async fn a_long_record_dropped_mid_write_is_written_whole() {
     drop_one_write_then_write_another(&"y".repeat(3 << 20)).await;
@@ -488,7 +488,7 @@ async fn a_failing_write_handed_over() -> Option<(transcript::TranscriptWriter, 
     let mut w = transcript::TranscriptWriter::reopen(&full).await.unwrap();
     let n = full.messages.len();
     assert_eq!(w.next_index(), n);
-    // The file's thread may finish the write before the flush is first polled: then the
+    // The journal may finish the write before the outcome is first polled: then the
     // write failed within the poll and gave its index back (the poll may end while the
     // failed record is being cut off). Tried again until one is still running after a poll.
     for _ in 0..1000 {
@@ -500,7 +500,7 @@ async fn a_failing_write_handed_over() -> Option<(transcript::TranscriptWriter, 
         }
         assert!(r.is_none_or(|r| r.is_err()));
         assert_eq!(w.next_index(), n);
-        // Let the file finish cutting the failed try off (on the blocking pool) first.
+        // Let the journal finish cutting the failed try off (on the blocking pool) first.
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
     panic!("no write was still running after one poll in 1,000 tries");
@@ -625,12 +625,12 @@ async fn a_run_dropped_at_any_point_leaves_the_conversation_as_its_transcript() 
                         finished = true;
                         break;
                     }
-                    // Lets the file's thread move on, so drops land at different points.
+                    // Lets the journal move on, so drops land at different points.
                     tokio::task::yield_now().await;
                 }
             }
             if !finished {
-                // Give the file's thread time to finish what it was handed.
+                // Give the journal time to finish what it was handed.
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
                 let file = transcript::read(&path).await.unwrap().messages.len();
                 in_flight_seen += usize::from(file > agent.params().messages().len());

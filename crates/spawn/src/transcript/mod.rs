@@ -16,17 +16,21 @@
 //! reads up to the last complete record and reports what it dropped; any other damage is an
 //! [`Error::Transcript`] naming the line.
 
+mod journal;
+
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use forkhive_core::{CacheSafeParams, Message, TaskId, ThinkingConfig, ToolDefinition, Usage};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use tokio::io::AsyncWriteExt;
 
 use crate::base::context::AgentKind;
 use crate::base::outcome::{StopReason, TurnRecord};
 use crate::error::{Error, Result};
+
+use journal::{Journal, Target, Written};
 
 /// The transcript format this build writes and reads.
 pub const TRANSCRIPT_VERSION: u32 = 1;
@@ -187,45 +191,60 @@ struct Tagged<'a, T> {
     body: &'a T,
 }
 
-/// The smallest buffer a transcript file writes through (tokio's default).
-const MIN_WRITE_BUF: usize = 2 << 20;
-
 /// Appends records to one agent's transcript.
+///
+/// Each record is written by the blocking pool, through the queue of its directory (records
+/// from many agents at once are written in one trip there, see `journal`).
 #[derive(Debug)]
 pub struct TranscriptWriter {
     path: PathBuf,
-    file: tokio::fs::File,
+    to: Arc<Target>,
+    journal: Journal,
     next_index: usize,
     /// The file's length up to the last record known written.
     len: u64,
-    /// A record handed to the file whose write is not known to have finished (its future was
-    /// dropped before the flush): confirmed, or undone, before the next record.
+    /// A record handed to the journal whose write is not known to have finished (its future
+    /// was dropped before it heard): confirmed, or undone, before the next record.
     handed: Option<Handed>,
 }
 
 /// A record handed to the file, not yet known written.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct Handed {
     /// The file's length once it is written.
     end: u64,
     /// A message record: it took an index.
     indexed: bool,
+    /// How the write went.
+    written: Written,
 }
 
-/// Opens `path` for appending, refusing to follow a symlink; creates it (mode 0600) only when
-/// `create` is set, and then fails if anything exists there.
-async fn open_no_follow(path: &Path, create: bool) -> std::io::Result<tokio::fs::File> {
-    let mut opts = tokio::fs::OpenOptions::new();
+/// Opens `path` for appending, refusing to follow a symlink.
+///
+/// With `create` it makes the file (mode 0600) and fails if anything exists there; that opens
+/// nothing that could block (a FIFO), so it is queued with the directory's records on its
+/// `journal`. Without, it runs on the blocking pool on its own.
+async fn open_no_follow(create: Option<&Journal>, path: &Path) -> std::io::Result<std::fs::File> {
+    let mut opts = std::fs::OpenOptions::new();
     opts.append(true);
-    if create {
+    if create.is_some() {
         opts.create_new(true);
     }
     #[cfg(unix)]
     {
+        use std::os::unix::fs::OpenOptionsExt;
         opts.mode(0o600);
         opts.custom_flags(libc::O_NOFOLLOW);
     }
-    opts.open(path).await
+    match create {
+        Some(journal) => journal.create(path, opts).await,
+        None => {
+            let path = path.to_path_buf();
+            tokio::task::spawn_blocking(move || opts.open(path))
+                .await
+                .map_err(std::io::Error::other)?
+        }
+    }
 }
 
 /// How long a writer waits for a transcript whose lock another writer holds: long enough for
@@ -309,20 +328,27 @@ fn reopening(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
 
 /// The existing transcript at `path`, opened for appending (never through a symlink) with its
 /// lock taken ([`locked`]).
-async fn open_locked(path: &Path) -> Result<tokio::fs::File> {
-    let file = open_no_follow(path, false).await.map_err(reopening(path))?;
-    locked(file, path).await
+async fn open_locked(path: &Path) -> Result<(std::fs::File, Journal)> {
+    let file = open_no_follow(None, path).await.map_err(reopening(path))?;
+    let dir = path.parent().unwrap_or(path);
+    locked(file, path, || Journal::for_dir(dir)).await
 }
 
 /// `file` with its lock taken ([`lock_for_writing`]) when it is a regular file (a device has
-/// no records of its own to keep in order, and may be shared by unrelated writers).
-async fn locked(file: tokio::fs::File, path: &Path) -> Result<tokio::fs::File> {
-    // Just opened: no operation is in flight, so this hands the handle over at once.
-    let std = file.into_std().await;
-    if is_regular(&std, path)? {
-        lock_for_writing(&std, path).await?;
+/// no records of its own to keep in order, and may be shared by unrelated writers), and the
+/// journal it is written through: `shared` for a regular file; one of its own for anything
+/// else, whose writes may block (a pipe, a terminal) and must hold up no other transcript.
+async fn locked(
+    file: std::fs::File,
+    path: &Path,
+    shared: impl FnOnce() -> Journal,
+) -> Result<(std::fs::File, Journal)> {
+    if is_regular(&file, path)? {
+        lock_for_writing(&file, path).await?;
+        Ok((file, shared()))
+    } else {
+        Ok((file, Journal::alone()))
     }
-    Ok(tokio::fs::File::from_std(std))
 }
 
 fn is_regular(file: &std::fs::File, path: &Path) -> Result<bool> {
@@ -349,21 +375,26 @@ impl TranscriptWriter {
                 source,
             }
         };
+        let journal = Journal::for_dir(dir);
         // The directory is made on first use (one failed open, then never again).
-        let file = match open_no_follow(&path, true).await {
+        let file = match open_no_follow(Some(&journal), &path).await {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 tokio::fs::create_dir_all(dir)
                     .await
                     .map_err(io("creating the transcript directory", dir))?;
-                open_no_follow(&path, true).await
+                open_no_follow(Some(&journal), &path).await
             }
             other => other,
         }
         .map_err(io("creating transcript", &path))?;
-        let file = locked(file, &path).await?;
+        let (file, journal) = locked(file, &path, || journal).await?;
         let mut w = Self {
+            to: Arc::new(Target {
+                file,
+                path: path.clone(),
+            }),
             path,
-            file,
+            journal,
             next_index: header.inherited_messages.unwrap_or(0),
             len: 0,
             handed: None,
@@ -388,8 +419,8 @@ impl TranscriptWriter {
     /// nothing can come between.
     pub async fn reopen(transcript: &Transcript) -> Result<Self> {
         let path = &transcript.path;
-        let file = open_locked(path).await?;
-        let meta = file.metadata().await.map_err(reopening(path))?;
+        let (file, journal) = open_locked(path).await?;
+        let meta = file.metadata().map_err(reopening(path))?;
         let read = transcript.valid_len + transcript.dropped.as_ref().map_or(0, |d| d.bytes as u64);
         if meta.is_file() && meta.len() != read {
             return Err(Error::TranscriptChanged {
@@ -398,7 +429,7 @@ impl TranscriptWriter {
                 now: meta.len(),
             });
         }
-        Self::reopened(file, transcript).await
+        Self::reopened(file, journal, transcript).await
     }
 
     /// Reads the transcript at `path` (as [`read`] does) and reopens it for appending, under
@@ -417,24 +448,36 @@ impl TranscriptWriter {
         path: &Path,
         check: impl FnOnce(&Transcript) -> Result<T>,
     ) -> Result<(Transcript, Self, T)> {
-        let file = open_locked(path).await?;
+        let (file, journal) = open_locked(path).await?;
         let t = read(path).await?;
         let checked = check(&t)?;
-        let w = Self::reopened(file, &t).await?;
+        let w = Self::reopened(file, journal, &t).await?;
         Ok((t, w, checked))
     }
 
     /// A writer appending to `file` (locked), which holds `transcript`: its damaged tail cut.
-    async fn reopened(file: tokio::fs::File, transcript: &Transcript) -> Result<Self> {
+    async fn reopened(
+        file: std::fs::File,
+        journal: Journal,
+        transcript: &Transcript,
+    ) -> Result<Self> {
         let path = transcript.path.clone();
+        let to = Arc::new(Target {
+            file,
+            path: path.clone(),
+        });
         if transcript.dropped.is_some() {
-            file.set_len(transcript.valid_len)
+            let (cut, len) = (Arc::clone(&to), transcript.valid_len);
+            tokio::task::spawn_blocking(move || cut.file.set_len(len))
                 .await
+                .map_err(std::io::Error::other)
+                .and_then(|cut| cut)
                 .map_err(reopening(&path))?;
         }
         Ok(Self {
+            journal,
             path,
-            file,
+            to,
             next_index: transcript.messages.len(),
             len: transcript.valid_len,
             handed: None,
@@ -451,38 +494,43 @@ impl TranscriptWriter {
         self.next_index
     }
 
-    /// Waits for the outcome of a record handed to the file whose future was dropped before
-    /// its write was known to have finished. A write that failed is cut off the file and gives
+    /// Waits for the outcome of a record handed to the journal whose future was dropped
+    /// before its write was known to have finished. A write that failed is cut off the file and gives
     /// its index back (so [`next_index`](Self::next_index) no longer counts it), and its error
     /// is returned. Nothing to do, and `Ok`, when no such write is pending; every record
     /// confirms the last one first.
     pub async fn confirm(&mut self) -> Result<()> {
-        let Some(h) = self.handed else {
+        let Some(h) = self.handed.as_mut() else {
             return Ok(());
         };
-        let done = self.file.flush().await;
-        self.handed = None;
+        // Awaited in place: a confirm dropped here leaves the record for the next one.
+        let done = (&mut h.written)
+            .await
+            .unwrap_or_else(|_| Err(journal::lost()));
+        let Some(h) = self.handed.take() else {
+            return Ok(());
+        };
         match done {
             Ok(()) => {
                 self.len = h.end;
                 Ok(())
             }
-            Err(e) => Err(self.undo(h.indexed, e).await),
+            Err(e) => Err(self.undo(h.indexed, e)),
         }
     }
 
-    /// Whether a record was handed to the file and its outcome is not known yet (its future
-    /// was dropped before the flush): [`confirm`](Self::confirm) waits for it.
+    /// Whether a record was handed to the journal and its outcome is not known yet (its future
+    /// was dropped before it heard): [`confirm`](Self::confirm) waits for it.
     pub(crate) fn has_unconfirmed(&self) -> bool {
         self.handed.is_some()
     }
 
     /// Appends the next message (indexes count up from 0).
     ///
-    /// The index is taken once the record is handed to the file: a future dropped while the
-    /// write is flushed still writes it (the file finishes the write it was given), so the
-    /// next message gets the next index, and a record that could not be written gives its
-    /// index back.
+    /// The index is taken once the record is handed to the journal: a future dropped while
+    /// the record is being written still writes it (the journal finishes every write it was
+    /// given), so the next message gets the next index, and a record that could not be
+    /// written gives its index back.
     pub async fn message(&mut self, message: &Message) -> Result<()> {
         let line = MessageLine {
             kind: "message",
@@ -533,11 +581,11 @@ impl TranscriptWriter {
 
     /// Writes one record; `indexed`: a message record, which takes `next_index`.
     ///
-    /// The record is handed to the file whole, in one write, so a crash cuts at most the last
-    /// line. Once handed, the file writes it even if this future is dropped before the flush:
+    /// The record is handed to the journal whole, in one write, so a crash cuts at most the
+    /// last line. Once handed, it is written even if this future is dropped before it hears:
     /// the index is taken then, and the next record first confirms it. A record whose write
-    /// fails is cut off the file (a partial line would make every later record unreadable)
-    /// and gives its index back.
+    /// fails is cut off the file before anything else is written to it (a partial line would
+    /// make every later record unreadable) and gives its index back.
     async fn write_line<T: Serialize>(&mut self, record: &T, indexed: bool) -> Result<()> {
         self.confirm().await?;
         let mut line = serde_json::to_vec(record).map_err(|e| Error::Transcript {
@@ -546,15 +594,13 @@ impl TranscriptWriter {
             message: format!("cannot encode a record: {e}"),
         })?;
         line.push(b'\n');
-        // Whole: the file takes at most its buffer size per write (2 MiB by default), and a
-        // record cut there, its future dropped, would run into the next one.
-        self.file.set_max_buf_size(line.len().max(MIN_WRITE_BUF));
-        if let Err(e) = self.file.write_all(&line).await {
-            return Err(self.undo(false, e).await);
-        }
+        let end = self.len + line.len() as u64;
+        // Handed over whole: written in one piece even if this future is dropped.
+        let written = self.journal.append(Arc::clone(&self.to), line, self.len);
         let h = Handed {
-            end: self.len + line.len() as u64,
+            end,
             indexed,
+            written,
         };
         if indexed {
             self.next_index += 1;
@@ -563,14 +609,11 @@ impl TranscriptWriter {
         self.confirm().await
     }
 
-    /// After a failed write: the record's index given back (`indexed`), whatever it left of
-    /// itself cut off. Returns the write's error.
-    async fn undo(&mut self, indexed: bool, source: std::io::Error) -> Error {
+    /// After a failed write (whatever it left of itself already cut off, see `journal`): the
+    /// record's index given back (`indexed`). Returns the write's error.
+    fn undo(&mut self, indexed: bool, source: std::io::Error) -> Error {
         if indexed {
             self.next_index -= 1;
-        }
-        if let Err(e) = self.file.set_len(self.len).await {
-            tracing::warn!(path = %self.path.display(), "cutting a failed record off the transcript: {e}");
         }
         Error::Io {
             action: "appending to transcript",

@@ -1,0 +1,540 @@
+//! [`Journal`]: where transcript records are written, off the async threads.
+//!
+//! A record used to be one trip to the blocking pool of its own: a pool thread woken for one
+//! `write(2)`, then the writing task woken back. A wide fan-out writes thousands of records at
+//! once and paid that trip for each. Records are queued instead, per transcript directory,
+//! and one blocking-pool task at a time drains the queue: every record queued while it works
+//! is written in the same trip.
+//!
+//! Each record queued is written once, in the order queued (a file to make waits for the
+//! records queued before it is taken), unless writing it panics (then
+//! its writer hears the write was lost, and the records after it are still written). A
+//! drainer writes at most [`HANDOFF`] jobs and then hands the rest to a drainer on the
+//! runtime of the newest job's writer, so a runtime that is shut down does not wait on
+//! another runtime's records. A drainer the blocking pool drops unrun (its runtime shutting
+//! down) drains where it is dropped; a job queued outside any runtime is drained on the
+//! spot. A record whose write fails is cut off its file before the next job runs, so a file
+//! never holds part of a record followed by another.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+use tokio::runtime::Handle;
+use tokio::sync::oneshot;
+
+/// The outcome of one record's write, as its writer awaits it.
+pub(super) type Written = oneshot::Receiver<std::io::Result<()>>;
+
+/// The most jobs one drainer runs before it hands the queue to a new one.
+const HANDOFF: usize = 256;
+
+/// A transcript file open for appending, and its path (for what is logged of it).
+#[derive(Debug)]
+pub(super) struct Target {
+    /// The file (its lock, if any, goes when the last handle to it does).
+    pub(super) file: File,
+    /// Where it is.
+    pub(super) path: PathBuf,
+}
+
+/// The queue of one transcript directory (or of one file that is not a regular file).
+/// Cloning is O(1): every clone writes through the same queue.
+#[derive(Debug, Clone)]
+pub(super) struct Journal(Arc<Shared>);
+
+/// What the clones of a [`Journal`] share.
+#[derive(Debug, Default)]
+struct Shared {
+    queue: Mutex<Queue>,
+}
+
+/// The jobs waiting, and who drains them.
+#[derive(Debug, Default)]
+struct Queue {
+    /// Records (and test jobs), in order.
+    jobs: VecDeque<Job>,
+    /// Files to make, in order: each after every record queued before the next is taken.
+    /// Records go first, so the agents already writing finish (and let their memory go) while
+    /// a burst of new ones waits to be made; a file's own records follow its making anyway.
+    creates: VecDeque<Job>,
+    /// A drainer is running, or on its way: a new job waits for it rather than start another.
+    draining: bool,
+    /// The runtime of the newest job's writer: where the next drainer runs.
+    runtime: Option<Handle>,
+}
+
+/// One step of a queue.
+#[derive(Debug)]
+enum Job {
+    /// A record to append.
+    Append {
+        to: Arc<Target>,
+        line: Vec<u8>,
+        /// The file's length before the record: where a failed write is cut back to.
+        cut_to: u64,
+        done: oneshot::Sender<std::io::Result<()>>,
+    },
+    /// A transcript file to make (it must not exist yet).
+    Create {
+        path: PathBuf,
+        options: std::fs::OpenOptions,
+        done: oneshot::Sender<std::io::Result<File>>,
+    },
+    /// A job that panics (what a drain does then is tested).
+    #[cfg(test)]
+    Panic,
+}
+
+impl Job {
+    /// Runs the job and answers its writer, who may be gone.
+    fn run(self) {
+        match self {
+            Job::Append {
+                to,
+                line,
+                cut_to,
+                done,
+            } => {
+                let written = (&to.file).write_all(&line);
+                if written.is_err()
+                    && let Err(e) = to.file.set_len(cut_to)
+                {
+                    tracing::warn!(
+                        path = %to.path.display(),
+                        "cutting a failed record off the transcript: {e}"
+                    );
+                }
+                // A writer that is gone has its record written all the same.
+                let _ = done.send(written);
+            }
+            Job::Create {
+                path,
+                options,
+                done,
+            } => {
+                if let Err(Ok(unwanted)) = done.send(options.open(&path)) {
+                    // Nobody is left to take it (the creating future was dropped): this job
+                    // made it (it did not exist), so it goes again.
+                    drop(unwanted);
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+            #[cfg(test)]
+            Job::Panic => panic!("a job panicked"),
+        }
+    }
+}
+
+/// The journals in use, by directory: an entry lives as long as a writer holds its journal.
+fn journals() -> &'static Mutex<HashMap<PathBuf, Weak<Shared>>> {
+    static JOURNALS: std::sync::OnceLock<Mutex<HashMap<PathBuf, Weak<Shared>>>> =
+        std::sync::OnceLock::new();
+    JOURNALS.get_or_init(Mutex::default)
+}
+
+impl Journal {
+    /// The journal of the transcripts in `dir`, shared with every writer there.
+    pub(super) fn for_dir(dir: &Path) -> Self {
+        let mut all = journals().lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(live) = all.get(dir).and_then(Weak::upgrade) {
+            return Self(live);
+        }
+        // Forget the directories nobody writes to any more, at most as often as one is added.
+        all.retain(|_, j| j.strong_count() > 0);
+        let shared = Arc::new(Shared::default());
+        all.insert(dir.to_path_buf(), Arc::downgrade(&shared));
+        Self(shared)
+    }
+
+    /// A journal of its own, for a file that is not a regular file (a device, a pipe): a
+    /// write to it that blocks holds up no one else's records.
+    pub(super) fn alone() -> Self {
+        Self(Arc::default())
+    }
+
+    /// Queues `line` to be appended to `to`, whose length is `cut_to` before it; the receiver
+    /// hears how the write went. From here the record is written whatever becomes of the
+    /// caller.
+    pub(super) fn append(&self, to: Arc<Target>, line: Vec<u8>, cut_to: u64) -> Written {
+        let (done, written) = oneshot::channel();
+        self.queue(Job::Append {
+            to,
+            line,
+            cut_to,
+            done,
+        });
+        written
+    }
+
+    /// Makes the file `path` with `options` (which must refuse one that exists, so that a
+    /// file nobody takes, its caller gone, is removed again), in its turn with the
+    /// directory's records.
+    pub(super) async fn create(
+        &self,
+        path: &Path,
+        options: std::fs::OpenOptions,
+    ) -> std::io::Result<File> {
+        let (done, made) = oneshot::channel();
+        self.queue(Job::Create {
+            path: path.to_path_buf(),
+            options,
+            done,
+        });
+        made.await.unwrap_or_else(|_| Err(lost()))
+    }
+
+    /// Queues `job`, and starts a drainer if none is running.
+    fn queue(&self, job: Job) {
+        let runtime = Handle::try_current().ok();
+        let start = {
+            let mut q = self.0.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            match job {
+                Job::Create { .. } => q.creates.push_back(job),
+                _ => q.jobs.push_back(job),
+            }
+            q.runtime = runtime.clone();
+            !std::mem::replace(&mut q.draining, true)
+        };
+        if start {
+            start_drainer(Arc::clone(&self.0), runtime);
+        }
+    }
+}
+
+/// The error of a job dropped unrun: writing it panicked.
+pub(super) fn lost() -> std::io::Error {
+    std::io::Error::other("the transcript write was lost: writing it panicked")
+}
+
+/// Starts a drainer of `shared` on `runtime`'s blocking pool, or here without one.
+fn start_drainer(shared: Arc<Shared>, runtime: Option<Handle>) {
+    let drainer = Drainer(Some(shared));
+    match runtime {
+        // Dropped unrun, it drains where it is dropped (see `Drainer`).
+        Some(rt) => drop(rt.spawn_blocking(move || drainer.run())),
+        None => drainer.run(),
+    }
+}
+
+/// Drains a queue (up to [`HANDOFF`] jobs, then hands it on). Run or dropped, it drains: a
+/// blocking-pool task a shutting-down runtime drops unrun still writes its records.
+struct Drainer(Option<Arc<Shared>>);
+
+impl Drainer {
+    /// Drains the queue, here and now.
+    fn run(mut self) {
+        if let Some(shared) = self.0.take() {
+            drain(shared);
+        }
+    }
+}
+
+impl Drop for Drainer {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.take() {
+            drain(shared);
+        }
+    }
+}
+
+/// Runs `shared`'s jobs one by one, records before files to make, each kind in order: until
+/// the queue is empty (then the next job
+/// starts a drainer), or [`HANDOFF`] of them (then a new drainer takes the rest, on the
+/// runtime of the newest job's writer). A job that panics is dropped (its writer hears its
+/// write was lost) and the rest are handed on the same way.
+fn drain(shared: Arc<Shared>) {
+    /// Hands the queue on if the drain ends before it is disarmed (a job panicked).
+    struct HandOn(Option<Arc<Shared>>);
+    impl Drop for HandOn {
+        fn drop(&mut self) {
+            if let Some(shared) = self.0.take() {
+                hand_on(shared);
+            }
+        }
+    }
+    let mut hand_on_guard = HandOn(Some(Arc::clone(&shared)));
+    for _ in 0..HANDOFF {
+        let job = {
+            let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            match q.jobs.pop_front().or_else(|| q.creates.pop_front()) {
+                Some(job) => job,
+                None => {
+                    q.draining = false;
+                    hand_on_guard.0 = None;
+                    return;
+                }
+            }
+        };
+        job.run();
+    }
+    hand_on_guard.0 = None;
+    hand_on(shared);
+}
+
+/// Ends a drain that may leave jobs behind: a new drainer takes them, or the queue is marked
+/// drained by nobody when there are none.
+fn hand_on(shared: Arc<Shared>) {
+    let runtime = {
+        let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        if q.jobs.is_empty() && q.creates.is_empty() {
+            q.draining = false;
+            return;
+        }
+        q.runtime.clone()
+    };
+    start_drainer(shared, runtime);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target_in(dir: &Path, name: &str) -> Arc<Target> {
+        let path = dir.join(name);
+        let file = std::fs::OpenOptions::new()
+            .create_new(true)
+            .append(true)
+            .open(&path)
+            .unwrap();
+        Arc::new(Target { file, path })
+    }
+
+    /// Waits (up to 5 s) for `journal`'s drainer to let the queue go, as it does just after it
+    /// answers the last job.
+    async fn drained(journal: &Journal) {
+        for _ in 0..1000 {
+            if !journal.0.queue.lock().unwrap().draining {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        panic!("the queue is empty but still marked as being drained");
+    }
+
+    fn read(dir: &Path, name: &str) -> String {
+        std::fs::read_to_string(dir.join(name)).unwrap()
+    }
+
+    /// Many writers at once, each appending its records one after another as a transcript
+    /// writer does: every record lands once, in each file's order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn records_from_many_writers_at_once_land_once_each_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::for_dir(dir.path());
+        let mut writers = Vec::new();
+        for w in 0..64 {
+            let journal = journal.clone();
+            let to = target_in(dir.path(), &format!("{w}.jsonl"));
+            writers.push(tokio::spawn(async move {
+                let mut len = 0;
+                for r in 0..50 {
+                    let line = format!("{w} {r}\n").into_bytes();
+                    let n = line.len() as u64;
+                    journal
+                        .append(Arc::clone(&to), line, len)
+                        .await
+                        .unwrap()
+                        .unwrap();
+                    len += n;
+                }
+            }));
+        }
+        for w in writers {
+            w.await.unwrap();
+        }
+        for w in 0..64 {
+            let want: String = (0..50).map(|r| format!("{w} {r}\n")).collect();
+            assert_eq!(read(dir.path(), &format!("{w}.jsonl")), want);
+        }
+    }
+
+    /// More jobs than one drainer runs before it hands on: all are written, in order.
+    #[tokio::test]
+    async fn a_queue_longer_than_a_drainers_share_is_handed_on_and_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::for_dir(dir.path());
+        let to = target_in(dir.path(), "a.jsonl");
+        let receipts: Vec<_> = (0..HANDOFF * 3 + 7)
+            .map(|i| journal.append(Arc::clone(&to), format!("{i}\n").into_bytes(), 0))
+            .collect();
+        for r in receipts {
+            r.await.unwrap().unwrap();
+        }
+        let want: String = (0..HANDOFF * 3 + 7).map(|i| format!("{i}\n")).collect();
+        assert_eq!(read(dir.path(), "a.jsonl"), want);
+        drained(&journal).await;
+    }
+
+    /// A record whose writer is gone before it is written is written all the same, before
+    /// the next record of the queue.
+    #[tokio::test]
+    async fn a_record_whose_writer_is_gone_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let to = target_in(dir.path(), "a.jsonl");
+        let journal = Journal::for_dir(dir.path());
+        drop(journal.append(Arc::clone(&to), b"kept\n".to_vec(), 0));
+        journal
+            .append(to, b"next\n".to_vec(), 5)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(read(dir.path(), "a.jsonl"), "kept\nnext\n");
+    }
+
+    /// A file made for a caller that is gone by then is removed again.
+    #[tokio::test]
+    async fn a_file_made_for_nobody_is_removed() {
+        use futures::FutureExt;
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::for_dir(dir.path());
+        let path = dir.path().join("a.jsonl");
+        let mut options = std::fs::OpenOptions::new();
+        options.append(true).create_new(true);
+        // One poll queues it; the future is dropped before the file is made.
+        assert!(journal.create(&path, options).now_or_never().is_none());
+        // The queue's next job runs after it.
+        let to = target_in(dir.path(), "b.jsonl");
+        journal
+            .append(to, b"x\n".to_vec(), 0)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!path.exists(), "the unwanted file is removed");
+    }
+
+    /// Outside any runtime a record is written on the spot.
+    #[test]
+    fn outside_a_runtime_a_record_is_written_on_the_spot() {
+        let dir = tempfile::tempdir().unwrap();
+        let to = target_in(dir.path(), "a.jsonl");
+        let mut written = Journal::for_dir(dir.path()).append(to, b"line\n".to_vec(), 0);
+        assert!(matches!(written.try_recv(), Ok(Ok(()))));
+        assert_eq!(read(dir.path(), "a.jsonl"), "line\n");
+    }
+
+    /// A drainer the pool drops unrun (its runtime shut down first) writes its records where
+    /// it is dropped, and leaves the queue to the next job.
+    #[test]
+    fn a_drainer_dropped_unrun_writes_its_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::for_dir(dir.path());
+        let to = target_in(dir.path(), "a.jsonl");
+        let (done, mut written) = oneshot::channel();
+        {
+            let mut q = journal.0.queue.lock().unwrap();
+            q.jobs.push_back(Job::Append {
+                to,
+                line: b"line\n".to_vec(),
+                cut_to: 0,
+                done,
+            });
+            q.draining = true;
+        }
+        drop(Drainer(Some(Arc::clone(&journal.0))));
+        assert!(matches!(written.try_recv(), Ok(Ok(()))));
+        assert!(!journal.0.queue.lock().unwrap().draining);
+    }
+
+    /// A queue first drained on a runtime that is gone by then is drained on the runtime of
+    /// its newest writer.
+    #[test]
+    fn a_queue_outlives_the_runtime_that_first_drained_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::for_dir(dir.path());
+        let first = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let to = target_in(dir.path(), "a.jsonl");
+        first.block_on(async {
+            journal
+                .append(Arc::clone(&to), b"a\n".to_vec(), 0)
+                .await
+                .unwrap()
+                .unwrap();
+        });
+        drop(first);
+        let second = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        second.block_on(async {
+            journal
+                .append(to, b"b\n".to_vec(), 2)
+                .await
+                .unwrap()
+                .unwrap();
+        });
+        assert_eq!(read(dir.path(), "a.jsonl"), "a\nb\n");
+    }
+
+    /// A job that panics is dropped; the drain goes on with the jobs after it, on a drainer of
+    /// its own.
+    #[tokio::test]
+    async fn after_a_job_that_panics_the_rest_are_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::for_dir(dir.path());
+        let to = target_in(dir.path(), "a.jsonl");
+        let (first, after) = {
+            // Queued together, so that one drain meets all three.
+            let mut q = journal.0.queue.lock().unwrap();
+            q.draining = true;
+            let (a, first) = oneshot::channel();
+            let (b, after) = oneshot::channel();
+            q.jobs.push_back(Job::Append {
+                to: Arc::clone(&to),
+                line: b"first\n".to_vec(),
+                cut_to: 0,
+                done: a,
+            });
+            q.jobs.push_back(Job::Panic);
+            q.jobs.push_back(Job::Append {
+                to,
+                line: b"after\n".to_vec(),
+                cut_to: 6,
+                done: b,
+            });
+            q.runtime = Some(Handle::current());
+            (first, after)
+        };
+        start_drainer(Arc::clone(&journal.0), Some(Handle::current()));
+        first.await.unwrap().unwrap();
+        after.await.unwrap().unwrap();
+        assert_eq!(read(dir.path(), "a.jsonl"), "first\nafter\n");
+        drained(&journal).await;
+    }
+
+    /// A record the device refuses reports the error.
+    #[tokio::test]
+    async fn a_failed_write_reports_its_error() {
+        if !Path::new("/dev/full").exists() {
+            eprintln!("skipped: this system has no /dev/full");
+            return;
+        }
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .open("/dev/full")
+            .unwrap();
+        let to = Arc::new(Target {
+            file,
+            path: "/dev/full".into(),
+        });
+        let err = Journal::alone()
+            .append(to, b"line\n".to_vec(), 0)
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(28));
+    }
+
+    /// A directory nobody writes to any more is forgotten once another is added.
+    #[test]
+    fn a_directory_nobody_writes_to_is_forgotten() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        drop(Journal::for_dir(a.path()));
+        let _b = Journal::for_dir(b.path());
+        assert!(!journals().lock().unwrap().contains_key(a.path()));
+    }
+}
