@@ -6,15 +6,21 @@
 //! and one blocking-pool task at a time drains the queue: every record queued while it works
 //! is written in the same trip.
 //!
-//! Each record queued is written once, in the order queued (a file to make waits for the
-//! records queued before it is taken), unless writing it panics (then
-//! its writer hears the write was lost, and the records after it are still written). A
-//! drainer writes at most [`HANDOFF`] jobs and then hands the rest to a drainer on the
-//! runtime of the newest job's writer, so a runtime that is shut down does not wait on
-//! another runtime's records. A drainer the blocking pool drops unrun (its runtime shutting
-//! down) drains where it is dropped; a job queued outside any runtime is drained on the
-//! spot. A record whose write fails is cut off its file before the next job runs, so a file
-//! never holds part of a record followed by another.
+//! Each record queued is written once, in the order queued, unless writing it panics (then
+//! its writer hears the write was lost, and the records after it are still written). A file
+//! to make waits for the records queued before it, or for [`CREATE_EVERY`] of them at most.
+//! A drainer writes at most [`HANDOFF`] jobs and then hands the rest to a drainer on the
+//! runtime of the newest job's writer, so a runtime being shut down waits for at most that
+//! many of another runtime's records on its pool. A drainer the blocking pool drops unrun
+//! (its runtime shutting down) drains the whole queue where it is dropped, and so does a
+//! job queued outside any runtime. A record whose write fails is cut off its file before
+//! the next job runs, so a file never holds part of a record followed by another. The
+//! journal lets go of a record's file before its writer hears, so a writer dropped once it
+//! has heard leaves the file (and its lock) to the next at once.
+//!
+//! One write at a time per directory: on a file system where each write waits for a server
+//! (NFS mounted `sync`), a directory's records no longer overlap as they did on many pool
+//! threads.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -60,10 +66,29 @@ struct Queue {
     /// Records go first, so the agents already writing finish (and let their memory go) while
     /// a burst of new ones waits to be made; a file's own records follow its making anyway.
     creates: VecDeque<Job>,
+    /// Records written since a file was last made.
+    records_in_a_row: usize,
     /// A drainer is running, or on its way: a new job waits for it rather than start another.
     draining: bool,
     /// The runtime of the newest job's writer: where the next drainer runs.
     runtime: Option<Handle>,
+}
+
+impl Queue {
+    /// The job to run next: a record, unless none is waiting or [`CREATE_EVERY`] ran in a row
+    /// while a file waits to be made.
+    fn next_job(&mut self) -> Option<Job> {
+        let create_first = self.records_in_a_row >= CREATE_EVERY && !self.creates.is_empty();
+        let next = match create_first {
+            true => self.creates.pop_front(),
+            false => self.jobs.pop_front().or_else(|| self.creates.pop_front()),
+        };
+        self.records_in_a_row = match &next {
+            Some(Job::Create { .. }) => 0,
+            _ => self.records_in_a_row + 1,
+        };
+        next
+    }
 }
 
 /// One step of a queue.
@@ -107,6 +132,9 @@ impl Job {
                         "cutting a failed record off the transcript: {e}"
                     );
                 }
+                // The file's last handle here goes before the writer hears: a writer dropped
+                // once it has heard lets its file (and lock) go at once.
+                drop(to);
                 // A writer that is gone has its record written all the same.
                 let _ = done.send(written);
             }
@@ -115,6 +143,10 @@ impl Job {
                 options,
                 done,
             } => {
+                if done.is_closed() {
+                    // Its caller is gone (a start dropped, a runtime shutting down).
+                    return;
+                }
                 if let Err(Ok(unwanted)) = done.send(options.open(&path)) {
                     // Nobody is left to take it (the creating future was dropped): this job
                     // made it (it did not exist), so it goes again.
@@ -209,25 +241,29 @@ pub(super) fn lost() -> std::io::Error {
     std::io::Error::other("the transcript write was lost: writing it panicked")
 }
 
-/// Starts a drainer of `shared` on `runtime`'s blocking pool, or here without one.
+/// Starts a drainer of `shared` on `runtime`'s blocking pool, or drains the whole queue here
+/// without one.
 fn start_drainer(shared: Arc<Shared>, runtime: Option<Handle>) {
-    let drainer = Drainer(Some(shared));
     match runtime {
         // Dropped unrun, it drains where it is dropped (see `Drainer`).
-        Some(rt) => drop(rt.spawn_blocking(move || drainer.run())),
-        None => drainer.run(),
+        Some(rt) => {
+            let drainer = Drainer(Some(shared));
+            drop(rt.spawn_blocking(move || drainer.run()));
+        }
+        None => drain(shared, usize::MAX),
     }
 }
 
-/// Drains a queue (up to [`HANDOFF`] jobs, then hands it on). Run or dropped, it drains: a
-/// blocking-pool task a shutting-down runtime drops unrun still writes its records.
+/// Drains a queue on the blocking pool (up to [`HANDOFF`] jobs, then hands it on). Dropped
+/// unrun (its runtime shutting down), it drains the whole queue where it is dropped: a loop,
+/// not a chain of drainers handed on to a pool that drops each one.
 struct Drainer(Option<Arc<Shared>>);
 
 impl Drainer {
     /// Drains the queue, here and now.
     fn run(mut self) {
         if let Some(shared) = self.0.take() {
-            drain(shared);
+            drain(shared, HANDOFF);
         }
     }
 }
@@ -235,17 +271,21 @@ impl Drainer {
 impl Drop for Drainer {
     fn drop(&mut self) {
         if let Some(shared) = self.0.take() {
-            drain(shared);
+            drain(shared, usize::MAX);
         }
     }
 }
 
-/// Runs `shared`'s jobs one by one, records before files to make, each kind in order: until
-/// the queue is empty (then the next job
-/// starts a drainer), or [`HANDOFF`] of them (then a new drainer takes the rest, on the
-/// runtime of the newest job's writer). A job that panics is dropped (its writer hears its
-/// write was lost) and the rest are handed on the same way.
-fn drain(shared: Arc<Shared>) {
+/// After this many records in a row, a file waiting to be made goes first: agents that keep
+/// writing cannot hold a new one back for good.
+const CREATE_EVERY: usize = 64;
+
+/// Runs `shared`'s jobs one by one, records before files to make (but a file after at most
+/// [`CREATE_EVERY`] records), each kind in order: until the queue is empty (then the next job
+/// starts a drainer), or `share` of them (then a new drainer takes the rest, on the runtime of
+/// the newest job's writer). A job that panics is dropped (its writer hears its write was
+/// lost) and the rest are handed on the same way.
+fn drain(shared: Arc<Shared>, share: usize) {
     /// Hands the queue on if the drain ends before it is disarmed (a job panicked).
     struct HandOn(Option<Arc<Shared>>);
     impl Drop for HandOn {
@@ -256,10 +296,10 @@ fn drain(shared: Arc<Shared>) {
         }
     }
     let mut hand_on_guard = HandOn(Some(Arc::clone(&shared)));
-    for _ in 0..HANDOFF {
+    for _ in 0..share {
         let job = {
             let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
-            match q.jobs.pop_front().or_else(|| q.creates.pop_front()) {
+            match q.next_job() {
                 Some(job) => job,
                 None => {
                     q.draining = false;
@@ -366,6 +406,60 @@ mod tests {
         let want: String = (0..HANDOFF * 3 + 7).map(|i| format!("{i}\n")).collect();
         assert_eq!(read(dir.path(), "a.jsonl"), want);
         drained(&journal).await;
+    }
+
+    /// Once a writer hears its record's outcome, the journal holds its file no more: a writer
+    /// dropped then lets the file (and its lock) go at once.
+    #[tokio::test]
+    async fn a_writer_that_heard_is_the_files_last_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::for_dir(dir.path());
+        let to = target_in(dir.path(), "a.jsonl");
+        for i in 0..200u64 {
+            journal
+                .append(Arc::clone(&to), b"x\n".to_vec(), i * 2)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(Arc::strong_count(&to), 1, "after record {i}");
+        }
+    }
+
+    /// A file to make waits behind at most `CREATE_EVERY` records, however many are queued;
+    /// with none waiting, records go first.
+    #[test]
+    fn a_file_to_make_is_not_held_back_by_a_stream_of_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let to = target_in(dir.path(), "a.jsonl");
+        let mut q = Queue::default();
+        let record = |q: &mut Queue| {
+            let (done, _) = oneshot::channel();
+            q.jobs.push_back(Job::Append {
+                to: Arc::clone(&to),
+                line: Vec::new(),
+                cut_to: 0,
+                done,
+            });
+        };
+        for _ in 0..CREATE_EVERY * 3 {
+            record(&mut q);
+        }
+        for _ in 0..2 {
+            let (done, _) = oneshot::channel();
+            q.creates.push_back(Job::Create {
+                path: dir.path().join("b.jsonl"),
+                options: std::fs::OpenOptions::new(),
+                done,
+            });
+        }
+        let order: String = std::iter::from_fn(|| q.next_job())
+            .map(|j| match j {
+                Job::Append { .. } => 'r',
+                _ => 'c',
+            })
+            .collect();
+        let r = "r".repeat(CREATE_EVERY);
+        assert_eq!(order, format!("{r}c{r}c{r}"));
     }
 
     /// A record whose writer is gone before it is written is written all the same, before

@@ -208,7 +208,7 @@ pub struct TranscriptWriter {
     handed: Option<Handed>,
 }
 
-/// A record handed to the file, not yet known written.
+/// A record handed to the journal, not yet known written.
 #[derive(Debug)]
 struct Handed {
     /// The file's length once it is written.
@@ -248,8 +248,8 @@ async fn open_no_follow(create: Option<&Journal>, path: &Path) -> std::io::Resul
 }
 
 /// How long a writer waits for a transcript whose lock another writer holds: long enough for
-/// a dropped agent's last write to finish (the file finishes a write it was handed, then lets
-/// the lock go); an agent that is still alive holds it for good, and the wait ends in
+/// a dropped agent's last write to finish (the journal finishes a write it was handed, then
+/// lets the file and its lock go); an agent that is still alive holds it for good, and the wait ends in
 /// [`Error::TranscriptBusy`]. (On Unix; other platforms take no lock, and nothing waits.)
 pub const WRITER_WAIT: Duration = Duration::from_secs(5);
 
