@@ -354,6 +354,19 @@ mod tests {
         panic!("the queue is empty but still marked as being drained");
     }
 
+    /// Puts a record of `line` at the end of `q` (as `Journal::append` does, without starting
+    /// a drainer): how its write goes.
+    fn push_record(q: &mut Queue, to: &Arc<Target>, line: &[u8], cut_to: u64) -> Written {
+        let (done, written) = oneshot::channel();
+        q.jobs.push_back(Job::Append {
+            to: Arc::clone(to),
+            line: line.to_vec(),
+            cut_to,
+            done,
+        });
+        written
+    }
+
     fn read(dir: &Path, name: &str) -> String {
         std::fs::read_to_string(dir.join(name)).unwrap()
     }
@@ -432,17 +445,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let to = target_in(dir.path(), "a.jsonl");
         let mut q = Queue::default();
-        let record = |q: &mut Queue| {
-            let (done, _) = oneshot::channel();
-            q.jobs.push_back(Job::Append {
-                to: Arc::clone(&to),
-                line: Vec::new(),
-                cut_to: 0,
-                done,
-            });
-        };
         for _ in 0..CREATE_EVERY * 3 {
-            record(&mut q);
+            push_record(&mut q, &to, b"", 0);
         }
         for _ in 0..2 {
             let (done, _) = oneshot::channel();
@@ -478,7 +482,7 @@ mod tests {
         assert_eq!(read(dir.path(), "a.jsonl"), "kept\nnext\n");
     }
 
-    /// A file made for a caller that is gone by then is removed again.
+    /// A file to make for a caller that is gone by then is not made (or is removed again).
     #[tokio::test]
     async fn a_file_made_for_nobody_is_removed() {
         use futures::FutureExt;
@@ -516,17 +520,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let journal = Journal::for_dir(dir.path());
         let to = target_in(dir.path(), "a.jsonl");
-        let (done, mut written) = oneshot::channel();
-        {
+        let mut written = {
             let mut q = journal.0.queue.lock().unwrap();
-            q.jobs.push_back(Job::Append {
-                to,
-                line: b"line\n".to_vec(),
-                cut_to: 0,
-                done,
-            });
             q.draining = true;
-        }
+            push_record(&mut q, &to, b"line\n", 0)
+        };
         drop(Drainer(Some(Arc::clone(&journal.0))));
         assert!(matches!(written.try_recv(), Ok(Ok(()))));
         assert!(!journal.0.queue.lock().unwrap().draining);
@@ -574,21 +572,9 @@ mod tests {
             // Queued together, so that one drain meets all three.
             let mut q = journal.0.queue.lock().unwrap();
             q.draining = true;
-            let (a, first) = oneshot::channel();
-            let (b, after) = oneshot::channel();
-            q.jobs.push_back(Job::Append {
-                to: Arc::clone(&to),
-                line: b"first\n".to_vec(),
-                cut_to: 0,
-                done: a,
-            });
+            let first = push_record(&mut q, &to, b"first\n", 0);
             q.jobs.push_back(Job::Panic);
-            q.jobs.push_back(Job::Append {
-                to,
-                line: b"after\n".to_vec(),
-                cut_to: 6,
-                done: b,
-            });
+            let after = push_record(&mut q, &to, b"after\n", 6);
             q.runtime = Some(Handle::current());
             (first, after)
         };

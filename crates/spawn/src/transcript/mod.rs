@@ -197,7 +197,7 @@ struct Tagged<'a, T> {
 /// from many agents at once are written in one trip there, see `journal`).
 #[derive(Debug)]
 pub struct TranscriptWriter {
-    path: PathBuf,
+    /// The file and its path.
     to: Arc<Target>,
     journal: Journal,
     next_index: usize,
@@ -249,8 +249,9 @@ async fn open_no_follow(create: Option<&Journal>, path: &Path) -> std::io::Resul
 
 /// How long a writer waits for a transcript whose lock another writer holds: long enough for
 /// a dropped agent's last write to finish (the journal finishes a write it was handed, then
-/// lets the file and its lock go); an agent that is still alive holds it for good, and the wait ends in
-/// [`Error::TranscriptBusy`]. (On Unix; other platforms take no lock, and nothing waits.)
+/// lets the file and its lock go); an agent that is still alive holds it for good, and the
+/// wait ends in [`Error::TranscriptBusy`]. (On Unix; other platforms take no lock, and nothing
+/// waits.)
 pub const WRITER_WAIT: Duration = Duration::from_secs(5);
 
 /// The longest pause between two tries of a held lock.
@@ -331,21 +332,22 @@ fn reopening(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
 async fn open_locked(path: &Path) -> Result<(std::fs::File, Journal)> {
     let file = open_no_follow(None, path).await.map_err(reopening(path))?;
     let dir = path.parent().unwrap_or(path);
-    locked(file, path, || Journal::for_dir(dir)).await
+    locked(file, path, Journal::for_dir(dir)).await
 }
 
 /// `file` with its lock taken ([`lock_for_writing`]) when it is a regular file (a device has
 /// no records of its own to keep in order, and may be shared by unrelated writers), and the
-/// journal it is written through: `shared` for a regular file; one of its own for anything
-/// else, whose writes may block (a pipe, a terminal) and must hold up no other transcript.
+/// journal it is written through: its directory's `shared` one for a regular file; one of
+/// its own for anything else, whose writes may block (a pipe, a terminal) and must hold up no
+/// other transcript.
 async fn locked(
     file: std::fs::File,
     path: &Path,
-    shared: impl FnOnce() -> Journal,
+    shared: Journal,
 ) -> Result<(std::fs::File, Journal)> {
     if is_regular(&file, path)? {
         lock_for_writing(&file, path).await?;
-        Ok((file, shared()))
+        Ok((file, shared))
     } else {
         Ok((file, Journal::alone()))
     }
@@ -387,13 +389,9 @@ impl TranscriptWriter {
             other => other,
         }
         .map_err(io("creating transcript", &path))?;
-        let (file, journal) = locked(file, &path, || journal).await?;
+        let (file, journal) = locked(file, &path, journal).await?;
         let mut w = Self {
-            to: Arc::new(Target {
-                file,
-                path: path.clone(),
-            }),
-            path,
+            to: Arc::new(Target { file, path }),
             journal,
             next_index: header.inherited_messages.unwrap_or(0),
             len: 0,
@@ -461,10 +459,9 @@ impl TranscriptWriter {
         journal: Journal,
         transcript: &Transcript,
     ) -> Result<Self> {
-        let path = transcript.path.clone();
         let to = Arc::new(Target {
             file,
-            path: path.clone(),
+            path: transcript.path.clone(),
         });
         if transcript.dropped.is_some() {
             let (cut, len) = (Arc::clone(&to), transcript.valid_len);
@@ -472,11 +469,10 @@ impl TranscriptWriter {
                 .await
                 .map_err(std::io::Error::other)
                 .and_then(|cut| cut)
-                .map_err(reopening(&path))?;
+                .map_err(reopening(&transcript.path))?;
         }
         Ok(Self {
             journal,
-            path,
             to,
             next_index: transcript.messages.len(),
             len: transcript.valid_len,
@@ -486,7 +482,7 @@ impl TranscriptWriter {
 
     /// The file.
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.to.path
     }
 
     /// The index the next message record takes.
@@ -495,10 +491,10 @@ impl TranscriptWriter {
     }
 
     /// Waits for the outcome of a record handed to the journal whose future was dropped
-    /// before its write was known to have finished. A write that failed is cut off the file and gives
-    /// its index back (so [`next_index`](Self::next_index) no longer counts it), and its error
-    /// is returned. Nothing to do, and `Ok`, when no such write is pending; every record
-    /// confirms the last one first.
+    /// before its write was known to have finished. A write that failed is cut off the file
+    /// and gives its index back (so [`next_index`](Self::next_index) no longer counts it), and
+    /// its error is returned. Nothing to do, and `Ok`, when no such write is pending; every
+    /// record confirms the last one first.
     pub async fn confirm(&mut self) -> Result<()> {
         let Some(h) = self.handed.as_mut() else {
             return Ok(());
@@ -589,7 +585,7 @@ impl TranscriptWriter {
     async fn write_line<T: Serialize>(&mut self, record: &T, indexed: bool) -> Result<()> {
         self.confirm().await?;
         let mut line = serde_json::to_vec(record).map_err(|e| Error::Transcript {
-            path: self.path.clone(),
+            path: self.to.path.clone(),
             line: 0,
             message: format!("cannot encode a record: {e}"),
         })?;
@@ -617,7 +613,7 @@ impl TranscriptWriter {
         }
         Error::Io {
             action: "appending to transcript",
-            path: self.path.clone(),
+            path: self.to.path.clone(),
             source,
         }
     }
