@@ -167,13 +167,18 @@ impl ToolResultContent {
     pub fn text(&self) -> String {
         match self {
             ToolResultContent::Text(t) => t.clone(),
-            ToolResultContent::Blocks(blocks) => blocks
-                .iter()
-                .filter_map(ContentBlock::as_text)
-                .collect::<Vec<_>>()
-                .concat(),
+            ToolResultContent::Blocks(blocks) => concat_text(blocks),
         }
     }
+}
+
+/// The text blocks among `blocks`, joined without a separator: one allocation, sized first
+/// (an answer's text is read once per turn).
+fn concat_text(blocks: &[ContentBlock]) -> String {
+    let texts = || blocks.iter().filter_map(ContentBlock::as_text);
+    let mut out = String::with_capacity(texts().map(str::len).sum());
+    texts().for_each(|t| out.push_str(t));
+    out
 }
 
 impl Serialize for ToolResultContent {
@@ -483,11 +488,7 @@ impl Message {
 
     /// All text blocks joined without a separator.
     pub fn text(&self) -> String {
-        self.content
-            .iter()
-            .filter_map(ContentBlock::as_text)
-            .collect::<Vec<_>>()
-            .concat()
+        concat_text(&self.content)
     }
 
     /// The tool calls in this message, in order, as `(id, name, input)`.
@@ -695,6 +696,24 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn text_joins_only_the_text_blocks_in_order(
+            parts in prop::collection::vec(prop::option::of("[a-zé ]{0,8}"), 0..6),
+        ) {
+            let blocks: Vec<ContentBlock> = parts
+                .iter()
+                .map(|p| match p {
+                    Some(t) => ContentBlock::text(t.as_str()),
+                    None => ContentBlock::tool_use("id", "T", RawJson::from_value(&serde_json::json!({}))),
+                })
+                .collect();
+            let expected: String = parts.iter().flatten().map(String::as_str).collect();
+            let text = Message { role: Role::Assistant, content: blocks.clone() }.text();
+            prop_assert_eq!(text.capacity(), expected.len());
+            prop_assert_eq!(&text, &expected);
+            prop_assert_eq!(ToolResultContent::Blocks(blocks).text(), expected);
+        }
+
         #[test]
         fn tool_use_input_keeps_its_exact_bytes(input in arb_json_text(), id in "[a-zA-Z0-9_]{1,12}") {
             let json = format!(

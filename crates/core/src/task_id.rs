@@ -30,6 +30,54 @@ fn fallback_entropy() -> u64 {
     h.finish()
 }
 
+/// How many 64-bit draws one read of the operating system's randomness buys.
+const ENTROPY_BATCH: usize = 32;
+
+/// This thread's unread draws from the operating system's randomness, read
+/// [`ENTROPY_BATCH`] at a time: one `getrandom` call per 32 ids instead of one per id (a
+/// wide fan-out names a thousand children in one response).
+struct EntropyBuffer {
+    draws: [u64; ENTROPY_BATCH],
+    /// Draws still unread; they are taken from the end.
+    left: usize,
+}
+
+impl EntropyBuffer {
+    /// The next unread draw, refilling from the operating system when none is left; `None`
+    /// when the system's source fails (the buffer is left empty, so the next call asks again).
+    fn next(&mut self) -> Option<u64> {
+        if self.left == 0 {
+            let mut bytes = [0u8; 8 * ENTROPY_BATCH];
+            getrandom::fill(&mut bytes).ok()?;
+            for (draw, chunk) in self.draws.iter_mut().zip(bytes.chunks_exact(8)) {
+                let mut word = [0u8; 8];
+                word.copy_from_slice(chunk);
+                *draw = u64::from_le_bytes(word);
+            }
+            self.left = ENTROPY_BATCH;
+        }
+        self.left -= 1;
+        let draw = self.draws[self.left];
+        // A draw is used once: it does not stay in memory after its id is made.
+        self.draws[self.left] = 0;
+        Some(draw)
+    }
+}
+
+thread_local! {
+    static ENTROPY: std::cell::RefCell<EntropyBuffer> = const {
+        std::cell::RefCell::new(EntropyBuffer { draws: [0; ENTROPY_BATCH], left: 0 })
+    };
+}
+
+/// 64 bits of the operating system's randomness, from this thread's buffer.
+fn os_entropy() -> Option<u64> {
+    ENTROPY
+        .try_with(|buffer| buffer.try_borrow_mut().ok().and_then(|mut b| b.next()))
+        .ok()
+        .flatten()
+}
+
 /// 36^8: the number of distinct suffixes.
 const SUFFIX_SPACE: u64 = 2_821_109_907_456;
 
@@ -98,21 +146,19 @@ impl TaskId {
     /// A fresh random id of the given kind.
     ///
     /// What it is: 8 base-36 characters drawn from 64 bits of the operating system's
-    /// randomness (`getrandom`), so ids are unpredictable (a worker cannot guess a sibling's
+    /// randomness (`getrandom`, read 256 bytes at a time into a per-thread buffer whose
+    /// draws are each used once), so ids are unpredictable (a worker cannot guess a sibling's
     /// output file name) and collisions unlikely: by the birthday bound over 36^8 ≈ 2.8 × 10^12
     /// suffixes, the chance that any two of n ids share one is about n² ÷ 5.6 × 10^12 — 1 in
     /// 5.6 million for a thousand ids held at once, 1 in 56,000 for ten thousand. A collision is
     /// never silent: a registry refuses a duplicate id and an output file is created
-    /// `O_EXCL`, so the spawn fails with an error naming the id. Should the system's source fail, the id is drawn
+    /// `O_EXCL`, so the spawn fails with an error naming the id. (A process that `fork()`s
+    /// without `exec` copies the buffer: parent and child may then draw the same few ids,
+    /// which the same refusals catch.) Should the system's source fail, the id is drawn
     /// from the standard library's randomly keyed hasher over a process-wide counter and the
     /// clock instead: unique within the process, less unpredictable.
     pub fn generate(kind: TaskKind) -> Self {
-        let mut bytes = [0u8; 8];
-        let entropy = match getrandom::fill(&mut bytes) {
-            Ok(()) => u64::from_le_bytes(bytes),
-            Err(_) => fallback_entropy(),
-        };
-        Self::from_entropy(kind, entropy)
+        Self::from_entropy(kind, os_entropy().unwrap_or_else(fallback_entropy))
     }
 
     /// The id of the given kind derived from 64 bits of entropy (deterministic: for tests and
@@ -264,6 +310,41 @@ mod tests {
             .map(|_| TaskId::generate(TaskKind::Agent).to_string())
             .collect();
         assert_eq!(ids.len(), 1000);
+    }
+
+    #[test]
+    fn the_buffer_refills_in_batches_and_keeps_no_used_draw() {
+        let mut buffer = EntropyBuffer {
+            draws: [0; ENTROPY_BATCH],
+            left: 0,
+        };
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..ENTROPY_BATCH * 3 {
+            let draw = buffer.next().unwrap();
+            assert!(seen.insert(draw), "draw {i} repeated");
+            assert_eq!(buffer.left, ENTROPY_BATCH - 1 - i % ENTROPY_BATCH);
+            assert!(buffer.draws[buffer.left..].iter().all(|d| *d == 0));
+        }
+    }
+
+    #[test]
+    fn ids_drawn_on_many_threads_at_once_differ() {
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    (0..2_000)
+                        .map(|_| TaskId::generate(TaskKind::Agent))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut all = std::collections::HashSet::new();
+        for t in threads {
+            for id in t.join().unwrap() {
+                assert!(all.insert(id), "{id} drawn twice");
+            }
+        }
+        assert_eq!(all.len(), 16_000);
     }
 
     #[test]
