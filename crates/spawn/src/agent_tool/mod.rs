@@ -418,10 +418,12 @@ impl AgentTool {
             return caller.clone();
         };
         let missing: Vec<Arc<dyn Tool>> = caller
-            .names()
-            .into_iter()
-            .filter(|name| crate::tool::filter::is_mcp_tool(name) && tools.get(name).is_none())
-            .filter_map(|name| caller.get(name).cloned())
+            .iter()
+            .filter(|tool| {
+                let name = &tool.definition().name;
+                crate::tool::filter::is_mcp_tool(name) && tools.get(name).is_none()
+            })
+            .cloned()
             .collect();
         if missing.is_empty() {
             return tools.clone();

@@ -604,10 +604,9 @@ impl AgentBuilder {
                 // offered array (a cached head's) is kept as it is.
                 let exact = pool.len() == p.tools().len()
                     && pool
-                        .names()
                         .iter()
                         .zip(p.tools())
-                        .all(|(n, t)| *n == t.name);
+                        .all(|(tool, t)| tool.definition().name == t.name);
                 let offered = if exact {
                     pool
                 } else {
