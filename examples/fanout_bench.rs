@@ -10,6 +10,8 @@
 //! `<task-notification>`, and then the parent answers. The model has each answer whole and
 //! says so (`Backend::answers_whole`); `--streamed` makes it answer as stream events instead. Prints one JSON line:
 //! `{"framework":"forkhive","n":..,"t":..,"wall_s":..,"per_child_us":..,"peak_rss_mb":..,"total_model_calls":..}`.
+//! With `--transcripts DIR`, `transcript_bytes_per_child` is what this run's files hold,
+//! divided by N (files already in `DIR` are not counted).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -58,9 +60,26 @@ fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
 }
 
+/// The files in `dir` (created if missing), by name, with their sizes.
+fn transcript_files(dir: &std::path::Path) -> Result<Vec<(std::ffi::OsString, u64)>, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| {
+            let e = e.ok()?;
+            Some((e.file_name(), e.metadata().ok()?.len()))
+        })
+        .collect())
+}
+
 async fn run(args: &Args) -> Result<String, String> {
     let (n, t) = (args.n, args.t);
     let model = Arc::new(fanout::Model::new(n, t, args.streamed));
+    // A directory used before keeps its files: only what this run writes is counted.
+    let earlier = match &args.transcripts {
+        Some(dir) => transcript_files(dir)?,
+        None => Vec::new(),
+    };
     let mut parent = fanout::parent(Arc::clone(&model), n, args.transcripts.as_deref()).await?;
 
     let start = Instant::now();
@@ -77,10 +96,10 @@ async fn run(args: &Args) -> Result<String, String> {
     }
     let wall_s = wall.as_secs_f64();
     let transcript_bytes = match &args.transcripts {
-        Some(dir) => std::fs::read_dir(dir)
-            .map_err(|e| format!("{}: {e}", dir.display()))?
-            .filter_map(|e| e.ok()?.metadata().ok())
-            .map(|m| m.len())
+        Some(dir) => transcript_files(dir)?
+            .into_iter()
+            .filter(|(name, _)| !earlier.iter().any(|(e, _)| e == name))
+            .map(|(_, len)| len)
             .sum::<u64>(),
         None => 0,
     };

@@ -38,14 +38,28 @@ const ENTROPY_BATCH: usize = 32;
 /// wide fan-out names a thousand children in one response).
 struct EntropyBuffer {
     draws: [u64; ENTROPY_BATCH],
-    /// Draws still unread; they are taken from the end.
+    /// Draws still unread; they are taken from the end, each once.
     left: usize,
+    /// The process the draws were read in: a process forked without `exec` starts with a
+    /// copy of its parent's buffer, which it must not use (the two would name tasks alike,
+    /// and each could predict the other's next ids).
+    pid: u32,
 }
 
 impl EntropyBuffer {
-    /// The next unread draw, refilling from the operating system when none is left; `None`
-    /// when the system's source fails (the buffer is left empty, so the next call asks again).
-    fn next(&mut self) -> Option<u64> {
+    const EMPTY: Self = Self {
+        draws: [0; ENTROPY_BATCH],
+        left: 0,
+        pid: 0,
+    };
+
+    /// The next unread draw, refilling from the operating system when none is left or the
+    /// buffer was read in another process; `None` when the system's source fails (the buffer
+    /// is left empty, so the next call asks again).
+    fn next(&mut self, pid: u32) -> Option<u64> {
+        if self.pid != pid {
+            self.left = 0;
+        }
         if self.left == 0 {
             let mut bytes = [0u8; 8 * ENTROPY_BATCH];
             getrandom::fill(&mut bytes).ok()?;
@@ -55,25 +69,25 @@ impl EntropyBuffer {
                 *draw = u64::from_le_bytes(word);
             }
             self.left = ENTROPY_BATCH;
+            self.pid = pid;
         }
         self.left -= 1;
-        let draw = self.draws[self.left];
-        // A draw is used once: it does not stay in memory after its id is made.
-        self.draws[self.left] = 0;
-        Some(draw)
+        Some(self.draws[self.left])
     }
 }
 
 thread_local! {
-    static ENTROPY: std::cell::RefCell<EntropyBuffer> = const {
-        std::cell::RefCell::new(EntropyBuffer { draws: [0; ENTROPY_BATCH], left: 0 })
-    };
+    static ENTROPY: std::cell::RefCell<EntropyBuffer> =
+        const { std::cell::RefCell::new(EntropyBuffer::EMPTY) };
 }
 
 /// 64 bits of the operating system's randomness, from this thread's buffer.
 fn os_entropy() -> Option<u64> {
     ENTROPY
-        .try_with(|buffer| buffer.try_borrow_mut().ok().and_then(|mut b| b.next()))
+        .try_with(|buffer| {
+            let mut buffer = buffer.try_borrow_mut().ok()?;
+            buffer.next(std::process::id())
+        })
         .ok()
         .flatten()
 }
@@ -147,14 +161,15 @@ impl TaskId {
     ///
     /// What it is: 8 base-36 characters drawn from 64 bits of the operating system's
     /// randomness (`getrandom`, read 256 bytes at a time into a per-thread buffer whose
-    /// draws are each used once), so ids are unpredictable (a worker cannot guess a sibling's
+    /// draws are each used once, and which a process forked without `exec` does not inherit:
+    /// the buffer is refilled when the process id changes), so ids are unpredictable (a
+    /// worker cannot guess a sibling's
     /// output file name) and collisions unlikely: by the birthday bound over 36^8 ≈ 2.8 × 10^12
     /// suffixes, the chance that any two of n ids share one is about n² ÷ 5.6 × 10^12 — 1 in
     /// 5.6 million for a thousand ids held at once, 1 in 56,000 for ten thousand. A collision is
     /// never silent: a registry refuses a duplicate id and an output file is created
-    /// `O_EXCL`, so the spawn fails with an error naming the id. (A process that `fork()`s
-    /// without `exec` copies the buffer: parent and child may then draw the same few ids,
-    /// which the same refusals catch.) Should the system's source fail, the id is drawn
+    /// `O_EXCL`, so the spawn fails with an error naming the id. Should the system's source
+    /// fail, the id is drawn
     /// from the standard library's randomly keyed hasher over a process-wide counter and the
     /// clock instead: unique within the process, less unpredictable.
     pub fn generate(kind: TaskKind) -> Self {
@@ -313,35 +328,71 @@ mod tests {
     }
 
     #[test]
-    fn the_buffer_refills_in_batches_and_keeps_no_used_draw() {
-        let mut buffer = EntropyBuffer {
-            draws: [0; ENTROPY_BATCH],
-            left: 0,
-        };
+    fn the_buffer_hands_out_each_draw_once_and_reads_the_system_once_per_batch() {
+        let mut buffer = EntropyBuffer::EMPTY;
         let mut seen = std::collections::HashSet::new();
         for i in 0..ENTROPY_BATCH * 3 {
-            let draw = buffer.next().unwrap();
+            let refill = i % ENTROPY_BATCH == 0;
+            assert_eq!(buffer.left == 0, refill, "draw {i}");
+            let batch = buffer.draws;
+            let draw = buffer.next(7).unwrap();
             assert!(seen.insert(draw), "draw {i} repeated");
             assert_eq!(buffer.left, ENTROPY_BATCH - 1 - i % ENTROPY_BATCH);
-            assert!(buffer.draws[buffer.left..].iter().all(|d| *d == 0));
+            if refill {
+                assert_ne!(
+                    buffer.draws, batch,
+                    "draw {i}: the batch was not read again"
+                );
+            } else {
+                // Taken from the batch already read: no system call.
+                assert_eq!(buffer.draws, batch);
+                assert_eq!(draw, batch[buffer.left]);
+            }
         }
     }
 
     #[test]
-    fn ids_drawn_on_many_threads_at_once_differ() {
+    fn a_forked_process_does_not_use_its_parents_draws() {
+        let mut buffer = EntropyBuffer::EMPTY;
+        let parent = buffer.next(100).unwrap();
+        let batch = buffer.draws;
+        // The same buffer, as a child forked without `exec` finds it: read again.
+        let child = buffer.next(101).unwrap();
+        assert_ne!(buffer.draws, batch);
+        assert_eq!(buffer.left, ENTROPY_BATCH - 1);
+        assert!(!batch.contains(&child));
+        assert_ne!(parent, child);
+    }
+
+    #[test]
+    fn a_buffer_in_use_falls_back_instead_of_panicking() {
+        ENTROPY.with(|b| {
+            let _held = b.borrow_mut();
+            assert_eq!(os_entropy(), None);
+            // The fallback still names a well-formed id.
+            assert_eq!(TaskId::generate(TaskKind::Agent).to_string().len(), 9);
+        });
+    }
+
+    #[test]
+    fn draws_taken_on_many_threads_at_once_differ() {
+        let start = std::sync::Arc::new(std::sync::Barrier::new(8));
         let threads: Vec<_> = (0..8)
             .map(|_| {
-                std::thread::spawn(|| {
+                let start = std::sync::Arc::clone(&start);
+                std::thread::spawn(move || {
+                    start.wait();
                     (0..2_000)
-                        .map(|_| TaskId::generate(TaskKind::Agent))
+                        .map(|_| os_entropy().unwrap())
                         .collect::<Vec<_>>()
                 })
             })
             .collect();
         let mut all = std::collections::HashSet::new();
         for t in threads {
-            for id in t.join().unwrap() {
-                assert!(all.insert(id), "{id} drawn twice");
+            for draw in t.join().unwrap() {
+                // 64-bit draws: a repeat by chance is about 1 in 10^11 here.
+                assert!(all.insert(draw), "{draw} drawn twice");
             }
         }
         assert_eq!(all.len(), 16_000);
