@@ -60,11 +60,16 @@ fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
 }
 
-/// The files in `dir` (created if missing), by name, with their sizes.
-fn transcript_files(dir: &std::path::Path) -> Result<Vec<(std::ffi::OsString, u64)>, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    Ok(std::fs::read_dir(dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?
+/// The files in `dir` by name, with their sizes (none when `dir` does not exist yet).
+fn transcript_files(
+    dir: &std::path::Path,
+) -> Result<std::collections::HashMap<std::ffi::OsString, u64>, String> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Default::default()),
+        Err(e) => return Err(format!("{}: {e}", dir.display())),
+    };
+    Ok(entries
         .filter_map(|e| {
             let e = e.ok()?;
             Some((e.file_name(), e.metadata().ok()?.len()))
@@ -78,7 +83,7 @@ async fn run(args: &Args) -> Result<String, String> {
     // A directory used before keeps its files: only what this run writes is counted.
     let earlier = match &args.transcripts {
         Some(dir) => transcript_files(dir)?,
-        None => Vec::new(),
+        None => Default::default(),
     };
     let mut parent = fanout::parent(Arc::clone(&model), n, args.transcripts.as_deref()).await?;
 
@@ -98,7 +103,7 @@ async fn run(args: &Args) -> Result<String, String> {
     let transcript_bytes = match &args.transcripts {
         Some(dir) => transcript_files(dir)?
             .into_iter()
-            .filter(|(name, _)| !earlier.iter().any(|(e, _)| e == name))
+            .filter(|(name, _)| !earlier.contains_key(name))
             .map(|(_, len)| len)
             .sum::<u64>(),
         None => 0,

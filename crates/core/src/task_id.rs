@@ -160,18 +160,17 @@ impl TaskId {
     /// A fresh random id of the given kind.
     ///
     /// What it is: 8 base-36 characters drawn from 64 bits of the operating system's
-    /// randomness (`getrandom`, read 256 bytes at a time into a per-thread buffer whose
-    /// draws are each used once, and which a process forked without `exec` does not inherit:
-    /// the buffer is refilled when the process id changes), so ids are unpredictable (a
-    /// worker cannot guess a sibling's
-    /// output file name) and collisions unlikely: by the birthday bound over 36^8 ≈ 2.8 × 10^12
-    /// suffixes, the chance that any two of n ids share one is about n² ÷ 5.6 × 10^12 — 1 in
-    /// 5.6 million for a thousand ids held at once, 1 in 56,000 for ten thousand. A collision is
-    /// never silent: a registry refuses a duplicate id and an output file is created
-    /// `O_EXCL`, so the spawn fails with an error naming the id. Should the system's source
-    /// fail, the id is drawn
-    /// from the standard library's randomly keyed hasher over a process-wide counter and the
-    /// clock instead: unique within the process, less unpredictable.
+    /// randomness (`getrandom`, read 256 bytes at a time into a per-thread buffer whose draws
+    /// are each used once, and which a process forked without `exec` does not inherit: the
+    /// buffer is refilled when the process id changes), so ids are unpredictable (a worker
+    /// cannot guess a sibling's output file name) and collisions unlikely: by the birthday
+    /// bound over 36^8 ≈ 2.8 × 10^12 suffixes, the chance that any two of n ids share one is
+    /// about n² ÷ 5.6 × 10^12 — 1 in 5.6 million for a thousand ids held at once, 1 in 56,000
+    /// for ten thousand. A collision is never silent: a registry refuses a duplicate id and an
+    /// output file is created `O_EXCL`, so the spawn fails with an error naming the id. Should
+    /// the system's source fail, the id is drawn from the standard library's randomly keyed
+    /// hasher over a process-wide counter and the clock instead: unique within the process,
+    /// less unpredictable.
     pub fn generate(kind: TaskKind) -> Self {
         Self::from_entropy(kind, os_entropy().unwrap_or_else(fallback_entropy))
     }
