@@ -544,6 +544,69 @@ async fn a_child_waiting_for_its_children_at_its_deadline_keeps_its_stop_record(
     );
 }
 
+/// A child waiting at the end of its turn for what it was promised (its own children's
+/// notifications) is quiet but not stuck: the stall check leaves it alone however long they
+/// take, while a sibling hanging in its model call is flagged in the same time.
+#[tokio::test(start_paused = true)]
+async fn a_child_waiting_for_its_children_is_not_stalled() {
+    use forkhive_spawn::runtime::{EventKind, PendingMessage, PendingQueue};
+    let service = TaskService::new(
+        Arc::new(MemoryTaskRegistry::new()),
+        TaskConfig::default()
+            .with_deadline(None)
+            .with_stall_after(Some(Duration::from_secs(10))),
+    );
+    let events = Arc::new(Events::default());
+    let parent = forkhive_core::TaskId::generate(forkhive_core::TaskKind::Agent);
+    let parent_queue = PendingQueue::new();
+    let start = |description: &str| Start {
+        description: description.into(),
+        events: Some(Arc::clone(&events) as _),
+        ..Start::under(parent)
+    };
+    // It answers, then waits for the message one of its own children promised.
+    let own_queue = PendingQueue::new();
+    let patient = Agent::builder(brain(|r| {
+        Plan::Reply(say(if last_user_text(r).contains("news") {
+            "done"
+        } else {
+            "waiting for my worker"
+        }))
+    }))
+    .model("m")
+    .pending(own_queue.clone())
+    .build()
+    .await
+    .unwrap();
+    let promised = own_queue.expect();
+    let patient = start_child(&service, patient, &parent_queue, start("patient")).await;
+    let hung = Agent::builder(brain(|_| Plan::Hang))
+        .model("m")
+        .build()
+        .await
+        .unwrap();
+    let hung = start_child(&service, hung, &parent_queue, start("hung")).await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let record = service.registry().get(&patient).await.unwrap();
+    assert_eq!(record.state, TaskState::Running);
+    assert!(!record.stalled, "{record:?}");
+    assert!(service.registry().get(&hung).await.unwrap().stalled);
+    // Its child reports: it takes that up, answers and finishes, never flagged.
+    promised.deliver(PendingMessage::new("news from the worker", "test"));
+    assert!(service.cancel(&hung));
+    service.wait_idle().await;
+    let record = service.registry().get(&patient).await.unwrap();
+    assert_eq!(record.state, TaskState::Completed);
+    assert!(!record.stalled, "{record:?}");
+    let stalled: Vec<_> = events
+        .take()
+        .into_iter()
+        .filter(|e| matches!(e.kind, EventKind::Stalled { .. }))
+        .map(|e| e.agent)
+        .collect();
+    assert_eq!(stalled, [hung]);
+}
+
 /// A child that ignores its cancellation is dropped after its grace; its owner writes the stop
 /// record it could not write itself, after cutting a half-written last line.
 #[tokio::test(start_paused = true)]

@@ -1242,6 +1242,59 @@ async fn a_teammate_asked_after_the_deadline_is_cancelled_at_once() {
     assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
 }
 
+/// 6f. A teammate idle on its worker that the host cancels (`Pool::cancel`) ends as a
+/// cancelled task does, `killed` with the note `cancelled`, not `completed` as if it had been
+/// asked to shut down; what it last answered stays its result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_teammate_cancelled_on_its_worker_ends_killed() {
+    let Some(url) = redis_url() else { return };
+    let pool = Pool::new(&url, &key_prefix("rv6f"), "crew", config()).unwrap();
+    let b = brain(|r| {
+        if !is_parent(r) {
+            return Plan::Reply(say("ready"));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let (w1, stop) = worker(&pool, "w1", b.clone(), Vec::new());
+    let team = Arc::new(pool.team("review").unwrap());
+    let mut lead = lead(&pool, &team, b).await;
+    let run = tokio::time::timeout(Duration::from_secs(30), lead.run("go"))
+        .await
+        .expect("the lead's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let alice = team.member("alice").unwrap();
+    assert_eq!(alice.state, MemberState::Idle);
+    assert_eq!(pool.cancel(&alice.task).await.unwrap(), 1);
+    let ns = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let _ = lead.run_pending().await;
+            let ns = notifications(&lead);
+            if !ns.is_empty() {
+                return ns;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("alice's notification came");
+    assert_eq!(ns.len(), 1, "{ns:?}");
+    assert_eq!(
+        ns[0].status,
+        forkhive_core::TaskStatus::Killed,
+        "{:?}",
+        ns[0]
+    );
+    assert_eq!(ns[0].summary, "Agent \"alice\" was stopped");
+    assert_eq!(ns[0].note.as_deref(), Some("cancelled"));
+    assert_eq!(ns[0].result.as_deref(), Some("ready"));
+    stop.cancel();
+    let _ = w1.await;
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
+}
+
 /// A worker of one slot, a lead under `Ask` with a shutdown grace of `grace`, and its teammate
 /// `alice`, idle on the worker, who rejects every shutdown request; the lead's run has ended.
 async fn rejecting_alice(

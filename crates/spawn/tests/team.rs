@@ -1482,6 +1482,73 @@ async fn a_teammate_waiting_for_work_is_neither_stalled_nor_out_of_time() {
     assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
 }
 
+/// A teammate cancelled while it waits for work ends as a cancelled agent does: its task
+/// `killed`, its notification "was stopped", its transcript's stop record `cancelled` — not
+/// `completed` as if it had been asked to shut down. What its last run answered stays its
+/// result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_teammate_that_is_cancelled_ends_killed_not_completed() {
+    let b = brain(|r| {
+        if !is_parent(r) {
+            return Plan::Reply(say("ready"));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), TaskConfig::default());
+    let mut lead = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(lead_tools())
+        .extension(Arc::clone(&team))
+        .extension(Arc::clone(&service))
+        .transcript_dir(dir.path())
+        .build()
+        .await
+        .unwrap();
+    let run = lead.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let alice = team.member("alice").unwrap();
+    assert_eq!(alice.state, MemberState::Idle);
+    assert!(service.cancel(&alice.task));
+    let record = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            let r = service.registry().get(&alice.task).await.unwrap();
+            if r.state.is_terminal() {
+                return r;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("alice's task ended");
+    assert_eq!(
+        record.state,
+        forkhive_spawn::task::TaskState::Killed,
+        "{record:?}"
+    );
+    let run = tokio::time::timeout(std::time::Duration::from_secs(10), lead.run_pending())
+        .await
+        .expect("the lead took alice's notification");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let ns = notifications(&lead);
+    let n = ns.last().unwrap();
+    assert_eq!(n.status, forkhive_core::TaskStatus::Killed, "{n:?}");
+    assert_eq!(n.summary, "Agent \"alice\" was stopped");
+    assert_eq!(n.result.as_deref(), Some("ready"));
+    // Her transcript ends with the stop record of a cancelled run.
+    let path = record.transcript.expect("alice keeps a transcript");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(last["type"], "stop", "{last}");
+    assert_eq!(last["stop"]["reason"], "cancelled", "{last}");
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
+}
+
 /// A teammate idle past its deadline is woken by a peer's letter, not only its lead's: it
 /// answers, goes idle again, and the lead's run waits for both idle notices (a peer's users
 /// report idle notices that come late, or teammates that time out before a peer's message).

@@ -146,6 +146,9 @@ impl Eq for Receipt {}
 struct State {
     queue: VecDeque<PendingMessage>,
     outstanding: usize,
+    /// How many are in [`PendingQueue::arrived`]: the agent waits at the end of its turn for
+    /// what it was promised (its children's notifications, letters).
+    waiting: usize,
 }
 
 #[derive(Debug, Default)]
@@ -266,8 +269,19 @@ impl PendingQueue {
     }
 
     /// Waits until a message is queued (true) — leaving it queued — or nothing is expected any
-    /// more (false).
+    /// more (false). While it waits, [`waiting_for_promised`](Self::waiting_for_promised) says
+    /// so (until it returns or its future is dropped).
     pub(crate) async fn arrived(&self) -> bool {
+        /// Counts one waiter out on every path: returned, or dropped by a `select!`.
+        struct Waiting<'a>(&'a PendingQueue);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                let mut st = self.0.lock();
+                st.waiting = st.waiting.saturating_sub(1);
+            }
+        }
+        self.lock().waiting += 1;
+        let _waiting = Waiting(self);
         self.inner
             .until(|st| {
                 if !st.queue.is_empty() {
@@ -277,6 +291,13 @@ impl PendingQueue {
                 }
             })
             .await
+    }
+
+    /// Whether the agent waits, with nothing queued, for a message it was promised (in
+    /// [`arrived`](Self::arrived)): quiet, but not stuck — what it waits for works elsewhere.
+    pub(crate) fn waiting_for_promised(&self) -> bool {
+        let st = self.lock();
+        st.waiting > 0 && st.queue.is_empty() && st.outstanding > 0
     }
 
     /// Waits until a message is queued (and drains them all) or nothing is expected any more.
@@ -639,6 +660,40 @@ impl Halt {
 
 #[cfg(test)]
 mod tests {
+
+    /// While the agent waits in `arrived` for a promise it says so; when the wait returns, or
+    /// its future is dropped by a `select!` (cancelled), it no longer does.
+    #[tokio::test]
+    async fn waiting_for_promised_is_told_while_arrived_waits_and_not_after() {
+        let queue = PendingQueue::new();
+        assert!(!queue.waiting_for_promised());
+        let promised = queue.expect();
+        // Dropped mid-wait, as the end-of-turn `select!` drops it on cancellation.
+        {
+            let mut waiting = std::pin::pin!(queue.arrived());
+            assert!(futures::poll!(waiting.as_mut()).is_pending());
+            assert!(queue.waiting_for_promised());
+        }
+        assert!(!queue.waiting_for_promised());
+        // Returned: a message came.
+        let q = queue.clone();
+        let waiter = tokio::spawn(async move { q.arrived().await });
+        while !queue.waiting_for_promised() {
+            tokio::task::yield_now().await;
+        }
+        promised.deliver(PendingMessage::new("news", "test"));
+        assert!(waiter.await.unwrap());
+        assert!(!queue.waiting_for_promised());
+        // Waiting with nothing promised is not waiting for a promise.
+        assert_eq!(
+            queue.drain().len(),
+            1,
+            "the message stays queued until taken"
+        );
+        assert!(!queue.arrived().await);
+        assert!(!queue.waiting_for_promised());
+    }
+
     use super::*;
 
     /// The supervisor's watch of a child's promise: waits dropped half-way (as a `select!`

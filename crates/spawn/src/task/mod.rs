@@ -1537,6 +1537,7 @@ impl TaskService {
             let held = promise.held();
             // Who hears of a stall, when there is a stall check (none is kept without one).
             let stall_sink = self.config.stall_after.and(events.clone());
+            let inbox = agent.shared().pending.clone();
             let mut guard = ChildGuard::new(Box::new(Owned {
                 service: Arc::clone(self),
                 record,
@@ -1589,6 +1590,7 @@ impl TaskService {
                     deadline,
                     grace,
                     held,
+                    inbox,
                     stall_sink: stall_sink.as_ref(),
                 };
                 let ended = Box::pin(service.supervise(child, watch, guard.report_mut())).await;
@@ -1612,6 +1614,7 @@ impl TaskService {
             deadline,
             grace,
             mut held,
+            inbox,
             stall_sink,
         } = watch;
         // Already boxed by the caller: catching its panic needs no second box.
@@ -1670,7 +1673,10 @@ impl TaskService {
                 () = tick(ticker.as_mut()), if !stalled && working => {
                     let now = Instant::now();
                     let events = progress.events();
-                    if events != seen.0 {
+                    if events != seen.0 || inbox.waiting_for_promised() {
+                        // Moved on, or waits at the end of its turn for what it was promised
+                        // (its own children's notifications): quiet, not stuck. Its children
+                        // are checked on their own; its clock starts again from here.
                         seen = (events, now);
                     } else if let Some(after) = self.config.stall_after
                         && now.duration_since(seen.1) >= after
@@ -1743,6 +1749,9 @@ struct Watch<'a> {
     /// Whether the child holds its promise: while it has set it down (a teammate waiting for
     /// work) its deadline and stall check stand still.
     held: crate::base::pending::HeldWatch,
+    /// The child's own queue: while it waits there for what it was promised, it is not
+    /// stalled.
+    inbox: PendingQueue,
     /// The parent's sink, told of a stall.
     stall_sink: Option<&'a Arc<dyn EventSink>>,
 }

@@ -2353,15 +2353,25 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                 let hold = queue.expect();
                 // The letters stay queued until it has said it is busy: on a worker, its relay
                 // tells the lead it took them only once they are drained, after that.
+                // `None`: cancelled while idle.
                 let woke = tokio::select! {
                     biased;
-                    () = agent.cancellation().cancelled() => false,
-                    _ = stop_rx.wait_for(Option::is_some) => false,
-                    arrived = queue.arrived() => arrived,
+                    () = agent.cancellation().cancelled() => None,
+                    _ = stop_rx.wait_for(Option::is_some) => Some(false),
+                    arrived = queue.arrived() => Some(arrived),
                 };
                 drop(hold);
-                if !woke {
-                    break;
+                match woke {
+                    // Cancelled, not asked to stop: it ends `cancelled` like any cancelled
+                    // agent, through its own loop (its stop record and `Stopped` event), and
+                    // its task ends `killed`. What its last run answered stays its result.
+                    None => {
+                        run.stop = agent.run_pending().await.stop;
+                        break;
+                    }
+                    // Asked to shut down, or nothing more will come: it finished.
+                    Some(false) => break,
+                    Some(true) => {}
                 }
                 team.busy(&name);
                 team.report_state(&name, true, &token).await;
