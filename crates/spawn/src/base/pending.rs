@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
@@ -146,9 +146,6 @@ impl Eq for Receipt {}
 struct State {
     queue: VecDeque<PendingMessage>,
     outstanding: usize,
-    /// How many are in [`PendingQueue::arrived`]: the agent waits at the end of its turn for
-    /// what it was promised (its children's notifications, letters).
-    waiting: usize,
 }
 
 #[derive(Debug, Default)]
@@ -158,6 +155,10 @@ struct Inner {
     /// different things on the same queue; a single stored permit (`notify_one`) taken by the
     /// wrong one would leave the other asleep with its condition true.
     changed: Notify,
+    /// How many are in [`PendingQueue::arrived`]: the agent waits at the end of its turn for
+    /// what it was promised (its children's notifications, letters). Read only by the stall
+    /// check, so it needs no lock of its own.
+    waiting: AtomicUsize,
 }
 
 impl Inner {
@@ -273,15 +274,14 @@ impl PendingQueue {
     /// so (until it returns or its future is dropped).
     pub(crate) async fn arrived(&self) -> bool {
         /// Counts one waiter out on every path: returned, or dropped by a `select!`.
-        struct Waiting<'a>(&'a PendingQueue);
+        struct Waiting<'a>(&'a Inner);
         impl Drop for Waiting<'_> {
             fn drop(&mut self) {
-                let mut st = self.0.lock();
-                st.waiting = st.waiting.saturating_sub(1);
+                self.0.waiting.fetch_sub(1, Ordering::Release);
             }
         }
-        self.lock().waiting += 1;
-        let _waiting = Waiting(self);
+        self.inner.waiting.fetch_add(1, Ordering::Release);
+        let _waiting = Waiting(&self.inner);
         self.inner
             .until(|st| {
                 if !st.queue.is_empty() {
@@ -296,8 +296,11 @@ impl PendingQueue {
     /// Whether the agent waits, with nothing queued, for a message it was promised (in
     /// [`arrived`](Self::arrived)): quiet, but not stuck — what it waits for works elsewhere.
     pub(crate) fn waiting_for_promised(&self) -> bool {
+        if self.inner.waiting.load(Ordering::Acquire) == 0 {
+            return false;
+        }
         let st = self.lock();
-        st.waiting > 0 && st.queue.is_empty() && st.outstanding > 0
+        st.queue.is_empty() && st.outstanding > 0
     }
 
     /// Waits until a message is queued (and drains them all) or nothing is expected any more.
