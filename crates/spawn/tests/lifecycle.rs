@@ -544,12 +544,13 @@ async fn a_child_waiting_for_its_children_at_its_deadline_keeps_its_stop_record(
     );
 }
 
-/// A child waiting at the end of its turn for what it was promised (its own children's
-/// notifications) is quiet but not stuck: the stall check leaves it alone however long they
-/// take, while a sibling hanging in its model call is flagged in the same time.
+/// A child waiting at the end of its turn for its own children is quiet but not stuck: the
+/// stall check leaves it alone however long they take, and flags them instead. A child waiting
+/// for a promise nothing here keeps is flagged, and so is one hanging in its model call even
+/// when it shares its queue with a waiting child.
 #[tokio::test(start_paused = true)]
 async fn a_child_waiting_for_its_children_is_not_stalled() {
-    use forkhive_spawn::runtime::{EventKind, PendingMessage, PendingQueue};
+    use forkhive_spawn::runtime::{EventKind, PendingQueue};
     let service = TaskService::new(
         Arc::new(MemoryTaskRegistry::new()),
         TaskConfig::default()
@@ -557,54 +558,84 @@ async fn a_child_waiting_for_its_children_is_not_stalled() {
             .with_stall_after(Some(Duration::from_secs(10))),
     );
     let events = Arc::new(Events::default());
-    let parent = forkhive_core::TaskId::generate(forkhive_core::TaskKind::Agent);
-    let parent_queue = PendingQueue::new();
-    let start = |description: &str| Start {
+    let root = forkhive_core::TaskId::generate(forkhive_core::TaskKind::Agent);
+    let root_queue = PendingQueue::new();
+    let start = |parent, description: &str| Start {
         description: description.into(),
         events: Some(Arc::clone(&events) as _),
         ..Start::under(parent)
     };
-    // It answers, then waits for the message one of its own children promised.
-    let own_queue = PendingQueue::new();
-    let patient = Agent::builder(brain(|r| {
-        Plan::Reply(say(if last_user_text(r).contains("news") {
-            "done"
-        } else {
-            "waiting for my worker"
-        }))
-    }))
-    .model("m")
-    .pending(own_queue.clone())
-    .build()
-    .await
-    .unwrap();
-    let promised = own_queue.expect();
-    let patient = start_child(&service, patient, &parent_queue, start("patient")).await;
-    let hung = Agent::builder(brain(|_| Plan::Hang))
+    let answers = || {
+        brain(|r| {
+            Plan::Reply(say(if last_user_text(r).contains("<task-notification>") {
+                "done"
+            } else {
+                "waiting"
+            }))
+        })
+    };
+    // `patient` answers, then waits for its worker, which hangs in its model call.
+    let patient_queue = PendingQueue::new();
+    let until_started = patient_queue.expect();
+    let patient = Agent::builder(answers())
+        .model("m")
+        .pending(patient_queue.clone())
+        .build()
+        .await
+        .unwrap();
+    let patient = start_child(&service, patient, &root_queue, start(root, "patient")).await;
+    let worker = Agent::builder(brain(|_| Plan::Hang))
         .model("m")
         .build()
         .await
         .unwrap();
-    let hung = start_child(&service, hung, &parent_queue, start("hung")).await;
+    let worker = start_child(&service, worker, &patient_queue, start(patient, "worker")).await;
+    drop(until_started);
+    // `lonely` waits for a promise nobody here keeps.
+    let lonely_queue = PendingQueue::new();
+    let _never = lonely_queue.expect();
+    let lonely = Agent::builder(answers())
+        .model("m")
+        .pending(lonely_queue)
+        .build()
+        .await
+        .unwrap();
+    let lonely = start_child(&service, lonely, &root_queue, start(root, "lonely")).await;
+    // `hung` shares the patient's queue and hangs in its model call.
+    let hung = Agent::builder(brain(|_| Plan::Hang))
+        .model("m")
+        .pending(patient_queue.clone())
+        .build()
+        .await
+        .unwrap();
+    let hung = start_child(&service, hung, &root_queue, start(root, "hung")).await;
     tokio::time::sleep(Duration::from_secs(60)).await;
-    let record = service.registry().get(&patient).await.unwrap();
-    assert_eq!(record.state, TaskState::Running);
-    assert!(!record.stalled, "{record:?}");
-    assert!(service.registry().get(&hung).await.unwrap().stalled);
-    // Its child reports: it takes that up, answers and finishes, never flagged.
-    promised.deliver(PendingMessage::new("news from the worker", "test"));
+    let stalled = |id| {
+        let service = Arc::clone(&service);
+        async move { service.registry().get(&id).await.unwrap().stalled }
+    };
+    assert!(!stalled(patient).await, "waits for its worker");
+    assert!(stalled(worker).await);
+    assert!(stalled(lonely).await);
+    assert!(stalled(hung).await);
+    // Its worker stopped, it takes the notification up, answers and finishes, never flagged.
+    assert!(service.cancel(&worker));
+    assert!(service.cancel(&lonely));
     assert!(service.cancel(&hung));
     service.wait_idle().await;
     let record = service.registry().get(&patient).await.unwrap();
     assert_eq!(record.state, TaskState::Completed);
     assert!(!record.stalled, "{record:?}");
-    let stalled: Vec<_> = events
+    let mut flagged: Vec<_> = events
         .take()
         .into_iter()
         .filter(|e| matches!(e.kind, EventKind::Stalled { .. }))
         .map(|e| e.agent)
         .collect();
-    assert_eq!(stalled, [hung]);
+    flagged.sort();
+    let mut want = vec![worker, lonely, hung];
+    want.sort();
+    assert_eq!(flagged, want);
 }
 
 /// A child that ignores its cancellation is dropped after its grace; its owner writes the stop

@@ -2004,6 +2004,50 @@ async fn teammates_given_the_leads_send_message_share_one_cached_head() {
     lead.cancellation().cancel();
 }
 
+/// An idle teammate asked to shut down with a shutdown grace of zero ends `completed`: it ends
+/// at once when asked, so the cancel armed with the request (the grace already passed) does not
+/// turn its shutdown into a kill, whichever the teammate sees first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_teammate_asked_to_shut_down_with_no_grace_ends_completed() {
+    for round in 0..8 {
+        let b = brain(|r| {
+            if !is_parent(r) {
+                return Plan::Reply(say("ready"));
+            }
+            if r.all_messages().len() == 1 {
+                return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
+            }
+            Plan::Reply(say("ok"))
+        });
+        let team = Arc::new(
+            Team::new("review", Arc::new(MemoryMailbox::new()))
+                .unwrap()
+                .with_shutdown_grace(std::time::Duration::ZERO),
+        );
+        let mut lead = lead_in(&team, b, lead_tools()).await;
+        let run = lead.run("go").await;
+        assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+        assert_eq!(team.member("alice").unwrap().state, MemberState::Idle);
+        let asked = tokio::time::timeout(std::time::Duration::from_secs(10), team.shut_down(None))
+            .await
+            .expect("the shutdown returned");
+        assert_eq!(asked.unwrap(), ["alice"], "round {round}");
+        let run = tokio::time::timeout(std::time::Duration::from_secs(10), lead.run_pending())
+            .await
+            .expect("the lead took the notification");
+        assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+        let ns = notifications(&lead);
+        assert_eq!(ns.len(), 1, "round {round}: {ns:?}");
+        assert_eq!(
+            ns[0].status,
+            forkhive_core::TaskStatus::Completed,
+            "round {round}: {:?}",
+            ns[0]
+        );
+        assert_eq!(ns[0].summary, "Agent \"alice\" finished");
+    }
+}
+
 /// `Team::shut_down` — what a host does before it exits — ends every teammate, idle or busy,
 /// and returns once their owners have finished them (both notifications are on the lead's
 /// queue); then the team's claim is given up, and another lead may take it at once.

@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
@@ -155,10 +155,6 @@ struct Inner {
     /// different things on the same queue; a single stored permit (`notify_one`) taken by the
     /// wrong one would leave the other asleep with its condition true.
     changed: Notify,
-    /// How many are in [`PendingQueue::arrived`]: the agent waits at the end of its turn for
-    /// what it was promised (its children's notifications, letters). Read only by the stall
-    /// check, so it needs no lock of its own.
-    waiting: AtomicUsize,
 }
 
 impl Inner {
@@ -270,18 +266,8 @@ impl PendingQueue {
     }
 
     /// Waits until a message is queued (true) — leaving it queued — or nothing is expected any
-    /// more (false). While it waits, [`waiting_for_promised`](Self::waiting_for_promised) says
-    /// so (until it returns or its future is dropped).
+    /// more (false).
     pub(crate) async fn arrived(&self) -> bool {
-        /// Counts one waiter out on every path: returned, or dropped by a `select!`.
-        struct Waiting<'a>(&'a Inner);
-        impl Drop for Waiting<'_> {
-            fn drop(&mut self) {
-                self.0.waiting.fetch_sub(1, Ordering::Release);
-            }
-        }
-        self.inner.waiting.fetch_add(1, Ordering::Release);
-        let _waiting = Waiting(&self.inner);
         self.inner
             .until(|st| {
                 if !st.queue.is_empty() {
@@ -291,16 +277,6 @@ impl PendingQueue {
                 }
             })
             .await
-    }
-
-    /// Whether the agent waits, with nothing queued, for a message it was promised (in
-    /// [`arrived`](Self::arrived)): quiet, but not stuck — what it waits for works elsewhere.
-    pub(crate) fn waiting_for_promised(&self) -> bool {
-        if self.inner.waiting.load(Ordering::Acquire) == 0 {
-            return false;
-        }
-        let st = self.lock();
-        st.queue.is_empty() && st.outstanding > 0
     }
 
     /// Waits until a message is queued (and drains them all) or nothing is expected any more.
@@ -661,43 +637,66 @@ impl Halt {
     }
 }
 
-#[cfg(test)]
-mod tests {
+/// Whether an agent waits at the end of its turn for what it was promised (its background
+/// children's notifications): quiet, but not stuck. Its supervisor's stall check reads it. It is
+/// the agent's own, not its queue's — agents built on one queue each have theirs.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Awaiting(Arc<AtomicBool>);
 
-    /// While the agent waits in `arrived` for a promise it says so; when the wait returns, or
-    /// its future is dropped by a `select!` (cancelled), it no longer does.
-    #[tokio::test]
-    async fn waiting_for_promised_is_told_while_arrived_waits_and_not_after() {
-        let queue = PendingQueue::new();
-        assert!(!queue.waiting_for_promised());
-        let promised = queue.expect();
-        // Dropped mid-wait, as the end-of-turn `select!` drops it on cancellation.
-        {
-            let mut waiting = std::pin::pin!(queue.arrived());
-            assert!(futures::poll!(waiting.as_mut()).is_pending());
-            assert!(queue.waiting_for_promised());
-        }
-        assert!(!queue.waiting_for_promised());
-        // Returned: a message came.
-        let q = queue.clone();
-        let waiter = tokio::spawn(async move { q.arrived().await });
-        while !queue.waiting_for_promised() {
-            tokio::task::yield_now().await;
-        }
-        promised.deliver(PendingMessage::new("news", "test"));
-        assert!(waiter.await.unwrap());
-        assert!(!queue.waiting_for_promised());
-        // Waiting with nothing promised is not waiting for a promise.
-        assert_eq!(
-            queue.drain().len(),
-            1,
-            "the message stays queued until taken"
-        );
-        assert!(!queue.arrived().await);
-        assert!(!queue.waiting_for_promised());
+impl Awaiting {
+    /// Whether the agent waits now.
+    pub(crate) fn now(&self) -> bool {
+        self.0.load(Ordering::Acquire)
     }
 
+    /// Marks the agent waiting until the guard is dropped: the wait returned, or a `select!`
+    /// dropped it.
+    pub(crate) fn enter(&self) -> AwaitingGuard<'_> {
+        self.0.store(true, Ordering::Release);
+        AwaitingGuard(self)
+    }
+}
+
+/// Marks its agent no longer waiting when dropped (see [`Awaiting::enter`]).
+pub(crate) struct AwaitingGuard<'a>(&'a Awaiting);
+
+impl Drop for AwaitingGuard<'_> {
+    fn drop(&mut self) {
+        (self.0).0.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
     use super::*;
+
+    /// An agent is marked waiting while its guard lives, and no longer once the wait returns
+    /// or is dropped half-way (a `select!` cancelling it); a clone sees the same.
+    #[tokio::test]
+    async fn awaiting_is_told_while_the_wait_lasts_and_not_after() {
+        let awaiting = Awaiting::default();
+        let watcher = awaiting.clone();
+        assert!(!watcher.now());
+        let queue = PendingQueue::new();
+        let promised = queue.expect();
+        let wait = async {
+            let _waiting = awaiting.enter();
+            queue.arrived().await
+        };
+        {
+            let mut wait = std::pin::pin!(wait);
+            assert!(futures::poll!(wait.as_mut()).is_pending());
+            assert!(watcher.now());
+        }
+        assert!(!watcher.now(), "dropped mid-wait");
+        promised.deliver(PendingMessage::new("news", "test"));
+        let returned = {
+            let _waiting = awaiting.enter();
+            queue.arrived().await
+        };
+        assert!(returned);
+        assert!(!watcher.now(), "returned");
+    }
 
     /// The supervisor's watch of a child's promise: waits dropped half-way (as a `select!`
     /// drops them) while another thread sets the promise down and takes it up 2,000 times

@@ -1267,6 +1267,16 @@ impl TaskService {
         self.active.load(Ordering::Acquire)
     }
 
+    /// How many children of `parent` this service runs now (each holds a slot).
+    fn live_children(&self, parent: &TaskId) -> usize {
+        self.per_agent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(parent)
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// Takes a capacity slot for a child of `parent`, or says which cap is full
     /// ([`Error::Capacity`]).
     pub fn acquire(self: &Arc<Self>, parent: TaskId) -> Result<Slot> {
@@ -1537,7 +1547,7 @@ impl TaskService {
             let held = promise.held();
             // Who hears of a stall, when there is a stall check (none is kept without one).
             let stall_sink = self.config.stall_after.and(events.clone());
-            let inbox = agent.shared().pending.clone();
+            let awaiting = agent.shared().awaiting.clone();
             let mut guard = ChildGuard::new(Box::new(Owned {
                 service: Arc::clone(self),
                 record,
@@ -1590,7 +1600,7 @@ impl TaskService {
                     deadline,
                     grace,
                     held,
-                    inbox,
+                    awaiting,
                     stall_sink: stall_sink.as_ref(),
                 };
                 let ended = Box::pin(service.supervise(child, watch, guard.report_mut())).await;
@@ -1614,7 +1624,7 @@ impl TaskService {
             deadline,
             grace,
             mut held,
-            inbox,
+            awaiting,
             stall_sink,
         } = watch;
         // Already boxed by the caller: catching its panic needs no second box.
@@ -1673,10 +1683,11 @@ impl TaskService {
                 () = tick(ticker.as_mut()), if !stalled && working => {
                     let now = Instant::now();
                     let events = progress.events();
-                    if events != seen.0 || inbox.waiting_for_promised() {
-                        // Moved on, or waits at the end of its turn for what it was promised
-                        // (its own children's notifications): quiet, not stuck. Its children
-                        // are checked on their own; its clock starts again from here.
+                    if events != seen.0 || (awaiting.now() && self.live_children(id) > 0) {
+                        // Moved on, or waits at the end of its turn for children this service
+                        // runs: quiet, not stuck. They are checked on their own; its clock
+                        // starts again from here. (Waiting for anything else — a pool's task,
+                        // a promise nobody keeps — it is flagged like any quiet child.)
                         seen = (events, now);
                     } else if let Some(after) = self.config.stall_after
                         && now.duration_since(seen.1) >= after
@@ -1749,9 +1760,9 @@ struct Watch<'a> {
     /// Whether the child holds its promise: while it has set it down (a teammate waiting for
     /// work) its deadline and stall check stand still.
     held: crate::base::pending::HeldWatch,
-    /// The child's own queue: while it waits there for what it was promised, it is not
-    /// stalled.
-    inbox: PendingQueue,
+    /// Whether the child waits at the end of its turn for what it was promised: while it
+    /// waits for children of this service, it is not stalled.
+    awaiting: crate::base::pending::Awaiting,
     /// The parent's sink, told of a stall.
     stall_sink: Option<&'a Arc<dyn EventSink>>,
 }

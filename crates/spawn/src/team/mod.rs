@@ -2353,20 +2353,36 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                 let hold = queue.expect();
                 // The letters stay queued until it has said it is busy: on a worker, its relay
                 // tells the lead it took them only once they are drained, after that.
-                // `None`: cancelled while idle.
+                // `None`: cancelled while idle. A shutdown asked for is looked at first: an
+                // idle teammate ends at once when asked, so a cancel that comes with the request
+                // (a shutdown grace of zero) does not turn its shutdown into a kill.
                 let woke = tokio::select! {
                     biased;
-                    () = agent.cancellation().cancelled() => None,
                     _ = stop_rx.wait_for(Option::is_some) => Some(false),
+                    () = agent.cancellation().cancelled() => None,
                     arrived = queue.arrived() => Some(arrived),
                 };
                 drop(hold);
+                // Its team gone (the request channel closed) is no request: a cancel counts.
+                let woke = match woke {
+                    Some(false)
+                        if stop_rx.borrow().is_none() && agent.cancellation().is_cancelled() =>
+                    {
+                        None
+                    }
+                    w => w,
+                };
                 match woke {
                     // Cancelled, not asked to stop: it ends `cancelled` like any cancelled
                     // agent, through its own loop (its stop record and `Stopped` event), and
                     // its task ends `killed`. What its last run answered stays its result.
                     None => {
-                        run.stop = agent.run_pending().await.stop;
+                        let ended = agent.run_pending().await;
+                        run.stop = ended.stop;
+                        // A stop record it could not write is said, as any run says it.
+                        if ended.error.is_some() {
+                            run.error = ended.error;
+                        }
                         break;
                     }
                     // Asked to shut down, or nothing more will come: it finished.

@@ -109,6 +109,9 @@ impl Agent {
                 Wake::Messages(ms)
             });
         }
+        // Quiet from here, but not stuck: its supervisor's stall check leaves it alone while its
+        // children work.
+        let _awaiting = self.shared.awaiting.enter();
         loop {
             let arrived = tokio::select! {
                 biased;
