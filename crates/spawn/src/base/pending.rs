@@ -594,6 +594,20 @@ struct HaltInner {
     requested: std::sync::atomic::AtomicBool,
     /// Wakes an agent that waits between turns.
     changed: Notify,
+    /// Whether the agent waits between turns for what it was promised (its background
+    /// children's notifications): quiet, but not stuck. Its supervisor's stall check reads it.
+    /// Here, beside the request that ends such a wait, because both are the agent's own (one
+    /// per agent, never shared), unlike its queue.
+    waiting: AtomicBool,
+}
+
+/// Marks its agent no longer waiting when dropped (see [`Halt::waiting`]).
+pub(crate) struct WaitingGuard<'a>(&'a Halt);
+
+impl Drop for WaitingGuard<'_> {
+    fn drop(&mut self) {
+        (self.0).0.waiting.store(false, Ordering::Release);
+    }
 }
 
 impl Halt {
@@ -623,6 +637,18 @@ impl Halt {
             .swap(false, std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// Marks the agent waiting between turns for what it was promised until the guard is
+    /// dropped: the wait returned, or a `select!` dropped it.
+    pub(crate) fn waiting(&self) -> WaitingGuard<'_> {
+        self.0.waiting.store(true, Ordering::Release);
+        WaitingGuard(self)
+    }
+
+    /// Whether the agent waits between turns for what it was promised now.
+    pub(crate) fn is_waiting(&self) -> bool {
+        self.0.waiting.load(Ordering::Acquire)
+    }
+
     /// Returns once a halt is requested (at once if it already is).
     pub(crate) async fn requested(&self) {
         loop {
@@ -637,65 +663,36 @@ impl Halt {
     }
 }
 
-/// Whether an agent waits at the end of its turn for what it was promised (its background
-/// children's notifications): quiet, but not stuck. Its supervisor's stall check reads it. It is
-/// the agent's own, not its queue's — agents built on one queue each have theirs.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Awaiting(Arc<AtomicBool>);
-
-impl Awaiting {
-    /// Whether the agent waits now.
-    pub(crate) fn now(&self) -> bool {
-        self.0.load(Ordering::Acquire)
-    }
-
-    /// Marks the agent waiting until the guard is dropped: the wait returned, or a `select!`
-    /// dropped it.
-    pub(crate) fn enter(&self) -> AwaitingGuard<'_> {
-        self.0.store(true, Ordering::Release);
-        AwaitingGuard(self)
-    }
-}
-
-/// Marks its agent no longer waiting when dropped (see [`Awaiting::enter`]).
-pub(crate) struct AwaitingGuard<'a>(&'a Awaiting);
-
-impl Drop for AwaitingGuard<'_> {
-    fn drop(&mut self) {
-        (self.0).0.store(false, Ordering::Release);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// An agent is marked waiting while its guard lives, and no longer once the wait returns
-    /// or is dropped half-way (a `select!` cancelling it); a clone sees the same.
+    /// or is dropped half-way (a `select!` cancelling it); a clone of its halt sees the same.
     #[tokio::test]
-    async fn awaiting_is_told_while_the_wait_lasts_and_not_after() {
-        let awaiting = Awaiting::default();
-        let watcher = awaiting.clone();
-        assert!(!watcher.now());
+    async fn waiting_is_told_while_the_wait_lasts_and_not_after() {
+        let halt = Halt::new();
+        let watcher = halt.clone();
+        assert!(!watcher.is_waiting());
         let queue = PendingQueue::new();
         let promised = queue.expect();
         let wait = async {
-            let _waiting = awaiting.enter();
+            let _waiting = halt.waiting();
             queue.arrived().await
         };
         {
             let mut wait = std::pin::pin!(wait);
             assert!(futures::poll!(wait.as_mut()).is_pending());
-            assert!(watcher.now());
+            assert!(watcher.is_waiting());
         }
-        assert!(!watcher.now(), "dropped mid-wait");
+        assert!(!watcher.is_waiting(), "dropped mid-wait");
         promised.deliver(PendingMessage::new("news", "test"));
         let returned = {
-            let _waiting = awaiting.enter();
+            let _waiting = halt.waiting();
             queue.arrived().await
         };
         assert!(returned);
-        assert!(!watcher.now(), "returned");
+        assert!(!watcher.is_waiting(), "returned");
     }
 
     /// The supervisor's watch of a child's promise: waits dropped half-way (as a `select!`

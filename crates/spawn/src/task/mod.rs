@@ -1547,7 +1547,7 @@ impl TaskService {
             let held = promise.held();
             // Who hears of a stall, when there is a stall check (none is kept without one).
             let stall_sink = self.config.stall_after.and(events.clone());
-            let awaiting = agent.shared().awaiting.clone();
+            let waiting = agent.shared().halt.clone();
             let mut guard = ChildGuard::new(Box::new(Owned {
                 service: Arc::clone(self),
                 record,
@@ -1600,7 +1600,7 @@ impl TaskService {
                     deadline,
                     grace,
                     held,
-                    awaiting,
+                    waiting,
                     stall_sink: stall_sink.as_ref(),
                 };
                 let ended = Box::pin(service.supervise(child, watch, guard.report_mut())).await;
@@ -1624,7 +1624,7 @@ impl TaskService {
             deadline,
             grace,
             mut held,
-            awaiting,
+            waiting,
             stall_sink,
         } = watch;
         // Already boxed by the caller: catching its panic needs no second box.
@@ -1683,7 +1683,7 @@ impl TaskService {
                 () = tick(ticker.as_mut()), if !stalled && working => {
                     let now = Instant::now();
                     let events = progress.events();
-                    if events != seen.0 || (awaiting.now() && self.live_children(id) > 0) {
+                    if events != seen.0 || (waiting.is_waiting() && self.live_children(id) > 0) {
                         // Moved on, or waits at the end of its turn for children this service
                         // runs: quiet, not stuck. They are checked on their own; its clock
                         // starts again from here. (Waiting for anything else — a pool's task,
@@ -1760,9 +1760,9 @@ struct Watch<'a> {
     /// Whether the child holds its promise: while it has set it down (a teammate waiting for
     /// work) its deadline and stall check stand still.
     held: crate::base::pending::HeldWatch,
-    /// Whether the child waits at the end of its turn for what it was promised: while it
-    /// waits for children of this service, it is not stalled.
-    awaiting: crate::base::pending::Awaiting,
+    /// The child's halt, which says whether it waits at the end of its turn for what it was
+    /// promised: while it waits for children of this service, it is not stalled.
+    waiting: crate::base::pending::Halt,
     /// The parent's sink, told of a stall.
     stall_sink: Option<&'a Arc<dyn EventSink>>,
 }

@@ -806,7 +806,6 @@ impl AgentBuilder {
                 cancel: self.0.cancel.unwrap_or_default(),
                 pending: self.0.pending,
                 halt: crate::base::pending::Halt::new(),
-                awaiting: crate::base::pending::Awaiting::default(),
                 host_hooks,
                 hooks,
                 own_hooks,

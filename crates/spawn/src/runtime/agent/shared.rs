@@ -53,9 +53,6 @@ pub(crate) struct AgentShared {
     pub(crate) pending: PendingQueue,
     /// A request to end the run at the next tool-round boundary.
     pub(crate) halt: crate::base::pending::Halt,
-    /// Whether it waits at the end of its turn for what it was promised (read by its
-    /// supervisor's stall check).
-    pub(crate) awaiting: crate::base::pending::Awaiting,
     /// The host's hooks (passed on to children).
     pub(crate) host_hooks: crate::hook::Hooks,
     /// Whether definitions' hooks from untrusted sources run (passed on to children).

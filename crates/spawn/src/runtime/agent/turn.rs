@@ -111,7 +111,7 @@ impl Agent {
         }
         // Quiet from here, but not stuck: its supervisor's stall check leaves it alone while its
         // children work.
-        let _awaiting = self.shared.awaiting.enter();
+        let _waiting = self.shared.halt.waiting();
         loop {
             let arrived = tokio::select! {
                 biased;
