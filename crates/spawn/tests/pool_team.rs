@@ -23,12 +23,6 @@ use forkhive_transport::{Backend, Request};
 use support::*;
 use tokio_util::sync::CancellationToken;
 
-fn teammate(name: &str) -> String {
-    format!(
-        r#"{{"description":"{name}","prompt":"task for {name}","subagent_type":"worker","name":"{name}","team_name":"review"}}"#
-    )
-}
-
 /// A worker of one slot whose agents think with `backend` and have `SendMessage` (and
 /// `extra`).
 fn worker(
@@ -1249,15 +1243,7 @@ async fn a_teammate_asked_after_the_deadline_is_cancelled_at_once() {
 async fn an_idle_teammate_cancelled_on_its_worker_ends_killed() {
     let Some(url) = redis_url() else { return };
     let pool = Pool::new(&url, &key_prefix("rv6f"), "crew", config()).unwrap();
-    let b = brain(|r| {
-        if !is_parent(r) {
-            return Plan::Reply(say("ready"));
-        }
-        if r.all_messages().len() == 1 {
-            return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
-        }
-        Plan::Reply(say("ok"))
-    });
+    let b = lead_of_alice("ready");
     let (w1, stop) = worker(&pool, "w1", b.clone(), Vec::new());
     let team = Arc::new(pool.team("review").unwrap());
     let mut lead = lead(&pool, &team, b).await;

@@ -74,12 +74,6 @@ fn all_results(messages: &[forkhive_core::Message]) -> Vec<(String, bool)> {
         .collect()
 }
 
-fn teammate(name: &str) -> String {
-    format!(
-        r#"{{"description":"{name}","prompt":"task for {name}","subagent_type":"worker","name":"{name}","team_name":"review"}}"#
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lead_and_two_teammates_work_idle_wake_and_shut_down() {
     lead_and_two_teammates(Arc::new(MemoryMailbox::new())).await;
@@ -1488,15 +1482,7 @@ async fn a_teammate_waiting_for_work_is_neither_stalled_nor_out_of_time() {
 /// result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_teammate_that_is_cancelled_ends_killed_not_completed() {
-    let b = brain(|r| {
-        if !is_parent(r) {
-            return Plan::Reply(say("ready"));
-        }
-        if r.all_messages().len() == 1 {
-            return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
-        }
-        Plan::Reply(say("ok"))
-    });
+    let b = lead_of_alice("ready");
     let dir = tempfile::tempdir().unwrap();
     let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
     let service = TaskService::new(Arc::new(MemoryTaskRegistry::new()), TaskConfig::default());
@@ -2010,15 +1996,7 @@ async fn teammates_given_the_leads_send_message_share_one_cached_head() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_teammate_asked_to_shut_down_with_no_grace_ends_completed() {
     for round in 0..8 {
-        let b = brain(|r| {
-            if !is_parent(r) {
-                return Plan::Reply(say("ready"));
-            }
-            if r.all_messages().len() == 1 {
-                return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
-            }
-            Plan::Reply(say("ok"))
-        });
+        let b = lead_of_alice("ready");
         let team = Arc::new(
             Team::new("review", Arc::new(MemoryMailbox::new()))
                 .unwrap()

@@ -2363,12 +2363,21 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                     arrived = queue.arrived() => Some(arrived),
                 };
                 drop(hold);
-                // Its team gone (the request channel closed) is no request: a cancel counts.
                 let woke = match woke {
+                    // Its team gone (the request channel closed) is no request: a cancel
+                    // counts.
                     Some(false)
                         if stop_rx.borrow().is_none() && agent.cancellation().is_cancelled() =>
                     {
                         None
+                    }
+                    // Cancelled by a shutdown's deadline under `Approve`: it was asked to shut
+                    // down, and idle it ends at once when asked — the request may only not
+                    // have reached it yet (a grace of zero). It ends as shut down.
+                    None if overdue.load(std::sync::atomic::Ordering::SeqCst)
+                        && team.shutdown_policy() == ShutdownPolicy::Approve =>
+                    {
+                        Some(false)
                     }
                     w => w,
                 };

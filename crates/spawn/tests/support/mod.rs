@@ -547,3 +547,23 @@ impl forkhive_spawn::task::TaskRegistry for SlowRegistry {
         self.inner.descendants_usage(id).await
     }
 }
+
+/// The Agent call that starts teammate `name` of team `review` (a `worker`).
+pub(crate) fn teammate(name: &str) -> String {
+    format!(
+        r#"{{"description":"{name}","prompt":"task for {name}","subagent_type":"worker","name":"{name}","team_name":"review"}}"#
+    )
+}
+
+/// A model whose lead starts teammate `alice`, then says "ok"; teammates answer `answer`.
+pub(crate) fn lead_of_alice(answer: &'static str) -> Arc<Brain> {
+    brain(move |r| {
+        if !is_parent(r) {
+            return Plan::Reply(say(answer));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
+        }
+        Plan::Reply(say("ok"))
+    })
+}
