@@ -2232,6 +2232,34 @@ async fn a_teammate_is_of_the_teammate_kind_and_a_subagent_is_not() {
     team.shut_down(None).await.unwrap();
 }
 
+/// Under `Ask`, a teammate that answers the host's shutdown request without approving it and
+/// sits idle is cancelled when the grace passes, and ends `killed` with the grace note: the
+/// exception an idle teammate cancelled by a shutdown's deadline makes under `Approve` (it ends
+/// as shut down) is not made for one that would not go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_teammate_that_would_not_go_under_ask_ends_killed_at_the_grace() {
+    let team = Arc::new(
+        Team::new("review", Arc::new(MemoryMailbox::new()))
+            .unwrap()
+            .with_shutdown_policy(ShutdownPolicy::Ask)
+            .with_shutdown_grace(std::time::Duration::from_millis(300)),
+    );
+    let mut lead = lead_in(&team, lead_of_alice("not now"), lead_tools()).await;
+    let run = lead.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let asked = tokio::time::timeout(std::time::Duration::from_secs(20), team.shut_down(None))
+        .await
+        .expect("the shutdown returned");
+    assert_eq!(asked.unwrap(), ["alice"]);
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
+    let run = tokio::time::timeout(std::time::Duration::from_secs(10), lead.run_pending())
+        .await
+        .expect("the lead took the notification");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    assert_killed_after_the_grace(&lead);
+    assert_eq!(notifications(&lead)[0].result.as_deref(), Some("not now"));
+}
+
 /// A team under `ShutdownPolicy::Ask` with `grace`, on `mailbox`, and its lead, whose brain
 /// starts `alice`; every turn of hers calls `Hang`, a tool that does not return for a minute.
 async fn alice_hanging_under_ask(
