@@ -2353,31 +2353,32 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                 let hold = queue.expect();
                 // The letters stay queued until it has said it is busy: on a worker, its relay
                 // tells the lead it took them only once they are drained, after that.
-                // `None`: cancelled while idle. A shutdown asked for is looked at first: an
-                // idle teammate ends at once when asked, so a cancel that comes with the request
-                // (a shutdown grace of zero) does not turn its shutdown into a kill.
+                // A shutdown asked for is looked at first: an idle teammate ends at once when
+                // asked, so a cancel that comes with the request (a shutdown grace of zero)
+                // does not turn its shutdown into a kill.
                 let woke = tokio::select! {
                     biased;
-                    _ = stop_rx.wait_for(Option::is_some) => Some(false),
-                    () = agent.cancellation().cancelled() => None,
-                    arrived = queue.arrived() => Some(arrived),
+                    _ = stop_rx.wait_for(Option::is_some) => Woke::Ends,
+                    () = agent.cancellation().cancelled() => Woke::Cancelled,
+                    arrived = queue.arrived() => if arrived { Woke::Work } else { Woke::Ends },
                 };
                 drop(hold);
                 let woke = match woke {
                     // Its team gone (the request channel closed) is no request: a cancel
                     // counts.
-                    Some(false)
+                    Woke::Ends
                         if stop_rx.borrow().is_none() && agent.cancellation().is_cancelled() =>
                     {
-                        None
+                        Woke::Cancelled
                     }
                     // Cancelled by a shutdown's deadline under `Approve`: it was asked to shut
                     // down, and idle it ends at once when asked — the request may only not
                     // have reached it yet (a grace of zero). It ends as shut down.
-                    None if overdue.load(std::sync::atomic::Ordering::SeqCst)
-                        && team.shutdown_policy() == ShutdownPolicy::Approve =>
+                    Woke::Cancelled
+                        if overdue.load(std::sync::atomic::Ordering::SeqCst)
+                            && team.shutdown_policy() == ShutdownPolicy::Approve =>
                     {
-                        Some(false)
+                        Woke::Ends
                     }
                     w => w,
                 };
@@ -2385,7 +2386,7 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                     // Cancelled, not asked to stop: it ends `cancelled` like any cancelled
                     // agent, through its own loop (its stop record and `Stopped` event), and
                     // its task ends `killed`. What its last run answered stays its result.
-                    None => {
+                    Woke::Cancelled => {
                         let ended = agent.run_pending().await;
                         run.stop = ended.stop;
                         // A stop record it could not write is said, as any run says it.
@@ -2395,8 +2396,8 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                         break;
                     }
                     // Asked to shut down, or nothing more will come: it finished.
-                    Some(false) => break,
-                    Some(true) => {}
+                    Woke::Ends => break,
+                    Woke::Work => {}
                 }
                 team.busy(&name);
                 team.report_state(&name, true, &token).await;
@@ -2436,6 +2437,17 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
             run
         })
     })
+}
+
+/// What ended an idle teammate's wait for work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Woke {
+    /// A letter: it works on it.
+    Work,
+    /// Asked to shut down, or nothing more will reach it: it has finished.
+    Ends,
+    /// Cancelled: it ends as a cancelled agent.
+    Cancelled,
 }
 
 /// For a tool that starts teammates ([`Tool::check_tree`](crate::tool::Tool::check_tree)):
