@@ -177,9 +177,9 @@ impl TaskNotification {
     /// # Ok::<(), forkhive_core::Error>(())
     /// ```
     pub fn to_xml(&self) -> String {
-        let mut out = String::with_capacity(
-            256 + self.summary.len() + self.result.as_ref().map_or(0, String::len),
-        );
+        // Sized exactly: the text stays in its parent's conversation for the parent's life, so
+        // growth would copy it and leave slack behind (up to half its size, per child).
+        let mut out = String::with_capacity(self.xml_len());
         out.push_str(OPEN);
         out.push('\n');
         // The id and the numbers need no escaping: written straight in, with no string of
@@ -215,7 +215,46 @@ impl TaskNotification {
             out.push_str("</worktree>\n");
         }
         out.push_str(CLOSE);
+        debug_assert_eq!(out.len(), self.xml_len(), "xml_len disagrees with to_xml");
         out
+    }
+
+    /// The length of [`to_xml`](Self::to_xml)'s text, to the byte.
+    fn xml_len(&self) -> usize {
+        /// `<tag>` + value + `</tag>` and a newline.
+        fn element(tag: &str, value: usize) -> usize {
+            2 * tag.len() + 6 + value
+        }
+        fn escaped(s: &str) -> usize {
+            let b = s.as_bytes();
+            s.len()
+                + memchr::memchr3_iter(b'&', b'<', b'>', b)
+                    .map(|i| if b[i] == b'&' { 4 } else { 3 })
+                    .sum::<usize>()
+        }
+        fn decimal(n: u64) -> usize {
+            n.checked_ilog10().map_or(1, |d| d as usize + 1)
+        }
+        let optional =
+            |tag: &str, v: &Option<String>| v.as_deref().map_or(0, |v| element(tag, escaped(v)));
+        let mut n = OPEN.len() + 1 + CLOSE.len();
+        n += element("task-id", TaskId::LEN);
+        n += optional("tool-use-id", &self.tool_use_id);
+        n += optional("output-file", &self.output_file);
+        n += element("status", self.status.as_str().len());
+        n += element("summary", escaped(&self.summary));
+        n += optional("note", &self.note);
+        n += optional("result", &self.result);
+        n += "<usage>\n</usage>\n".len()
+            + element("total_tokens", decimal(self.usage.total_tokens))
+            + element("tool_uses", decimal(self.usage.tool_uses))
+            + element("duration_ms", decimal(self.usage.duration_ms));
+        if let Some(w) = &self.worktree {
+            n += "<worktree>\n</worktree>\n".len()
+                + element("worktreePath", escaped(&w.path))
+                + element("worktreeBranch", escaped(&w.branch));
+        }
+        n
     }
 
     /// Parses exactly one envelope (surrounding whitespace allowed).

@@ -77,6 +77,9 @@ proptest! {
     #[test]
     fn parse_inverts_to_xml(n in notification()) {
         let xml = n.to_xml();
+        // Written into one buffer of its exact size (it is kept for the parent's life; to_xml
+        // also checks its own count in debug builds).
+        prop_assert_eq!(xml.capacity(), xml.len());
         prop_assert_eq!(TaskNotification::parse(&xml).unwrap(), n);
     }
 
