@@ -278,10 +278,10 @@ impl Round<'_> {
         let out = match prepared {
             Prepared::Answered(out) => out,
             Prepared::Run(input, at) => match self.hook_base {
-                None => self.permitted(call, input, at).await.0,
+                None => self.permitted(call, input, at, started).await.0,
                 // Boxed: only an agent with hooks waits on them, and a round without keeps
                 // a small future.
-                Some(base) => Box::pin(self.hooked(call, input, at, base)).await,
+                Some(base) => Box::pin(self.hooked(call, input, at, base, started)).await,
             },
         };
         self.emit.emit(EventKind::ToolCallFinished {
@@ -303,6 +303,7 @@ impl Round<'_> {
         mut input: serde_json::Value,
         at: usize,
         base: &crate::hook::HookInput,
+        mut started: Instant,
     ) -> ToolOutput {
         use crate::hook::HookEvent;
         let hook_input = |event: HookEvent, input: &serde_json::Value| {
@@ -318,6 +319,8 @@ impl Round<'_> {
                 .hooks
                 .run(hook_input(HookEvent::PreToolUse, &input))
                 .await;
+            // The hooks may have waited: the tool's time starts after them.
+            started = Instant::now();
             for message in d.warnings {
                 self.emit.emit(EventKind::Warning { message });
             }
@@ -340,7 +343,7 @@ impl Round<'_> {
         }
         let post = self.hooks.wants(HookEvent::PostToolUse, Some(&call.name));
         let kept = post.then(|| input.clone());
-        let (mut out, ran) = self.permitted(call, input, at).await;
+        let (mut out, ran) = self.permitted(call, input, at, started).await;
         if let (true, Some(input)) = (ran, kept) {
             let mut i = hook_input(HookEvent::PostToolUse, &input);
             i.tool_response = Some(serde_json::json!({
@@ -365,12 +368,15 @@ impl Round<'_> {
         out
     }
 
-    /// Asks the policy and runs the tool (at `at` in the pool); whether it ran.
+    /// Asks the policy and runs the tool (at `at` in the pool); whether it ran. `started` is
+    /// when the call reached the policy: the tool's time starts there when the policy decides
+    /// without waiting.
     async fn permitted(
         &self,
         call: &ToolCall,
         input: serde_json::Value,
         at: usize,
+        started: Instant,
     ) -> (ToolOutput, bool) {
         let tool = self.pool.tool_at(at);
         let request = PermissionRequest {
@@ -382,13 +388,17 @@ impl Round<'_> {
         // A decision that needs no waiting first; else the check's future, made inside the
         // guarded block: a hand-written policy that panics before it returns one is caught
         // like one that panics while it runs.
+        // (A decision made at once keeps `started`: one clock read fewer per call.)
+        let mut started = started;
         let decision =
             match std::panic::catch_unwind(AssertUnwindSafe(|| self.policy.decide_now(&request))) {
                 Ok(Some(d)) => Ok(d),
                 Ok(None) => {
-                    AssertUnwindSafe(async { self.policy.check(request).await })
+                    let d = AssertUnwindSafe(async { self.policy.check(request).await })
                         .catch_unwind()
-                        .await
+                        .await;
+                    started = Instant::now();
+                    d
                 }
                 Err(panic) => Err(panic),
             };
@@ -434,8 +444,8 @@ impl Round<'_> {
         let run = AssertUnwindSafe(async { tool.call(input, &cx).await }).catch_unwind();
         let limit = tool.timeout().unwrap_or(self.config.timeout);
         // Timed from when the tool starts, not from the call's start: a policy may wait for a
-        // human. A limit too far to represent is thirty years.
-        let started = Instant::now();
+        // human (`started` is then when it answered). A limit too far to represent is thirty
+        // years.
         let at = started
             .checked_add(limit)
             .unwrap_or_else(|| started + Duration::from_secs(30 * 365 * 86_400));
