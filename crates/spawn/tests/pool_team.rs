@@ -1219,20 +1219,45 @@ async fn a_shutdown_dropped_before_it_asked_cancels_nobody() {
 }
 
 /// 6e. With a grace of zero the deadline has passed before the first request is stored: the
-/// teammate is cancelled as it is asked, and the shutdown returns with it stopped. (Which of
+/// teammate is cancelled as it is asked, and the shutdown returns with it stopped; its one
+/// notification says `killed`, with the pool's note `cancelled`. (Which of
 /// the deadline and the request comes first depends on the scheduler here; the unit test
 /// `a_pool_teammate_asked_after_the_deadline_is_cancelled_as_it_is_asked` fixes the order.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_teammate_asked_after_the_deadline_is_cancelled_at_once() {
     let Some(url) = redis_url() else { return };
     let pool = Pool::new(&url, &key_prefix("rv6e"), "crew", config()).unwrap();
-    let (team, _lead, w1, stop) = rejecting_alice(&pool, Duration::ZERO).await;
+    let (team, mut lead, w1, stop) = rejecting_alice(&pool, Duration::ZERO).await;
     let asked = tokio::time::timeout(Duration::from_secs(30), team.shut_down(None))
         .await
         .expect("the shutdown returned");
+    assert_eq!(asked.unwrap(), ["alice"]);
+    // Her one notification says she was cancelled at the grace, not that she finished.
+    let ns = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let _ = lead.run_pending().await;
+            let ns = notifications(&lead);
+            if !ns.is_empty() {
+                return ns;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("alice's notification came");
     stop.cancel();
     let _ = w1.await;
-    assert_eq!(asked.unwrap(), ["alice"]);
+    assert_eq!(ns.len(), 1, "{ns:?}");
+    assert_eq!(
+        ns[0].status,
+        forkhive_core::TaskStatus::Killed,
+        "{:?}",
+        ns[0]
+    );
+    // Cancelled on the pool (`Pool::cancel`): its worker's note, not the in-process grace
+    // note (docs/teams.md, "Shutting a teammate down").
+    assert_eq!(ns[0].summary, "Agent \"alice\" was stopped");
+    assert_eq!(ns[0].note.as_deref(), Some("cancelled"), "{:?}", ns[0]);
     assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
 }
 
