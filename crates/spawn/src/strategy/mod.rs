@@ -7,7 +7,6 @@
 
 pub mod side;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -38,12 +37,14 @@ const HEAD_CACHE_LIMIT: usize = 256;
 /// fixed; a head keeps a weak reference to its source pool, so the pool's identity cannot be
 /// reused while its entry exists, and the pool (which may hold the Agent tool itself) is not
 /// kept alive by its own cache.
+// A list, searched in order: it holds a head per definition and model in use (a few), and a
+// lookup compares the child's own strings with no key built and nothing hashed.
 #[derive(Debug, Default)]
 pub struct HeadCache {
-    heads: Mutex<HashMap<HeadKey, Head>>,
+    heads: Mutex<Vec<(HeadKey, Head)>>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct HeadKey {
     definition: String,
     model: String,
@@ -51,6 +52,36 @@ struct HeadKey {
     /// A teammate's tools are filtered for teammates (the team tools too).
     teammate: bool,
     pool: usize,
+}
+
+/// A [`HeadKey`] of borrowed strings, to look one up with.
+#[derive(Clone, Copy)]
+struct HeadKeyRef<'a> {
+    definition: &'a str,
+    model: &'a str,
+    background: bool,
+    teammate: bool,
+    pool: usize,
+}
+
+impl HeadKeyRef<'_> {
+    fn matches(&self, k: &HeadKey) -> bool {
+        k.pool == self.pool
+            && k.background == self.background
+            && k.teammate == self.teammate
+            && k.definition == self.definition
+            && k.model == self.model
+    }
+
+    fn owned(self) -> HeadKey {
+        HeadKey {
+            definition: self.definition.to_owned(),
+            model: self.model.to_owned(),
+            background: self.background,
+            teammate: self.teammate,
+            pool: self.pool,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -77,20 +108,28 @@ impl HeadCache {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<HeadKey, Head>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(HeadKey, Head)>> {
         self.heads.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn get(&self, key: &HeadKey) -> Option<Head> {
-        self.lock().get(key).cloned()
+    fn get(&self, key: HeadKeyRef<'_>) -> Option<Head> {
+        let heads = self.lock();
+        heads
+            .iter()
+            .find(|(k, _)| key.matches(k))
+            .map(|(_, h)| h.clone())
     }
 
     fn put(&self, key: HeadKey, head: Head) {
         let mut heads = self.lock();
-        if heads.len() >= HEAD_CACHE_LIMIT && !heads.contains_key(&key) {
+        if let Some((_, h)) = heads.iter_mut().find(|(k, _)| *k == key) {
+            *h = head;
+            return;
+        }
+        if heads.len() >= HEAD_CACHE_LIMIT {
             heads.clear();
         }
-        heads.insert(key, head);
+        heads.push((key, head));
     }
 }
 
@@ -345,9 +384,9 @@ impl SpawnStrategy for Subagent {
             .subagent_tools
             .cloned()
             .unwrap_or_else(|| cx.caller.pool.clone());
-        let key = HeadKey {
-            definition: def.name.clone(),
-            model: model.clone(),
+        let lookup = HeadKeyRef {
+            definition: &def.name,
+            model: &model,
             background,
             teammate: cx.teammate,
             pool: source.identity(),
@@ -356,7 +395,13 @@ impl SpawnStrategy for Subagent {
         // its agents connects its own servers and closes them when it ends (Agent definitions,
         // §9.6), which a head shared through the cache would keep open for its siblings.
         let cacheable = !def.defines_mcp_servers();
-        let cached = cx.heads.get(&key).filter(|_| cacheable);
+        let cached = if cacheable {
+            cx.heads.get(lookup)
+        } else {
+            None
+        };
+        // The key of a head built now, owned only then.
+        let key = (cacheable && cached.is_none()).then(|| lookup.owned());
         let mut b = Agent::builder(Arc::clone(&cx.caller.backend))
             .model(model)
             .definition(def)
@@ -390,7 +435,7 @@ impl SpawnStrategy for Subagent {
             what: "agent",
             source: Box::new(e),
         })?;
-        if cached.is_none() && cacheable {
+        if let Some(key) = key {
             cx.heads.put(
                 key,
                 Head {
@@ -539,5 +584,83 @@ impl SpawnStrategy for Fork {
             definition_background: true,
             gate,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(model: &str, pool: &ToolPool) -> Head {
+        Head {
+            params: CacheSafeParams::builder(model).build(),
+            pool: pool.clone(),
+            _source: pool.identity_guard(),
+        }
+    }
+
+    fn key<'a>(definition: &'a str, model: &'a str, pool: &ToolPool) -> HeadKeyRef<'a> {
+        HeadKeyRef {
+            definition,
+            model,
+            background: true,
+            teammate: false,
+            pool: pool.identity(),
+        }
+    }
+
+    #[test]
+    fn a_head_is_found_only_under_its_whole_key() {
+        let pool = ToolPool::empty();
+        let cache = HeadCache::new();
+        let k = key("Explore", "m1", &pool);
+        assert!(cache.get(k).is_none());
+        cache.put(k.owned(), head("m1", &pool));
+        assert_eq!(
+            cache.get(k).map(|h| h.params.model().to_owned()).as_deref(),
+            Some("m1")
+        );
+        for differs in [
+            key("explore", "m1", &pool),
+            key("Explore", "m2", &pool),
+            HeadKeyRef {
+                pool: k.pool + 1,
+                ..k
+            },
+            HeadKeyRef {
+                background: false,
+                ..k
+            },
+            HeadKeyRef {
+                teammate: true,
+                ..k
+            },
+        ] {
+            assert!(cache.get(differs).is_none());
+        }
+        assert_eq!(cache.len(), 1);
+    }
+
+    #[test]
+    fn a_key_put_again_replaces_its_head_and_a_full_cache_starts_again() {
+        let pool = ToolPool::empty();
+        let cache = HeadCache::new();
+        let names: Vec<String> = (0..HEAD_CACHE_LIMIT).map(|i| format!("d{i}")).collect();
+        for n in &names {
+            cache.put(key(n, "m", &pool).owned(), head("m", &pool));
+        }
+        assert_eq!(cache.len(), HEAD_CACHE_LIMIT);
+        // Full, but the key is there: replaced, nothing dropped.
+        cache.put(key("d0", "m", &pool).owned(), head("m2", &pool));
+        assert_eq!(cache.len(), HEAD_CACHE_LIMIT);
+        let got = cache
+            .get(key("d0", "m", &pool))
+            .map(|h| h.params.model().to_owned());
+        assert_eq!(got.as_deref(), Some("m2"));
+        // A new key past the limit: it starts again with that one.
+        cache.put(key("new", "m", &pool).owned(), head("m", &pool));
+        assert_eq!(cache.len(), 1);
+        assert!(cache.get(key("d1", "m", &pool)).is_none());
+        assert!(cache.get(key("new", "m", &pool)).is_some());
     }
 }
