@@ -1233,31 +1233,12 @@ async fn a_teammate_asked_after_the_deadline_is_cancelled_at_once() {
         .expect("the shutdown returned");
     assert_eq!(asked.unwrap(), ["alice"]);
     // Her one notification says she was cancelled at the grace, not that she finished.
-    let ns = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let _ = lead.run_pending().await;
-            let ns = notifications(&lead);
-            if !ns.is_empty() {
-                return ns;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("alice's notification came");
+    let ns = first_notifications(&mut lead).await;
     stop.cancel();
     let _ = w1.await;
-    assert_eq!(ns.len(), 1, "{ns:?}");
-    assert_eq!(
-        ns[0].status,
-        forkhive_core::TaskStatus::Killed,
-        "{:?}",
-        ns[0]
-    );
     // Cancelled on the pool (`Pool::cancel`): its worker's note, not the in-process grace
     // note (docs/teams.md, "Shutting a teammate down").
-    assert_eq!(ns[0].summary, "Agent \"alice\" was stopped");
-    assert_eq!(ns[0].note.as_deref(), Some("cancelled"), "{:?}", ns[0]);
+    assert_alice_cancelled_on_the_pool(&ns);
     assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
 }
 
@@ -1279,18 +1260,16 @@ async fn an_idle_teammate_cancelled_on_its_worker_ends_killed() {
     let alice = team.member("alice").unwrap();
     assert_eq!(alice.state, MemberState::Idle);
     assert_eq!(pool.cancel(&alice.task).await.unwrap(), 1);
-    let ns = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let _ = lead.run_pending().await;
-            let ns = notifications(&lead);
-            if !ns.is_empty() {
-                return ns;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("alice's notification came");
+    let ns = first_notifications(&mut lead).await;
+    assert_alice_cancelled_on_the_pool(&ns);
+    assert_eq!(ns[0].result.as_deref(), Some("ready"));
+    stop.cancel();
+    let _ = w1.await;
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
+}
+
+/// `ns` is one notification: `alice` stopped by a cancel on the pool.
+fn assert_alice_cancelled_on_the_pool(ns: &[forkhive_core::TaskNotification]) {
     assert_eq!(ns.len(), 1, "{ns:?}");
     assert_eq!(
         ns[0].status,
@@ -1299,11 +1278,24 @@ async fn an_idle_teammate_cancelled_on_its_worker_ends_killed() {
         ns[0]
     );
     assert_eq!(ns[0].summary, "Agent \"alice\" was stopped");
-    assert_eq!(ns[0].note.as_deref(), Some("cancelled"));
-    assert_eq!(ns[0].result.as_deref(), Some("ready"));
-    stop.cancel();
-    let _ = w1.await;
-    assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
+    assert_eq!(ns[0].note.as_deref(), Some("cancelled"), "{:?}", ns[0]);
+}
+
+/// The notifications the lead's conversation holds once its pending runs bring the first
+/// (within 30 s).
+async fn first_notifications(lead: &mut Agent) -> Vec<forkhive_core::TaskNotification> {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let _ = lead.run_pending().await;
+            let ns = notifications(lead);
+            if !ns.is_empty() {
+                return ns;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("a notification came")
 }
 
 /// A worker of one slot, a lead under `Ask` with a shutdown grace of `grace`, and its teammate
