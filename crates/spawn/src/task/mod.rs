@@ -900,30 +900,8 @@ impl Owned {
         // in silence, but returned to its parent in its notification.
         if let Some(live) = live {
             let (unread, letters) = unread_messages(&live.inbox);
-            let lines = [
-                (!unread.is_empty()).then(|| {
-                    format!(
-                        "{} message(s) arrived after it stopped reading: {}",
-                        unread.len(),
-                        unread.join(" ")
-                    )
-                }),
-                // Still in its inbox (the mailbox keeps a letter until it is read): the next
-                // teammate of its name reads them.
-                (!letters.is_empty()).then(|| {
-                    format!(
-                        "{} letter(s) it had not read stay in its inbox, for the next teammate of \
-                         its name: {}",
-                        letters.len(),
-                        letters.join(" ")
-                    )
-                }),
-            ];
-            for line in lines.into_iter().flatten() {
-                n.note = Some(match n.note.take() {
-                    Some(note) => format!("{note}; {line}"),
-                    None => line,
-                });
+            if !unread.is_empty() || !letters.is_empty() {
+                note_undelivered(&mut n, &unread, &letters);
             }
             n.note = n.note.take().map(cap_note);
         }
@@ -1136,6 +1114,38 @@ fn unread_messages(inbox: &PendingQueue) -> (Vec<String>, Vec<String>) {
         }
     }
     (messages, letters)
+}
+
+/// Adds to `n`'s note the messages (`unread`) and letters a child ended without reading.
+// Out of line and cold: most children end with none, and their finish stays compact.
+#[cold]
+#[inline(never)]
+fn note_undelivered(n: &mut TaskNotification, unread: &[String], letters: &[String]) {
+    let lines = [
+        (!unread.is_empty()).then(|| {
+            format!(
+                "{} message(s) arrived after it stopped reading: {}",
+                unread.len(),
+                unread.join(" ")
+            )
+        }),
+        // Still in its inbox (the mailbox keeps a letter until it is read): the next
+        // teammate of its name reads them.
+        (!letters.is_empty()).then(|| {
+            format!(
+                "{} letter(s) it had not read stay in its inbox, for the next teammate of \
+                 its name: {}",
+                letters.len(),
+                letters.join(" ")
+            )
+        }),
+    ];
+    for line in lines.into_iter().flatten() {
+        n.note = Some(match n.note.take() {
+            Some(note) => format!("{note}; {line}"),
+            None => line,
+        });
+    }
 }
 
 /// Names a kept worktree in the notification, and why it was kept.
