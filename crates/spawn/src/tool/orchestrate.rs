@@ -369,8 +369,8 @@ impl Round<'_> {
     }
 
     /// Asks the policy and runs the tool (at `at` in the pool); whether it ran. `started` is
-    /// when the call reached the policy: the tool's time starts there when the policy decides
-    /// without waiting.
+    /// when the call began (`finish`), or when its `PreToolUse` hooks answered: the tool's
+    /// time starts there when the policy decides without waiting.
     async fn permitted(
         &self,
         call: &ToolCall,
@@ -443,9 +443,11 @@ impl Round<'_> {
         // its future is caught too.
         let run = AssertUnwindSafe(async { tool.call(input, &cx).await }).catch_unwind();
         let limit = tool.timeout().unwrap_or(self.config.timeout);
-        // Timed from when the tool starts, not from the call's start: a policy may wait for a
-        // human (`started` is then when it answered). A limit too far to represent is thirty
-        // years.
+        // Timed from `started`: the call's start, or when whatever waited before the tool (its
+        // hooks, a policy asking a human) answered, so a wait never eats into the tool's limit;
+        // between it and the tool only work that does not wait runs (the event, the policy's
+        // immediate decision, a rewritten input's check). A limit too far to represent is
+        // thirty years.
         let at = started
             .checked_add(limit)
             .unwrap_or_else(|| started + Duration::from_secs(30 * 365 * 86_400));
