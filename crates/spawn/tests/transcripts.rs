@@ -717,6 +717,20 @@ async fn a_run_dropped_at_any_point_leaves_the_conversation_as_its_transcript() 
     );
 }
 
+/// Whether the file at `path` holds `text` within 20 ms (looked at every millisecond).
+async fn file_shows(path: &std::path::Path, text: &str) -> bool {
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(20);
+    loop {
+        if std::fs::read_to_string(path).is_ok_and(|f| f.contains(text)) {
+            return true;
+        }
+        if std::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
+
 /// A run dropped while its final answer was being recorded: `continue_run` finds the
 /// conversation ending with that answer (as the transcript does) and waits, as a resumed agent
 /// would, instead of sending the answer back to the model to continue.
@@ -724,7 +738,12 @@ async fn a_run_dropped_at_any_point_leaves_the_conversation_as_its_transcript() 
 async fn continue_run_after_a_run_dropped_mid_answer_waits() {
     use forkhive_core::Role;
     let mut answer_in_flight = 0;
-    for polls in 1..=40 {
+    // Forty drop points, then (odd ones only) more until one has left the answer in flight:
+    // on an idle machine a write can land within the very poll that hands it over, so a
+    // given try reaches that state only sometimes.
+    let mut polls = 0;
+    while polls < 40 || (answer_in_flight == 0 && polls < 1_000) {
+        polls += if polls <= 40 { 1 } else { 2 };
         let dir = tempfile::tempdir().unwrap();
         let backend = Arc::new(ScriptedBackend::from_replies([
             Ok(say("first answer")),
@@ -739,15 +758,20 @@ async fn continue_run_after_a_run_dropped_mid_answer_waits() {
         let path = agent.transcript_path().unwrap().to_path_buf();
         {
             let mut run = std::pin::pin!(agent.run("answer once"));
-            for _ in 0..polls {
+            // Even cases drop the run after `polls` polls. Odd ones, once the model has
+            // answered, give the run's pending write a moment to land between polls without
+            // polling it, and drop the run when the answer is in the file: the run, waiting on
+            // that write, has not taken the answer into the conversation, and not polled it
+            // cannot move past that state (a busy machine reaches it most often; on an idle
+            // one the write may land within the poll that hands it over).
+            let most = if polls % 2 == 1 { 400 } else { polls };
+            for _ in 0..most {
                 if futures::poll!(run.as_mut()).is_ready() {
                     break;
                 }
-                // Every other case drops the run as soon as the answer is in the file while
-                // the run still waits on its write: that state is reached however busy the
-                // machine is (the blocking pool's pace decides where a plain count lands).
                 if polls % 2 == 1
-                    && std::fs::read_to_string(&path).is_ok_and(|f| f.contains("first answer"))
+                    && !backend.requests().is_empty()
+                    && file_shows(&path, "first answer").await
                 {
                     break;
                 }
