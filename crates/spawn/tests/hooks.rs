@@ -2,7 +2,8 @@
 //! `updatedInput`), a slow one (past its timeout), one that exits 1 (Claude Code does not block
 //! on it), one that prints garbage, a JSON deny, `PostToolUse` context, `UserPromptSubmit`
 //! blocking and context, a `Stop` hook that sends the agent on once, a definition's hooks that
-//! apply to its agent only, the input a hook reads, and the settings format's refusals.
+//! apply to its agent only, the input a hook reads, the settings format's refusals, and a slow
+//! in-process hook that does not eat into the tool's time limit.
 #![cfg(unix)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -190,6 +191,48 @@ async fn a_slow_hook_is_stopped_at_its_timeout_and_the_call_goes_on() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     assert!(gone(), "the hook's `sleep` (pid {pid}) still runs");
+}
+
+/// A tool's time limit runs from when its `PreToolUse` hooks answered, not from the call's
+/// start: a slow hook does not eat into the tool's limit (a 100 s hook, then a 30 s tool under
+/// a 60 s limit: timed from the call's start, the tool would be stopped at 60 s).
+#[tokio::test(start_paused = true)]
+async fn a_tool_is_timed_from_when_its_pre_tool_use_hooks_answer() {
+    #[derive(Debug)]
+    struct Slow;
+    #[async_trait]
+    impl Hook for Slow {
+        fn matches(&self, event: HookEvent, _: Option<&str>) -> bool {
+            event == HookEvent::PreToolUse
+        }
+        async fn run(&self, _: &HookInput) -> HookOutcome {
+            tokio::time::sleep(std::time::Duration::from_secs(100)).await;
+            HookOutcome::Continue
+        }
+    }
+    let backend = Arc::new(forkhive_transport::ScriptedBackend::from_replies([
+        Ok(calls(&[("t1", "Quick", "{}")])),
+        Ok(say("done")),
+    ]));
+    let mut agent = Agent::builder(backend.clone())
+        .model("m")
+        .tools(ToolPool::new([TestTool::sleeper("Quick", true, 30_000).arc()]).unwrap())
+        .hooks(hooks(vec![Arc::new(Slow)]))
+        .limits(
+            forkhive_spawn::runtime::Limits::default()
+                .with_tool_timeout(std::time::Duration::from_secs(60)),
+        )
+        .build()
+        .await
+        .unwrap();
+    let run = agent.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let got = results(&backend.requests()[1]);
+    assert_eq!(
+        (got[0].1.as_str(), got[0].2),
+        ("Quick {}", false),
+        "{got:?}"
+    );
 }
 
 #[tokio::test]
