@@ -472,6 +472,43 @@ async fn a_long_record_dropped_mid_write_is_written_whole() {
     drop_one_write_then_write_another(&"y".repeat(3 << 20)).await;
 }
 
+/// A writer encodes each record into the buffer its last record came back in: records that
+/// shrink, grow past the largest buffer it keeps (16 KiB) and shrink again each read back as
+/// written, with nothing of a longer record before them left in a shorter one.
+#[tokio::test]
+async fn records_of_any_size_in_turn_read_back_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let (agent, path) = first_session(dir.path()).await;
+    // Its writer holds the file's lock while it lives.
+    drop(agent);
+    let mut t = transcript::read(&path).await.unwrap();
+    let before = t.messages.len();
+    let mut w = transcript::TranscriptWriter::reopen(&t).await.unwrap();
+    let texts = [
+        "a".repeat(5_000),
+        "b".to_owned(),
+        "c".repeat(40_000),
+        "d".repeat(3),
+        "e".repeat(16_000),
+        "f".to_owned(),
+    ];
+    for text in &texts {
+        w.message(&Message::user_text(text.as_str())).await.unwrap();
+    }
+    drop(w);
+    t = transcript::read(&path).await.unwrap();
+    assert!(t.dropped.is_none());
+    let got: Vec<String> = t.messages[before..].iter().map(Message::text).collect();
+    assert_eq!(got, texts);
+    let file = std::fs::read_to_string(&path).unwrap();
+    assert!(file.ends_with("\n"), "every record ends its line");
+    let tail: Vec<&str> = file.lines().rev().take(texts.len()).collect();
+    for (line, text) in tail.iter().rev().zip(&texts) {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["message"]["content"][0]["text"], text.as_str());
+    }
+}
+
 /// A writer on a full device (`/dev/full`) holding a message whose write was handed over and
 /// is still running, its future dropped; and the index that message took. `None` where the
 /// system has no `/dev/full`.

@@ -32,7 +32,19 @@ use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
 /// The outcome of one record's write, as its writer awaits it.
-pub(super) type Written = oneshot::Receiver<std::io::Result<()>>;
+pub(super) type Written = oneshot::Receiver<Receipt>;
+
+/// How a record's write went, with the record's buffer handed back: its writer reuses it for
+/// its next record, and frees it, if it does, on its own thread. (Freed on the pool's thread,
+/// every record's buffer went back to the allocator's arena of the thread that made it, and
+/// the two threads contended for that arena's lock.)
+#[derive(Debug)]
+pub(super) struct Receipt {
+    /// The write's outcome.
+    pub(super) result: std::io::Result<()>,
+    /// The record's bytes.
+    pub(super) line: Vec<u8>,
+}
 
 /// The most jobs one drainer runs before it hands the queue to a new one.
 const HANDOFF: usize = 256;
@@ -100,7 +112,7 @@ enum Job {
         line: Vec<u8>,
         /// The file's length before the record: where a failed write is cut back to.
         cut_to: u64,
-        done: oneshot::Sender<std::io::Result<()>>,
+        done: oneshot::Sender<Receipt>,
     },
     /// A transcript file to make (it must not exist yet).
     Create {
@@ -136,7 +148,10 @@ impl Job {
                 // once it has heard lets its file (and lock) go at once.
                 drop(to);
                 // A writer that is gone has its record written all the same.
-                let _ = done.send(written);
+                let _ = done.send(Receipt {
+                    result: written,
+                    line,
+                });
             }
             Job::Create {
                 path,
@@ -390,6 +405,7 @@ mod tests {
                         .append(Arc::clone(&to), line, len)
                         .await
                         .unwrap()
+                        .result
                         .unwrap();
                     len += n;
                 }
@@ -414,7 +430,7 @@ mod tests {
             .map(|i| journal.append(Arc::clone(&to), format!("{i}\n").into_bytes(), 0))
             .collect();
         for r in receipts {
-            r.await.unwrap().unwrap();
+            r.await.unwrap().result.unwrap();
         }
         let want: String = (0..HANDOFF * 3 + 7).map(|i| format!("{i}\n")).collect();
         assert_eq!(read(dir.path(), "a.jsonl"), want);
@@ -422,19 +438,21 @@ mod tests {
     }
 
     /// Once a writer hears its record's outcome, the journal holds its file no more: a writer
-    /// dropped then lets the file (and its lock) go at once.
+    /// dropped then lets the file (and its lock) go at once. The record's bytes come back.
     #[tokio::test]
     async fn a_writer_that_heard_is_the_files_last_holder() {
         let dir = tempfile::tempdir().unwrap();
         let journal = Journal::for_dir(dir.path());
         let to = target_in(dir.path(), "a.jsonl");
         for i in 0..200u64 {
-            journal
+            let receipt = journal
                 .append(Arc::clone(&to), b"x\n".to_vec(), i * 2)
                 .await
-                .unwrap()
                 .unwrap();
+            receipt.result.unwrap();
             assert_eq!(Arc::strong_count(&to), 1, "after record {i}");
+            // The record's buffer comes back with its outcome, for the writer to reuse.
+            assert_eq!(receipt.line, b"x\n");
         }
     }
 
@@ -478,6 +496,7 @@ mod tests {
             .append(to, b"next\n".to_vec(), 5)
             .await
             .unwrap()
+            .result
             .unwrap();
         assert_eq!(read(dir.path(), "a.jsonl"), "kept\nnext\n");
     }
@@ -499,6 +518,7 @@ mod tests {
             .append(to, b"x\n".to_vec(), 0)
             .await
             .unwrap()
+            .result
             .unwrap();
         assert!(!path.exists(), "the unwanted file is removed");
     }
@@ -509,7 +529,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let to = target_in(dir.path(), "a.jsonl");
         let mut written = Journal::for_dir(dir.path()).append(to, b"line\n".to_vec(), 0);
-        assert!(matches!(written.try_recv(), Ok(Ok(()))));
+        assert!(matches!(
+            written.try_recv(),
+            Ok(Receipt { result: Ok(()), .. })
+        ));
         assert_eq!(read(dir.path(), "a.jsonl"), "line\n");
     }
 
@@ -526,7 +549,10 @@ mod tests {
             push_record(&mut q, &to, b"line\n", 0)
         };
         drop(Drainer(Some(Arc::clone(&journal.0))));
-        assert!(matches!(written.try_recv(), Ok(Ok(()))));
+        assert!(matches!(
+            written.try_recv(),
+            Ok(Receipt { result: Ok(()), .. })
+        ));
         assert!(!journal.0.queue.lock().unwrap().draining);
     }
 
@@ -545,6 +571,7 @@ mod tests {
                 .append(Arc::clone(&to), b"a\n".to_vec(), 0)
                 .await
                 .unwrap()
+                .result
                 .unwrap();
         });
         drop(first);
@@ -556,6 +583,7 @@ mod tests {
                 .append(to, b"b\n".to_vec(), 2)
                 .await
                 .unwrap()
+                .result
                 .unwrap();
         });
         assert_eq!(read(dir.path(), "a.jsonl"), "a\nb\n");
@@ -579,8 +607,8 @@ mod tests {
             (first, after)
         };
         start_drainer(Arc::clone(&journal.0), Some(Handle::current()));
-        first.await.unwrap().unwrap();
-        after.await.unwrap().unwrap();
+        first.await.unwrap().result.unwrap();
+        after.await.unwrap().result.unwrap();
         assert_eq!(read(dir.path(), "a.jsonl"), "first\nafter\n");
         drained(&journal).await;
     }
@@ -604,6 +632,7 @@ mod tests {
             .append(to, b"line\n".to_vec(), 0)
             .await
             .unwrap()
+            .result
             .unwrap_err();
         assert_eq!(err.raw_os_error(), Some(28));
     }

@@ -206,7 +206,13 @@ pub struct TranscriptWriter {
     /// A record handed to the journal whose write is not known to have finished (its future
     /// was dropped before it heard): confirmed, or undone, before the next record.
     handed: Option<Handed>,
+    /// The last record's buffer, back from the journal: the next record is encoded into it.
+    spare: Vec<u8>,
 }
+
+/// The largest buffer a writer keeps for its next record; a larger one (a record of a very
+/// long message) is freed once it is back.
+const SPARE_CAP: usize = 16 * 1024;
 
 /// A record handed to the journal, not yet known written.
 #[derive(Debug)]
@@ -396,6 +402,7 @@ impl TranscriptWriter {
             next_index: header.inherited_messages.unwrap_or(0),
             len: 0,
             handed: None,
+            spare: Vec::new(),
         };
         w.write_line(
             &Tagged {
@@ -477,6 +484,7 @@ impl TranscriptWriter {
             next_index: transcript.messages.len(),
             len: transcript.valid_len,
             handed: None,
+            spare: Vec::new(),
         })
     }
 
@@ -500,9 +508,15 @@ impl TranscriptWriter {
             return Ok(());
         };
         // Awaited in place: a confirm dropped here leaves the record for the next one.
-        let done = (&mut h.written)
-            .await
-            .unwrap_or_else(|_| Err(journal::lost()));
+        let done = match (&mut h.written).await {
+            Ok(receipt) => {
+                if receipt.line.capacity() <= SPARE_CAP {
+                    self.spare = receipt.line;
+                }
+                receipt.result
+            }
+            Err(_) => Err(journal::lost()),
+        };
         let Some(h) = self.handed.take() else {
             return Ok(());
         };
@@ -584,7 +598,10 @@ impl TranscriptWriter {
     /// make every later record unreadable) and gives its index back.
     async fn write_line<T: Serialize>(&mut self, record: &T, indexed: bool) -> Result<()> {
         self.confirm().await?;
-        let mut line = serde_json::to_vec(record).map_err(|e| Error::Transcript {
+        // Into the last record's buffer, which the journal handed back.
+        let mut line = std::mem::take(&mut self.spare);
+        line.clear();
+        serde_json::to_writer(&mut line, record).map_err(|e| Error::Transcript {
             path: self.to.path.clone(),
             line: 0,
             message: format!("cannot encode a record: {e}"),
