@@ -9,7 +9,8 @@
 //! Each record queued is written once, in the order queued, unless writing it panics (then
 //! its writer hears the write was lost, and the records after it are still written). A file
 //! to make waits for the records queued before it, or for [`CREATE_EVERY`] of them at most.
-//! A drainer writes at most [`HANDOFF`] jobs and then hands the rest to a drainer on the
+//! A drainer on the blocking pool whose queue empties waits [`LINGER`] for more before it
+//! ends. A drainer writes at most [`HANDOFF`] jobs and then hands the rest to a drainer on the
 //! runtime of the newest job's writer, so a runtime being shut down waits for at most that
 //! many of another runtime's records on its pool. A drainer the blocking pool drops unrun
 //! (its runtime shutting down) drains the whole queue where it is dropped, and so does a
@@ -26,6 +27,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use tokio::runtime::Handle;
@@ -67,6 +69,15 @@ pub(super) struct Journal(Arc<Shared>);
 #[derive(Debug, Default)]
 struct Shared {
     queue: Mutex<Queue>,
+    /// Set by each job queued: a drainer waiting for more (see [`LINGER`]) looks here, not at
+    /// the queue, so it takes the lock only when there is something to take.
+    queued: std::sync::atomic::AtomicBool,
+    /// Drainers started on a blocking pool, and waits for more (what the tests of
+    /// [`LINGER`] count).
+    #[cfg(test)]
+    started: std::sync::atomic::AtomicUsize,
+    #[cfg(test)]
+    waited: std::sync::atomic::AtomicUsize,
 }
 
 /// The jobs waiting, and who drains them.
@@ -243,6 +254,7 @@ impl Journal {
                 _ => q.jobs.push_back(job),
             }
             q.runtime = runtime.clone();
+            self.0.queued.store(true, Ordering::Release);
             !std::mem::replace(&mut q.draining, true)
         };
         if start {
@@ -262,10 +274,12 @@ fn start_drainer(shared: Arc<Shared>, runtime: Option<Handle>) {
     match runtime {
         // Dropped unrun, it drains where it is dropped (see `Drainer`).
         Some(rt) => {
+            #[cfg(test)]
+            shared.started.fetch_add(1, Ordering::Relaxed);
             let drainer = Drainer(Some(shared));
             drop(rt.spawn_blocking(move || drainer.run()));
         }
-        None => drain(shared, usize::MAX),
+        None => drain(shared, usize::MAX, false),
     }
 }
 
@@ -278,7 +292,7 @@ impl Drainer {
     /// Drains the queue, here and now.
     fn run(mut self) {
         if let Some(shared) = self.0.take() {
-            drain(shared, HANDOFF);
+            drain(shared, HANDOFF, true);
         }
     }
 }
@@ -286,7 +300,7 @@ impl Drainer {
 impl Drop for Drainer {
     fn drop(&mut self) {
         if let Some(shared) = self.0.take() {
-            drain(shared, usize::MAX);
+            drain(shared, usize::MAX, false);
         }
     }
 }
@@ -295,12 +309,36 @@ impl Drop for Drainer {
 /// writing cannot hold a new one back for good.
 const CREATE_EVERY: usize = 64;
 
+/// How long a drainer on the blocking pool whose queue is empty waits for the next job before
+/// it ends.
+///
+/// An agent writes its next record as soon as it hears of the last, so a fan-out's queue
+/// empties and fills again many times a second, and a drainer that ended each time was
+/// started again on the blocking pool each time (a pool thread woken through a futex).
+/// Waiting this long, yielding its thread, it takes the next job where it is.
+const LINGER: std::time::Duration = std::time::Duration::from_micros(200);
+
+/// Waits up to [`LINGER`] for a job to be queued, yielding the thread meanwhile; `true` when
+/// one was (it returns then, without waiting out the rest).
+fn wait_for_more(shared: &Shared) -> bool {
+    #[cfg(test)]
+    shared.waited.fetch_add(1, Ordering::Relaxed);
+    let since = std::time::Instant::now();
+    while since.elapsed() < LINGER {
+        std::thread::yield_now();
+        if shared.queued.load(Ordering::Acquire) {
+            return true;
+        }
+    }
+    false
+}
+
 /// Runs `shared`'s jobs one by one, records before files to make (but a file after at most
 /// [`CREATE_EVERY`] records), each kind in order: until the queue is empty (then the next job
 /// starts a drainer), or `share` of them (then a new drainer takes the rest, on the runtime of
 /// the newest job's writer). A job that panics is dropped (its writer hears its write was
 /// lost) and the rest are handed on the same way.
-fn drain(shared: Arc<Shared>, share: usize) {
+fn drain(shared: Arc<Shared>, share: usize, linger: bool) {
     /// Hands the queue on if the drain ends before it is disarmed (a job panicked).
     struct HandOn(Option<Arc<Shared>>);
     impl Drop for HandOn {
@@ -311,18 +349,35 @@ fn drain(shared: Arc<Shared>, share: usize) {
         }
     }
     let mut hand_on_guard = HandOn(Some(Arc::clone(&shared)));
-    for _ in 0..share {
+    let mut ran = 0;
+    while ran < share {
         let job = {
             let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            shared.queued.store(false, Ordering::Relaxed);
             match q.next_job() {
                 Some(job) => job,
-                None => {
+                None if !linger => {
                     q.draining = false;
                     hand_on_guard.0 = None;
                     return;
                 }
+                None => {
+                    drop(q);
+                    // Whatever the wait saw, the queue decides, under its lock.
+                    wait_for_more(&shared);
+                    let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                    match q.next_job() {
+                        Some(job) => job,
+                        None => {
+                            q.draining = false;
+                            hand_on_guard.0 = None;
+                            return;
+                        }
+                    }
+                }
             }
         };
+        ran += 1;
         job.run();
     }
     hand_on_guard.0 = None;
@@ -635,6 +690,93 @@ mod tests {
             .result
             .unwrap_err();
         assert_eq!(err.raw_os_error(), Some(28));
+    }
+
+    /// A drainer on the blocking pool waits for more ([`LINGER`]) before it ends, and still
+    /// ends: its records written, the queue no longer marked as being drained.
+    #[tokio::test]
+    async fn a_pool_drainer_waits_for_more_before_it_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::for_dir(dir.path());
+        let to = target_in(dir.path(), "a.jsonl");
+        for i in 0..20u64 {
+            journal
+                .append(Arc::clone(&to), b"x\n".to_vec(), i * 2)
+                .await
+                .unwrap()
+                .result
+                .unwrap();
+        }
+        drained(&journal).await;
+        assert!(journal.0.waited.load(Ordering::Relaxed) >= 1);
+        assert_eq!(read(dir.path(), "a.jsonl"), "x\n".repeat(20));
+    }
+
+    /// A job queued while a drainer waits for more is taken by that drainer (which then waits
+    /// again), not left for another. (Tried until the job lands within one wait: a loaded
+    /// machine may take longer than `LINGER` to queue it.)
+    #[test]
+    fn a_job_queued_while_a_drainer_waits_is_taken_by_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let to = target_in(dir.path(), "a.jsonl");
+        for _ in 0..100 {
+            let journal = Journal::alone();
+            journal.0.queue.lock().unwrap().draining = true;
+            let drainer = {
+                let shared = Arc::clone(&journal.0);
+                std::thread::spawn(move || drain(shared, HANDOFF, true))
+            };
+            while journal.0.waited.load(Ordering::Relaxed) == 0 {
+                std::hint::spin_loop();
+            }
+            let written = journal.append(Arc::clone(&to), b"x\n".to_vec(), 0);
+            drainer.join().unwrap();
+            assert!(written.blocking_recv().unwrap().result.is_ok());
+            assert!(!journal.0.queue.lock().unwrap().draining);
+            if journal.0.waited.load(Ordering::Relaxed) == 2 {
+                return;
+            }
+        }
+        panic!("no job queued during a drainer's wait was taken by it in 100 tries");
+    }
+
+    /// A drainer that waits and hears of nothing returns after about [`LINGER`]; one that
+    /// hears of a job queued meanwhile returns at once to take it.
+    #[test]
+    fn a_waiting_drainer_returns_when_a_job_is_queued_or_the_wait_is_over() {
+        let shared = Shared::default();
+        let start = std::time::Instant::now();
+        assert!(!wait_for_more(&shared));
+        assert!(start.elapsed() >= LINGER);
+        shared.queued.store(true, Ordering::Release);
+        assert!(wait_for_more(&shared));
+        let shared = Arc::new(Shared::default());
+        let setter = {
+            let shared = Arc::clone(&shared);
+            std::thread::spawn(move || shared.queued.store(true, Ordering::Release))
+        };
+        setter.join().unwrap();
+        assert!(wait_for_more(&shared));
+    }
+
+    /// Outside a runtime a record is written on the spot and the drain does not wait for
+    /// more: nothing queued after it is held up by a wait.
+    #[test]
+    fn a_drain_outside_a_runtime_does_not_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::for_dir(dir.path());
+        let to = target_in(dir.path(), "a.jsonl");
+        for i in 0..50u64 {
+            drop(journal.append(Arc::clone(&to), b"x\n".to_vec(), i * 2));
+        }
+        assert_eq!(read(dir.path(), "a.jsonl"), "x\n".repeat(50));
+        assert_eq!(journal.0.started.load(Ordering::Relaxed), 0);
+        assert_eq!(
+            journal.0.waited.load(Ordering::Relaxed),
+            0,
+            "a drain here never waits"
+        );
+        assert!(!journal.0.queue.lock().unwrap().draining);
     }
 
     /// A directory nobody writes to any more is forgotten once another is added.
