@@ -494,6 +494,9 @@ async fn records_of_any_size_in_turn_read_back_as_written() {
     ];
     for text in &texts {
         w.message(&Message::user_text(text.as_str())).await.unwrap();
+        // What the writer keeps of a record is not in its `Debug`.
+        let shown = format!("{w:?}");
+        assert!(shown.len() < 1_000, "{shown}");
     }
     drop(w);
     t = transcript::read(&path).await.unwrap();

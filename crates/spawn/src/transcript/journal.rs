@@ -14,7 +14,9 @@
 //! runtime of the newest job's writer, so a runtime being shut down waits for at most that
 //! many of another runtime's records on its pool. A drainer the blocking pool drops unrun
 //! (its runtime shutting down) drains the whole queue where it is dropped, and so does a
-//! job queued outside any runtime. A record whose write fails is cut off its file before
+//! job queued outside any runtime when no drainer is running or waiting (one that is takes
+//! it). A drainer running when its runtime shuts down holds the shutdown up by its jobs and
+//! at most one wait. A record whose write fails is cut off its file before
 //! the next job runs, so a file never holds part of a record followed by another. The
 //! journal lets go of a record's file before its writer hears, so a writer dropped once it
 //! has heard leaves the file (and its lock) to the next at once.
@@ -759,8 +761,8 @@ mod tests {
         assert!(wait_for_more(&shared));
     }
 
-    /// Outside a runtime a record is written on the spot and the drain does not wait for
-    /// more: nothing queued after it is held up by a wait.
+    /// Outside a runtime, with no drainer running, a record is written on the spot, and that
+    /// drain never waits for more.
     #[test]
     fn a_drain_outside_a_runtime_does_not_wait() {
         let dir = tempfile::tempdir().unwrap();

@@ -195,7 +195,6 @@ struct Tagged<'a, T> {
 ///
 /// Each record is written by the blocking pool, through the queue of its directory (records
 /// from many agents at once are written in one trip there, see `journal`).
-#[derive(Debug)]
 pub struct TranscriptWriter {
     /// The file and its path.
     to: Arc<Target>,
@@ -213,6 +212,20 @@ pub struct TranscriptWriter {
 /// The largest buffer a writer keeps for its next record; a larger one (a record of a very
 /// long message) is freed once it is back.
 const SPARE_CAP: usize = 16 * 1024;
+
+impl std::fmt::Debug for TranscriptWriter {
+    /// Without record bytes: neither the spare buffer's (the last record written, up to
+    /// [`SPARE_CAP`]) nor those queued in its directory's journal.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TranscriptWriter")
+            .field("to", &self.to)
+            .field("next_index", &self.next_index)
+            .field("len", &self.len)
+            .field("handed", &self.handed)
+            .field("spare_capacity", &self.spare.capacity())
+            .finish()
+    }
+}
 
 /// A record handed to the journal, not yet known written.
 #[derive(Debug)]
