@@ -215,7 +215,7 @@ const SPARE_CAP: usize = 16 * 1024;
 
 impl std::fmt::Debug for TranscriptWriter {
     /// Without record bytes: neither the spare buffer's (the last record written, up to
-    /// [`SPARE_CAP`]) nor those queued in its directory's journal.
+    /// 16 KiB) nor those queued in its directory's journal.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TranscriptWriter")
             .field("to", &self.to)
