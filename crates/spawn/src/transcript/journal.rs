@@ -16,8 +16,8 @@
 //! (its runtime shutting down) drains the whole queue where it is dropped, and so does a
 //! job queued outside any runtime when no drainer is running or waiting (one that is takes
 //! it). A drainer running when its runtime shuts down holds the shutdown up by its jobs and
-//! at most one wait. A record whose write fails is cut off its file before
-//! the next job runs, so a file never holds part of a record followed by another. The
+//! at most one wait. A record whose write fails is cut off its file before the next job
+//! runs, so a file never holds part of a record followed by another. The
 //! journal lets go of a record's file before its writer hears, so a writer dropped once it
 //! has heard leaves the file (and its lock) to the next at once.
 //!
@@ -351,35 +351,27 @@ fn drain(shared: Arc<Shared>, share: usize, linger: bool) {
         }
     }
     let mut hand_on_guard = HandOn(Some(Arc::clone(&shared)));
-    let mut ran = 0;
-    while ran < share {
+    for _ in 0..share {
         let job = {
             let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
             shared.queued.store(false, Ordering::Relaxed);
-            match q.next_job() {
+            let mut next = q.next_job();
+            if next.is_none() && linger {
+                drop(q);
+                // Whatever the wait saw, the queue decides, under its lock.
+                wait_for_more(&shared);
+                q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                next = q.next_job();
+            }
+            match next {
                 Some(job) => job,
-                None if !linger => {
+                None => {
                     q.draining = false;
                     hand_on_guard.0 = None;
                     return;
                 }
-                None => {
-                    drop(q);
-                    // Whatever the wait saw, the queue decides, under its lock.
-                    wait_for_more(&shared);
-                    let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
-                    match q.next_job() {
-                        Some(job) => job,
-                        None => {
-                            q.draining = false;
-                            hand_on_guard.0 = None;
-                            return;
-                        }
-                    }
-                }
             }
         };
-        ran += 1;
         job.run();
     }
     hand_on_guard.0 = None;
