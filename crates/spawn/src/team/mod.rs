@@ -3058,6 +3058,70 @@ mod tests {
         assert_eq!(*link.cancelled.lock().unwrap(), [alice]);
     }
 
+    /// A team on `link` with a grace of one second and `alice` idle on the pool.
+    fn slow_team_with_alice(link: &Arc<SlowLink>) -> (Team, TaskId) {
+        let team = Team::new("t", Arc::new(MemoryMailbox::new()) as Arc<dyn Mailbox>)
+            .unwrap()
+            .lead_on(Arc::clone(link) as Arc<dyn TeamLink>)
+            .with_shutdown_grace(Duration::from_secs(1));
+        let alice = TaskId::generate(forkhive_core::TaskKind::Agent);
+        team.join(Member {
+            name: "alice".into(),
+            task: alice,
+            agent_type: "worker".into(),
+            state: MemberState::Idle,
+        })
+        .unwrap();
+        (team, alice)
+    }
+
+    /// A shutdown on a pool dropped while its first request is still being stored has asked
+    /// nobody: at its deadline it cancels nobody. (The Redis test `pool_team` 6d drops one
+    /// after one poll, which a descheduled thread can make "after the request was stored";
+    /// here the order is fixed.)
+    #[tokio::test(start_paused = true)]
+    async fn a_pool_shutdown_dropped_while_asking_cancels_nobody() {
+        let link = Arc::new(SlowLink::default());
+        let (team, _alice) = slow_team_with_alice(&link);
+        {
+            let shutdown = team.shut_down(None);
+            let mut shutdown = std::pin::pin!(shutdown);
+            assert!(futures::poll!(shutdown.as_mut()).is_pending());
+            // Still storing (50 ms).
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(link.cancelled.lock().unwrap().is_empty());
+        assert!(
+            team.shutdown_deadline().is_none(),
+            "its deadline went with it"
+        );
+    }
+
+    /// The same shutdown dropped once the request was stored has asked her: she is cancelled
+    /// on the pool at its deadline, not before.
+    #[tokio::test(start_paused = true)]
+    async fn a_pool_shutdown_dropped_after_asking_cancels_at_its_deadline() {
+        let link = Arc::new(SlowLink::default());
+        let (team, alice) = slow_team_with_alice(&link);
+        {
+            let shutdown = team.shut_down(None);
+            let mut shutdown = std::pin::pin!(shutdown);
+            let stored = tokio::time::sleep(Duration::from_millis(60));
+            tokio::select! {
+                r = &mut shutdown => panic!("returned before it was dropped: {r:?}"),
+                () = stored => {}
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert!(
+            link.cancelled.lock().unwrap().is_empty(),
+            "before the deadline"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(*link.cancelled.lock().unwrap(), [alice]);
+    }
+
     /// A grace the clock cannot add (`Duration::MAX`: never cancel) is a deadline that never
     /// comes, not a panic.
     #[tokio::test]
