@@ -1136,6 +1136,14 @@ async fn the_hosts_shutdown_cancels_a_teammate_on_a_worker_that_rejects_it() {
         "cancelled before the grace: {took:?}"
     );
     assert!(pending.contains("still busy"), "{pending}");
+    // Her worker was told it was the lead's grace, and says so.
+    assert!(
+        pending.contains(
+            "<note>its shutdown was not done within the team's shutdown grace of 2s, so it was \
+             cancelled</note>"
+        ),
+        "{pending}"
+    );
     // Idle when it was cancelled, it ends with its last run's answer.
     let task = team.member("alice").unwrap().task;
     assert_eq!(
@@ -1237,7 +1245,7 @@ async fn a_shutdown_dropped_before_it_asked_cancels_nobody() {
 
 /// 6e. With a grace of zero the deadline has passed before the first request is stored: the
 /// teammate is cancelled as it is asked, and the shutdown returns with it stopped; its one
-/// notification says `killed`, with the pool's note `cancelled`. (Which of
+/// notification says `killed`, with the grace note naming the lead's grace. (Which of
 /// the deadline and the request comes first depends on the scheduler here; the unit test
 /// `a_pool_teammate_asked_after_the_deadline_is_cancelled_as_it_is_asked` fixes the order.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1253,10 +1261,53 @@ async fn a_teammate_asked_after_the_deadline_is_cancelled_at_once() {
     let ns = first_notifications(&mut lead).await;
     stop.cancel();
     let _ = w1.await;
-    // Cancelled on the pool (`Pool::cancel`): its worker's note, not the in-process grace
-    // note (docs/teams.md, "Shutting a teammate down").
-    assert_alice_cancelled_on_the_pool(&ns);
+    // Cancelled on the pool for the lead's grace: the worker was told which, and says it as
+    // the in-process team does (docs/teams.md, "Shutting a teammate down").
+    assert_alice_cancelled_on_the_pool(
+        &ns,
+        "its shutdown was not done within the team's shutdown grace of 0ns, so it was cancelled",
+    );
     assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
+}
+
+/// 6g. Under `Approve`, an idle teammate on a worker that a shutdown with a grace of zero
+/// cancels before its request reaches it ends as shut down, `completed`, as it does
+/// in-process (`team.rs`, `an_idle_teammate_asked_to_shut_down_with_no_grace_ends_completed`):
+/// the cancel tells its worker it was the lead's grace. Before, it ended `killed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_teammate_on_a_worker_shut_down_with_no_grace_ends_completed() {
+    let Some(url) = redis_url() else { return };
+    for round in 0..3 {
+        let pool = Pool::new(&url, &key_prefix(&format!("rv6g{round}")), "crew", config()).unwrap();
+        let b = lead_of_alice("ready");
+        let (w1, stop) = worker(&pool, "w1", b.clone(), Vec::new());
+        let team = Arc::new(
+            pool.team("review")
+                .unwrap()
+                .with_shutdown_grace(Duration::ZERO),
+        );
+        let mut lead = lead(&pool, &team, b).await;
+        let run = tokio::time::timeout(Duration::from_secs(30), lead.run("go"))
+            .await
+            .expect("the lead's run returned");
+        assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+        assert_eq!(team.member("alice").unwrap().state, MemberState::Idle);
+        let asked = tokio::time::timeout(Duration::from_secs(30), team.shut_down(None))
+            .await
+            .expect("the shutdown returned");
+        let ns = first_notifications(&mut lead).await;
+        stop.cancel();
+        let _ = w1.await;
+        assert_eq!(asked.unwrap(), ["alice"], "round {round}");
+        assert_eq!(ns.len(), 1, "round {round}: {ns:?}");
+        assert_eq!(
+            ns[0].status,
+            forkhive_core::TaskStatus::Completed,
+            "round {round}: {:?}",
+            ns[0]
+        );
+        assert_eq!(ns[0].summary, "Agent \"alice\" finished");
+    }
 }
 
 /// 6f. A teammate idle on its worker that the host cancels (`Pool::cancel`) ends as a
@@ -1278,15 +1329,15 @@ async fn an_idle_teammate_cancelled_on_its_worker_ends_killed() {
     assert_eq!(alice.state, MemberState::Idle);
     assert_eq!(pool.cancel(&alice.task).await.unwrap(), 1);
     let ns = first_notifications(&mut lead).await;
-    assert_alice_cancelled_on_the_pool(&ns);
+    assert_alice_cancelled_on_the_pool(&ns, "cancelled");
     assert_eq!(ns[0].result.as_deref(), Some("ready"));
     stop.cancel();
     let _ = w1.await;
     assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
 }
 
-/// `ns` is one notification: `alice` stopped by a cancel on the pool.
-fn assert_alice_cancelled_on_the_pool(ns: &[forkhive_core::TaskNotification]) {
+/// `ns` is one notification: `alice` stopped by a cancel on the pool, with `note`.
+fn assert_alice_cancelled_on_the_pool(ns: &[forkhive_core::TaskNotification], note: &str) {
     assert_eq!(ns.len(), 1, "{ns:?}");
     assert_eq!(
         ns[0].status,
@@ -1295,7 +1346,7 @@ fn assert_alice_cancelled_on_the_pool(ns: &[forkhive_core::TaskNotification]) {
         ns[0]
     );
     assert_eq!(ns[0].summary, "Agent \"alice\" was stopped");
-    assert_eq!(ns[0].note.as_deref(), Some("cancelled"), "{:?}", ns[0]);
+    assert_eq!(ns[0].note.as_deref(), Some(note), "{:?}", ns[0]);
 }
 
 /// The notifications the lead's conversation holds once its pending runs bring the first

@@ -9,6 +9,7 @@
 //! teammate on one worker finds a teammate on another.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use forkhive_core::TaskId;
 
@@ -131,8 +132,11 @@ impl TeamLink for Link {
             .await
     }
 
-    async fn cancel(&self, tasks: &[TaskId]) -> Result<()> {
-        self.pool.cancel_all(tasks).await.map(|_| ())
+    async fn cancel(&self, tasks: &[TaskId], grace: Duration) -> Result<()> {
+        self.pool
+            .cancel_as(tasks, &super::CancelReason::ShutdownGrace(grace))
+            .await
+            .map(|_| ())
     }
 }
 

@@ -244,18 +244,31 @@ return entry
 
 /// KEYS: the pool's jobs stream (for the slot; the keys below are built from ARGV[1], which is
 /// why the pool needs one Redis node, not a Cluster). ARGV: prefix of kids/cancel keys, ttl ms,
-/// channel, tasks. Marks the tasks and every descendant recorded in `kids:` sets cancelled,
-/// and publishes each.
+/// channel, the value stored for the named tasks (`1`, or a shutdown's `grace:<ms>`), tasks.
+/// Marks the tasks and every descendant recorded in `kids:` sets cancelled, and publishes
+/// each. A descendant is marked `1` unless a cancel of its own is stored already (which keeps
+/// its value).
 const CANCEL: &str = r"
-local base, ttl, channel = ARGV[1], ARGV[2], ARGV[3]
+local base, ttl, channel, value = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local todo, seen, n = {}, {}, 0
-for i = 4, #ARGV do todo[#todo + 1] = ARGV[i] end
+for i = 5, #ARGV do
+  local id = ARGV[i]
+  if not seen[id] then
+    seen[id] = true
+    n = n + 1
+    redis.call('SET', base .. 'cancel:' .. id, value, 'PX', ttl)
+    redis.call('PUBLISH', channel, id)
+    for _, kid in ipairs(redis.call('SMEMBERS', base .. 'kids:' .. id)) do
+      todo[#todo + 1] = kid
+    end
+  end
+end
 while #todo > 0 and n < 100000 do
   local id = table.remove(todo)
   if not seen[id] then
     seen[id] = true
     n = n + 1
-    redis.call('SET', base .. 'cancel:' .. id, '1', 'PX', ttl)
+    redis.call('SET', base .. 'cancel:' .. id, '1', 'PX', ttl, 'NX')
     redis.call('PUBLISH', channel, id)
     for _, kid in ipairs(redis.call('SMEMBERS', base .. 'kids:' .. id)) do
       todo[#todo + 1] = kid
@@ -292,6 +305,40 @@ impl fmt::Debug for Pool {
 
 /// How long a cancel mark is kept.
 const CANCEL_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Why a task was cancelled, as its cancel key stores it: `1` for a plain cancel (what every
+/// version of the pool reads as "cancelled"), `grace:<ms>` for a teammate that a lead's
+/// shutdown cancelled when its grace of `ms` passed. Its worker reads it back, so the teammate
+/// ends as one whose grace ran out in-process does (docs/teams.md, "Shutting a teammate
+/// down").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CancelReason {
+    /// Any cancel but a shutdown's.
+    Plain,
+    /// A lead's shutdown, when its grace passed.
+    ShutdownGrace(Duration),
+}
+
+impl CancelReason {
+    /// What the cancel key holds.
+    fn stored(&self) -> String {
+        match self {
+            Self::Plain => "1".to_owned(),
+            Self::ShutdownGrace(grace) => format!("grace:{}", grace.as_millis()),
+        }
+    }
+
+    /// What a cancel key's value says; anything else stored there (an older pool's `1`, a
+    /// value this version does not know) is a plain cancel.
+    pub(crate) fn read(stored: &str) -> Self {
+        stored
+            .strip_prefix("grace:")
+            .and_then(|ms| ms.parse::<u64>().ok())
+            .map_or(Self::Plain, |ms| {
+                Self::ShutdownGrace(Duration::from_millis(ms))
+            })
+    }
+}
 
 impl Pool {
     /// The pool `name` at `url`, keys under `prefix` (each 1 to 64 of `[A-Za-z0-9_-]`).
@@ -464,12 +511,37 @@ impl Pool {
 
     /// Cancels `tasks` and their descendants in one step (see [`cancel`](Self::cancel)).
     pub(crate) async fn cancel_all(&self, tasks: &[TaskId]) -> Result<u64> {
+        self.cancel_as(tasks, &CancelReason::Plain).await
+    }
+
+    /// What `task`'s cancel key holds, read within a second (`None`: no cancel stored, or the
+    /// store did not answer in time, which a worker takes as a plain cancel).
+    pub(crate) async fn stored_cancel(&self, task: &TaskId) -> Option<String> {
+        let read = async {
+            let mut conn = self.conn().await.ok()?;
+            redis::cmd("GET")
+                .arg(self.task_key("cancel", task))
+                .query_async::<Option<String>>(&mut conn)
+                .await
+                .ok()
+                .flatten()
+        };
+        tokio::time::timeout(Duration::from_secs(1), read)
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// Cancels `tasks` and their descendants in one step, storing `why` for the named tasks
+    /// (their workers read it back to say why they stopped them).
+    pub(crate) async fn cancel_as(&self, tasks: &[TaskId], why: &CancelReason) -> Result<u64> {
         let mut conn = self.conn().await?;
         let script = redis::Script::new(CANCEL);
         let mut call = script.key(self.key("jobs"));
         call.arg(self.base())
             .arg(CANCEL_TTL.as_millis().to_string())
-            .arg(self.key("cancels"));
+            .arg(self.key("cancels"))
+            .arg(why.stored());
         for t in tasks {
             call.arg(t.to_string());
         }
@@ -712,6 +784,91 @@ fn now_ms() -> u64 {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// A cancel's reason reads back as it was stored; what an older pool stores (`1`), or
+    /// anything this version does not know, is a plain cancel.
+    #[test]
+    fn a_cancel_reason_reads_back_and_anything_else_is_plain() {
+        for why in [
+            CancelReason::Plain,
+            CancelReason::ShutdownGrace(Duration::ZERO),
+            CancelReason::ShutdownGrace(Duration::from_millis(2_500)),
+            CancelReason::ShutdownGrace(Duration::from_secs(180)),
+        ] {
+            assert_eq!(CancelReason::read(&why.stored()), why, "{}", why.stored());
+        }
+        assert_eq!(CancelReason::Plain.stored(), "1");
+        for other in [
+            "",
+            "1",
+            "grace:",
+            "grace:-1",
+            "grace:1.5",
+            "grace:99999999999999999999",
+            "x:1",
+        ] {
+            assert_eq!(CancelReason::read(other), CancelReason::Plain, "{other:?}");
+        }
+    }
+
+    /// The cancel script stores the reason for the tasks it names and `1` for their
+    /// descendants, keeping a descendant's own reason; the worker reads each back. Needs a
+    /// Redis (`FORKHIVE_REDIS_URL`); says it was skipped without one.
+    #[tokio::test]
+    async fn a_cancel_stores_its_reason_for_the_named_tasks_only() {
+        let Ok(url) = std::env::var("FORKHIVE_REDIS_URL") else {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true but FORKHIVE_REDIS_URL is not set: scripts/redis-server.sh start"
+            );
+            eprintln!("skipped: no FORKHIVE_REDIS_URL (run scripts/redis-server.sh start)");
+            return;
+        };
+        let prefix = format!("cr{}", std::process::id());
+        let pool = Pool::new(&url, &prefix, "p", PoolConfig::default()).unwrap();
+        let id = |n| TaskId::from_entropy(forkhive_core::TaskKind::Agent, n);
+        let (lead_kid, teammate, its_kid, other_kid) = (id(1), id(2), id(3), id(4));
+        let mut conn = pool.conn().await.unwrap();
+        for (parent, kid) in [
+            (teammate, its_kid),
+            (teammate, other_kid),
+            (lead_kid, teammate),
+        ] {
+            redis::cmd("SADD")
+                .arg(pool.task_key("kids", &parent))
+                .arg(kid.to_string())
+                .query_async::<i64>(&mut conn)
+                .await
+                .unwrap();
+        }
+        // One descendant was cancelled on its own, for its own reason, before.
+        let grace = CancelReason::ShutdownGrace(Duration::from_secs(3));
+        assert_eq!(pool.cancel_as(&[other_kid], &grace).await.unwrap(), 1);
+        let two = CancelReason::ShutdownGrace(Duration::from_millis(2_000));
+        assert_eq!(pool.cancel_as(&[teammate], &two).await.unwrap(), 3);
+        let read = |t| {
+            let pool = pool.clone();
+            async move { pool.stored_cancel(&t).await }
+        };
+        assert_eq!(read(teammate).await.as_deref(), Some("grace:2000"));
+        assert_eq!(read(its_kid).await.as_deref(), Some("1"));
+        assert_eq!(read(other_kid).await.as_deref(), Some("grace:3000"));
+        assert_eq!(read(lead_kid).await, None, "its parent is not cancelled");
+        // A plain cancel of the parent names it with `1` (and leaves the others as they are).
+        assert_eq!(pool.cancel_all(&[lead_kid]).await.unwrap(), 4);
+        assert_eq!(read(lead_kid).await.as_deref(), Some("1"));
+        assert_eq!(read(teammate).await.as_deref(), Some("grace:2000"));
+        let _: i64 = redis::cmd("DEL")
+            .arg(
+                [lead_kid, teammate, its_kid, other_kid]
+                    .iter()
+                    .flat_map(|t| [pool.task_key("cancel", t), pool.task_key("kids", t)])
+                    .collect::<Vec<_>>(),
+            )
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
 
     #[test]
     fn names_are_checked_and_passwords_never_show() {

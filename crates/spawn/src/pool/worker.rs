@@ -163,8 +163,38 @@ return pushed
 /// How long a task's last output is kept after it ended.
 const OUTPUT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// The running tasks' tokens, by task: where a cancel from the pool's channel lands.
-type Running = Arc<Mutex<HashMap<TaskId, (CancellationToken, Arc<AtomicBool>)>>>;
+/// The running tasks, by task: where a cancel from the pool's channel lands.
+type Running = Arc<Mutex<HashMap<TaskId, Arc<RunningTask>>>>;
+
+/// A task running on this worker.
+struct RunningTask {
+    token: CancellationToken,
+    /// Set when this worker's shutdown stopped it.
+    shutdown: Arc<AtomicBool>,
+    /// A teammate's team and name: told its lead's grace before a shutdown's cancel stops it.
+    teammate: std::sync::OnceLock<(Arc<crate::team::Team>, String)>,
+}
+
+impl RunningTask {
+    /// Whether a cancel of it must be read before it is applied: a teammate's may be its
+    /// lead's shutdown, which it ends as (a plain task's cancel says nothing more).
+    fn reads_its_cancel(&self) -> bool {
+        self.teammate.get().is_some()
+    }
+
+    /// Cancels it for a pool cancel that stored `stored` (`None`: not read). A teammate
+    /// cancelled by its lead's shutdown is first told the grace that passed, so it ends as one
+    /// whose grace ran out in-process does (as shut down when idle under `Approve`, else
+    /// `killed` with the grace note).
+    fn cancel(&self, stored: Option<&str>) {
+        if let (Some(super::CancelReason::ShutdownGrace(grace)), Some((team, name))) =
+            (stored.map(super::CancelReason::read), self.teammate.get())
+        {
+            team.overdue_on_pool(name, grace);
+        }
+        self.token.cancel();
+    }
+}
 
 /// What one entry turned out to be.
 struct Entry {
@@ -330,9 +360,9 @@ impl Worker {
         })
         .await;
         if drained.is_err() {
-            for (token, why) in running.lock().unwrap_or_else(|e| e.into_inner()).values() {
-                why.store(true, Ordering::Release);
-                token.cancel();
+            for t in running.lock().unwrap_or_else(|e| e.into_inner()).values() {
+                t.shutdown.store(true, Ordering::Release);
+                t.token.cancel();
             }
             while let Some(done) = tasks.join_next().await {
                 add(&mut report, done);
@@ -516,10 +546,19 @@ impl Worker {
                     let Ok(task) = id.parse::<TaskId>() else {
                         continue;
                     };
-                    if let Some((token, _)) =
-                        running.lock().unwrap_or_else(|e| e.into_inner()).get(&task)
-                    {
-                        token.cancel();
+                    let found = running
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get(&task)
+                        .cloned();
+                    if let Some(t) = found {
+                        // Read outside the map's lock, and only for a teammate.
+                        let stored = if t.reads_its_cancel() {
+                            self.pool.stored_cancel(&task).await
+                        } else {
+                            None
+                        };
+                        t.cancel(stored.as_deref());
                     }
                 }
                 Ok::<(), redis::RedisError>(())
@@ -788,20 +827,22 @@ impl Worker {
         let d = &job.description;
         let token = CancellationToken::new();
         let stopped_by_shutdown = Arc::new(AtomicBool::new(false));
-        let _entry = RunningEntry::new(
+        let entry_here = RunningEntry::new(
             running,
             job.task,
             token.clone(),
             Arc::clone(&stopped_by_shutdown),
         );
+        let here = Arc::clone(&entry_here.task);
         let why: Arc<Mutex<Option<Stop>>> = Arc::default();
         // The lease: renewed every third of it, with the output so far; lost, the run stops.
         let renew = {
-            let (pool, token, progress, why) = (
+            let (pool, token, progress, why, here) = (
                 self.pool.clone(),
                 token.clone(),
                 Arc::clone(&progress),
                 Arc::clone(&why),
+                Arc::clone(&here),
             );
             let (task, entry, me, consumer) =
                 (job.task, entry.to_owned(), me.to_owned(), self.name.clone());
@@ -857,7 +898,12 @@ impl Worker {
                         Ok(Ok(2)) => {
                             valid = sent;
                             set_once(&why, Stop::Cancelled);
-                            token.cancel();
+                            let stored = if here.reads_its_cancel() {
+                                pool.stored_cancel(&task).await
+                            } else {
+                                None
+                            };
+                            here.cancel(stored.as_deref());
                         }
                         Ok(Ok(_)) => {
                             lost();
@@ -926,7 +972,12 @@ impl Worker {
         let (builder, team) = match &job.teammate {
             None => (builder, None),
             Some(t) => match self.teammate(job, t, builder) {
-                Ok(ready) => ready,
+                Ok(ready) => {
+                    if let (_, Some((team, name))) = &ready {
+                        let _ = here.teammate.set((Arc::clone(team), name.clone()));
+                    }
+                    ready
+                }
                 Err(why) => {
                     return Some((failed(why), Arc::default(), forkhive_core::Usage::default()));
                 }
@@ -1418,7 +1469,8 @@ fn add(report: &mut WorkerReport, done: std::result::Result<WorkerReport, tokio:
 /// A task's place on the running map, removed on every path.
 struct RunningEntry<'a> {
     running: &'a Running,
-    task: TaskId,
+    id: TaskId,
+    task: Arc<RunningTask>,
 }
 
 impl<'a> RunningEntry<'a> {
@@ -1428,11 +1480,20 @@ impl<'a> RunningEntry<'a> {
         token: CancellationToken,
         shutdown: Arc<AtomicBool>,
     ) -> Self {
+        let here = Arc::new(RunningTask {
+            token,
+            shutdown,
+            teammate: std::sync::OnceLock::new(),
+        });
         running
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(task, (token, shutdown));
-        Self { running, task }
+            .insert(task, Arc::clone(&here));
+        Self {
+            running,
+            id: task,
+            task: here,
+        }
     }
 }
 
@@ -1441,7 +1502,7 @@ impl Drop for RunningEntry<'_> {
         self.running
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.task);
+            .remove(&self.id);
     }
 }
 

@@ -202,8 +202,8 @@ struct Control {
     /// Its run's token: cancelled when a shutdown it was given is not done within the team's
     /// [`shutdown_grace`](Team::with_shutdown_grace).
     cancel: tokio_util::sync::CancellationToken,
-    /// Set when that grace ran out: its notification says why it was stopped.
-    overdue: Arc<std::sync::atomic::AtomicBool>,
+    /// The grace that ran out, once one has: its notification says why it was stopped.
+    overdue: Arc<std::sync::OnceLock<Duration>>,
 }
 
 /// A team: its name, its mailbox and its roster. One per lead.
@@ -284,10 +284,16 @@ struct LeadRelay {
     give_up: tokio_util::sync::CancellationToken,
 }
 
-/// Cancels `tasks`, teammates on a pool, in one step, saying why when it cannot.
-async fn cancel_on_pool(link: &dyn remote::TeamLink, team: &str, tasks: &[TaskId]) {
+/// Cancels `tasks`, teammates on a pool whose shutdown `grace` has passed, in one step,
+/// saying why when it cannot.
+async fn cancel_on_pool(
+    link: &dyn remote::TeamLink,
+    team: &str,
+    tasks: &[TaskId],
+    grace: Duration,
+) {
     if !tasks.is_empty()
-        && let Err(e) = link.cancel(tasks).await
+        && let Err(e) = link.cancel(tasks, grace).await
     {
         tracing::warn!(%team, "could not cancel teammates {tasks:?} at the end of the \
             shutdown's grace: {e}");
@@ -1311,7 +1317,18 @@ impl Team {
             // The stop first: a run the halt ends must find it set.
             c.stop.send_replace(Some(request_id));
             c.halt.request();
-            Self::cancel_at(c, deadline_after(self.shutdown_grace));
+            Self::cancel_at(c, deadline_after(self.shutdown_grace), self.shutdown_grace);
+        }
+    }
+
+    /// Teammate `name`, on this worker, is about to be cancelled because its lead's shutdown
+    /// `grace` has passed (the pool's cancel said so): it ends as a teammate whose grace ran
+    /// out here does — as shut down when idle under `Approve`, otherwise `killed` with the
+    /// grace note naming the lead's grace. Call before cancelling its token.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn overdue_on_pool(&self, name: &str, grace: Duration) {
+        if let Some(c) = self.controls().get(name) {
+            c.overdue.get_or_init(|| grace);
         }
     }
 
@@ -1319,7 +1336,7 @@ impl Team {
     /// shutdown `grace`: a run that does not reach its next tool round in time (a peer's users
     /// report shutdowns that never complete). Its owner cancels the token when it ends anyway,
     /// which ends this wait early.
-    fn cancel_at(c: &Control, deadline: tokio::time::Instant) {
+    fn cancel_at(c: &Control, deadline: tokio::time::Instant, grace: Duration) {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let token = c.cancel.clone();
             let overdue = Arc::clone(&c.overdue);
@@ -1327,7 +1344,7 @@ impl Team {
                 tokio::select! {
                     () = token.cancelled() => {}
                     () = tokio::time::sleep_until(deadline) => {
-                        overdue.store(true, std::sync::atomic::Ordering::SeqCst);
+                        overdue.get_or_init(|| grace);
                         token.cancel();
                     }
                 }
@@ -1423,6 +1440,7 @@ impl Team {
             Side::Lead(link) => {
                 let (link, team, asked) = (Arc::clone(link), self.name.clone(), Arc::clone(&asked));
                 let at = self.shutdown_deadline().unwrap_or(deadline);
+                let grace = self.shutdown_grace;
                 tokio::runtime::Handle::try_current().ok().map(|rt| {
                     rt.spawn(async move {
                         tokio::time::sleep_until(at).await;
@@ -1431,7 +1449,7 @@ impl Team {
                             .unwrap_or_else(|e| e.into_inner())
                             .take()
                             .unwrap_or_default();
-                        cancel_on_pool(&*link, &team, &tasks).await;
+                        cancel_on_pool(&*link, &team, &tasks, grace).await;
                     })
                 })
             }
@@ -1455,7 +1473,11 @@ impl Team {
             // Ended whatever the policy, and whether or not the letter went. (One whose run
             // has not started yet is armed as it starts.)
             if let Some(c) = self.controls().get(name) {
-                Self::cancel_at(c, self.shutdown_deadline().unwrap_or(deadline));
+                Self::cancel_at(
+                    c,
+                    self.shutdown_deadline().unwrap_or(deadline),
+                    self.shutdown_grace,
+                );
             }
             if let (Some(_), Side::Lead(link)) = (&overdue, &self.side)
                 && let Some(m) = self
@@ -1473,8 +1495,9 @@ impl Team {
                 // still cancels the teammate it asked.
                 if late {
                     let (link, team, task) = (Arc::clone(link), self.name.clone(), m.task);
+                    let grace = self.shutdown_grace;
                     drop(tokio::spawn(async move {
-                        cancel_on_pool(&*link, &team, &[task]).await;
+                        cancel_on_pool(&*link, &team, &[task], grace).await;
                     }));
                 }
             }
@@ -2217,7 +2240,7 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
         Box::pin(async move {
             let queue = agent.pending();
             let token = agent.cancellation().clone();
-            let overdue = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let overdue: Arc<std::sync::OnceLock<Duration>> = Arc::default();
             let (stop_tx, mut stop_rx) = watch::channel::<Option<String>>(None);
             {
                 team.holds().hold(&name, promise);
@@ -2236,7 +2259,7 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                 // twice, to the same effect).
                 let mut controls = team.controls();
                 if let Some(deadline) = team.shutdown_deadline() {
-                    Team::cancel_at(&control, deadline);
+                    Team::cancel_at(&control, deadline, team.shutdown_grace);
                 }
                 controls.insert(name.clone(), control);
             }
@@ -2375,7 +2398,7 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                     // down, and idle it ends at once when asked — the request may only not
                     // have reached it yet (a grace of zero). It ends as shut down.
                     Woke::Cancelled
-                        if overdue.load(std::sync::atomic::Ordering::SeqCst)
+                        if overdue.get().is_some()
                             && team.shutdown_policy() == ShutdownPolicy::Approve =>
                     {
                         Woke::Ends
@@ -2403,14 +2426,13 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                 team.report_state(&name, true, &token).await;
                 run = agent.run_pending().await;
             }
-            if overdue.load(std::sync::atomic::Ordering::SeqCst)
+            if let Some(grace) = overdue.get()
                 && run.stop == StopReason::Cancelled
                 && run.error.is_none()
             {
                 run.error = Some(Arc::new(Error::Refused(format!(
-                    "its shutdown was not done within the team's shutdown grace of {:?}, so it \
-                     was cancelled",
-                    team.shutdown_grace
+                    "its shutdown was not done within the team's shutdown grace of {grace:?}, so \
+                     it was cancelled"
                 ))));
             }
             let asked = stop_rx.borrow().clone();
@@ -3020,7 +3042,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
             Ok(Some(crate::mailbox::new_id()))
         }
-        async fn cancel(&self, tasks: &[TaskId]) -> Result<()> {
+        async fn cancel(&self, tasks: &[TaskId], _: Duration) -> Result<()> {
             self.cancelled.lock().unwrap().extend_from_slice(tasks);
             Ok(())
         }

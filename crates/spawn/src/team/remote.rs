@@ -51,8 +51,9 @@ pub(crate) trait TeamLink: Send + Sync {
     async fn send(&self, inbox: &Inbox, task: &TaskId, letter: Letter) -> Result<Option<String>>;
     /// Cancels teammate tasks `tasks` wherever they run, in one step (each one's worker stops
     /// it and reports its end): what a lead's [`shut_down`](super::Team::shut_down) does to
-    /// the teammates still running at the end of its grace.
-    async fn cancel(&self, tasks: &[TaskId]) -> Result<()>;
+    /// the teammates still running at the end of its `grace`, which their workers are told
+    /// (each teammate then ends as one whose grace ran out in-process does).
+    async fn cancel(&self, tasks: &[TaskId], grace: Duration) -> Result<()>;
 }
 
 /// A teammate's notification held back until its last letters are read.
