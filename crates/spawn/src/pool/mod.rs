@@ -244,10 +244,10 @@ return entry
 
 /// KEYS: the pool's jobs stream (for the slot; the keys below are built from ARGV[1], which is
 /// why the pool needs one Redis node, not a Cluster). ARGV: prefix of kids/cancel keys, ttl ms,
-/// channel, the value stored for the named tasks (`1`, or a shutdown's `grace:<ms>`), tasks.
+/// channel, the value stored for the named tasks (`1`, or a shutdown's `grace:<ns>`), tasks.
 /// Marks the tasks and every descendant recorded in `kids:` sets cancelled, and publishes
-/// each. A descendant is marked `1` unless a cancel of its own is stored already (which keeps
-/// its value).
+/// each. A `1` never replaces a value stored already (a descendant's, or a named task's
+/// shutdown grace, stays what its worker reads); a grace replaces a `1`.
 const CANCEL: &str = r"
 local base, ttl, channel, value = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local todo, seen, n = {}, {}, 0
@@ -256,7 +256,11 @@ for i = 5, #ARGV do
   if not seen[id] then
     seen[id] = true
     n = n + 1
-    redis.call('SET', base .. 'cancel:' .. id, value, 'PX', ttl)
+    if value == '1' then
+      redis.call('SET', base .. 'cancel:' .. id, value, 'PX', ttl, 'NX')
+    else
+      redis.call('SET', base .. 'cancel:' .. id, value, 'PX', ttl)
+    end
     redis.call('PUBLISH', channel, id)
     for _, kid in ipairs(redis.call('SMEMBERS', base .. 'kids:' .. id)) do
       todo[#todo + 1] = kid
@@ -307,8 +311,8 @@ impl fmt::Debug for Pool {
 const CANCEL_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Why a task was cancelled, as its cancel key stores it: `1` for a plain cancel (what every
-/// version of the pool reads as "cancelled"), `grace:<ms>` for a teammate that a lead's
-/// shutdown cancelled when its grace of `ms` passed. Its worker reads it back, so the teammate
+/// version of the pool reads as "cancelled"), `grace:<ns>` for a teammate that a lead's
+/// shutdown cancelled when its grace of `ns` nanoseconds passed. Its worker reads it back, so the teammate
 /// ends as one whose grace ran out in-process does (docs/teams.md, "Shutting a teammate
 /// down").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -324,7 +328,10 @@ impl CancelReason {
     fn stored(&self) -> String {
         match self {
             Self::Plain => "1".to_owned(),
-            Self::ShutdownGrace(grace) => format!("grace:{}", grace.as_millis()),
+            Self::ShutdownGrace(grace) => format!(
+                "grace:{}",
+                u64::try_from(grace.as_nanos()).unwrap_or(u64::MAX)
+            ),
         }
     }
 
@@ -333,9 +340,10 @@ impl CancelReason {
     pub(crate) fn read(stored: &str) -> Self {
         stored
             .strip_prefix("grace:")
-            .and_then(|ms| ms.parse::<u64>().ok())
-            .map_or(Self::Plain, |ms| {
-                Self::ShutdownGrace(Duration::from_millis(ms))
+            .filter(|ns| !ns.is_empty() && ns.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|ns| ns.parse::<u64>().ok())
+            .map_or(Self::Plain, |ns| {
+                Self::ShutdownGrace(Duration::from_nanos(ns))
             })
     }
 }
@@ -793,6 +801,7 @@ mod tests {
             CancelReason::Plain,
             CancelReason::ShutdownGrace(Duration::ZERO),
             CancelReason::ShutdownGrace(Duration::from_millis(2_500)),
+            CancelReason::ShutdownGrace(Duration::from_micros(500)),
             CancelReason::ShutdownGrace(Duration::from_secs(180)),
         ] {
             assert_eq!(CancelReason::read(&why.stored()), why, "{}", why.stored());
@@ -803,6 +812,7 @@ mod tests {
             "1",
             "grace:",
             "grace:-1",
+            "grace:+5",
             "grace:1.5",
             "grace:99999999999999999999",
             "x:1",
@@ -850,14 +860,21 @@ mod tests {
             let pool = pool.clone();
             async move { pool.stored_cancel(&t).await }
         };
-        assert_eq!(read(teammate).await.as_deref(), Some("grace:2000"));
+        assert_eq!(read(teammate).await.as_deref(), Some("grace:2000000000"));
         assert_eq!(read(its_kid).await.as_deref(), Some("1"));
-        assert_eq!(read(other_kid).await.as_deref(), Some("grace:3000"));
+        assert_eq!(read(other_kid).await.as_deref(), Some("grace:3000000000"));
         assert_eq!(read(lead_kid).await, None, "its parent is not cancelled");
-        // A plain cancel of the parent names it with `1` (and leaves the others as they are).
+        // A plain cancel of the parent names it with `1` and leaves the others as they are,
+        // the teammate's grace among them: it is what her worker reads, also when the plain
+        // cancel (her lead's ending) comes before the worker has read it.
         assert_eq!(pool.cancel_all(&[lead_kid]).await.unwrap(), 4);
         assert_eq!(read(lead_kid).await.as_deref(), Some("1"));
-        assert_eq!(read(teammate).await.as_deref(), Some("grace:2000"));
+        assert_eq!(read(teammate).await.as_deref(), Some("grace:2000000000"));
+        assert_eq!(pool.cancel_all(&[teammate]).await.unwrap(), 3);
+        assert_eq!(read(teammate).await.as_deref(), Some("grace:2000000000"));
+        // A grace replaces a plain cancel.
+        assert_eq!(pool.cancel_as(&[its_kid], &two).await.unwrap(), 1);
+        assert_eq!(read(its_kid).await.as_deref(), Some("grace:2000000000"));
         let _: i64 = redis::cmd("DEL")
             .arg(
                 [lead_kid, teammate, its_kid, other_kid]

@@ -168,31 +168,69 @@ type Running = Arc<Mutex<HashMap<TaskId, Arc<RunningTask>>>>;
 
 /// A task running on this worker.
 struct RunningTask {
+    id: TaskId,
     token: CancellationToken,
     /// Set when this worker's shutdown stopped it.
     shutdown: Arc<AtomicBool>,
-    /// A teammate's team and name: told its lead's grace before a shutdown's cancel stops it.
-    teammate: std::sync::OnceLock<(Arc<crate::team::Team>, String)>,
+    /// Whether its job is a teammate's: a cancel of it is read before it is applied, as its
+    /// lead's shutdown may have made it.
+    teammate_job: bool,
+    /// Set by the first cancel from the pool that is read (one read per task).
+    reading: AtomicBool,
+    /// Its team and name once its side of the team is made, and its lead's grace once a
+    /// shutdown's cancel said it: whichever comes second tells the team.
+    grace: Mutex<(Option<TeamSide>, Option<Duration>)>,
 }
 
+/// A teammate's team on this worker, and its name there.
+type TeamSide = (Arc<crate::team::Team>, String);
+
 impl RunningTask {
-    /// Whether a cancel of it must be read before it is applied: a teammate's may be its
-    /// lead's shutdown, which it ends as (a plain task's cancel says nothing more).
-    fn reads_its_cancel(&self) -> bool {
-        self.teammate.get().is_some()
+    /// The pool cancelled it (its channel named it, or a renewal found its mark). A plain
+    /// task's token is cancelled at once. A teammate's cancel is read first — on a task of
+    /// its own, so that neither the channel's listener nor the lease's renewal waits on the
+    /// read — and when it was its lead's shutdown, the team is told the lead's grace before
+    /// the token is cancelled, so the teammate ends as one whose grace ran out in one process
+    /// does (as shut down when idle under `Approve`, else `killed` with the grace note). A read
+    /// that fails or takes over a second is a plain cancel.
+    fn cancelled_on_pool(self: &Arc<Self>, pool: &super::Pool) {
+        if self.token.is_cancelled() {
+            return;
+        }
+        if !self.teammate_job {
+            self.token.cancel();
+            return;
+        }
+        if self.reading.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (me, pool) = (Arc::clone(self), pool.clone());
+        drop(tokio::spawn(async move {
+            if let Some(super::CancelReason::ShutdownGrace(grace)) = pool
+                .stored_cancel(&me.id)
+                .await
+                .as_deref()
+                .map(super::CancelReason::read)
+            {
+                me.told(None, Some(grace));
+            }
+            me.token.cancel();
+        }));
     }
 
-    /// Cancels it for a pool cancel that stored `stored` (`None`: not read). A teammate
-    /// cancelled by its lead's shutdown is first told the grace that passed, so it ends as one
-    /// whose grace ran out in-process does (as shut down when idle under `Approve`, else
-    /// `killed` with the grace note).
-    fn cancel(&self, stored: Option<&str>) {
-        if let (Some(super::CancelReason::ShutdownGrace(grace)), Some((team, name))) =
-            (stored.map(super::CancelReason::read), self.teammate.get())
-        {
-            team.overdue_on_pool(name, grace);
+    /// Records its team or its lead's grace; with both known, tells the team (at most twice,
+    /// to the same effect).
+    fn told(&self, team: Option<TeamSide>, grace: Option<Duration>) {
+        let mut known = self.grace.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = team {
+            known.0.get_or_insert(t);
         }
-        self.token.cancel();
+        if let Some(g) = grace {
+            known.1.get_or_insert(g);
+        }
+        if let (Some((team, name)), Some(grace)) = (&known.0, known.1) {
+            team.overdue_on_pool(self.id, name, grace);
+        }
     }
 }
 
@@ -552,13 +590,7 @@ impl Worker {
                         .get(&task)
                         .cloned();
                     if let Some(t) = found {
-                        // Read outside the map's lock, and only for a teammate.
-                        let stored = if t.reads_its_cancel() {
-                            self.pool.stored_cancel(&task).await
-                        } else {
-                            None
-                        };
-                        t.cancel(stored.as_deref());
+                        t.cancelled_on_pool(&self.pool);
                     }
                 }
                 Ok::<(), redis::RedisError>(())
@@ -832,6 +864,7 @@ impl Worker {
             job.task,
             token.clone(),
             Arc::clone(&stopped_by_shutdown),
+            job.teammate.is_some(),
         );
         let here = Arc::clone(&entry_here.task);
         let why: Arc<Mutex<Option<Stop>>> = Arc::default();
@@ -898,12 +931,7 @@ impl Worker {
                         Ok(Ok(2)) => {
                             valid = sent;
                             set_once(&why, Stop::Cancelled);
-                            let stored = if here.reads_its_cancel() {
-                                pool.stored_cancel(&task).await
-                            } else {
-                                None
-                            };
-                            here.cancel(stored.as_deref());
+                            here.cancelled_on_pool(&pool);
                         }
                         Ok(Ok(_)) => {
                             lost();
@@ -974,7 +1002,7 @@ impl Worker {
             Some(t) => match self.teammate(job, t, builder) {
                 Ok(ready) => {
                     if let (_, Some((team, name))) = &ready {
-                        let _ = here.teammate.set((Arc::clone(team), name.clone()));
+                        here.told(Some((Arc::clone(team), name.clone())), None);
                     }
                     ready
                 }
@@ -1479,11 +1507,15 @@ impl<'a> RunningEntry<'a> {
         task: TaskId,
         token: CancellationToken,
         shutdown: Arc<AtomicBool>,
+        teammate_job: bool,
     ) -> Self {
         let here = Arc::new(RunningTask {
+            id: task,
             token,
             shutdown,
-            teammate: std::sync::OnceLock::new(),
+            teammate_job,
+            reading: AtomicBool::new(false),
+            grace: Mutex::default(),
         });
         running
             .lock()
@@ -1499,6 +1531,18 @@ impl<'a> RunningEntry<'a> {
 
 impl Drop for RunningEntry<'_> {
     fn drop(&mut self) {
+        // What its team kept of a grace its run never took (it ended before it started); a
+        // read still under way finds no team to tell.
+        let team = self
+            .task
+            .grace
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .take();
+        if let Some((team, _)) = team {
+            team.forget_overdue(&self.id);
+        }
         self.running
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -224,6 +224,10 @@ pub struct Team {
     holds: Mutex<Holds>,
     /// Each live teammate's controls.
     controls: Mutex<HashMap<String, Control>>,
+    /// On a worker: the lead's grace for a teammate task whose shutdown cancel came before
+    /// its run made its controls, taken when it makes them (see
+    /// [`overdue_on_pool`](Self::overdue_on_pool)). Locked inside `controls`.
+    early_overdue: Mutex<HashMap<TaskId, Duration>>,
     /// Teammates in plan mode whose plan the lead has not approved yet.
     planning: Mutex<HashSet<String>>,
     /// When each teammate joined (ISO 8601): a control letter older than its teammate was
@@ -340,6 +344,7 @@ impl Team {
             saving: Mutex::default(),
             holds: Mutex::default(),
             controls: Mutex::default(),
+            early_overdue: Mutex::default(),
             planning: Mutex::default(),
             joined: Mutex::default(),
             shutdown: ShutdownPolicy::default(),
@@ -1321,15 +1326,57 @@ impl Team {
         }
     }
 
-    /// Teammate `name`, on this worker, is about to be cancelled because its lead's shutdown
-    /// `grace` has passed (the pool's cancel said so): it ends as a teammate whose grace ran
-    /// out here does — as shut down when idle under `Approve`, otherwise `killed` with the
-    /// grace note naming the lead's grace. Call before cancelling its token.
+    /// Teammate `name` (task `task`), on this worker, is about to be cancelled because its
+    /// lead's shutdown `grace` has passed (the pool's cancel said so): it ends as a teammate
+    /// whose grace ran out here does — as shut down when idle under `Approve`, otherwise
+    /// `killed` with the grace note naming the lead's grace. Call before cancelling its token.
+    /// One whose run has not made its controls yet is told as it makes them.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn overdue_on_pool(&self, name: &str, grace: Duration) {
-        if let Some(c) = self.controls().get(name) {
-            c.overdue.get_or_init(|| grace);
+    pub(crate) fn overdue_on_pool(&self, task: TaskId, name: &str, grace: Duration) {
+        let controls = self.controls();
+        match controls.get(name) {
+            Some(c) => {
+                c.overdue.get_or_init(|| grace);
+            }
+            None => {
+                self.early_overdue
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(task, grace);
+            }
         }
+    }
+
+    /// Forgets what [`overdue_on_pool`](Self::overdue_on_pool) kept for `task` when its run
+    /// never made its controls (its job ended first).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn forget_overdue(&self, task: &TaskId) {
+        let _controls = self.controls();
+        self.early_overdue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(task);
+    }
+
+    /// Makes `control` teammate `name`'s (task `task`), under the lock a shutdown takes to
+    /// arm those it finds: one started while the host shuts the team down ends at that
+    /// shutdown's deadline whatever it does with the request in its inbox (armed either way,
+    /// at most twice, to the same effect), and one whose lead's grace a pool's cancel already
+    /// reported is overdue from the start.
+    fn arm(&self, name: &str, task: TaskId, control: Control) {
+        let mut controls = self.controls();
+        if let Some(deadline) = self.shutdown_deadline() {
+            Team::cancel_at(&control, deadline, self.shutdown_grace);
+        }
+        if let Some(grace) = self
+            .early_overdue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&task)
+        {
+            control.overdue.get_or_init(|| grace);
+        }
+        controls.insert(name.to_owned(), control);
     }
 
     /// Cancels the teammate of `c` if it has not ended by `deadline`, the end of the team's
@@ -2253,15 +2300,7 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                     cancel: token.clone(),
                     overdue: Arc::clone(&overdue),
                 };
-                // Started while the host shuts the team down: the request is in its inbox, and
-                // it ends at the shutdown's deadline whatever it does with it. Looked at under
-                // the lock a shutdown takes to arm those it finds: armed either way (at most
-                // twice, to the same effect).
-                let mut controls = team.controls();
-                if let Some(deadline) = team.shutdown_deadline() {
-                    Team::cancel_at(&control, deadline, team.shutdown_grace);
-                }
-                controls.insert(name.clone(), control);
+                team.arm(&name, *agent.id(), control);
             }
             let relay = match team.inbox(&name) {
                 Ok(inbox) => {
@@ -3142,6 +3181,55 @@ mod tests {
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(*link.cancelled.lock().unwrap(), [alice]);
+    }
+
+    /// A control as a teammate's run makes it, with its `overdue`.
+    fn control(overdue: &Arc<std::sync::OnceLock<Duration>>) -> Control {
+        Control {
+            halt: crate::base::pending::Halt::new(),
+            stop: watch::channel(None).0,
+            asked: None,
+            seen: Seen::new(),
+            queue: PendingQueue::new(),
+            cancel: tokio_util::sync::CancellationToken::new(),
+            overdue: Arc::clone(overdue),
+        }
+    }
+
+    /// On a worker, a lead's grace told for a teammate whose run has not made its controls
+    /// yet is kept for its task and taken as the run makes them; told once they exist, it is
+    /// set on them at once; what a task that never started left is forgotten. Another task of
+    /// the same name is not marked by it.
+    #[tokio::test]
+    async fn a_lead_grace_told_before_the_controls_exist_is_taken_when_they_are_made() {
+        let team = Team::new("t", Arc::new(MemoryMailbox::new()) as Arc<dyn Mailbox>).unwrap();
+        let (early, late, never) = (
+            TaskId::generate(forkhive_core::TaskKind::Agent),
+            TaskId::generate(forkhive_core::TaskKind::Agent),
+            TaskId::generate(forkhive_core::TaskKind::Agent),
+        );
+        team.overdue_on_pool(early, "alice", Duration::from_millis(1500));
+        // Another alice's run (a later task) takes nothing of it.
+        let other = Arc::default();
+        team.arm("alice", late, control(&other));
+        assert_eq!(other.get(), None);
+        team.controls().remove("alice");
+        let hers = Arc::default();
+        team.arm("alice", early, control(&hers));
+        assert_eq!(hers.get(), Some(&Duration::from_millis(1500)));
+        assert!(team.early_overdue.lock().unwrap().is_empty());
+        // Told once the controls exist: set on them, the first grace kept.
+        team.overdue_on_pool(early, "alice", Duration::from_secs(9));
+        assert_eq!(hers.get(), Some(&Duration::from_millis(1500)));
+        let bobs = Arc::default();
+        team.arm("bob", late, control(&bobs));
+        team.overdue_on_pool(late, "bob", Duration::ZERO);
+        assert_eq!(bobs.get(), Some(&Duration::ZERO));
+        // A task that never made its controls: kept, then forgotten.
+        team.overdue_on_pool(never, "carol", Duration::from_secs(1));
+        assert_eq!(team.early_overdue.lock().unwrap().len(), 1);
+        team.forget_overdue(&never);
+        assert!(team.early_overdue.lock().unwrap().is_empty());
     }
 
     /// A grace the clock cannot add (`Duration::MAX`: never cancel) is a deadline that never
