@@ -247,7 +247,8 @@ return entry
 /// channel, the value stored for the named tasks (`1`, or a shutdown's `grace:<ns>`), tasks.
 /// Marks the tasks and every descendant recorded in `kids:` sets cancelled, and publishes
 /// each. A `1` never replaces a value stored already (a descendant's, or a named task's
-/// shutdown grace, stays what its worker reads); a grace replaces a `1`.
+/// shutdown grace, stays what its worker reads; its time to live starts again); a grace
+/// replaces a `1`.
 const CANCEL: &str = r"
 local base, ttl, channel, value = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local todo, seen, n = {}, {}, 0
@@ -257,7 +258,9 @@ for i = 5, #ARGV do
     seen[id] = true
     n = n + 1
     if value == '1' then
-      redis.call('SET', base .. 'cancel:' .. id, value, 'PX', ttl, 'NX')
+      if not redis.call('SET', base .. 'cancel:' .. id, value, 'PX', ttl, 'NX') then
+        redis.call('PEXPIRE', base .. 'cancel:' .. id, ttl)
+      end
     else
       redis.call('SET', base .. 'cancel:' .. id, value, 'PX', ttl)
     end
@@ -272,7 +275,9 @@ while #todo > 0 and n < 100000 do
   if not seen[id] then
     seen[id] = true
     n = n + 1
-    redis.call('SET', base .. 'cancel:' .. id, '1', 'PX', ttl, 'NX')
+    if not redis.call('SET', base .. 'cancel:' .. id, '1', 'PX', ttl, 'NX') then
+      redis.call('PEXPIRE', base .. 'cancel:' .. id, ttl)
+    end
     redis.call('PUBLISH', channel, id)
     for _, kid in ipairs(redis.call('SMEMBERS', base .. 'kids:' .. id)) do
       todo[#todo + 1] = kid
@@ -312,9 +317,9 @@ const CANCEL_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Why a task was cancelled, as its cancel key stores it: `1` for a plain cancel (what every
 /// version of the pool reads as "cancelled"), `grace:<ns>` for a teammate that a lead's
-/// shutdown cancelled when its grace of `ns` nanoseconds passed. Its worker reads it back, so the teammate
-/// ends as one whose grace ran out in-process does (docs/teams.md, "Shutting a teammate
-/// down").
+/// shutdown cancelled when its grace of `ns` nanoseconds passed. Its worker reads it back,
+/// so the teammate ends as one whose grace ran out in-process does (docs/teams.md, "Shutting
+/// a teammate down").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CancelReason {
     /// Any cancel but a shutdown's.
@@ -870,8 +875,21 @@ mod tests {
         assert_eq!(pool.cancel_all(&[lead_kid]).await.unwrap(), 4);
         assert_eq!(read(lead_kid).await.as_deref(), Some("1"));
         assert_eq!(read(teammate).await.as_deref(), Some("grace:2000000000"));
+        // Cancelled again, a mark lives its whole time again, keeping its value.
+        let _: i64 = redis::cmd("PEXPIRE")
+            .arg(pool.task_key("cancel", &teammate))
+            .arg(10_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
         assert_eq!(pool.cancel_all(&[teammate]).await.unwrap(), 3);
         assert_eq!(read(teammate).await.as_deref(), Some("grace:2000000000"));
+        let left: i64 = redis::cmd("PTTL")
+            .arg(pool.task_key("cancel", &teammate))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(left > 10_000, "{left} ms left");
         // A grace replaces a plain cancel.
         assert_eq!(pool.cancel_as(&[its_kid], &two).await.unwrap(), 1);
         assert_eq!(read(its_kid).await.as_deref(), Some("grace:2000000000"));

@@ -218,8 +218,8 @@ impl RunningTask {
         }));
     }
 
-    /// Records its team or its lead's grace; with both known, tells the team (at most twice,
-    /// to the same effect).
+    /// Records its team or its lead's grace; with both known, tells the team (once: the
+    /// second of the two calls does).
     fn told(&self, team: Option<TeamSide>, grace: Option<Duration>) {
         let mut known = self.grace.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(t) = team {

@@ -1431,8 +1431,12 @@ impl Team {
     ///
     /// On a pool, teammates end on their workers, under the policy and grace of the workers'
     /// `Team`; one still running when this team's grace has passed (it rejected under `Ask`,
-    /// or is stuck in a tool) is cancelled on the pool (`Pool::cancel`): its worker stops it,
-    /// and its notification comes as any teammate's end does. [`Error::TeamNotStopped`] names
+    /// or is stuck in a tool) is cancelled on the pool, the cancel saying that this team's
+    /// grace passed: its worker stops it as a teammate whose grace ran out in one process is
+    /// stopped (`killed` with the grace note naming this team's grace; under `Approve`, idle,
+    /// `completed`), and its notification comes as any teammate's end does. A worker that
+    /// cannot read why in a second takes it as a plain cancel (note `cancelled`).
+    /// [`Error::TeamNotStopped`] names
     /// the teammates still running (or owners still finishing) [`SHUT_DOWN_MARGIN`] after this
     /// team's grace — a worker that cannot be reached, a store that fails — and the team is
     /// not given up then. A letter that could not be sent is the error returned once the
