@@ -252,38 +252,23 @@ return entry
 const CANCEL: &str = r"
 local base, ttl, channel, value = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local todo, seen, n = {}, {}, 0
-for i = 5, #ARGV do
-  local id = ARGV[i]
-  if not seen[id] then
-    seen[id] = true
-    n = n + 1
-    if value == '1' then
-      if not redis.call('SET', base .. 'cancel:' .. id, value, 'PX', ttl, 'NX') then
-        redis.call('PEXPIRE', base .. 'cancel:' .. id, ttl)
-      end
-    else
-      redis.call('SET', base .. 'cancel:' .. id, value, 'PX', ttl)
-    end
-    redis.call('PUBLISH', channel, id)
-    for _, kid in ipairs(redis.call('SMEMBERS', base .. 'kids:' .. id)) do
-      todo[#todo + 1] = kid
-    end
+local function mark(id, v)
+  if seen[id] then return end
+  seen[id] = true
+  n = n + 1
+  local key = base .. 'cancel:' .. id
+  if v ~= '1' then
+    redis.call('SET', key, v, 'PX', ttl)
+  elseif not redis.call('SET', key, v, 'PX', ttl, 'NX') then
+    redis.call('PEXPIRE', key, ttl)
+  end
+  redis.call('PUBLISH', channel, id)
+  for _, kid in ipairs(redis.call('SMEMBERS', base .. 'kids:' .. id)) do
+    todo[#todo + 1] = kid
   end
 end
-while #todo > 0 and n < 100000 do
-  local id = table.remove(todo)
-  if not seen[id] then
-    seen[id] = true
-    n = n + 1
-    if not redis.call('SET', base .. 'cancel:' .. id, '1', 'PX', ttl, 'NX') then
-      redis.call('PEXPIRE', base .. 'cancel:' .. id, ttl)
-    end
-    redis.call('PUBLISH', channel, id)
-    for _, kid in ipairs(redis.call('SMEMBERS', base .. 'kids:' .. id)) do
-      todo[#todo + 1] = kid
-    end
-  end
-end
+for i = 5, #ARGV do mark(ARGV[i], value) end
+while #todo > 0 and n < 100000 do mark(table.remove(todo), '1') end
 return n
 ";
 
@@ -831,12 +816,7 @@ mod tests {
     /// Redis (`FORKHIVE_REDIS_URL`); says it was skipped without one.
     #[tokio::test]
     async fn a_cancel_stores_its_reason_for_the_named_tasks_only() {
-        let Ok(url) = std::env::var("FORKHIVE_REDIS_URL") else {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "CI=true but FORKHIVE_REDIS_URL is not set: scripts/redis-server.sh start"
-            );
-            eprintln!("skipped: no FORKHIVE_REDIS_URL (run scripts/redis-server.sh start)");
+        let Some(url) = crate::task::redis::test_redis_url() else {
             return;
         };
         let prefix = format!("cr{}", std::process::id());

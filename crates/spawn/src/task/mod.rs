@@ -22,7 +22,7 @@ pub mod conformance;
 pub mod output;
 pub mod queue;
 #[cfg(feature = "redis")]
-mod redis;
+pub(crate) mod redis;
 #[cfg(feature = "redis")]
 mod redis_queue;
 pub mod registry;

@@ -3097,18 +3097,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_pool_teammate_asked_after_the_deadline_is_cancelled_as_it_is_asked() {
         let link = Arc::new(SlowLink::default());
-        let team = Team::new("t", Arc::new(MemoryMailbox::new()) as Arc<dyn Mailbox>)
-            .unwrap()
-            .lead_on(Arc::clone(&link) as Arc<dyn TeamLink>)
-            .with_shutdown_grace(Duration::ZERO);
-        let alice = TaskId::generate(forkhive_core::TaskKind::Agent);
-        team.join(Member {
-            name: "alice".into(),
-            task: alice,
-            agent_type: "worker".into(),
-            state: MemberState::Idle,
-        })
-        .unwrap();
+        let (team, alice) = slow_team_with_alice(&link, Duration::ZERO);
         team.join(Member {
             name: "bob".into(),
             task: TaskId::generate(forkhive_core::TaskKind::Agent),
@@ -3123,12 +3112,12 @@ mod tests {
         assert_eq!(*link.cancelled.lock().unwrap(), [alice]);
     }
 
-    /// A team on `link` with a grace of one second and `alice` idle on the pool.
-    fn slow_team_with_alice(link: &Arc<SlowLink>) -> (Team, TaskId) {
+    /// A team on `link` with a shutdown grace of `grace` and `alice` idle on the pool.
+    fn slow_team_with_alice(link: &Arc<SlowLink>, grace: Duration) -> (Team, TaskId) {
         let team = Team::new("t", Arc::new(MemoryMailbox::new()) as Arc<dyn Mailbox>)
             .unwrap()
             .lead_on(Arc::clone(link) as Arc<dyn TeamLink>)
-            .with_shutdown_grace(Duration::from_secs(1));
+            .with_shutdown_grace(grace);
         let alice = TaskId::generate(forkhive_core::TaskKind::Agent);
         team.join(Member {
             name: "alice".into(),
@@ -3142,12 +3131,12 @@ mod tests {
 
     /// A shutdown on a pool dropped while its first request is still being stored has asked
     /// nobody: at its deadline it cancels nobody. (The Redis test `pool_team` 6d drops one
-    /// after one poll, which a descheduled thread can make "after the request was stored";
-    /// here the order is fixed.)
+    /// after one poll, on one thread so that the poll cannot finish the store; here the
+    /// order is fixed without Redis.)
     #[tokio::test(start_paused = true)]
     async fn a_pool_shutdown_dropped_while_asking_cancels_nobody() {
         let link = Arc::new(SlowLink::default());
-        let (team, _alice) = slow_team_with_alice(&link);
+        let (team, _alice) = slow_team_with_alice(&link, Duration::from_secs(1));
         {
             let shutdown = team.shut_down(None);
             let mut shutdown = std::pin::pin!(shutdown);
@@ -3168,7 +3157,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_pool_shutdown_dropped_after_asking_cancels_at_its_deadline() {
         let link = Arc::new(SlowLink::default());
-        let (team, alice) = slow_team_with_alice(&link);
+        let (team, alice) = slow_team_with_alice(&link, Duration::from_secs(1));
         {
             let shutdown = team.shut_down(None);
             let mut shutdown = std::pin::pin!(shutdown);
