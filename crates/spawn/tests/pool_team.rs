@@ -1119,8 +1119,30 @@ async fn a_teammate_on_a_worker_may_reject_a_shutdown() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_hosts_shutdown_cancels_a_teammate_on_a_worker_that_rejects_it() {
     let Some(url) = redis_url() else { return };
-    let pool = Pool::new(&url, &key_prefix("rv6b"), "crew", config()).unwrap();
+    let prefix = key_prefix("rv6b");
+    let pool = Pool::new(&url, &prefix, "crew", config()).unwrap();
     let (team, lead, w1, stop) = rejecting_alice(&pool, Duration::from_secs(2)).await;
+    // Her job carries her lead's policy and grace to her worker.
+    let mut c = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(format!("{prefix}:{{crew}}:jobs"))
+        .arg("-")
+        .arg("+")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let jobs: Vec<serde_json::Value> = entries
+        .iter()
+        .flat_map(|(_, fields)| fields.iter().filter(|(k, _)| k == "job"))
+        .map(|(_, json)| serde_json::from_str(json).unwrap())
+        .collect();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(jobs[0]["teammate"]["ask_before_shutdown"], true);
+    assert_eq!(jobs[0]["teammate"]["shutdown_grace_ns"], 2_000_000_000_u64);
     let started = Instant::now();
     let asked = tokio::time::timeout(Duration::from_secs(30), team.shut_down(None))
         .await

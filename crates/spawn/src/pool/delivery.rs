@@ -779,6 +779,9 @@ impl PoolAgentTool {
             name: name.clone(),
             plan_mode,
             ask_before_shutdown: team.shutdown_policy() == crate::team::ShutdownPolicy::Ask,
+            shutdown_grace_ns: Some(
+                u64::try_from(team.shutdown_grace().as_nanos()).unwrap_or(u64::MAX),
+            ),
         });
         team.join(crate::team::Member {
             name: name.clone(),

@@ -183,6 +183,12 @@ pub struct Teammate {
     /// ([`ShutdownPolicy::Ask`](crate::team::ShutdownPolicy::Ask)) instead of approving it.
     #[serde(default)]
     pub ask_before_shutdown: bool,
+    /// Its lead's shutdown grace in nanoseconds
+    /// ([`Team::with_shutdown_grace`](crate::team::Team::with_shutdown_grace)), which its
+    /// worker's side of the team keeps too; absent (a lead of an earlier version), the
+    /// default [`SHUTDOWN_GRACE`](crate::team::SHUTDOWN_GRACE).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shutdown_grace_ns: Option<u64>,
 }
 
 impl Job {

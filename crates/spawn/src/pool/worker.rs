@@ -1134,11 +1134,17 @@ impl Worker {
         } else {
             crate::team::ShutdownPolicy::Approve
         };
+        // The lead's grace, so that a teammate that approved a shutdown and is stuck in a
+        // tool is cancelled when its lead said, not at a default of the worker's.
+        let grace = t
+            .shutdown_grace_ns
+            .map_or(crate::team::SHUTDOWN_GRACE, Duration::from_nanos);
         let team = Arc::new(
             self.pool
                 .member_team(&t.team)
                 .map_err(|e| format!("teammate `{}`: {e}", t.name))?
-                .with_shutdown_policy(policy),
+                .with_shutdown_policy(policy)
+                .with_shutdown_grace(grace),
         );
         team.join(crate::team::Member {
             name: t.name.clone(),
@@ -1659,5 +1665,75 @@ impl Reader {
                 Ok(None)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A worker whose agents have `SendMessage`, on a pool it never reaches.
+    fn worker() -> Worker {
+        let pool = Pool::new(
+            "redis://127.0.0.1:1",
+            "fh",
+            "p",
+            super::super::PoolConfig::default(),
+        )
+        .unwrap();
+        Worker::new(pool, "w", |_| {
+            let tools: Vec<Arc<dyn crate::tool::Tool>> =
+                vec![Arc::new(crate::control::SendMessageTool::new()?)];
+            Ok(crate::runtime::Agent::builder(Arc::new(
+                forkhive_transport::ScriptedBackend::from_texts(["ok"]),
+            ))
+            .model("m")
+            .tools(crate::tool::ToolPool::new(tools)?))
+        })
+        .unwrap()
+    }
+
+    /// A teammate job's side of the team keeps its lead's shutdown grace (so a teammate that
+    /// approved and is stuck in a tool is cancelled when its lead said); a job from a lead of
+    /// an earlier version, without it, keeps the default.
+    #[test]
+    fn a_teammate_keeps_its_leads_shutdown_grace() {
+        let w = worker();
+        for (sent, kept) in [
+            (Some(Duration::from_secs(600)), Duration::from_secs(600)),
+            (
+                Some(Duration::from_micros(1_500)),
+                Duration::from_micros(1_500),
+            ),
+            (None, crate::team::SHUTDOWN_GRACE),
+        ] {
+            let mut json = serde_json::json!({
+                "task": TaskId::generate(forkhive_core::TaskKind::Agent).to_string(),
+                "parent": TaskId::generate(forkhive_core::TaskKind::Agent).to_string(),
+                "description": "alice",
+                "prompt": "go",
+                "teammate": {"team": "review", "name": "alice"},
+            });
+            if let Some(g) = sent {
+                json["teammate"]["shutdown_grace_ns"] = serde_json::json!(g.as_nanos() as u64);
+            }
+            let job: Job = serde_json::from_value(json).unwrap();
+            let t = job.teammate.clone().unwrap();
+            let builder = (w.factory)(&job).unwrap();
+            let (_, side) = w.teammate(&job, &t, builder).unwrap();
+            let (team, name) = side.unwrap();
+            assert_eq!(name, "alice");
+            assert_eq!(team.shutdown_grace(), kept, "{sent:?}");
+            // And the lead writes what the worker reads.
+            if sent.is_some() {
+                let again = serde_json::to_value(&job).unwrap();
+                assert_eq!(again["teammate"]["shutdown_grace_ns"], json_grace(sent));
+            }
+        }
+    }
+
+    fn json_grace(g: Option<Duration>) -> serde_json::Value {
+        serde_json::json!(g.map(|g| g.as_nanos() as u64))
     }
 }

@@ -406,8 +406,9 @@ impl Team {
     /// [`SHUTDOWN_GRACE`], three minutes). A teammate stops at its next tool-round boundary;
     /// one inside a tool without a timeout (or a model answer that does not end) would
     /// otherwise never stop. Cancelled, it still confirms its shutdown to the lead. The grace
-    /// of the side that runs the teammate applies (on a pool, the worker's `Team`). Under
-    /// [`ShutdownPolicy::Ask`] it runs from the teammate's approval.
+    /// of the side that runs the teammate applies; on a pool, a teammate's job carries its
+    /// lead's grace to the worker's `Team`. Under [`ShutdownPolicy::Ask`] it runs from the
+    /// teammate's approval.
     pub fn with_shutdown_grace(mut self, grace: Duration) -> Self {
         self.shutdown_grace = grace;
         self
@@ -1429,21 +1430,20 @@ impl Team {
     /// team's next lead — and the team's claim on its mailbox is given up, the store told
     /// before this returns. The team may be used again: its next teammate claims it again.
     ///
-    /// On a pool, teammates end on their workers, under the policy and grace of the workers'
-    /// `Team`; one still running when this team's grace has passed (it rejected under `Ask`,
-    /// or is stuck in a tool) is cancelled on the pool, the cancel saying that this team's
-    /// grace passed: its worker stops it as a teammate whose grace ran out in one process is
-    /// stopped (`killed` with the grace note naming this team's grace; under `Approve`, idle,
-    /// `completed`), and its notification comes as any teammate's end does. A worker that
+    /// On a pool, teammates end on their workers, under this team's policy and grace (each
+    /// teammate's job carries them); one still running when this team's grace has passed (it
+    /// rejected under `Ask`, or is stuck in a tool) is cancelled on the pool, the cancel saying
+    /// that this team's grace passed: its worker stops it as a teammate whose grace ran out in one
+    /// process is stopped (`killed` with the grace note naming this team's grace; under `Approve`,
+    /// idle, `completed`), and its notification comes as any teammate's end does. A worker that
     /// cannot read why in a second takes it as a plain cancel (note `cancelled`).
-    /// [`Error::TeamNotStopped`] names
-    /// the teammates still running (or owners still finishing) [`SHUT_DOWN_MARGIN`] after this
-    /// team's grace — a worker that cannot be reached, a store that fails — and the team is
-    /// not given up then. A letter that could not be sent is the error returned once the
-    /// others were asked and waited for. A teammate's side of a
-    /// team on a pool cannot shut it down ([`Error::Refused`]). Dropped before it returns, the
-    /// teammates whose runs had started when it asked them still end by its deadline (on a
-    /// pool, are cancelled there at its deadline), and the team is not given up.
+    /// [`Error::TeamNotStopped`] names the teammates still running (or owners still finishing)
+    /// [`SHUT_DOWN_MARGIN`] after this team's grace — a worker that cannot be reached, a store that
+    /// fails — and the team is not given up then. A letter that could not be sent is the error
+    /// returned once the others were asked and waited for. A teammate's side of a team on a pool
+    /// cannot shut it down ([`Error::Refused`]). Dropped before it returns, the teammates whose
+    /// runs had started when it asked them still end by its deadline (on a pool, are cancelled
+    /// there at its deadline), and the team is not given up.
     pub async fn shut_down(&self, reason: Option<String>) -> Result<Vec<String>> {
         if matches!(self.side, Side::Member(_)) {
             return Err(Error::Refused(format!(
