@@ -1120,15 +1120,9 @@ impl Worker {
         Some((n, recorded, run.usage))
     }
 
-    /// A teammate job's builder and its side of the team (see [`Job::teammate`]); why not,
-    /// when it cannot run as one.
-    #[allow(clippy::type_complexity)]
-    fn teammate(
-        &self,
-        job: &Job,
-        t: &super::Teammate,
-        builder: AgentBuilder,
-    ) -> std::result::Result<(AgentBuilder, Option<(Arc<crate::team::Team>, String)>), String> {
+    /// A teammate job's side of its team on this worker, under its lead's shutdown policy and
+    /// grace.
+    fn side_of(&self, t: &super::Teammate) -> std::result::Result<crate::team::Team, String> {
         let policy = if t.ask_before_shutdown {
             crate::team::ShutdownPolicy::Ask
         } else {
@@ -1139,13 +1133,24 @@ impl Worker {
         let grace = t
             .shutdown_grace_ns
             .map_or(crate::team::SHUTDOWN_GRACE, Duration::from_nanos);
-        let team = Arc::new(
-            self.pool
-                .member_team(&t.team)
-                .map_err(|e| format!("teammate `{}`: {e}", t.name))?
-                .with_shutdown_policy(policy)
-                .with_shutdown_grace(grace),
-        );
+        Ok(self
+            .pool
+            .member_team(&t.team)
+            .map_err(|e| format!("teammate `{}`: {e}", t.name))?
+            .with_shutdown_policy(policy)
+            .with_shutdown_grace(grace))
+    }
+
+    /// A teammate job's builder and its side of the team (see [`Job::teammate`]); why not,
+    /// when it cannot run as one.
+    #[allow(clippy::type_complexity)]
+    fn teammate(
+        &self,
+        job: &Job,
+        t: &super::Teammate,
+        builder: AgentBuilder,
+    ) -> std::result::Result<(AgentBuilder, Option<(Arc<crate::team::Team>, String)>), String> {
+        let team = Arc::new(self.side_of(t)?);
         team.join(crate::team::Member {
             name: t.name.clone(),
             task: job.task,
@@ -1673,8 +1678,11 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    /// A worker whose agents have `SendMessage`, on a pool it never reaches.
-    fn worker() -> Worker {
+    /// A teammate job's side of the team keeps its lead's shutdown policy and grace (so a
+    /// teammate that approved and is stuck in a tool is cancelled when its lead said); a job
+    /// from a lead of an earlier version, without the grace, keeps the default.
+    #[test]
+    fn a_teammate_keeps_its_leads_shutdown_policy_and_grace() {
         let pool = Pool::new(
             "redis://127.0.0.1:1",
             "fh",
@@ -1682,58 +1690,48 @@ mod tests {
             super::super::PoolConfig::default(),
         )
         .unwrap();
-        Worker::new(pool, "w", |_| {
-            let tools: Vec<Arc<dyn crate::tool::Tool>> =
-                vec![Arc::new(crate::control::SendMessageTool::new()?)];
-            Ok(crate::runtime::Agent::builder(Arc::new(
-                forkhive_transport::ScriptedBackend::from_texts(["ok"]),
-            ))
-            .model("m")
-            .tools(crate::tool::ToolPool::new(tools)?))
-        })
-        .unwrap()
-    }
-
-    /// A teammate job's side of the team keeps its lead's shutdown grace (so a teammate that
-    /// approved and is stuck in a tool is cancelled when its lead said); a job from a lead of
-    /// an earlier version, without it, keeps the default.
-    #[test]
-    fn a_teammate_keeps_its_leads_shutdown_grace() {
-        let w = worker();
-        for (sent, kept) in [
-            (Some(Duration::from_secs(600)), Duration::from_secs(600)),
+        let w = Worker::new(pool, "w", |_| Err(Error::Config("unused".into()))).unwrap();
+        for (ask, sent, kept) in [
             (
+                true,
+                Some(Duration::from_secs(600)),
+                Duration::from_secs(600),
+            ),
+            (
+                false,
                 Some(Duration::from_micros(1_500)),
                 Duration::from_micros(1_500),
             ),
-            (None, crate::team::SHUTDOWN_GRACE),
+            (false, None, crate::team::SHUTDOWN_GRACE),
         ] {
-            let mut json = serde_json::json!({
-                "task": TaskId::generate(forkhive_core::TaskKind::Agent).to_string(),
-                "parent": TaskId::generate(forkhive_core::TaskKind::Agent).to_string(),
-                "description": "alice",
-                "prompt": "go",
-                "teammate": {"team": "review", "name": "alice"},
-            });
+            let mut json = serde_json::json!({"team": "review", "name": "alice"});
+            if ask {
+                json["ask_before_shutdown"] = serde_json::json!(true);
+            }
             if let Some(g) = sent {
-                json["teammate"]["shutdown_grace_ns"] = serde_json::json!(g.as_nanos() as u64);
+                json["shutdown_grace_ns"] = serde_json::json!(u64::try_from(g.as_nanos()).unwrap());
             }
-            let job: Job = serde_json::from_value(json).unwrap();
-            let t = job.teammate.clone().unwrap();
-            let builder = (w.factory)(&job).unwrap();
-            let (_, side) = w.teammate(&job, &t, builder).unwrap();
-            let (team, name) = side.unwrap();
-            assert_eq!(name, "alice");
-            assert_eq!(team.shutdown_grace(), kept, "{sent:?}");
-            // And the lead writes what the worker reads.
-            if sent.is_some() {
-                let again = serde_json::to_value(&job).unwrap();
-                assert_eq!(again["teammate"]["shutdown_grace_ns"], json_grace(sent));
+            let t: super::super::Teammate = serde_json::from_value(json.clone()).unwrap();
+            let team = w.side_of(&t).unwrap();
+            assert_eq!(team.shutdown_grace(), kept, "{json}");
+            let policy = if ask {
+                crate::team::ShutdownPolicy::Ask
+            } else {
+                crate::team::ShutdownPolicy::Approve
+            };
+            assert_eq!(team.shutdown_policy(), policy, "{json}");
+            // What the lead writes is what the worker reads: absent stays absent.
+            // (The two flags are always written; the grace only when there is one.)
+            let mut again = serde_json::to_value(&t).unwrap();
+            let fields = again.as_object_mut().unwrap();
+            assert_eq!(fields.remove("plan_mode"), Some(serde_json::json!(false)));
+            if !ask {
+                assert_eq!(
+                    fields.remove("ask_before_shutdown"),
+                    Some(serde_json::json!(false))
+                );
             }
+            assert_eq!(again, json);
         }
-    }
-
-    fn json_grace(g: Option<Duration>) -> serde_json::Value {
-        serde_json::json!(g.map(|g| g.as_nanos() as u64))
     }
 }
