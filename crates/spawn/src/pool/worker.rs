@@ -1702,6 +1702,9 @@ mod tests {
                 Some(Duration::from_micros(1_500)),
                 Duration::from_micros(1_500),
             ),
+            (true, Some(Duration::ZERO), Duration::ZERO),
+            // A lead's `Duration::MAX` (never cancel), saturated: about 584 years.
+            (false, Some(Duration::MAX), Duration::from_nanos(u64::MAX)),
             (false, None, crate::team::SHUTDOWN_GRACE),
         ] {
             let mut json = serde_json::json!({"team": "review", "name": "alice"});
@@ -1709,7 +1712,8 @@ mod tests {
                 json["ask_before_shutdown"] = serde_json::json!(true);
             }
             if let Some(g) = sent {
-                json["shutdown_grace_ns"] = serde_json::json!(u64::try_from(g.as_nanos()).unwrap());
+                json["shutdown_grace_ns"] =
+                    serde_json::json!(u64::try_from(g.as_nanos()).unwrap_or(u64::MAX));
             }
             let t: super::super::Teammate = serde_json::from_value(json.clone()).unwrap();
             let team = w.side_of(&t).unwrap();
@@ -1720,7 +1724,8 @@ mod tests {
                 crate::team::ShutdownPolicy::Approve
             };
             assert_eq!(team.shutdown_policy(), policy, "{json}");
-            // What the lead writes is what the worker reads: absent stays absent.
+            // A `Teammate` writes back as it was read, an absent grace absent. (What the lead
+            // writes is checked in `tests/pool_team.rs`, 6b.)
             // (The two flags are always written; the grace only when there is one.)
             let mut again = serde_json::to_value(&t).unwrap();
             let fields = again.as_object_mut().unwrap();

@@ -1476,8 +1476,8 @@ impl Team {
             .filter(|m| m.state != MemberState::Stopped)
             .map(|m| m.name.clone())
             .collect();
-        // On a pool, a teammate ends on its worker under the worker's policy and grace: one
-        // that rejected the request under `Ask`, or is stuck in a tool, is still running when
+        // On a pool, a teammate ends on its worker under this team's policy and grace (its
+        // job carries them): one that rejected the request under `Ask`, or is stuck in a tool, is still running when
         // this shutdown's grace has passed. The lead cancels it on the pool then (its worker
         // stops it and reports its end), so a host that shuts its team down before it exits
         // leaves nothing running on the workers either — from a task of its own, as the
