@@ -1678,19 +1678,56 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    /// A teammate job's side of the team keeps its lead's shutdown policy and grace (so a
-    /// teammate that approved and is stuck in a tool is cancelled when its lead said); a job
-    /// from a lead of an earlier version, without the grace, keeps the default.
-    #[test]
-    fn a_teammate_keeps_its_leads_shutdown_policy_and_grace() {
-        let pool = Pool::new(
+    /// A pool on an address nothing answers.
+    fn unreachable_pool() -> Pool {
+        Pool::new(
             "redis://127.0.0.1:1",
             "fh",
             "p",
             super::super::PoolConfig::default(),
         )
+        .unwrap()
+    }
+
+    fn running(teammate_job: bool) -> Arc<RunningTask> {
+        Arc::new(RunningTask {
+            id: TaskId::generate(forkhive_core::TaskKind::Agent),
+            token: CancellationToken::new(),
+            shutdown: Arc::default(),
+            teammate_job,
+            reading: AtomicBool::new(false),
+            grace: Mutex::default(),
+        })
+    }
+
+    /// A plain task's pool cancel lands at once; a teammate's, whose reason cannot be read
+    /// (the store does not answer), is a plain cancel within the read's second, and a second
+    /// cancel meanwhile does not read again.
+    #[tokio::test]
+    async fn a_pool_cancel_whose_reason_cannot_be_read_is_a_plain_cancel() {
+        let pool = unreachable_pool();
+        let plain = running(false);
+        plain.cancelled_on_pool(&pool);
+        assert!(plain.token.is_cancelled());
+        let teammate = running(true);
+        teammate.cancelled_on_pool(&pool);
+        assert!(teammate.reading.load(Ordering::Acquire));
+        teammate.cancelled_on_pool(&pool);
+        tokio::time::timeout(Duration::from_secs(5), teammate.token.cancelled())
+            .await
+            .expect("cancelled after the failed read");
+        assert_eq!(teammate.grace.lock().unwrap().1, None, "no grace was read");
+    }
+
+    /// A teammate job's side of the team keeps its lead's shutdown policy and grace (so a
+    /// teammate that approved and is stuck in a tool is cancelled when its lead said); a job
+    /// from a lead of an earlier version, without the grace, keeps the default.
+    #[test]
+    fn a_teammate_keeps_its_leads_shutdown_policy_and_grace() {
+        let w = Worker::new(unreachable_pool(), "w", |_| {
+            Err(Error::Config("unused".into()))
+        })
         .unwrap();
-        let w = Worker::new(pool, "w", |_| Err(Error::Config("unused".into()))).unwrap();
         for (ask, sent, kept) in [
             (
                 true,

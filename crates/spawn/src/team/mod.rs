@@ -1323,7 +1323,7 @@ impl Team {
             // The stop first: a run the halt ends must find it set.
             c.stop.send_replace(Some(request_id));
             c.halt.request();
-            Self::cancel_at(c, deadline_after(self.shutdown_grace), self.shutdown_grace);
+            self.cancel_at(c, deadline_after(self.shutdown_grace));
         }
     }
 
@@ -1367,7 +1367,7 @@ impl Team {
     fn arm(&self, name: &str, task: TaskId, control: Control) {
         let mut controls = self.controls();
         if let Some(deadline) = self.shutdown_deadline() {
-            Team::cancel_at(&control, deadline, self.shutdown_grace);
+            self.cancel_at(&control, deadline);
         }
         if let Some(grace) = self
             .early_overdue
@@ -1381,10 +1381,11 @@ impl Team {
     }
 
     /// Cancels the teammate of `c` if it has not ended by `deadline`, the end of the team's
-    /// shutdown `grace`: a run that does not reach its next tool round in time (a peer's users
+    /// shutdown grace: a run that does not reach its next tool round in time (a peer's users
     /// report shutdowns that never complete). Its owner cancels the token when it ends anyway,
     /// which ends this wait early.
-    fn cancel_at(c: &Control, deadline: tokio::time::Instant, grace: Duration) {
+    fn cancel_at(&self, c: &Control, deadline: tokio::time::Instant) {
+        let grace = self.shutdown_grace;
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let token = c.cancel.clone();
             let overdue = Arc::clone(&c.overdue);
@@ -1524,11 +1525,7 @@ impl Team {
             // Ended whatever the policy, and whether or not the letter went. (One whose run
             // has not started yet is armed as it starts.)
             if let Some(c) = self.controls().get(name) {
-                Self::cancel_at(
-                    c,
-                    self.shutdown_deadline().unwrap_or(deadline),
-                    self.shutdown_grace,
-                );
+                self.cancel_at(c, self.shutdown_deadline().unwrap_or(deadline));
             }
             if let (Some(_), Side::Lead(link)) = (&overdue, &self.side)
                 && let Some(m) = self
