@@ -9,9 +9,13 @@
 //! with ~200 characters; every child's answer must reach the parent through its
 //! `<task-notification>`, and then the parent answers. The model has each answer whole and
 //! says so (`Backend::answers_whole`); `--streamed` makes it answer as stream events instead. Prints one JSON line:
-//! `{"framework":"forkhive","n":..,"t":..,"wall_s":..,"per_child_us":..,"peak_rss_mb":..,"total_model_calls":..}`.
+//! `{"framework":"forkhive","n":..,"t":..,"wall_s":..,"per_child_us":..,"peak_rss_mb":..,"page_faults_per_child":..,"total_model_calls":..}`.
 //! With `--transcripts DIR`, `transcript_bytes_per_child` is what this run's files hold,
-//! divided by N (files already in `DIR` are not counted).
+//! divided by N (files already in `DIR` are not counted). `page_faults_per_child` is the
+//! process's minor page faults while the clock runs, divided by N (`null` where
+//! `/proc/self/stat` cannot be read): each is a page touched for the first time, which the
+//! kernel supplies zeroed. A long-lived host pays that once per page its heap ever grows to,
+//! not once per fan-out.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -33,6 +37,14 @@ fn peak_rss_mb() -> f64 {
                 .and_then(|kb| kb.parse::<f64>().ok())
         })
         .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// The process's minor page faults so far (field 10 of `/proc/self/stat`), where Linux says.
+fn minor_faults() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count after it.
+    let after_name = stat.get(stat.rfind(')')? + 1..)?;
+    after_name.split_whitespace().nth(7)?.parse().ok()
 }
 
 /// Orchestration cost of a wide background fan-out on a scripted model, as one JSON line.
@@ -87,9 +99,13 @@ async fn run(args: &Args) -> Result<String, String> {
     };
     let mut parent = fanout::parent(Arc::clone(&model), n, args.transcripts.as_deref()).await?;
 
+    let faults_before = minor_faults();
     let start = Instant::now();
     let run = parent.run(fanout::PROMPT).await;
     let wall = start.elapsed();
+    let faults = faults_before
+        .zip(minor_faults())
+        .map(|(a, b)| b.saturating_sub(a));
     if run.stop != StopReason::Completed {
         return Err(format!("the parent stopped: {} {:?}", run.stop, run.error));
     }
@@ -119,6 +135,7 @@ async fn run(args: &Args) -> Result<String, String> {
         "wall_s": (wall_s * 1e4).round() / 1e4,
         "per_child_us": (wall_s * 1e6 / n as f64 * 100.0).round() / 100.0,
         "peak_rss_mb": (peak_rss_mb() * 10.0).round() / 10.0,
+        "page_faults_per_child": faults.map(|f| (f as f64 / n as f64 * 100.0).round() / 100.0),
         "total_model_calls": model.calls(),
     })
     .to_string())
