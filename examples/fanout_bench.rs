@@ -13,9 +13,9 @@
 //! With `--transcripts DIR`, `transcript_bytes_per_child` is what this run's files hold,
 //! divided by N (files already in `DIR` are not counted). `page_faults_per_child` is the
 //! process's minor page faults while the clock runs, divided by N (`null` where
-//! `/proc/self/stat` cannot be read): each is a page touched for the first time, which the
-//! kernel supplies zeroed. A long-lived host pays that once per page its heap ever grows to,
-//! not once per fan-out.
+//! `/proc/self/stat` cannot be read), mostly pages of heap touched for the first time, which
+//! the kernel supplies zeroed. A long-lived host pays that once per page its heap ever grows
+//! to, not once per fan-out.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
