@@ -80,6 +80,9 @@ struct Shared {
     started: std::sync::atomic::AtomicUsize,
     #[cfg(test)]
     waited: std::sync::atomic::AtomicUsize,
+    /// Records appended (what the writer's tests count: one per write a writer waits for).
+    #[cfg(test)]
+    appended: std::sync::atomic::AtomicUsize,
 }
 
 /// The jobs waiting, and who drains them.
@@ -209,6 +212,12 @@ impl Journal {
         Self(shared)
     }
 
+    /// How many records have been appended through this journal (its clones included).
+    #[cfg(test)]
+    pub(super) fn appended(&self) -> usize {
+        self.0.appended.load(Ordering::Relaxed)
+    }
+
     /// A journal of its own, for a file that is not a regular file (a device, a pipe): a
     /// write to it that blocks holds up no one else's records.
     pub(super) fn alone() -> Self {
@@ -219,6 +228,8 @@ impl Journal {
     /// hears how the write went. From here the record is written whatever becomes of the
     /// caller.
     pub(super) fn append(&self, to: Arc<Target>, line: Vec<u8>, cut_to: u64) -> Written {
+        #[cfg(test)]
+        self.0.appended.fetch_add(1, Ordering::Relaxed);
         let (done, written) = oneshot::channel();
         self.queue(Job::Append {
             to,

@@ -232,8 +232,8 @@ impl std::fmt::Debug for TranscriptWriter {
 struct Handed {
     /// The file's length once it is written.
     end: u64,
-    /// A message record: it took an index.
-    indexed: bool,
+    /// How many message indexes it took (0 for a usage or stop record alone).
+    indexed: usize,
     /// How the write went.
     written: Written,
 }
@@ -422,7 +422,7 @@ impl TranscriptWriter {
                 kind: "header",
                 body: header,
             },
-            false,
+            0,
         )
         .await?;
         Ok(w)
@@ -561,26 +561,47 @@ impl TranscriptWriter {
             message,
             at: now_ms(),
         };
-        self.write_line(&line, true).await
+        self.write_line(&line, 1).await
     }
 
     /// Appends a usage record for one turn.
     pub async fn usage(&mut self, turn: &TurnRecord) -> Result<()> {
-        let line = UsageLine {
-            turn: turn.turn,
-            fingerprint: turn.fingerprint().to_string(),
-            usage: turn.usage,
-            stop_reason: turn.stop_reason.as_ref().map(|s| s.as_str().to_owned()),
-            tool_calls: turn.tool_calls,
-            sent_at: Some(turn.sent_at_ms),
-            at: Some(now_ms()),
-        };
+        let line = usage_line(turn);
         self.write_line(
             &Tagged {
                 kind: "usage",
                 body: &line,
             },
-            false,
+            0,
+        )
+        .await
+    }
+
+    /// [`usage`](Self::usage) for `turn`, then [`message`](Self::message) for its answer, in
+    /// one write: the two lines land together or not at all (a failed write cuts both off and
+    /// gives the message's index back), and the agent waits for the file once, not twice.
+    pub(crate) async fn usage_and_message(
+        &mut self,
+        turn: &TurnRecord,
+        message: &Message,
+    ) -> Result<()> {
+        let usage = usage_line(turn);
+        let usage = Tagged {
+            kind: "usage",
+            body: &usage,
+        };
+        let line = MessageLine {
+            kind: "message",
+            index: self.next_index,
+            message,
+            at: now_ms(),
+        };
+        self.write_lines(
+            |out| {
+                encode_line(out, &usage)?;
+                encode_line(out, &line)
+            },
+            1,
         )
         .await
     }
@@ -597,29 +618,39 @@ impl TranscriptWriter {
                 kind: "stop",
                 body: &line,
             },
-            false,
+            0,
         )
         .await
     }
 
-    /// Writes one record; `indexed`: a message record, which takes `next_index`.
+    /// Writes one record, a line; `indexed`: how many message indexes it takes from
+    /// `next_index` (1 for a message, 0 for anything else).
+    async fn write_line<T: Serialize>(&mut self, record: &T, indexed: usize) -> Result<()> {
+        self.write_lines(|out| encode_line(out, record), indexed)
+            .await
+    }
+
+    /// Writes the lines `encode` makes as one record, which takes `indexed` message indexes.
     ///
     /// The record is handed to the journal whole, in one write, so a crash cuts at most the
-    /// last line. Once handed, it is written even if this future is dropped before it hears:
-    /// the index is taken then, and the next record first confirms it. A record whose write
-    /// fails is cut off the file before anything else is written to it (a partial line would
-    /// make every later record unreadable) and gives its index back.
-    async fn write_line<T: Serialize>(&mut self, record: &T, indexed: bool) -> Result<()> {
+    /// last record. Once handed, it is written even if this future is dropped before it hears:
+    /// the indexes are taken then, and the next record first confirms it. A record whose write
+    /// fails is cut off the file, every line of it, before anything else is written to it (a
+    /// partial line would make every later record unreadable) and gives its indexes back.
+    async fn write_lines(
+        &mut self,
+        encode: impl FnOnce(&mut Vec<u8>) -> serde_json::Result<()>,
+        indexed: usize,
+    ) -> Result<()> {
         self.confirm().await?;
         // Into the last record's buffer, which the journal handed back.
         let mut line = std::mem::take(&mut self.spare);
         line.clear();
-        serde_json::to_writer(&mut line, record).map_err(|e| Error::Transcript {
+        encode(&mut line).map_err(|e| Error::Transcript {
             path: self.to.path.clone(),
             line: 0,
             message: format!("cannot encode a record: {e}"),
         })?;
-        line.push(b'\n');
         let end = self.len + line.len() as u64;
         // Handed over whole: written in one piece even if this future is dropped.
         let written = self.journal.append(Arc::clone(&self.to), line, self.len);
@@ -628,25 +659,41 @@ impl TranscriptWriter {
             indexed,
             written,
         };
-        if indexed {
-            self.next_index += 1;
-        }
+        self.next_index += indexed;
         self.handed = Some(h);
         self.confirm().await
     }
 
     /// After a failed write (whatever it left of itself already cut off, see `journal`): the
-    /// record's index given back (`indexed`). Returns the write's error.
-    fn undo(&mut self, indexed: bool, source: std::io::Error) -> Error {
-        if indexed {
-            self.next_index -= 1;
-        }
+    /// record's `indexed` message indexes given back. Returns the write's error.
+    fn undo(&mut self, indexed: usize, source: std::io::Error) -> Error {
+        self.next_index -= indexed;
         Error::Io {
             action: "appending to transcript",
             path: self.to.path.clone(),
             source,
         }
     }
+}
+
+/// The usage record of `turn`.
+fn usage_line(turn: &TurnRecord) -> UsageLine {
+    UsageLine {
+        turn: turn.turn,
+        fingerprint: turn.fingerprint().to_string(),
+        usage: turn.usage,
+        stop_reason: turn.stop_reason.as_ref().map(|s| s.as_str().to_owned()),
+        tool_calls: turn.tool_calls,
+        sent_at: Some(turn.sent_at_ms),
+        at: Some(now_ms()),
+    }
+}
+
+/// `record` as one line of JSON, appended to `out`.
+fn encode_line<T: Serialize>(out: &mut Vec<u8>, record: &T) -> serde_json::Result<()> {
+    serde_json::to_writer(&mut *out, record)?;
+    out.push(b'\n');
+    Ok(())
 }
 
 /// Appends a stop record to the transcript at `path`, for an agent that could not write its
@@ -1111,4 +1158,127 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Transcript> {
         dropped,
         valid_len: valid_len as u64,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::Agent;
+    use crate::tool::{FnTool, ToolOutput, ToolPool};
+    use forkhive_core::{ContentBlock, RawJson};
+    use forkhive_transport::{ModelStop, Response, ScriptedBackend};
+
+    fn reply(content: Vec<ContentBlock>, stop: ModelStop) -> forkhive_transport::Result<Response> {
+        Ok(Response {
+            message: Message::assistant(content),
+            stop_reason: Some(stop),
+            usage: Usage {
+                input_tokens: 10,
+                output_tokens: 5,
+                ..Usage::default()
+            },
+            id: None,
+            model: None,
+        })
+    }
+
+    /// An agent keeping its transcript in `dir`, whose model calls `look` once and then
+    /// answers.
+    async fn looking_agent(dir: &Path) -> Agent {
+        let backend = Arc::new(ScriptedBackend::from_replies([
+            reply(
+                vec![ContentBlock::tool_use(
+                    "t1",
+                    "look",
+                    RawJson::parse("{}").unwrap(),
+                )],
+                ModelStop::ToolUse,
+            ),
+            reply(vec![ContentBlock::text("seen it")], ModelStop::EndTurn),
+        ]));
+        let look = FnTool::new(
+            ToolDefinition::new("look", "Looks", r#"{"type":"object"}"#).unwrap(),
+            |_, _| async { ToolOutput::text("a tree") },
+        )
+        .arc();
+        Agent::builder(backend)
+            .model("m")
+            .system_prompt("You look.")
+            .tools(ToolPool::new([look]).unwrap())
+            .transcript_dir(dir)
+            .build()
+            .await
+            .unwrap()
+    }
+
+    /// The kind of each record in the file at `path`, in order.
+    fn kinds(path: &Path) -> Vec<String> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v["type"].as_str().unwrap().to_owned()
+            })
+            .collect()
+    }
+
+    /// A turn's usage record goes to the file in its answer's write: the agent waits for the
+    /// file once per message (and once for its stop), not once more per turn.
+    #[tokio::test]
+    async fn a_turns_usage_record_shares_its_answers_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut agent = looking_agent(dir.path()).await;
+        let journal = Journal::for_dir(dir.path());
+        let before = journal.appended();
+        let run = agent.run("look once").await;
+        assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+        let path = agent.transcript_path().unwrap().to_path_buf();
+        let t = read(&path).await.unwrap();
+        // The prompt, the call, its result and the answer; a usage record per turn; a stop.
+        assert_eq!((t.messages.len(), t.turns.len(), t.stops.len()), (4, 2, 1));
+        assert_eq!(
+            journal.appended() - before,
+            5,
+            "one write per message and one for the stop"
+        );
+        assert_eq!(
+            kinds(&path),
+            [
+                "header", "message", "usage", "message", "message", "usage", "message", "stop"
+            ]
+        );
+        assert_eq!(t.turns[1].usage.output_tokens, 5);
+    }
+
+    /// A usage record and answer the device refuses: one error, and the answer's index is
+    /// given back (the next message takes it).
+    #[tokio::test]
+    async fn a_refused_usage_record_and_answer_give_the_answers_index_back() {
+        if !Path::new("/dev/full").exists() {
+            eprintln!("skipped: this system has no /dev/full");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut agent = looking_agent(dir.path()).await;
+        let run = agent.run("look once").await;
+        let turn = run.turns.last().unwrap().clone();
+        let mut full = read(agent.transcript_path().unwrap()).await.unwrap();
+        full.path = "/dev/full".into();
+        let mut w = TranscriptWriter::reopen(&full).await.unwrap();
+        let n = w.next_index();
+        let err = w
+            .usage_and_message(&turn, &Message::assistant(vec![ContentBlock::text("lost")]))
+            .await
+            .unwrap_err();
+        match &err {
+            Error::Io { action, source, .. } => {
+                assert_eq!(*action, "appending to transcript");
+                assert_eq!(source.raw_os_error(), Some(28), "{err}");
+            }
+            other => panic!("not an I/O error: {other}"),
+        }
+        assert_eq!(w.next_index(), n);
+        assert!(!w.has_unconfirmed());
+    }
 }

@@ -400,7 +400,11 @@ impl Agent {
             tool_calls: calls.len(),
             sent_at_ms,
         };
-        if let Some(r) = &mut self.transcript
+        let has_content = !message.content.is_empty();
+        // An answer with content is written to the transcript with its turn's usage record, in
+        // one write (`push_answer`, below): the agent waits for the file once for the two.
+        if !has_content
+            && let Some(r) = &mut self.transcript
             && let Err(e) = Box::pin(r.writer.usage(&record)).await
         {
             run.error = Some(Arc::new(e));
@@ -413,7 +417,6 @@ impl Agent {
         let message = Arc::new(message);
         let snapshot = (!calls.is_empty())
             .then(|| Arc::new(TurnSnapshot::new(sent, Arc::clone(&message), self.turn)));
-        let has_content = !message.content.is_empty();
         // The limits on continuations and resends count in a row: any other answer resets them.
         let cut_in_text = stop_reason == Some(ModelStop::MaxTokens) && calls.is_empty();
         if !cut_in_text {
@@ -437,7 +440,7 @@ impl Agent {
             // transcript before any tool runs: the two agree on every path, and a run dropped
             // mid-round leaves calls without results that the next run answers
             // (`answer_interrupted`), as a resume does.
-            if let Err(e) = self.push_shared([message]).await {
+            if let Err(e) = self.push_answer(message, run.turns.last()).await {
                 run.error = Some(Arc::new(e));
                 return TurnEnd::Stop(StopReason::Failed);
             }
@@ -621,6 +624,20 @@ impl Agent {
         self.record(messages.into_iter().collect(), false).await
     }
 
+    /// [`push_shared`](Self::push_shared) for a turn's answer, with a transcript written
+    /// after the turn's usage record (`usage`) in one write, which lands whole or not at all:
+    /// a failed write leaves both out, as a failed message write leaves the message out.
+    async fn push_answer(
+        &mut self,
+        answer: Arc<Message>,
+        usage: Option<&TurnRecord>,
+    ) -> Result<()> {
+        if self.transcript.is_none() {
+            return self.push_shared([answer]).await;
+        }
+        self.record_after(vec![answer], false, usage).await
+    }
+
     /// Writes `messages` to the transcript, then takes them into the conversation (or, with
     /// `unsent`, the messages still to send first) and answers the receipts of what was
     /// injected: `true` once every one is recorded.
@@ -636,6 +653,17 @@ impl Agent {
     /// results recorded but not taken were answered again as interrupted (two results for one
     /// call, which a resumed conversation would send).
     async fn record(&mut self, messages: Vec<Arc<Message>>, unsent: bool) -> Result<()> {
+        self.record_after(messages, unsent, None).await
+    }
+
+    /// [`record`](Self::record), with `usage` (a turn's usage record) written in the first
+    /// message's write, before it.
+    async fn record_after(
+        &mut self,
+        messages: Vec<Arc<Message>>,
+        unsent: bool,
+        mut usage: Option<&TurnRecord>,
+    ) -> Result<()> {
         if self.left_a_record() {
             Box::pin(self.settle_recorded()).await;
         }
@@ -661,7 +689,11 @@ impl Agent {
                 break;
             };
             // Boxed, like every file write here: the agent's future stays small.
-            if let Err(e) = Box::pin(rec.writer.message(&m)).await {
+            let written = match usage.take() {
+                Some(u) => Box::pin(rec.writer.usage_and_message(u, &m)).await,
+                None => Box::pin(rec.writer.message(&m)).await,
+            };
+            if let Err(e) = written {
                 failed = Some(e);
                 break;
             }
