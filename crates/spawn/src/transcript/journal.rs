@@ -80,7 +80,8 @@ struct Shared {
     started: std::sync::atomic::AtomicUsize,
     #[cfg(test)]
     waited: std::sync::atomic::AtomicUsize,
-    /// Records appended (what the writer's tests count: one per write a writer waits for).
+    /// Jobs appended (what the writer's tests count: one per write a writer waits for, which
+    /// may hold more than one record).
     #[cfg(test)]
     appended: std::sync::atomic::AtomicUsize,
 }

@@ -578,8 +578,9 @@ impl TranscriptWriter {
     }
 
     /// [`usage`](Self::usage) for `turn`, then [`message`](Self::message) for its answer, in
-    /// one write: the two lines land together or not at all (a failed write cuts both off and
-    /// gives the message's index back), and the agent waits for the file once, not twice.
+    /// one write, which the agent waits for once, not twice. A failed write cuts both lines off
+    /// and gives the message's index back; a crash mid-write may keep the usage line and cut
+    /// the answer's (a torn last line, as between two writes).
     pub(crate) async fn usage_and_message(
         &mut self,
         turn: &TurnRecord,
@@ -632,8 +633,8 @@ impl TranscriptWriter {
 
     /// Writes the lines `encode` makes as one record, which takes `indexed` message indexes.
     ///
-    /// The record is handed to the journal whole, in one write, so a crash cuts at most the
-    /// last record. Once handed, it is written even if this future is dropped before it hears:
+    /// The record is handed to the journal whole, in one write, so a crash cuts at most its
+    /// last line. Once handed, it is written even if this future is dropped before it hears:
     /// the indexes are taken then, and the next record first confirms it. A record whose write
     /// fails is cut off the file, every line of it, before anything else is written to it (a
     /// partial line would make every later record unreadable) and gives its indexes back.
@@ -1160,55 +1161,58 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Transcript> {
     })
 }
 
+/// How many writes the journal of `dir` has been handed (a record, or a turn's usage record
+/// and answer together), for the tests of what waits on the file how often.
+#[cfg(test)]
+pub(crate) fn writes_in(dir: &Path) -> usize {
+    Journal::for_dir(dir).appended()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::Agent;
-    use crate::tool::{FnTool, ToolOutput, ToolPool};
-    use forkhive_core::{ContentBlock, RawJson};
-    use forkhive_transport::{ModelStop, Response, ScriptedBackend};
+    use forkhive_core::ContentBlock;
+    use forkhive_transport::ModelStop;
 
-    fn reply(content: Vec<ContentBlock>, stop: ModelStop) -> forkhive_transport::Result<Response> {
-        Ok(Response {
-            message: Message::assistant(content),
-            stop_reason: Some(stop),
+    /// A writer of a new transcript in `dir`.
+    async fn new_writer(dir: &Path) -> TranscriptWriter {
+        let params = CacheSafeParams::builder("m")
+            .system_block("You look.")
+            .build();
+        let header = TranscriptHeader {
+            version: TRANSCRIPT_VERSION,
+            agent_id: TaskId::generate(forkhive_core::TaskKind::Agent).to_string(),
+            parent_id: None,
+            depth: 0,
+            kind: AgentKind::Main,
+            query_source: "sdk".to_owned(),
+            definition: None,
+            model: "m".to_owned(),
+            prefix_fingerprint: params.fingerprint().total().to_string(),
+            prefix: PrefixRecord::of(&params),
+            permission_mode: None,
+            max_turns: None,
+            inherited_messages: None,
+            inherited_fingerprint: None,
+            at: Some(now_ms()),
+        };
+        TranscriptWriter::create(dir, &header).await.unwrap()
+    }
+
+    /// A turn answered with 5 output tokens.
+    fn turn() -> TurnRecord {
+        TurnRecord {
+            turn: 1,
+            prefix: CacheSafeParams::builder("m").build(),
             usage: Usage {
                 input_tokens: 10,
                 output_tokens: 5,
                 ..Usage::default()
             },
-            id: None,
-            model: None,
-        })
-    }
-
-    /// An agent keeping its transcript in `dir`, whose model calls `look` once and then
-    /// answers.
-    async fn looking_agent(dir: &Path) -> Agent {
-        let backend = Arc::new(ScriptedBackend::from_replies([
-            reply(
-                vec![ContentBlock::tool_use(
-                    "t1",
-                    "look",
-                    RawJson::parse("{}").unwrap(),
-                )],
-                ModelStop::ToolUse,
-            ),
-            reply(vec![ContentBlock::text("seen it")], ModelStop::EndTurn),
-        ]));
-        let look = FnTool::new(
-            ToolDefinition::new("look", "Looks", r#"{"type":"object"}"#).unwrap(),
-            |_, _| async { ToolOutput::text("a tree") },
-        )
-        .arc();
-        Agent::builder(backend)
-            .model("m")
-            .system_prompt("You look.")
-            .tools(ToolPool::new([look]).unwrap())
-            .transcript_dir(dir)
-            .build()
-            .await
-            .unwrap()
+            stop_reason: Some(ModelStop::EndTurn),
+            tool_calls: 0,
+            sent_at_ms: now_ms(),
+        }
     }
 
     /// The kind of each record in the file at `path`, in order.
@@ -1223,36 +1227,28 @@ mod tests {
             .collect()
     }
 
-    /// A turn's usage record goes to the file in its answer's write: the agent waits for the
-    /// file once per message (and once for its stop), not once more per turn.
+    /// A usage record and an answer written together: one write of two lines, the usage
+    /// record first; the answer takes the next index, and both read back.
     #[tokio::test]
-    async fn a_turns_usage_record_shares_its_answers_write() {
+    async fn a_usage_record_and_answer_are_one_write_of_two_lines() {
         let dir = tempfile::tempdir().unwrap();
-        let mut agent = looking_agent(dir.path()).await;
-        let journal = Journal::for_dir(dir.path());
-        let before = journal.appended();
-        let run = agent.run("look once").await;
-        assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
-        let path = agent.transcript_path().unwrap().to_path_buf();
+        let mut w = new_writer(dir.path()).await;
+        let before = writes_in(dir.path());
+        let answer = Message::assistant(vec![ContentBlock::text("seen it")]);
+        w.usage_and_message(&turn(), &answer).await.unwrap();
+        assert_eq!(writes_in(dir.path()) - before, 1);
+        assert_eq!(w.next_index(), 1);
+        let path = w.path().to_path_buf();
+        drop(w);
+        assert_eq!(kinds(&path), ["header", "usage", "message"]);
         let t = read(&path).await.unwrap();
-        // The prompt, the call, its result and the answer; a usage record per turn; a stop.
-        assert_eq!((t.messages.len(), t.turns.len(), t.stops.len()), (4, 2, 1));
-        assert_eq!(
-            journal.appended() - before,
-            5,
-            "one write per message and one for the stop"
-        );
-        assert_eq!(
-            kinds(&path),
-            [
-                "header", "message", "usage", "message", "message", "usage", "message", "stop"
-            ]
-        );
-        assert_eq!(t.turns[1].usage.output_tokens, 5);
+        assert_eq!(t.messages, [answer]);
+        assert_eq!(t.turns.len(), 1);
+        assert_eq!(t.turns[0].usage.output_tokens, 5);
     }
 
-    /// A usage record and answer the device refuses: one error, and the answer's index is
-    /// given back (the next message takes it).
+    /// A usage record and answer the device refuses: one error, and the index the answer
+    /// took is given back (the next message takes it).
     #[tokio::test]
     async fn a_refused_usage_record_and_answer_give_the_answers_index_back() {
         if !Path::new("/dev/full").exists() {
@@ -1260,15 +1256,19 @@ mod tests {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
-        let mut agent = looking_agent(dir.path()).await;
-        let run = agent.run("look once").await;
-        let turn = run.turns.last().unwrap().clone();
-        let mut full = read(agent.transcript_path().unwrap()).await.unwrap();
+        let mut w = new_writer(dir.path()).await;
+        w.message(&Message::user_text("look")).await.unwrap();
+        let path = w.path().to_path_buf();
+        drop(w);
+        let mut full = read(&path).await.unwrap();
         full.path = "/dev/full".into();
         let mut w = TranscriptWriter::reopen(&full).await.unwrap();
-        let n = w.next_index();
+        assert_eq!(w.next_index(), 1);
         let err = w
-            .usage_and_message(&turn, &Message::assistant(vec![ContentBlock::text("lost")]))
+            .usage_and_message(
+                &turn(),
+                &Message::assistant(vec![ContentBlock::text("lost")]),
+            )
             .await
             .unwrap_err();
         match &err {
@@ -1278,7 +1278,7 @@ mod tests {
             }
             other => panic!("not an I/O error: {other}"),
         }
-        assert_eq!(w.next_index(), n);
+        assert_eq!(w.next_index(), 1);
         assert!(!w.has_unconfirmed());
     }
 }

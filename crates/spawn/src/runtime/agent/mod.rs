@@ -494,6 +494,61 @@ mod tests {
         agent
     }
 
+    /// A turn's usage record goes to the file in its answer's write: a run waits for the file
+    /// once per message and once for its stop, not once more per turn.
+    #[tokio::test]
+    async fn a_turns_usage_record_shares_its_answers_write() {
+        use forkhive_core::{ContentBlock, RawJson, Usage};
+        use forkhive_transport::{ModelStop, Response, ScriptedBackend};
+        let reply = |content, stop| {
+            Ok(Response {
+                message: Message::assistant(content),
+                stop_reason: Some(stop),
+                usage: Usage {
+                    input_tokens: 10,
+                    output_tokens: 5,
+                    ..Usage::default()
+                },
+                id: None,
+                model: None,
+            })
+        };
+        let backend = Arc::new(ScriptedBackend::from_replies([
+            reply(
+                vec![ContentBlock::tool_use(
+                    "t1",
+                    "look",
+                    RawJson::parse("{}").unwrap(),
+                )],
+                ModelStop::ToolUse,
+            ),
+            reply(vec![ContentBlock::text("seen it")], ModelStop::EndTurn),
+        ]));
+        let look = crate::tool::FnTool::new(
+            ToolDefinition::new("look", "Looks", r#"{"type":"object"}"#).unwrap(),
+            |_, _| async { crate::tool::ToolOutput::text("a tree") },
+        )
+        .arc();
+        let dir = tempfile::tempdir().unwrap();
+        let mut agent = Agent::builder(backend)
+            .model("m")
+            .tools(crate::tool::ToolPool::new([look]).unwrap())
+            .transcript_dir(dir.path())
+            .build()
+            .await
+            .unwrap();
+        let before = crate::transcript::writes_in(dir.path());
+        let run = agent.run("look once").await;
+        assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+        let written = crate::transcript::writes_in(dir.path()) - before;
+        let t = crate::transcript::read(agent.transcript_path().unwrap())
+            .await
+            .unwrap();
+        // The prompt, the call, its result and the answer; a usage record per turn; a stop.
+        assert_eq!((t.messages.len(), t.turns.len(), t.stops.len()), (4, 2, 1));
+        assert_eq!(written, 5, "one write per message and one for the stop");
+    }
+
     /// Writes `letter` through `writer` until a write is still running after one poll (handed
     /// to the file, its outcome not known), as a run dropped mid-record leaves it; then gives
     /// `agent` that writer, that record in flight, and a receipt that reports to `answered`.

@@ -625,8 +625,8 @@ impl Agent {
     }
 
     /// [`push_shared`](Self::push_shared) for a turn's answer, with a transcript written
-    /// after the turn's usage record (`usage`) in one write, which lands whole or not at all:
-    /// a failed write leaves both out, as a failed message write leaves the message out.
+    /// after the turn's usage record (`usage`) in one write: a failed write leaves both out,
+    /// as a failed message write leaves the message out.
     async fn push_answer(
         &mut self,
         answer: Arc<Message>,
