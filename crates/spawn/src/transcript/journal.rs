@@ -80,10 +80,10 @@ struct Shared {
     started: std::sync::atomic::AtomicUsize,
     #[cfg(test)]
     waited: std::sync::atomic::AtomicUsize,
-    /// Jobs appended (what the writer's tests count: one per write a writer waits for, which
-    /// may hold more than one record).
+    /// Records and files queued (what the writer's tests count: one per trip to the file a
+    /// writer waits for, which may write more than one record).
     #[cfg(test)]
-    appended: std::sync::atomic::AtomicUsize,
+    jobs: std::sync::atomic::AtomicUsize,
 }
 
 /// The jobs waiting, and who drains them.
@@ -131,11 +131,12 @@ enum Job {
         cut_to: u64,
         done: oneshot::Sender<Receipt>,
     },
-    /// A transcript file to make (it must not exist yet).
+    /// A transcript file to make (it must not exist yet), and its first line.
     Create {
         path: PathBuf,
         options: std::fs::OpenOptions,
-        done: oneshot::Sender<std::io::Result<File>>,
+        first: Vec<u8>,
+        done: oneshot::Sender<std::io::Result<Made>>,
     },
     /// A job that panics (what a drain does then is tested).
     #[cfg(test)]
@@ -173,13 +174,17 @@ impl Job {
             Job::Create {
                 path,
                 options,
+                first,
                 done,
             } => {
                 if done.is_closed() {
                     // Its caller is gone (a start dropped, a runtime shutting down).
                     return;
                 }
-                if let Err(Ok(unwanted)) = done.send(options.open(&path)) {
+                let made = options
+                    .open(&path)
+                    .map(|file| Made::with_first(file, first));
+                if let Err(Ok(unwanted)) = done.send(made) {
                     // Nobody is left to take it (the creating future was dropped): this job
                     // made it (it did not exist), so it goes again.
                     drop(unwanted);
@@ -188,6 +193,42 @@ impl Job {
             }
             #[cfg(test)]
             Job::Panic => panic!("a job panicked"),
+        }
+    }
+}
+
+/// A file a [`Journal::create`] made, and how its first line went.
+#[derive(Debug)]
+pub(super) struct Made {
+    /// The file.
+    pub(super) file: File,
+    /// `None` when the first line was not written: the file's lock could not be taken at
+    /// once (the caller takes it, waiting, and writes the line itself). Otherwise the lock is
+    /// held (for as long as the file is open) and this is how the write went; a failed write
+    /// is cut off first. The line's bytes come back either way.
+    pub(super) first: (Option<std::io::Result<()>>, Vec<u8>),
+}
+
+impl Made {
+    /// `file`, just made, with `first` written to it under its lock when the lock can be
+    /// taken without waiting: a new file and its header in one trip to the blocking pool,
+    /// where they were two.
+    fn with_first(file: File, first: Vec<u8>) -> Self {
+        if !matches!(crate::base::files::try_lock_once(&file), Ok(true)) {
+            return Self {
+                file,
+                first: (None, first),
+            };
+        }
+        let written = (&file).write_all(&first);
+        if written.is_err()
+            && let Err(e) = file.set_len(0)
+        {
+            tracing::warn!("cutting a failed first line off a new transcript: {e}");
+        }
+        Self {
+            file,
+            first: (Some(written), first),
         }
     }
 }
@@ -213,10 +254,10 @@ impl Journal {
         Self(shared)
     }
 
-    /// How many records have been appended through this journal (its clones included).
+    /// How many records and files have been queued on this journal (its clones included).
     #[cfg(test)]
-    pub(super) fn appended(&self) -> usize {
-        self.0.appended.load(Ordering::Relaxed)
+    pub(super) fn jobs(&self) -> usize {
+        self.0.jobs.load(Ordering::Relaxed)
     }
 
     /// A journal of its own, for a file that is not a regular file (a device, a pipe): a
@@ -229,8 +270,6 @@ impl Journal {
     /// hears how the write went. From here the record is written whatever becomes of the
     /// caller.
     pub(super) fn append(&self, to: Arc<Target>, line: Vec<u8>, cut_to: u64) -> Written {
-        #[cfg(test)]
-        self.0.appended.fetch_add(1, Ordering::Relaxed);
         let (done, written) = oneshot::channel();
         self.queue(Job::Append {
             to,
@@ -243,16 +282,18 @@ impl Journal {
 
     /// Makes the file `path` with `options` (which must refuse one that exists, so that a
     /// file nobody takes, its caller gone, is removed again), in its turn with the
-    /// directory's records.
+    /// directory's records, and writes `first` to it under its lock ([`Made`]).
     pub(super) async fn create(
         &self,
         path: &Path,
         options: std::fs::OpenOptions,
-    ) -> std::io::Result<File> {
+        first: Vec<u8>,
+    ) -> std::io::Result<Made> {
         let (done, made) = oneshot::channel();
         self.queue(Job::Create {
             path: path.to_path_buf(),
             options,
+            first,
             done,
         });
         made.await.unwrap_or_else(|_| Err(lost()))
@@ -260,6 +301,8 @@ impl Journal {
 
     /// Queues `job`, and starts a drainer if none is running.
     fn queue(&self, job: Job) {
+        #[cfg(test)]
+        self.0.jobs.fetch_add(1, Ordering::Relaxed);
         let runtime = Handle::try_current().ok();
         let start = {
             let mut q = self.0.queue.lock().unwrap_or_else(PoisonError::into_inner);
@@ -532,6 +575,7 @@ mod tests {
             q.creates.push_back(Job::Create {
                 path: dir.path().join("b.jsonl"),
                 options: std::fs::OpenOptions::new(),
+                first: Vec::new(),
                 done,
             });
         }
@@ -572,7 +616,8 @@ mod tests {
         let mut options = std::fs::OpenOptions::new();
         options.append(true).create_new(true);
         // One poll queues it; the future is dropped before the file is made.
-        assert!(journal.create(&path, options).now_or_never().is_none());
+        let made = journal.create(&path, options, b"header\n".to_vec());
+        assert!(made.now_or_never().is_none());
         // The queue's next job runs after it.
         let to = target_in(dir.path(), "b.jsonl");
         journal
@@ -672,6 +717,68 @@ mod tests {
         after.await.unwrap().result.unwrap();
         assert_eq!(read(dir.path(), "a.jsonl"), "first\nafter\n");
         drained(&journal).await;
+    }
+
+    /// A file made with its first line: the line written, under the file's lock, which goes
+    /// when the file does.
+    #[tokio::test]
+    async fn a_file_is_made_with_its_first_line_under_its_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.jsonl");
+        let mut options = std::fs::OpenOptions::new();
+        options.append(true).create_new(true);
+        let made = Journal::for_dir(dir.path())
+            .create(&path, options, b"header\n".to_vec())
+            .await
+            .unwrap();
+        assert!(matches!(made.first, (Some(Ok(())), ref line) if line == b"header\n"));
+        assert_eq!(read(dir.path(), "a.jsonl"), "header\n");
+        let other = File::open(&path).unwrap();
+        assert!(
+            !crate::base::files::try_lock_once(&other).unwrap(),
+            "made's lock is held"
+        );
+        drop(made);
+        assert!(crate::base::files::try_lock_once(&other).unwrap());
+    }
+
+    /// A file made while another handle holds its lock: its first line is not written (the
+    /// caller waits for the lock and writes it), and its bytes come back.
+    #[test]
+    fn a_file_whose_lock_is_held_is_made_without_its_first_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.jsonl");
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
+        let holder = File::open(&path).unwrap();
+        assert!(crate::base::files::try_lock_once(&holder).unwrap());
+        let made = Made::with_first(file, b"header\n".to_vec());
+        assert!(matches!(made.first, (None, ref line) if line == b"header\n"));
+        assert_eq!(read(dir.path(), "a.jsonl"), "");
+    }
+
+    /// A first line the device refuses: its error, with the line's bytes back.
+    #[test]
+    fn a_refused_first_line_reports_its_error() {
+        if !Path::new("/dev/full").exists() {
+            eprintln!("skipped: this system has no /dev/full");
+            return;
+        }
+        let full = std::fs::OpenOptions::new()
+            .append(true)
+            .open("/dev/full")
+            .unwrap();
+        let made = Made::with_first(full, b"header\n".to_vec());
+        match made.first {
+            (Some(Err(e)), line) => {
+                assert_eq!(e.raw_os_error(), Some(28));
+                assert_eq!(line, b"header\n");
+            }
+            other => panic!("not refused: {other:?}"),
+        }
     }
 
     /// A record the device refuses reports the error.

@@ -30,7 +30,7 @@ use crate::base::context::AgentKind;
 use crate::base::outcome::{StopReason, TurnRecord};
 use crate::error::{Error, Result};
 
-use journal::{Journal, Target, Written};
+use journal::{Journal, Made, Target, Written};
 
 /// The transcript format this build writes and reads.
 pub const TRANSCRIPT_VERSION: u32 = 1;
@@ -238,15 +238,14 @@ struct Handed {
     written: Written,
 }
 
-/// Opens `path` for appending, refusing to follow a symlink.
-///
-/// With `create` it makes the file (mode 0600) and fails if anything exists there; that opens
-/// nothing that could block (a FIFO), so it is queued with the directory's records on its
-/// `journal`. Without, it runs on the blocking pool on its own.
-async fn open_no_follow(create: Option<&Journal>, path: &Path) -> std::io::Result<std::fs::File> {
+/// How a transcript is opened for appending: never through a symlink, and with `create`,
+/// made (mode 0600) where nothing exists, and refused where anything does. Making a file
+/// opens nothing that could block (a FIFO), so it is queued with the directory's records on
+/// its journal ([`Journal::create`]).
+fn no_follow(create: bool) -> std::fs::OpenOptions {
     let mut opts = std::fs::OpenOptions::new();
     opts.append(true);
-    if create.is_some() {
+    if create {
         opts.create_new(true);
     }
     #[cfg(unix)]
@@ -255,15 +254,16 @@ async fn open_no_follow(create: Option<&Journal>, path: &Path) -> std::io::Resul
         opts.mode(0o600);
         opts.custom_flags(libc::O_NOFOLLOW);
     }
-    match create {
-        Some(journal) => journal.create(path, opts).await,
-        None => {
-            let path = path.to_path_buf();
-            tokio::task::spawn_blocking(move || opts.open(path))
-                .await
-                .map_err(std::io::Error::other)?
-        }
-    }
+    opts
+}
+
+/// Opens the existing `path` for appending ([`no_follow`]), on the blocking pool on its own:
+/// it may be a FIFO, whose open blocks.
+async fn open_no_follow(path: &Path) -> std::io::Result<std::fs::File> {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || no_follow(false).open(path))
+        .await
+        .map_err(std::io::Error::other)?
 }
 
 /// How long a writer waits for a transcript whose lock another writer holds: long enough for
@@ -349,7 +349,7 @@ fn reopening(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
 /// The existing transcript at `path`, opened for appending (never through a symlink) with its
 /// lock taken ([`locked`]).
 async fn open_locked(path: &Path) -> Result<(std::fs::File, Journal)> {
-    let file = open_no_follow(None, path).await.map_err(reopening(path))?;
+    let file = open_no_follow(path).await.map_err(reopening(path))?;
     let dir = path.parent().unwrap_or(path);
     locked(file, path, Journal::for_dir(dir)).await
 }
@@ -397,35 +397,70 @@ impl TranscriptWriter {
             }
         };
         let journal = Journal::for_dir(dir);
-        // The directory is made on first use (one failed open, then never again).
-        let file = match open_no_follow(Some(&journal), &path).await {
+        let record = Tagged {
+            kind: "header",
+            body: header,
+        };
+        let first_line = || {
+            let mut line = Vec::new();
+            encode_line(&mut line, &record).map_err(|e| Error::Transcript {
+                path: path.clone(),
+                line: 0,
+                message: format!("cannot encode a record: {e}"),
+            })?;
+            Ok::<_, Error>(line)
+        };
+        // Made with its header in one trip (`Made`). The directory is made on first use (one
+        // failed open, then never again).
+        let made = match journal.create(&path, no_follow(true), first_line()?).await {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 tokio::fs::create_dir_all(dir)
                     .await
                     .map_err(io("creating the transcript directory", dir))?;
-                open_no_follow(Some(&journal), &path).await
+                journal.create(&path, no_follow(true), first_line()?).await
             }
             other => other,
         }
         .map_err(io("creating transcript", &path))?;
-        let (file, journal) = locked(file, &path, journal).await?;
-        let mut w = Self {
-            to: Arc::new(Target { file, path }),
-            journal,
-            next_index: header.inherited_messages.unwrap_or(0),
-            len: 0,
-            handed: None,
-            spare: Vec::new(),
-        };
-        w.write_line(
-            &Tagged {
-                kind: "header",
-                body: header,
-            },
-            0,
-        )
-        .await?;
-        Ok(w)
+        let next_index = header.inherited_messages.unwrap_or(0);
+        let Made {
+            file,
+            first: (written, line),
+        } = made;
+        match written {
+            // Made and locked (a new file is a regular one), the header written.
+            Some(Ok(())) => Ok(Self {
+                to: Arc::new(Target { file, path }),
+                journal,
+                next_index,
+                len: line.len() as u64,
+                handed: None,
+                spare: if line.capacity() <= SPARE_CAP {
+                    line
+                } else {
+                    Vec::new()
+                },
+            }),
+            Some(Err(source)) => Err(Error::Io {
+                action: "appending to transcript",
+                path,
+                source,
+            }),
+            // Its lock was held (by whoever opened it since): waited for, as a reopen does.
+            None => {
+                let (file, journal) = locked(file, &path, journal).await?;
+                let mut w = Self {
+                    to: Arc::new(Target { file, path }),
+                    journal,
+                    next_index,
+                    len: 0,
+                    handed: None,
+                    spare: line,
+                };
+                w.write_line(&record, 0).await?;
+                Ok(w)
+            }
+        }
     }
 
     /// Reopens a transcript read by [`read`] for appending, cutting off a damaged tail first.
@@ -1161,11 +1196,12 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<Transcript> {
     })
 }
 
-/// How many writes the journal of `dir` has been handed (a record, or a turn's usage record
-/// and answer together), for the tests of what waits on the file how often.
+/// How many trips to the files of `dir` its journal has been handed (a record, a turn's usage
+/// record and answer together, a new file and its header), for the tests of how often an
+/// agent waits on its file.
 #[cfg(test)]
-pub(crate) fn writes_in(dir: &Path) -> usize {
-    Journal::for_dir(dir).appended()
+pub(crate) fn trips_in(dir: &Path) -> usize {
+    Journal::for_dir(dir).jobs()
 }
 
 #[cfg(test)]
@@ -1227,16 +1263,38 @@ mod tests {
             .collect()
     }
 
+    /// A new transcript and its header are one trip to the directory's journal (they were
+    /// two: the file made, then the header written), and the writer holds the file's lock.
+    #[tokio::test]
+    async fn a_new_transcript_and_its_header_are_one_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        // The journal's count starts with its first writer: taken before, it is kept alive.
+        let journal = Journal::for_dir(dir.path());
+        let w = new_writer(dir.path()).await;
+        assert_eq!(journal.jobs(), 1);
+        assert_eq!(kinds(w.path()), ["header"]);
+        let file = std::fs::File::open(w.path()).unwrap();
+        assert!(
+            !crate::base::files::try_lock_once(&file).unwrap(),
+            "the writer holds it"
+        );
+        let path = w.path().to_path_buf();
+        drop(w);
+        let t = read(&path).await.unwrap();
+        assert!(t.messages.is_empty() && t.turns.is_empty() && t.stops.is_empty());
+        assert_eq!(t.valid_len, std::fs::metadata(&path).unwrap().len());
+    }
+
     /// A usage record and an answer written together: one write of two lines, the usage
     /// record first; the answer takes the next index, and both read back.
     #[tokio::test]
     async fn a_usage_record_and_answer_are_one_write_of_two_lines() {
         let dir = tempfile::tempdir().unwrap();
         let mut w = new_writer(dir.path()).await;
-        let before = writes_in(dir.path());
+        let before = trips_in(dir.path());
         let answer = Message::assistant(vec![ContentBlock::text("seen it")]);
         w.usage_and_message(&turn(), &answer).await.unwrap();
-        assert_eq!(writes_in(dir.path()) - before, 1);
+        assert_eq!(trips_in(dir.path()) - before, 1);
         assert_eq!(w.next_index(), 1);
         let path = w.path().to_path_buf();
         drop(w);

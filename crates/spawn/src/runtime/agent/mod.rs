@@ -537,10 +537,10 @@ mod tests {
             .build()
             .await
             .unwrap();
-        let before = crate::transcript::writes_in(dir.path());
+        let before = crate::transcript::trips_in(dir.path());
         let run = agent.run("look once").await;
         assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
-        let written = crate::transcript::writes_in(dir.path()) - before;
+        let written = crate::transcript::trips_in(dir.path()) - before;
         let t = crate::transcript::read(agent.transcript_path().unwrap())
             .await
             .unwrap();
