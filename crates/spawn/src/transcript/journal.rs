@@ -202,10 +202,11 @@ impl Job {
 pub(super) struct Made {
     /// The file.
     pub(super) file: File,
-    /// `None` when the first line was not written: the file's lock could not be taken at
-    /// once (the caller takes it, waiting, and writes the line itself). Otherwise the lock is
-    /// held (for as long as the file is open) and this is how the write went; a failed write
-    /// is cut off first. The line's bytes come back either way.
+    /// `None` when the first line was not written: the file's lock was not free at once (the
+    /// caller takes it, waiting, and writes the line itself). Otherwise the lock is held, where
+    /// the platform and file system have such locks (for as long as the file is open), and
+    /// this is how the write went; a failed write is cut off first. The line's bytes come back
+    /// either way.
     pub(super) first: (Option<std::io::Result<()>>, Vec<u8>),
 }
 
@@ -213,22 +214,52 @@ impl Made {
     /// `file`, just made, with `first` written to it under its lock when the lock can be
     /// taken without waiting: a new file and its header in one trip to the blocking pool,
     /// where they were two.
-    fn with_first(file: File, first: Vec<u8>) -> Self {
+    pub(super) fn with_first(file: File, first: Vec<u8>) -> Self {
         if !matches!(crate::base::files::try_lock_once(&file), Ok(true)) {
             return Self {
                 file,
                 first: (None, first),
             };
         }
-        let written = (&file).write_all(&first);
-        if written.is_err()
-            && let Err(e) = file.set_len(0)
-        {
-            tracing::warn!("cutting a failed first line off a new transcript: {e}");
-        }
+        let written = write_first(&file, &first);
         Self {
             file,
             first: (Some(written), first),
+        }
+    }
+}
+
+/// Writes `first` to the new `file`, cutting whatever of it was written off again when the
+/// write fails.
+fn write_first(file: &File, first: &[u8]) -> std::io::Result<()> {
+    let mut to = file;
+    let written = to.write_all(first);
+    if written.is_err()
+        && let Err(e) = file.set_len(0)
+    {
+        tracing::warn!("cutting a failed first line off a new transcript: {e}");
+    }
+    written
+}
+
+/// The answer of a file being made, while its caller waits: a caller dropped once the file
+/// was made (the answer sent, not yet taken) removes it, as the job does for a caller gone
+/// before it could answer. Either way a file nobody took is not left behind.
+struct Making<'a> {
+    answer: Option<oneshot::Receiver<std::io::Result<Made>>>,
+    path: &'a Path,
+}
+
+impl Drop for Making<'_> {
+    fn drop(&mut self) {
+        if let Some(mut answer) = self.answer.take() {
+            // Closed first: the job then either sends before this, and the file is taken
+            // here, or fails to send, and removes it itself.
+            answer.close();
+            if let Ok(Ok(unwanted)) = answer.try_recv() {
+                drop(unwanted);
+                let _ = std::fs::remove_file(self.path);
+            }
         }
     }
 }
@@ -296,7 +327,17 @@ impl Journal {
             first,
             done,
         });
-        made.await.unwrap_or_else(|_| Err(lost()))
+        let mut making = Making {
+            answer: Some(made),
+            path,
+        };
+        let answered = match making.answer.as_mut() {
+            Some(answer) => answer.await,
+            None => return Err(lost()),
+        };
+        // Taken: nothing for the guard to remove.
+        making.answer = None;
+        answered.unwrap_or_else(|_| Err(lost()))
     }
 
     /// Queues `job`, and starts a drainer if none is running.
@@ -721,6 +762,7 @@ mod tests {
 
     /// A file made with its first line: the line written, under the file's lock, which goes
     /// when the file does.
+    #[cfg(unix)]
     #[tokio::test]
     async fn a_file_is_made_with_its_first_line_under_its_lock() {
         let dir = tempfile::tempdir().unwrap();
@@ -744,6 +786,7 @@ mod tests {
 
     /// A file made while another handle holds its lock: its first line is not written (the
     /// caller waits for the lock and writes it), and its bytes come back.
+    #[cfg(unix)]
     #[test]
     fn a_file_whose_lock_is_held_is_made_without_its_first_line() {
         let dir = tempfile::tempdir().unwrap();
@@ -760,7 +803,8 @@ mod tests {
         assert_eq!(read(dir.path(), "a.jsonl"), "");
     }
 
-    /// A first line the device refuses: its error, with the line's bytes back.
+    /// A first line the device refuses: its error (what was written of it is cut off where
+    /// the file can be cut).
     #[test]
     fn a_refused_first_line_reports_its_error() {
         if !Path::new("/dev/full").exists() {
@@ -771,14 +815,34 @@ mod tests {
             .append(true)
             .open("/dev/full")
             .unwrap();
-        let made = Made::with_first(full, b"header\n".to_vec());
-        match made.first {
-            (Some(Err(e)), line) => {
-                assert_eq!(e.raw_os_error(), Some(28));
-                assert_eq!(line, b"header\n");
+        let err = write_first(&full, b"header\n").unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(28));
+    }
+
+    /// A file made for a caller dropped once the file was made, before it took it, is removed:
+    /// nobody is left to write to it.
+    #[tokio::test]
+    async fn a_file_made_for_a_caller_dropped_before_it_took_it_is_removed() {
+        use futures::FutureExt;
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::for_dir(dir.path());
+        let path = dir.path().join("a.jsonl");
+        let mut options = std::fs::OpenOptions::new();
+        options.append(true).create_new(true);
+        let mut making = Box::pin(journal.create(&path, options, b"header\n".to_vec()));
+        assert!(making.as_mut().now_or_never().is_none());
+        // Made on the blocking pool, its line written and (at once after) its answer sent;
+        // the caller has not looked.
+        for _ in 0..5000 {
+            if std::fs::read(&path).is_ok_and(|b| b == b"header\n") {
+                break;
             }
-            other => panic!("not refused: {other:?}"),
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
+        assert_eq!(read(dir.path(), "a.jsonl"), "header\n");
+        drop(making);
+        drained(&journal).await;
+        assert!(!path.exists(), "the file nobody took is removed");
     }
 
     /// A record the device refuses reports the error.

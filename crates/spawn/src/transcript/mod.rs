@@ -422,6 +422,17 @@ impl TranscriptWriter {
             other => other,
         }
         .map_err(io("creating transcript", &path))?;
+        Self::from_made(made, path, journal, header).await
+    }
+
+    /// The writer of the transcript file `made` at `path`: its header written already, or,
+    /// where the file's lock was not free when it was made, written once the lock is taken.
+    async fn from_made(
+        made: Made,
+        path: PathBuf,
+        journal: Journal,
+        header: &TranscriptHeader,
+    ) -> Result<Self> {
         let next_index = header.inherited_messages.unwrap_or(0);
         let Made {
             file,
@@ -456,6 +467,10 @@ impl TranscriptWriter {
                     len: 0,
                     handed: None,
                     spare: line,
+                };
+                let record = Tagged {
+                    kind: "header",
+                    body: header,
                 };
                 w.write_line(&record, 0).await?;
                 Ok(w)
@@ -1212,10 +1227,15 @@ mod tests {
 
     /// A writer of a new transcript in `dir`.
     async fn new_writer(dir: &Path) -> TranscriptWriter {
+        TranscriptWriter::create(dir, &header()).await.unwrap()
+    }
+
+    /// The header of a new main agent's transcript.
+    fn header() -> TranscriptHeader {
         let params = CacheSafeParams::builder("m")
             .system_block("You look.")
             .build();
-        let header = TranscriptHeader {
+        TranscriptHeader {
             version: TRANSCRIPT_VERSION,
             agent_id: TaskId::generate(forkhive_core::TaskKind::Agent).to_string(),
             parent_id: None,
@@ -1231,8 +1251,7 @@ mod tests {
             inherited_messages: None,
             inherited_fingerprint: None,
             at: Some(now_ms()),
-        };
-        TranscriptWriter::create(dir, &header).await.unwrap()
+        }
     }
 
     /// A turn answered with 5 output tokens.
@@ -1273,16 +1292,54 @@ mod tests {
         let w = new_writer(dir.path()).await;
         assert_eq!(journal.jobs(), 1);
         assert_eq!(kinds(w.path()), ["header"]);
-        let file = std::fs::File::open(w.path()).unwrap();
-        assert!(
-            !crate::base::files::try_lock_once(&file).unwrap(),
-            "the writer holds it"
-        );
+        #[cfg(unix)]
+        {
+            let file = std::fs::File::open(w.path()).unwrap();
+            let locked = crate::base::files::try_lock_once(&file).unwrap();
+            assert!(!locked, "the writer holds the file's lock");
+        }
         let path = w.path().to_path_buf();
         drop(w);
         let t = read(&path).await.unwrap();
         assert!(t.messages.is_empty() && t.turns.is_empty() && t.stops.is_empty());
         assert_eq!(t.valid_len, std::fs::metadata(&path).unwrap().len());
+    }
+
+    /// A new transcript whose lock another handle held when it was made: the writer waits for
+    /// the lock, then writes the header, as a reopen waits.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_new_transcript_whose_lock_was_held_gets_its_header_once_it_is_free() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.jsonl");
+        let file = no_follow(true).open(&path).unwrap();
+        let holder = std::fs::File::open(&path).unwrap();
+        assert!(crate::base::files::try_lock_once(&holder).unwrap());
+        let header = header();
+        let mut first = Vec::new();
+        encode_line(
+            &mut first,
+            &Tagged {
+                kind: "header",
+                body: &header,
+            },
+        )
+        .unwrap();
+        let made = Made::with_first(file, first);
+        assert!(made.first.0.is_none(), "not written while the lock is held");
+        let let_go = tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            drop(holder);
+        });
+        let w =
+            TranscriptWriter::from_made(made, path.clone(), Journal::for_dir(dir.path()), &header)
+                .await
+                .unwrap();
+        let_go.await.unwrap();
+        assert_eq!(kinds(&path), ["header"]);
+        assert_eq!(w.next_index(), 0);
+        drop(w);
+        assert_eq!(read(&path).await.unwrap().header.agent_id, header.agent_id);
     }
 
     /// A usage record and an answer written together: one write of two lines, the usage
