@@ -527,6 +527,21 @@ mod tests {
         written
     }
 
+    /// `/dev/full` opened for appending (every write to it fails with `ENOSPC`), or `None`,
+    /// said, where the system has none.
+    fn full_device() -> Option<File> {
+        if !Path::new("/dev/full").exists() {
+            eprintln!("skipped: this system has no /dev/full");
+            return None;
+        }
+        Some(
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open("/dev/full")
+                .unwrap(),
+        )
+    }
+
     fn read(dir: &Path, name: &str) -> String {
         std::fs::read_to_string(dir.join(name)).unwrap()
     }
@@ -807,14 +822,7 @@ mod tests {
     /// the file can be cut).
     #[test]
     fn a_refused_first_line_reports_its_error() {
-        if !Path::new("/dev/full").exists() {
-            eprintln!("skipped: this system has no /dev/full");
-            return;
-        }
-        let full = std::fs::OpenOptions::new()
-            .append(true)
-            .open("/dev/full")
-            .unwrap();
+        let Some(full) = full_device() else { return };
         let err = write_first(&full, b"header\n").unwrap_err();
         assert_eq!(err.raw_os_error(), Some(28));
     }
@@ -848,14 +856,7 @@ mod tests {
     /// A record the device refuses reports the error.
     #[tokio::test]
     async fn a_failed_write_reports_its_error() {
-        if !Path::new("/dev/full").exists() {
-            eprintln!("skipped: this system has no /dev/full");
-            return;
-        }
-        let file = std::fs::OpenOptions::new()
-            .append(true)
-            .open("/dev/full")
-            .unwrap();
+        let Some(file) = full_device() else { return };
         let to = Arc::new(Target {
             file,
             path: "/dev/full".into(),
