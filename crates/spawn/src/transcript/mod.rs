@@ -403,11 +403,7 @@ impl TranscriptWriter {
         };
         let first_line = || {
             let mut line = Vec::new();
-            encode_line(&mut line, &record).map_err(|e| Error::Transcript {
-                path: path.clone(),
-                line: 0,
-                message: format!("cannot encode a record: {e}"),
-            })?;
+            encode_line(&mut line, &record).map_err(|e| cannot_encode(&path, &e))?;
             Ok::<_, Error>(line)
         };
         // Made with its header in one trip (`Made`). The directory is made on first use (one
@@ -422,18 +418,18 @@ impl TranscriptWriter {
             other => other,
         }
         .map_err(io("creating transcript", &path))?;
-        Self::from_made(made, path, journal, header).await
+        Self::from_made(made, path, journal, header.inherited_messages.unwrap_or(0)).await
     }
 
-    /// The writer of the transcript file `made` at `path`: its header written already, or,
-    /// where the file's lock was not free when it was made, written once the lock is taken.
+    /// The writer of the transcript file `made` at `path`, whose next message takes
+    /// `next_index`: its first line (the header) written already, or, where the file's lock
+    /// was not free when it was made, written once the lock is taken.
     async fn from_made(
         made: Made,
         path: PathBuf,
         journal: Journal,
-        header: &TranscriptHeader,
+        next_index: usize,
     ) -> Result<Self> {
-        let next_index = header.inherited_messages.unwrap_or(0);
         let Made {
             file,
             first: (written, line),
@@ -466,13 +462,17 @@ impl TranscriptWriter {
                     next_index,
                     len: 0,
                     handed: None,
-                    spare: line,
+                    spare: Vec::new(),
                 };
-                let record = Tagged {
-                    kind: "header",
-                    body: header,
-                };
-                w.write_line(&record, 0).await?;
+                // The line already encoded, as it was to be written.
+                w.write_lines(
+                    |out| {
+                        out.extend_from_slice(&line);
+                        Ok(())
+                    },
+                    0,
+                )
+                .await?;
                 Ok(w)
             }
         }
@@ -605,13 +605,18 @@ impl TranscriptWriter {
     /// given), so the next message gets the next index, and a record that could not be
     /// written gives its index back.
     pub async fn message(&mut self, message: &Message) -> Result<()> {
-        let line = MessageLine {
+        let line = self.message_line(message);
+        self.write_line(&line, 1).await
+    }
+
+    /// The record of `message`, which takes the next index.
+    fn message_line<'a>(&self, message: &'a Message) -> MessageLine<'a> {
+        MessageLine {
             kind: "message",
             index: self.next_index,
             message,
             at: now_ms(),
-        };
-        self.write_line(&line, 1).await
+        }
     }
 
     /// Appends a usage record for one turn.
@@ -641,12 +646,7 @@ impl TranscriptWriter {
             kind: "usage",
             body: &usage,
         };
-        let line = MessageLine {
-            kind: "message",
-            index: self.next_index,
-            message,
-            at: now_ms(),
-        };
+        let line = self.message_line(message);
         self.write_lines(
             |out| {
                 encode_line(out, &usage)?;
@@ -697,11 +697,7 @@ impl TranscriptWriter {
         // Into the last record's buffer, which the journal handed back.
         let mut line = std::mem::take(&mut self.spare);
         line.clear();
-        encode(&mut line).map_err(|e| Error::Transcript {
-            path: self.to.path.clone(),
-            line: 0,
-            message: format!("cannot encode a record: {e}"),
-        })?;
+        encode(&mut line).map_err(|e| cannot_encode(&self.to.path, &e))?;
         let end = self.len + line.len() as u64;
         // Handed over whole: written in one piece even if this future is dropped.
         let written = self.journal.append(Arc::clone(&self.to), line, self.len);
@@ -737,6 +733,15 @@ fn usage_line(turn: &TurnRecord) -> UsageLine {
         tool_calls: turn.tool_calls,
         sent_at: Some(turn.sent_at_ms),
         at: Some(now_ms()),
+    }
+}
+
+/// A record for the transcript at `path` that could not be encoded as JSON.
+fn cannot_encode(path: &Path, e: &serde_json::Error) -> Error {
+    Error::Transcript {
+        path: path.to_path_buf(),
+        line: 0,
+        message: format!("cannot encode a record: {e}"),
     }
 }
 
@@ -800,12 +805,8 @@ fn append_stop_on_thread(path: &Path, stop: &StopReason, usage: Usage, once: boo
             at: Some(now_ms()),
         },
     };
-    let mut line = serde_json::to_vec(&record).map_err(|e| Error::Transcript {
-        path: path.to_path_buf(),
-        line: 0,
-        message: format!("cannot encode a record: {e}"),
-    })?;
-    line.push(b'\n');
+    let mut line = Vec::new();
+    encode_line(&mut line, &record).map_err(|e| cannot_encode(path, &e))?;
     let io = |source| Error::Io {
         action: "appending a stop record to transcript",
         path: path.to_path_buf(),
@@ -1331,10 +1332,9 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             drop(holder);
         });
-        let w =
-            TranscriptWriter::from_made(made, path.clone(), Journal::for_dir(dir.path()), &header)
-                .await
-                .unwrap();
+        let w = TranscriptWriter::from_made(made, path.clone(), Journal::for_dir(dir.path()), 0)
+            .await
+            .unwrap();
         let_go.await.unwrap();
         assert_eq!(kinds(&path), ["header"]);
         assert_eq!(w.next_index(), 0);
