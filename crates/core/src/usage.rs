@@ -27,7 +27,9 @@ pub struct Usage {
     /// Tool calls made.
     #[serde(default)]
     pub tool_uses: u64,
-    /// Wall-clock duration in milliseconds.
+    /// Wall-clock duration in milliseconds: for a child (its notification, its registry
+    /// record, its parent's report of it), from its start to its end. A run's own usage
+    /// (`AgentRun::usage`, a turn's) leaves it 0; summed usage adds the children's.
     #[serde(default)]
     pub duration_ms: u64,
 }

@@ -376,7 +376,7 @@ async fn every_end_of_every_child_is_finished_once_by_its_owner() {
 
 /// A background worker definition and a parent that may spawn it.
 async fn parent_of_workers(
-    model: Arc<Brain>,
+    model: Arc<dyn forkhive_transport::Backend>,
     limits: Limits,
     tasks: TaskConfig,
     configure: impl FnOnce(
@@ -1364,4 +1364,139 @@ fn an_owner_dropped_while_its_roll_up_is_answered_rolls_up_once() {
         "the child's own usage: {:?}",
         record.usage
     );
+}
+
+/// A model whose children take `child_ms` to answer (the parent answers at once).
+#[derive(Debug)]
+struct SlowChildren {
+    inner: Arc<Brain>,
+    child_ms: u64,
+}
+
+#[async_trait]
+impl forkhive_transport::Backend for SlowChildren {
+    async fn send(
+        &self,
+        r: &forkhive_transport::Request,
+    ) -> forkhive_transport::Result<forkhive_transport::Response> {
+        if !is_parent(r) {
+            tokio::time::sleep(Duration::from_millis(self.child_ms)).await;
+        }
+        self.inner.send(r).await
+    }
+    async fn stream(
+        &self,
+        r: &forkhive_transport::Request,
+    ) -> forkhive_transport::Result<forkhive_transport::EventStream> {
+        if !is_parent(r) {
+            tokio::time::sleep(Duration::from_millis(self.child_ms)).await;
+        }
+        self.inner.stream(r).await
+    }
+}
+
+/// A host that watches the parent's queue while the parent waits for its child — with
+/// `arrived` and `settled`, as `docs/background.md` says a host does — leaves the
+/// notification for the parent: its model reads it exactly once.
+#[tokio::test(start_paused = true)]
+async fn a_host_watching_the_queue_leaves_the_notification_for_the_agent() {
+    let model = Arc::new(SlowChildren {
+        inner: starts_one_worker(),
+        child_ms: 250,
+    });
+    let (mut parent, _service) =
+        parent_of_workers(model, Limits::default(), no_deadline(), |b| b).await;
+    let queue = parent.pending();
+    let watcher = tokio::spawn(async move {
+        let arrived = queue.arrived().await;
+        queue.settled().await;
+        arrived
+    });
+    let run = parent.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    assert!(
+        watcher.await.unwrap(),
+        "the watcher saw the notification arrive"
+    );
+    let seen: usize = parent
+        .params()
+        .messages()
+        .iter()
+        .map(|m| find_notifications(m).unwrap().len())
+        .sum();
+    assert_eq!(seen, 1, "the parent's model read the notification once");
+    assert!(parent.pending().is_empty());
+}
+
+/// A cancelled agent's next run returns `Cancelled` at once and takes nothing: the `killed`
+/// notifications stay in its queue for the host to hand on, and neither its conversation nor
+/// its transcript gains the prompt or the notifications.
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_agents_next_run_leaves_its_queue_and_conversation_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = tokio_util::sync::CancellationToken::new();
+    let (mut parent, service) =
+        parent_of_workers(spawner(), Limits::default(), no_deadline(), |b| {
+            b.cancellation(host.clone()).transcript_dir(dir.path())
+        })
+        .await;
+    let cancel = host.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        cancel.cancel();
+    });
+    let run = parent.run("go").await;
+    assert_eq!(run.stop, StopReason::Cancelled);
+    service.wait_idle().await;
+    assert_eq!(
+        parent.pending().len(),
+        1,
+        "the child's `killed` notification"
+    );
+    let messages = parent.params().messages().len();
+    let path = parent.transcript_path().unwrap().to_path_buf();
+    let recorded = forkhive_spawn::transcript::read(&path).await.unwrap();
+
+    let again = parent.run("again?").await;
+    assert_eq!(again.stop, StopReason::Cancelled);
+    assert!(again.new_messages.is_empty());
+    assert_eq!(again.final_text, "");
+    let again = parent.continue_run().await;
+    assert_eq!(again.stop, StopReason::Cancelled);
+    assert_eq!(parent.pending().len(), 1, "still queued, for the host");
+    assert_eq!(parent.params().messages().len(), messages);
+    let after = forkhive_spawn::transcript::read(&path).await.unwrap();
+    assert_eq!(after.messages, recorded.messages);
+    let n = TaskNotification::parse(&parent.pending().drain()[0].text).unwrap();
+    assert_eq!(n.status, TaskStatus::Killed);
+}
+
+/// A child's tool uses and duration are the same in its notification, its registry record
+/// and its parent's report of it.
+#[tokio::test(start_paused = true)]
+async fn a_childs_duration_is_the_same_in_its_notification_record_and_report() {
+    let model = Arc::new(SlowChildren {
+        inner: starts_one_worker(),
+        child_ms: 250,
+    });
+    let (mut parent, service) =
+        parent_of_workers(model, Limits::default(), no_deadline(), |b| b).await;
+    let run = parent.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    let n: Vec<TaskNotification> = parent
+        .params()
+        .messages()
+        .iter()
+        .flat_map(|m| find_notifications(m).unwrap())
+        .collect();
+    assert_eq!(n.len(), 1);
+    let n = &n[0];
+    assert!(n.usage.duration_ms >= 250, "{:?}", n.usage);
+    let record = service.registry().get(&n.task_id).await.unwrap();
+    assert_eq!(record.usage.duration_ms, n.usage.duration_ms);
+    assert_eq!(record.usage.tool_uses, n.usage.tool_uses);
+    let report = run.children().iter().find(|c| c.id == n.task_id).unwrap();
+    assert_eq!(report.usage.duration_ms, n.usage.duration_ms);
+    assert_eq!(report.usage.tool_uses, n.usage.tool_uses);
+    assert_eq!(report.usage.total_tokens(), n.usage.total_tokens);
 }

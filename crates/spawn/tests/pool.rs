@@ -1234,8 +1234,8 @@ async fn pool_tasks_are_recorded_in_a_shared_registry() {
     dead_worker_left(&pool, &url, &p, &dead).await;
     pool.submit(&a).await.unwrap();
     pool.submit(&b).await.unwrap();
-    let (w, stop) = start_worker(&pool, "w1", answering(Duration::ZERO));
-    pending_n(&pool, &dad, 3).await;
+    let (w, stop) = start_worker(&pool, "w1", answering(Duration::from_millis(60)));
+    let got = pending_n(&pool, &dad, 3).await;
     // Recorded by the worker after it reported: give it a moment.
     let mut states = Vec::new();
     for _ in 0..100 {
@@ -1260,6 +1260,16 @@ async fn pool_tasks_are_recorded_in_a_shared_registry() {
         ]
     );
     assert!(registry.descendants_usage(&dad).await.output_tokens > 0);
+    // Each run's record holds the tool uses and time its notification reports.
+    for job in [&a, &b] {
+        let n = got.iter().find(|n| n.task_id == job.task).unwrap();
+        assert!(n.usage.duration_ms >= 60, "{:?}", n.usage);
+        let record = registry.get(&job.task).await.unwrap();
+        assert_eq!(
+            (record.usage.tool_uses, record.usage.duration_ms),
+            (n.usage.tool_uses, n.usage.duration_ms)
+        );
+    }
     stop.cancel();
     w.await.unwrap().unwrap();
 }

@@ -16,7 +16,10 @@ use crate::error::Error;
 #[serde(tag = "reason", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum StopReason {
-    /// The model ended its turn without tool calls and nothing else was pending.
+    /// The model ended its turn without tool calls and nothing else was pending or promised.
+    /// An agent built with `AgentBuilder::detach_background(true)` completes at the end of
+    /// the model's turn even while background children it started still run (their
+    /// notifications arrive in its queue later; `Agent::run_pending` collects them).
     Completed,
     /// The turn limit was reached (a limit, not an error).
     MaxTurns {
@@ -206,7 +209,9 @@ pub struct AgentRun {
     pub final_text: String,
     /// Every model turn of this run, in order.
     pub turns: Vec<TurnRecord>,
-    /// The total usage of this run.
+    /// The total usage of this run's own requests. Its children's is not in it: each child's
+    /// is in [`children`](Self::children), and the whole tree's in the task registry
+    /// (`TaskRegistry::descendants_usage`).
     pub usage: Usage,
     /// The backend error, when `stop` is [`StopReason::Failed`].
     pub error: Option<Arc<Error>>,

@@ -189,7 +189,7 @@ impl PendingQueue {
     }
 }
 
-/// What [`PendingQueue::wait`] found.
+/// What [`PendingQueue::wait_and_take`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Wake {
     /// Messages arrived (all of them, drained).
@@ -224,7 +224,8 @@ impl PendingQueue {
         }
     }
 
-    /// Takes every queued message, oldest first.
+    /// Takes every queued message, oldest first: they leave the queue, and the agent whose
+    /// queue it is never sees them.
     pub fn drain(&self) -> Vec<PendingMessage> {
         let taken: Vec<PendingMessage> = self.lock().queue.drain(..).collect();
         if !taken.is_empty() {
@@ -250,8 +251,10 @@ impl PendingQueue {
     }
 
     /// Waits until no promised message is outstanding (they were delivered or withdrawn).
-    /// Any number of callers may wait here and in [`wait`](Self::wait) at once: every change
-    /// wakes them all, and each looks again.
+    /// Leaves the queue as it is: a host may wait here while the agent runs. Any number of
+    /// callers may wait here, in [`arrived`](Self::arrived) and in
+    /// [`wait_and_take`](Self::wait_and_take) at once: every change wakes them all, and each
+    /// looks again.
     pub async fn settled(&self) {
         self.inner
             .until(|st| (st.outstanding == 0).then_some(()))
@@ -265,9 +268,29 @@ impl PendingQueue {
             .await
     }
 
-    /// Waits until a message is queued (true) — leaving it queued — or nothing is expected any
-    /// more (false).
-    pub(crate) async fn arrived(&self) -> bool {
+    /// Waits until a message is queued (`true`) — leaving it queued, for the agent — or
+    /// nothing is queued and nothing is expected any more (`false`).
+    ///
+    /// This is how a host watches an agent's queue without taking from it: the agent takes
+    /// the messages at its next tool round or end of turn.
+    ///
+    /// ```
+    /// use forkhive_spawn::runtime::{PendingMessage, PendingQueue};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let queue = PendingQueue::new();
+    /// let promise = queue.expect();
+    /// let watcher = tokio::spawn({
+    ///     let queue = queue.clone();
+    ///     async move { queue.arrived().await }
+    /// });
+    /// promise.deliver(PendingMessage::new("done", "task-notification"));
+    /// assert!(watcher.await.unwrap());
+    /// // Still queued for the agent.
+    /// assert_eq!(queue.len(), 1);
+    /// # });
+    /// ```
+    pub async fn arrived(&self) -> bool {
         self.inner
             .until(|st| {
                 if !st.queue.is_empty() {
@@ -279,8 +302,14 @@ impl PendingQueue {
             .await
     }
 
-    /// Waits until a message is queued (and drains them all) or nothing is expected any more.
-    pub async fn wait(&self) -> Wake {
+    /// Waits until a message is queued, then **takes** every queued message; or returns
+    /// [`Wake::Idle`] when nothing is queued and nothing is expected any more.
+    ///
+    /// For whoever consumes the queue: what this returns has left it, and the agent whose
+    /// queue it is never sees it. A host that only wants to know when something arrived, or
+    /// when every promise is kept, waits in [`arrived`](Self::arrived) or
+    /// [`settled`](Self::settled), which leave the messages for the agent.
+    pub async fn wait_and_take(&self) -> Wake {
         let wake = self
             .inner
             .until(|st| {
@@ -809,10 +838,10 @@ mod tests {
     #[tokio::test]
     async fn wait_returns_idle_when_nothing_is_expected() {
         let q = PendingQueue::new();
-        assert_eq!(q.wait().await, Wake::Idle);
+        assert_eq!(q.wait_and_take().await, Wake::Idle);
         q.push(PendingMessage::new("a", "host"));
         assert_eq!(
-            q.wait().await,
+            q.wait_and_take().await,
             Wake::Messages(vec![PendingMessage::new("a", "host")])
         );
     }
@@ -823,7 +852,7 @@ mod tests {
         let e = q.expect();
         let waiter = tokio::spawn({
             let q = q.clone();
-            async move { q.wait().await }
+            async move { q.wait_and_take().await }
         });
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
@@ -837,7 +866,7 @@ mod tests {
         let dropped = q.expect();
         let waiter = tokio::spawn({
             let q = q.clone();
-            async move { q.wait().await }
+            async move { q.wait_and_take().await }
         });
         tokio::task::yield_now().await;
         drop(dropped);
@@ -856,7 +885,7 @@ mod tests {
         });
         let waiter = tokio::spawn({
             let q = q.clone();
-            async move { q.wait().await }
+            async move { q.wait_and_take().await }
         });
         tokio::task::yield_now().await;
         tokio::task::yield_now().await;
@@ -874,7 +903,7 @@ mod tests {
         let promise = q.expect();
         let waiter = tokio::spawn({
             let q = q.clone();
-            async move { q.wait().await }
+            async move { q.wait_and_take().await }
         });
         let settled = tokio::spawn({
             let q = q.clone();
@@ -909,7 +938,7 @@ mod tests {
                     let q = q.clone();
                     tokio::spawn(async move {
                         let mut got = Vec::new();
-                        while let Wake::Messages(ms) = q.wait().await {
+                        while let Wake::Messages(ms) = q.wait_and_take().await {
                             got.extend(ms);
                         }
                         got
@@ -969,7 +998,7 @@ mod tests {
             })
             .collect();
         let mut seen = std::collections::HashSet::new();
-        while let Wake::Messages(ms) = q.wait().await {
+        while let Wake::Messages(ms) = q.wait_and_take().await {
             for m in ms {
                 assert!(seen.insert(m.text), "delivered twice");
             }
@@ -1160,7 +1189,7 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             assert!(!waiter.is_finished());
             if by_wait {
-                assert!(matches!(q.wait().await, Wake::Messages(_)));
+                assert!(matches!(q.wait_and_take().await, Wake::Messages(_)));
             } else {
                 assert_eq!(q.drain().len(), 1);
             }

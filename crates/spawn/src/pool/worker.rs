@@ -733,6 +733,8 @@ impl Worker {
                         );
                         n.usage.duration_ms =
                             u64::try_from(progress.elapsed().as_millis()).unwrap_or(u64::MAX);
+                        // The registry's roll-up reports what the notification does.
+                        usage.duration_ms = n.usage.duration_ms;
                         let partial = progress.last_text();
                         if !partial.is_empty() {
                             n = n.with_result(crate::task::cap_answer(partial, None));
@@ -1097,8 +1099,8 @@ impl Worker {
         };
         let mut usage = run.usage;
         usage.tool_uses = progress.tool_uses();
+        usage.duration_ms = u64::try_from(progress.elapsed().as_millis()).unwrap_or(u64::MAX);
         let mut n = TaskNotification::new(job.task, status, summary, usage.to_notification());
-        n.usage.duration_ms = u64::try_from(progress.elapsed().as_millis()).unwrap_or(u64::MAX);
         if !result.is_empty() {
             n = n.with_result(crate::task::cap_answer(result, None));
         }
@@ -1117,7 +1119,8 @@ impl Worker {
             };
             n = noted(n, note);
         }
-        Some((n, recorded, run.usage))
+        // The registry's roll-up reports what the notification does.
+        Some((n, recorded, usage))
     }
 
     /// A teammate job's side of its team on this worker, under its lead's shutdown policy and

@@ -908,11 +908,15 @@ impl Owned {
         n
     }
 
-    fn usage(&self, ended: &Ended) -> Usage {
-        ended.run().map(|r| r.usage).unwrap_or_else(|| Usage {
-            tool_uses: self.progress.tool_uses(),
-            ..self.progress.usage()
-        })
+    /// The child's usage with the tool uses and duration its notification `n` reports: the
+    /// notification, the registry's roll-up and the parent's ledger give the same figures.
+    fn usage(&self, ended: &Ended, n: &TaskNotification) -> Usage {
+        let mut usage = ended
+            .run()
+            .map_or_else(|| self.progress.usage(), |r| r.usage);
+        usage.tool_uses = n.usage.tool_uses;
+        usage.duration_ms = n.usage.duration_ms;
+        usage
     }
 
     /// The steps after [`begin`](Self::begin) that wait (on git, the disk, the registry),
@@ -971,7 +975,7 @@ impl Owned {
         if let Err(e) = self
             .service
             .registry
-            .roll_up(&id, self.usage(&state.ended))
+            .roll_up(&id, self.usage(&state.ended, &state.n))
             .await
         {
             tracing::warn!(task = %id, "could not roll the child's usage up: {e}");
@@ -1022,7 +1026,7 @@ impl Owned {
         }
         if state.done < Step::RollingUp
             && registry
-                .roll_up(&id, self.usage(&state.ended))
+                .roll_up(&id, self.usage(&state.ended, &state.n))
                 .now_or_never()
                 .is_none_or(|r| r.is_err())
         {
@@ -1059,7 +1063,7 @@ impl Owned {
         let id = self.record.id;
         let status = n.status;
         if let Some(ledger) = &self.ledger {
-            ledger.ended(&id, status, self.usage(&ended));
+            ledger.ended(&id, status, self.usage(&ended, &n));
         }
         match self.mode {
             Mode::Background => {

@@ -259,6 +259,9 @@ impl Agent {
         if self.left_a_record() {
             Box::pin(self.settle_recorded()).await;
         }
+        if let Some(run) = self.cancelled_at_once().await {
+            return run;
+        }
         // The hooks' part is its own future, boxed, and only for an agent with hooks: a child's
         // future is allocated whole when it is spawned, so what it would hold inline every
         // child would pay for, hooks or not.
@@ -369,6 +372,9 @@ impl Agent {
         if self.left_a_record() {
             Box::pin(self.settle_recorded()).await;
         }
+        if let Some(run) = self.cancelled_at_once().await {
+            return run;
+        }
         if self.waiting_after_answer() {
             // As the loop does after that answer: wait, then run on what came (or end, with
             // the stop hooks and checks of any end of turn).
@@ -384,6 +390,18 @@ impl Agent {
         };
         self.run_with((!pending.is_empty()).then_some(pending), false)
             .await
+    }
+
+    /// A cancelled agent's run: [`StopReason::Cancelled`] at once, before the run takes
+    /// anything — the prompt is not added, the queue is not drained (its `killed`
+    /// notifications stay there, for a host to hand on), the conversation and the transcript
+    /// gain nothing but the stop record. `None` when the agent is not cancelled.
+    async fn cancelled_at_once(&mut self) -> Option<AgentRun> {
+        if !self.shared.cancel.is_cancelled() {
+            return None;
+        }
+        let run = self.run_state();
+        Some(self.finish(run, StopReason::Cancelled).await)
     }
 
     /// Whether the conversation ends with a finished answer of the agent's own (no tool
