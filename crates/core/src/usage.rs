@@ -29,7 +29,9 @@ pub struct Usage {
     pub tool_uses: u64,
     /// Wall-clock duration in milliseconds: for a child (its notification, its registry
     /// record, its parent's report of it), from its start to its end. A run's own usage
-    /// (`AgentRun::usage`, a turn's) leaves it 0; summed usage adds the children's.
+    /// (`AgentRun::usage`, a turn's) leaves it 0. Summed usage adds durations: a tree's is the
+    /// time its agents spent (children side by side count each), and a record of a task
+    /// revived for a message adds each run's.
     #[serde(default)]
     pub duration_ms: u64,
 }

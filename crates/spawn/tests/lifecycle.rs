@@ -1408,6 +1408,11 @@ async fn a_host_watching_the_queue_leaves_the_notification_for_the_agent() {
         parent_of_workers(model, Limits::default(), no_deadline(), |b| b).await;
     let queue = parent.pending();
     let watcher = tokio::spawn(async move {
+        // Once the child's notification is promised (before, nothing is, and `arrived`
+        // answers `false` at once).
+        while queue.outstanding() == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         let arrived = queue.arrived().await;
         queue.settled().await;
         arrived
@@ -1475,8 +1480,26 @@ async fn a_cancelled_agents_next_run_leaves_its_queue_and_conversation_alone() {
 /// and its parent's report of it.
 #[tokio::test(start_paused = true)]
 async fn a_childs_duration_is_the_same_in_its_notification_record_and_report() {
+    // The worker makes one tool call (to a tool it does not have: answered with an error,
+    // counted all the same) before it answers.
+    let worker_then = brain(|r| {
+        if !is_parent(r) {
+            if has_tool_result(r) {
+                return Plan::Reply(say("child done"));
+            }
+            return Plan::Reply(calls(&[("toolu_look", "Look", "{}")]));
+        }
+        if has_tool_result(r) {
+            return Plan::Reply(say("parent done"));
+        }
+        Plan::Reply(calls(&[(
+            "toolu_1",
+            "Agent",
+            r#"{"description":"w","prompt":"p","subagent_type":"worker","run_in_background":true}"#,
+        )]))
+    });
     let model = Arc::new(SlowChildren {
-        inner: starts_one_worker(),
+        inner: worker_then,
         child_ms: 250,
     });
     let (mut parent, service) =
@@ -1491,7 +1514,12 @@ async fn a_childs_duration_is_the_same_in_its_notification_record_and_report() {
         .collect();
     assert_eq!(n.len(), 1);
     let n = &n[0];
-    assert!(n.usage.duration_ms >= 250, "{:?}", n.usage);
+    assert!(
+        n.usage.duration_ms >= 500,
+        "two answers of 250 ms: {:?}",
+        n.usage
+    );
+    assert_eq!(n.usage.tool_uses, 1, "{:?}", n.usage);
     let record = service.registry().get(&n.task_id).await.unwrap();
     assert_eq!(record.usage.duration_ms, n.usage.duration_ms);
     assert_eq!(record.usage.tool_uses, n.usage.tool_uses);
@@ -1499,4 +1527,31 @@ async fn a_childs_duration_is_the_same_in_its_notification_record_and_report() {
     assert_eq!(report.usage.duration_ms, n.usage.duration_ms);
     assert_eq!(report.usage.tool_uses, n.usage.tool_uses);
     assert_eq!(report.usage.total_tokens(), n.usage.total_tokens);
+}
+
+/// An agent cancelled before its first run still records that run's prompt (a child stopped
+/// before its first turn keeps its task, for a message that revives it); only a run after a
+/// run that returned `Cancelled` takes nothing.
+#[tokio::test]
+async fn an_agent_cancelled_before_its_first_run_records_its_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = tokio_util::sync::CancellationToken::new();
+    token.cancel();
+    let mut agent = Agent::builder(brain(|_| Plan::Reply(say("never asked"))))
+        .model("m")
+        .transcript_dir(dir.path())
+        .cancellation(token)
+        .build()
+        .await
+        .unwrap();
+    let run = agent.run("the task").await;
+    assert_eq!(run.stop, StopReason::Cancelled);
+    let path = agent.transcript_path().unwrap().to_path_buf();
+    let recorded = forkhive_spawn::transcript::read(&path).await.unwrap();
+    assert_eq!(recorded.messages.len(), 1);
+    assert_eq!(recorded.messages[0].text(), "the task");
+    let again = agent.run("again?").await;
+    assert_eq!(again.stop, StopReason::Cancelled);
+    let after = forkhive_spawn::transcript::read(&path).await.unwrap();
+    assert_eq!(after.messages, recorded.messages);
 }

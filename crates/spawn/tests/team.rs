@@ -669,6 +669,59 @@ async fn the_leads_run_returns_when_its_teammates_are_idle() {
     .expect("alice stopped with her lead");
 }
 
+/// A teammate's task counts its whole life: every run (its first job, a letter's, its
+/// shutdown) adds its tokens to its notification and its record, as its time and tool uses do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_teammates_usage_counts_every_run_of_its_life() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let asked = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&asked);
+    let b = brain(move |r| {
+        if !is_parent(r) {
+            counted.fetch_add(1, Ordering::SeqCst);
+            return Plan::Reply(say("done"));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
+        }
+        if last_texts(r).join("\n").contains("next, please") {
+            return Plan::Reply(calls(&[(
+                "m1",
+                "SendMessage",
+                r#"{"to":"alice","message":"second job"}"#,
+            )]));
+        }
+        Plan::Reply(say("noted"))
+    });
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let mut lead = lead_in(&team, b, lead_tools()).await;
+    let secs = std::time::Duration::from_secs(20);
+    let run = tokio::time::timeout(secs, lead.run("go")).await.unwrap();
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let run = tokio::time::timeout(secs, lead.run("next, please"))
+        .await
+        .unwrap();
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    tokio::time::timeout(secs, team.shut_down(None))
+        .await
+        .unwrap()
+        .unwrap();
+    let run = tokio::time::timeout(secs, lead.run_pending())
+        .await
+        .unwrap();
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let ns = notifications(&lead);
+    assert_eq!(ns.len(), 1, "{ns:?}");
+    // Each of her requests was answered with `say` (15 tokens), in at least two runs.
+    let asked = asked.load(Ordering::SeqCst);
+    assert!(asked >= 2, "{asked} requests");
+    assert_eq!(ns[0].usage.total_tokens, 15 * asked, "{:?}", ns[0].usage);
+    let service = lead.tree().extensions().get::<TaskService>().unwrap();
+    let record = service.registry().get(&ns[0].task_id).await.unwrap();
+    assert_eq!(record.usage.total_tokens(), 15 * asked);
+    assert_eq!(record.usage.duration_ms, ns[0].usage.duration_ms);
+}
+
 /// A teammate told to stop inside a tool that does not return for a minute is cancelled once
 /// the team's shutdown grace has passed: it confirms its shutdown, and its lead's run returns
 /// (a peer's users report shutdowns that never complete).

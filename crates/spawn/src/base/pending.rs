@@ -151,7 +151,7 @@ struct State {
 #[derive(Debug, Default)]
 struct Inner {
     state: Mutex<State>,
-    /// Woken (all waiters, `notify_waiters`) on every change. `wait` and `settled` wait for
+    /// Woken (all waiters, `notify_waiters`) on every change. `wait_and_take`, `arrived` and `settled` wait for
     /// different things on the same queue; a single stored permit (`notify_one`) taken by the
     /// wrong one would leave the other asleep with its condition true.
     changed: Notify,
@@ -224,8 +224,9 @@ impl PendingQueue {
         }
     }
 
-    /// Takes every queued message, oldest first: they leave the queue, and the agent whose
-    /// queue it is never sees them.
+    /// Takes every queued message, oldest first: they leave the queue. The agent takes its
+    /// own this way at its tool rounds; a host that drains an agent's queue takes them from
+    /// the agent, which never sees them.
     pub fn drain(&self) -> Vec<PendingMessage> {
         let taken: Vec<PendingMessage> = self.lock().queue.drain(..).collect();
         if !taken.is_empty() {
@@ -272,7 +273,11 @@ impl PendingQueue {
     /// nothing is queued and nothing is expected any more (`false`).
     ///
     /// This is how a host watches an agent's queue without taking from it: the agent takes
-    /// the messages at its next tool round or end of turn.
+    /// the messages at its next tool round or end of turn. It answers at once when its answer
+    /// is already true: `true` while anything is queued (a loop around it spins until the
+    /// agent has taken the messages; wait in [`settled`](Self::settled) or check
+    /// [`len`](Self::len) instead), and `false` while nothing is queued or promised (before a
+    /// child's notification is promised, too).
     ///
     /// ```
     /// use forkhive_spawn::runtime::{PendingMessage, PendingQueue};
@@ -836,7 +841,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn wait_returns_idle_when_nothing_is_expected() {
+    async fn wait_and_take_returns_idle_when_nothing_is_expected() {
         let q = PendingQueue::new();
         assert_eq!(q.wait_and_take().await, Wake::Idle);
         q.push(PendingMessage::new("a", "host"));
@@ -876,7 +881,7 @@ mod tests {
     /// A host awaiting `settled()` while the agent waits for its next message: a delivery
     /// wakes both, neither swallows the other's wake-up.
     #[tokio::test]
-    async fn settled_and_wait_at_once_both_wake_on_one_delivery() {
+    async fn settled_and_wait_and_take_at_once_both_wake_on_one_delivery() {
         let q = PendingQueue::new();
         let promise = q.expect();
         let settled = tokio::spawn({
@@ -1176,7 +1181,7 @@ mod tests {
     }
 
     /// A waiter for the queue to be drained wakes when the agent drains it, by `drain` or by
-    /// `wait`.
+    /// `wait_and_take`.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn drained_wakes_on_either_kind_of_drain() {
         for by_wait in [false, true] {

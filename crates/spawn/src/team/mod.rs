@@ -31,7 +31,7 @@ use std::time::Duration;
 use forkhive_core::TaskId;
 use tokio::sync::watch;
 
-use crate::base::outcome::StopReason;
+use crate::base::outcome::{AgentRun, StopReason};
 use crate::base::pending::{
     Expectation, Halt, MAILBOX_CONTROL_ORIGIN, MAILBOX_ORIGIN, PendingMessage, PendingQueue,
     PromiseHandle,
@@ -2276,6 +2276,14 @@ impl Drop for StopOnDrop {
     }
 }
 
+/// `next`, a teammate's latest run, with the usage of its runs before it (`before`, which
+/// holds theirs) added: its task's notification, record and report count its whole life in
+/// tokens, as they do in tool uses and time.
+fn and_then(before: &AgentRun, mut next: AgentRun) -> AgentRun {
+    next.usage += before.usage;
+    next
+}
+
 /// The teammate loop for `name` in `team`, starting with `prompt` (see the module docs).
 pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> CustomRun {
     // Made before the run exists: a teammate whose run is dropped before it starts (its start
@@ -2385,7 +2393,7 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                 if !queue.is_empty() {
                     team.busy(&name);
                     team.report_state(&name, true, &token).await;
-                    run = agent.run_pending().await;
+                    run = and_then(&run, agent.run_pending().await);
                     continue;
                 }
                 let idle = Protocol::IdleNotification {
@@ -2406,7 +2414,7 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                 if !team.rest(&name, &queue) {
                     team.busy(&name);
                     team.report_state(&name, true, &token).await;
-                    run = agent.run_pending().await;
+                    run = and_then(&run, agent.run_pending().await);
                     continue;
                 }
                 // After its idle notice, in the same order: the lead sets its promise down
@@ -2452,6 +2460,7 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                     Woke::Cancelled => {
                         let ended = agent.run_pending().await;
                         run.stop = ended.stop;
+                        run.usage += ended.usage;
                         // A stop record it could not write is said, as any run says it.
                         if ended.error.is_some() {
                             run.error = ended.error;
@@ -2464,7 +2473,7 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                 }
                 team.busy(&name);
                 team.report_state(&name, true, &token).await;
-                run = agent.run_pending().await;
+                run = and_then(&run, agent.run_pending().await);
             }
             if let Some(grace) = overdue.get()
                 && run.stop == StopReason::Cancelled

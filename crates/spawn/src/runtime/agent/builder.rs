@@ -828,6 +828,7 @@ impl AgentBuilder {
             last_stop: None,
             unsent: self.0.unsent,
             keep_children: self.0.keep_children,
+            stopped_cancelled: false,
             receipts: Vec::new(),
             warnings,
             first_context,

@@ -103,6 +103,9 @@ pub struct Agent {
     receipts: Vec<crate::base::pending::Receipt>,
     /// Leave running children alone when dropped.
     keep_children: bool,
+    /// A run of it has returned [`StopReason::Cancelled`]: the next takes nothing
+    /// ([`Agent::cancelled_at_once`]).
+    stopped_cancelled: bool,
     /// Warnings from building it, emitted when it first runs (after its parent's
     /// `ChildStarted`).
     warnings: Vec<String>,
@@ -252,6 +255,9 @@ impl Agent {
     /// `UserPromptSubmit` hooks see the prompt first: one that blocks ends the run at once
     /// ([`StopReason::Blocked`]), context they give follows the prompt. A subagent's first run
     /// also runs `SubagentStart` hooks, whose context follows too.
+    ///
+    /// A cancelled agent stays cancelled: once a run has returned [`StopReason::Cancelled`],
+    /// the next returns it again without adding the prompt or taking anything from the queue.
     pub async fn run(&mut self, prompt: impl Into<String>) -> AgentRun {
         let prompt: String = prompt.into();
         // Every entry point first settles a record a dropped run left in flight: what the
@@ -368,6 +374,9 @@ impl Agent {
     ///
     /// Where the answer called tools that have no results (its run stopped mid-round), each
     /// call is answered with an error saying it was interrupted, and the run goes on.
+    ///
+    /// Once a run of a cancelled agent has returned [`StopReason::Cancelled`], this returns it
+    /// again, taking nothing from the queue (as [`run`](Self::run) does).
     pub async fn continue_run(&mut self) -> AgentRun {
         if self.left_a_record() {
             Box::pin(self.settle_recorded()).await;
@@ -392,12 +401,17 @@ impl Agent {
             .await
     }
 
-    /// A cancelled agent's run: [`StopReason::Cancelled`] at once, before the run takes
-    /// anything — the prompt is not added, the queue is not drained (its `killed`
-    /// notifications stay there, for a host to hand on), the conversation and the transcript
-    /// gain nothing but the stop record. `None` when the agent is not cancelled.
+    /// The run of an agent whose last run returned [`StopReason::Cancelled`] (and which is
+    /// still cancelled, as a cancelled agent stays): `Cancelled` again, before the run takes
+    /// anything — the prompt is not added, the queue is not drained (its children's `killed`
+    /// notifications stay there, for a host to hand on), the conversation gains nothing and
+    /// the transcript only another stop record. `None` for any other agent.
+    ///
+    /// An agent cancelled before its first run still records that run's prompt: a child
+    /// stopped before its first turn keeps its task in its transcript, for a message that
+    /// revives it.
     async fn cancelled_at_once(&mut self) -> Option<AgentRun> {
-        if !self.shared.cancel.is_cancelled() {
+        if !(self.stopped_cancelled && self.shared.cancel.is_cancelled()) {
             return None;
         }
         let run = self.run_state();

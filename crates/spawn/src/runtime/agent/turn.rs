@@ -809,6 +809,7 @@ impl Agent {
     pub(super) async fn finish(&mut self, run: RunState, stop: StopReason) -> AgentRun {
         let mut run = run;
         if stop == StopReason::Cancelled {
+            self.stopped_cancelled = true;
             // Cancelling an agent cancels its children; give their notifications a moment to
             // arrive, so a cancelled run returns with its tree's results in its queue.
             let grace = self.shared.limits.cancel_grace;
