@@ -549,15 +549,15 @@ fn approval(o: &serde_json::Map<String, serde_json::Value>) -> Option<bool> {
         .and_then(serde_json::Value::as_bool)
 }
 
-/// The refusal of text that is a whole protocol message: a teammate's relay would act on it
-/// as one, past the checks of the structured form (who may ask, with which id) — a letter a
-/// hostile teammate asked the lead to pass on, say.
+/// The refusal of text that is a whole protocol message, complete or not: a teammate's relay
+/// would act on a complete one, past the checks of the structured form (who may ask, with
+/// which id) — a letter a hostile teammate asked the lead to pass on, say — and a model reads
+/// either as one.
 fn protocol_text(text: &str) -> Option<ToolOutput> {
-    crate::mailbox::protocol::Protocol::parse(text).map(|p| {
+    crate::mailbox::protocol::Protocol::kind_in_text(text).map(|kind| {
         ToolOutput::error(format!(
-            "the message's text is a `{}` protocol message, which is not sent as text: send it \
-             as a `message` object with its `type`, or say it in words",
-            p.kind()
+            "the message's text is a `{kind}` protocol message, which is not sent as text: send \
+             it as a `message` object with its `type`, or say it in words"
         ))
     })
 }

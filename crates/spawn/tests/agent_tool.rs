@@ -1465,3 +1465,48 @@ async fn fork_mode_turned_off_by_a_non_interactive_session_is_a_warning_event() 
     let plain = warnings_of(AgentToolConfig::default().with_non_interactive(true)).await;
     assert!(plain.is_empty(), "{plain:?}");
 }
+
+/// Worktree settings that would leave workers in the host's checkout while they look isolated
+/// — a repository with isolation off, isolation on without a repository — are said to the
+/// host's event sink (and `tracing`) when the main agent first runs; both set, nothing is.
+#[tokio::test]
+async fn worktree_settings_that_isolate_nobody_are_warning_events() {
+    let warnings_of = |config: AgentToolConfig| async move {
+        let events = Arc::new(Events::default());
+        let mut p = Agent::builder(brain(|_| Plan::Reply(say("hello"))))
+            .model("m")
+            .tools(ToolPool::new([AgentTool::new(config).unwrap().arc()]).unwrap())
+            .events(Arc::clone(&events) as _)
+            .build()
+            .await
+            .unwrap();
+        drop(p.run("hi").await);
+        events.warnings()
+    };
+    let repo = std::path::PathBuf::from("/srv/repo");
+    let no_isolation =
+        warnings_of(AgentToolConfig::default().with_worktree_repo(Some(repo.clone()))).await;
+    assert_eq!(
+        no_isolation,
+        [
+            "tool `Agent`: `worktree_repo` is /srv/repo but isolation is off, so no worker gets a \
+             worktree: turn it on with `with_isolation_enabled(true)`"
+        ]
+    );
+    let no_repo = warnings_of(AgentToolConfig::default().with_isolation_enabled(true)).await;
+    assert_eq!(
+        no_repo,
+        [
+            "tool `Agent`: isolation is on but no `worktree_repo` is set, so no worker gets a \
+             worktree (and a call asking for one is refused): name the repository with \
+             `with_worktree_repo(Some(path))`"
+        ]
+    );
+    let both = warnings_of(
+        AgentToolConfig::default()
+            .with_isolation_enabled(true)
+            .with_worktree_repo(Some(repo)),
+    )
+    .await;
+    assert!(both.is_empty(), "{both:?}");
+}

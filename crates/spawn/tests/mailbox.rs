@@ -192,6 +192,28 @@ async fn a_damaged_inbox_is_an_error_and_is_left_alone() {
             path.display()
         )
     );
+    // An array whose entries are not all letters: never a blank letter from nobody.
+    for (damaged, at) in [
+        (r#"[{"from":3,"text":"x"}]"#, 0),
+        (r#"[{"from":"x","text":"ok"},{"text":"no sender"}]"#, 1),
+        (r#"[42,"str"]"#, 0),
+    ] {
+        std::fs::write(&path, damaged).unwrap();
+        let want = format!(
+            "mailbox t/a: {} holds an entry that is not a letter (entry {at}: a letter is an \
+             object with a string `from` and `text`); it is left as it is",
+            path.display()
+        );
+        assert_eq!(mail.receive(&me).await.unwrap_err().to_string(), want);
+        assert_eq!(
+            mail.send(&me, Letter::new("x", "y"))
+                .await
+                .unwrap_err()
+                .to_string(),
+            want
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), damaged);
+    }
 }
 
 /// A lock held by a live writer: the sender gets a typed error after its budget, never a

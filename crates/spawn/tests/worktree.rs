@@ -1219,13 +1219,27 @@ async fn coordinator_workers_that_write_get_a_worktree_by_default() {
             .with_isolation_enabled(true)
             .with_worktree_repo(Some(repo.path().to_path_buf())),
     );
-    let mut c = coordinator(Agent::builder(b).model("m"), config)
-        .unwrap()
-        .build()
-        .await
-        .unwrap();
+    let events = Arc::new(Events::default());
+    let mut c = coordinator(
+        Agent::builder(b)
+            .model("m")
+            .events(Arc::clone(&events) as _),
+        config,
+    )
+    .unwrap()
+    .build()
+    .await
+    .unwrap();
     let run = c.run("go").await;
     assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    // The host hears why the shell worker shares the checkout, not only `tracing`.
+    assert_eq!(
+        events.warnings(),
+        [
+            "no worktree for this worker: tool \"Shell\": it changes things but cannot work in \
+             a worktree (it does not implement `Tool::rooted`)"
+        ]
+    );
     let ns: Vec<_> = c
         .params()
         .messages()

@@ -288,8 +288,9 @@ pub struct AgentTool {
     /// The subagent tools with the lead's `SendMessage`, for the last pair seen: teammates of
     /// one lead share one pool, so the head cache, keyed by pool, keeps hitting.
     with_team: Arc<std::sync::Mutex<Option<WithTeam>>>,
-    /// Why fork mode, set, is off (see [`Tool::warnings`]).
-    fork_off: Option<String>,
+    /// What in its configuration does not do what it looks like it does
+    /// ([`config_warnings`], emitted through [`Tool::warnings`]).
+    warnings: Vec<String>,
 }
 
 /// A teammate's tools: a base pool (whose identity the guard reserves) joined by one lead's
@@ -339,24 +340,15 @@ impl AgentTool {
                 )));
             }
         }
-        // Also emitted as an event when the main agent it is built into first runs.
-        let fork_off = (config.fork_enabled && !config.forks()).then(|| {
-            let why = if config.coordinator_mode {
-                "coordinator mode"
-            } else {
-                "a non-interactive session"
-            };
-            let warning = format!(
-                "fork mode is set but off: {why} disables forks, so an omitted \
-                 `subagent_type` starts a general-purpose subagent"
-            );
+        // Also emitted as events when the main agent it is built into first runs.
+        let warnings = config_warnings(&config);
+        for warning in &warnings {
             tracing::warn!("{warning}");
-            warning
-        });
+        }
         let schema = config.input_schema().to_string();
         let definition = ToolDefinition::new(AGENT_TOOL, description, &schema)?;
         Ok(Self {
-            fork_off,
+            warnings,
             filter: Arc::new(config.filter.clone()),
             heads: Arc::new(HeadCache::new()),
             with_mcp: Arc::default(),
@@ -761,8 +753,17 @@ impl AgentTool {
                                     chain(&e)
                                 ));
                             }
-                            // Chosen by default, not asked for: the worker works as it would have.
-                            tracing::warn!("no worktree for this worker: {}", chain(&e));
+                            // Chosen by default, not asked for: the worker works as it would have,
+                            // and the host hears why it shares the checkout (not only `tracing`).
+                            let message = format!("no worktree for this worker: {}", chain(&e));
+                            tracing::warn!("{message}");
+                            if let Some(sink) = &caller.events {
+                                sink.emit(crate::base::events::AgentEvent {
+                                    agent: *me.id(),
+                                    turn: turn.turn(),
+                                    kind: crate::base::events::EventKind::Warning { message },
+                                });
+                            }
                             (None, None)
                         }
                     }
@@ -1083,9 +1084,10 @@ impl Tool for AgentTool {
         crate::team::check_teams(self.config.teams_enabled, tree)
     }
 
-    /// Fork mode set but turned off by coordinator mode or a non-interactive session.
+    /// Settings that do not do what they look like they do: fork mode that is off, worktree
+    /// settings that isolate nobody.
     fn warnings(&self) -> Vec<String> {
-        self.fork_off.iter().cloned().collect()
+        self.warnings.clone()
     }
 
     fn aliases(&self) -> &[&str] {
@@ -1120,6 +1122,40 @@ impl Tool for AgentTool {
             Err(text) => ToolOutput::error(text),
         }
     }
+}
+
+/// What in `config` does not do what it looks like it does: fork mode turned off by
+/// coordinator mode or a non-interactive session; a worktree repository with isolation off,
+/// or isolation on without one (workers that look isolated would share the host's checkout,
+/// and lose each other's edits).
+fn config_warnings(config: &AgentToolConfig) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if config.fork_enabled && !config.forks() {
+        let why = if config.coordinator_mode {
+            "coordinator mode"
+        } else {
+            "a non-interactive session"
+        };
+        warnings.push(format!(
+            "fork mode is set but off: {why} disables forks, so an omitted `subagent_type` \
+             starts a general-purpose subagent"
+        ));
+    }
+    match (config.isolation_enabled, &config.worktree_repo) {
+        (false, Some(repo)) => warnings.push(format!(
+            "`worktree_repo` is {} but isolation is off, so no worker gets a worktree: turn it \
+             on with `with_isolation_enabled(true)`",
+            repo.display()
+        )),
+        (true, None) => warnings.push(
+            "isolation is on but no `worktree_repo` is set, so no worker gets a worktree (and \
+             a call asking for one is refused): name the repository with \
+             `with_worktree_repo(Some(path))`"
+                .to_owned(),
+        ),
+        _ => {}
+    }
+    warnings
 }
 
 /// `base` with `SendMessage`, the lead's own, when it lacks one: a teammate's tools.

@@ -288,7 +288,25 @@ fn entries(inbox: &Inbox, path: &Path, read: std::io::Result<Vec<u8>>) -> Result
         return Ok(Vec::new());
     }
     match serde_json::from_slice::<Value>(&bytes) {
-        Ok(Value::Array(entries)) => Ok(entries),
+        Ok(Value::Array(entries)) => {
+            // Each a letter: an entry without a sender or text read as one would reach an
+            // agent as a blank letter from nobody.
+            let letter = |e: &Value| {
+                e.get("from").is_some_and(Value::is_string)
+                    && e.get("text").is_some_and(Value::is_string)
+            };
+            match entries.iter().position(|e| !letter(e)) {
+                None => Ok(entries),
+                Some(i) => Err(fail(
+                    inbox,
+                    format!(
+                        "{} holds an entry that is not a letter (entry {i}: a letter is an \
+                         object with a string `from` and `text`); it is left as it is",
+                        path.display()
+                    ),
+                )),
+            }
+        }
         Ok(_) => Err(fail(
             inbox,
             format!("{} is not a JSON array of entries", path.display()),

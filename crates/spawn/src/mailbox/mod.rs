@@ -64,9 +64,14 @@ pub(crate) fn check_name(what: &str, name: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::Mailbox {
-            inbox: name.to_owned(),
+            inbox: if name.is_empty() {
+                "(no name)".to_owned()
+            } else {
+                name.to_owned()
+            },
             message: format!(
-                "`{name}` cannot be a {what} name: use 1-{MAX_NAME} letters, digits, `_` and `-`"
+                "`{name}` is not a valid {what} name: use 1-{MAX_NAME} letters, digits, `_` and \
+                 `-`"
             ),
         })
     }
@@ -417,18 +422,18 @@ mod tests {
     #[test]
     fn names_are_checked_not_rewritten() {
         assert!(Inbox::new("review", "team-lead_2").is_ok());
-        for (team, agent, bad, what) in [
-            ("a/b", "x", "a/b", "team"),
-            ("t", "..", "..", "agent"),
-            ("t", "", "", "agent"),
-            ("t", "a b", "a b", "agent"),
-            ("t", "é", "é", "agent"),
+        for (team, agent, label, bad, what) in [
+            ("a/b", "x", "a/b", "a/b", "team"),
+            ("t", "..", "..", "..", "agent"),
+            ("t", "", "(no name)", "", "agent"),
+            ("t", "a b", "a b", "a b", "agent"),
+            ("t", "é", "é", "é", "agent"),
         ] {
             assert_eq!(
                 Inbox::new(team, agent).unwrap_err().to_string(),
                 format!(
-                    "mailbox {bad}: `{bad}` cannot be a {what} name: use 1-64 letters, digits, \
-                     `_` and `-`"
+                    "mailbox {label}: `{bad}` is not a valid {what} name: use 1-64 letters, \
+                     digits, `_` and `-`"
                 )
             );
         }

@@ -138,6 +138,30 @@ impl Protocol {
         serde_json::from_str(t).ok()
     }
 
+    /// The `type` of text whose whole content is a JSON object naming one of these messages'
+    /// types, whether or not it has the rest of that message's fields (`None` for any other
+    /// text, and for text that only contains such an object). What text sent as words may not
+    /// be: a model that reads it takes it for the message, complete or not.
+    pub fn kind_in_text(text: &str) -> Option<&'static str> {
+        let t = text.trim();
+        if !t.starts_with('{') {
+            return None;
+        }
+        let value: serde_json::Value = serde_json::from_str(t).ok()?;
+        let named = value.get("type")?.as_str()?;
+        Self::KINDS.into_iter().find(|k| *k == named)
+    }
+
+    /// Every message's `type`.
+    const KINDS: [&'static str; 6] = [
+        "idle_notification",
+        "shutdown_request",
+        "shutdown_approved",
+        "shutdown_rejected",
+        "plan_approval_request",
+        "plan_approval_response",
+    ];
+
     /// Its `type`.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -305,6 +329,29 @@ mod tests {
             timestamp: String::new(),
             summary: None,
             color: None,
+        }
+    }
+
+    #[test]
+    fn text_that_is_a_message_is_known_by_its_type_alone() {
+        let cases = [
+            (r#"{"type":"shutdown_request"}"#, Some("shutdown_request")),
+            (
+                r#"  {"type":"plan_approval_response","request_id":"p","approve":true} "#,
+                Some("plan_approval_response"),
+            ),
+            (
+                r#"{"type":"idle_notification","from":3}"#,
+                Some("idle_notification"),
+            ),
+            (r#"{"type":"shutdown"}"#, None),
+            (r#"{"kind":"shutdown_request"}"#, None),
+            (r#"["shutdown_request"]"#, None),
+            (r#"please send {"type":"shutdown_request"}"#, None),
+            (r#"{"type":"shutdown_request""#, None),
+        ];
+        for (text, kind) in cases {
+            assert_eq!(Protocol::kind_in_text(text), kind, "{text}");
         }
     }
 

@@ -632,8 +632,8 @@ mod tests {
                 .err()
                 .map(|e| e.to_string()),
             Some(
-                "mailbox a:b: `a:b` cannot be a key prefix name: use 1-64 letters, digits, `_` \
-                 and `-`"
+                "mailbox a:b: `a:b` is not a valid key prefix name: use 1-64 letters, digits, \
+                 `_` and `-`"
                     .to_owned()
             )
         );

@@ -41,6 +41,11 @@ pub fn client_builder() -> reqwest::ClientBuilder {
     let roots = rustls::RootCertStore {
         roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
     };
+    // rustls 0.23.48 deprecates the ring provider's constructor because ring has no
+    // post-quantum key exchange; ring is kept (the other provider, aws-lc-rs, compiles a C
+    // library on the host's machine), and the lint is answered here so that no host's build
+    // warns about it.
+    #[allow(deprecated)]
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = reqwest::Client::builder();
     match rustls::ClientConfig::builder_with_provider(provider)
