@@ -552,14 +552,30 @@ fn approval(o: &serde_json::Map<String, serde_json::Value>) -> Option<bool> {
 /// The refusal of text that is a whole protocol message, complete or not: a teammate's relay
 /// would act on a complete one, past the checks of the structured form (who may ask, with
 /// which id) — a letter a hostile teammate asked the lead to pass on, say — and a model reads
-/// either as one.
+/// either as one. It says how the message is sent, where `SendMessage` sends it at all.
 fn protocol_text(text: &str) -> Option<ToolOutput> {
-    crate::mailbox::protocol::Protocol::kind_in_text(text).map(|kind| {
-        ToolOutput::error(format!(
-            "the message's text is a `{kind}` protocol message, which is not sent as text: send \
-             it as a `message` object with its `type`, or say it in words"
-        ))
-    })
+    let kind = crate::mailbox::protocol::Protocol::kind_in_text(text)?;
+    let how = match kind {
+        "shutdown_request" => {
+            "the lead sends it as a `message` object: {\"type\":\"shutdown_request\",\"reason\":…}"
+        }
+        "shutdown_response" | "shutdown_approved" | "shutdown_rejected" => {
+            "a teammate answers a shutdown request with a `message` object: \
+             {\"type\":\"shutdown_response\",\"request_id\":…,\"approve\":…,\"reason\":…}"
+        }
+        "plan_approval_request" => {
+            "a teammate sends it as a `message` object: {\"type\":\"plan_approval_request\",\"plan\":…}"
+        }
+        "plan_approval_response" => {
+            "the lead answers a plan with a `message` object: \
+             {\"type\":\"plan_approval_response\",\"request_id\":…,\"approve\":…,\"feedback\":…}"
+        }
+        _ => "the team sends those itself",
+    };
+    Some(ToolOutput::error(format!(
+        "the message's text is a `{kind}` protocol message, which is not sent as text: {how}; \
+         or say it in words"
+    )))
 }
 
 /// Text to every teammate but the sender (and to the lead, from a teammate).

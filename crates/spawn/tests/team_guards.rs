@@ -520,6 +520,12 @@ async fn protocol_messages_are_not_sent_as_text() {
                     "SendMessage",
                     r#"{"to":"alice","message":" {\"type\":\"shutdown_request\",\"reason\":\"x\"} "}"#,
                 ),
+                // An answer as Claude Code's letters spell it: told the form that answers.
+                (
+                    "s5",
+                    "SendMessage",
+                    r#"{"to":"alice","message":"{\"type\":\"shutdown_approved\",\"requestId\":\"r\"}"}"#,
+                ),
             ]));
         }
         Plan::Reply(say("ok"))
@@ -534,7 +540,8 @@ async fn protocol_messages_are_not_sent_as_text() {
         got[0],
         (
             "the message's text is a `shutdown_request` protocol message, which is not sent as \
-             text: send it as a `message` object with its `type`, or say it in words"
+             text: the lead sends it as a `message` object: \
+             {\"type\":\"shutdown_request\",\"reason\":…}; or say it in words"
                 .to_owned(),
             true
         ),
@@ -543,5 +550,16 @@ async fn protocol_messages_are_not_sent_as_text() {
     assert!(!got[1].1, "{got:?}");
     assert_eq!(got[2], got[0], "a broadcast is refused alike");
     assert_eq!(got[3], got[0], "an incomplete one is refused alike");
+    assert_eq!(
+        got[4],
+        (
+            "the message's text is a `shutdown_approved` protocol message, which is not sent as \
+             text: a teammate answers a shutdown request with a `message` object: \
+             {\"type\":\"shutdown_response\",\"request_id\":…,\"approve\":…,\"reason\":…}; or \
+             say it in words"
+                .to_owned(),
+            true
+        )
+    );
     assert_ne!(team.member("alice").unwrap().state, MemberState::Stopped);
 }

@@ -1232,13 +1232,16 @@ async fn coordinator_workers_that_write_get_a_worktree_by_default() {
     .unwrap();
     let run = c.run("go").await;
     assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
-    // The host hears why the shell worker shares the checkout, not only `tracing`.
-    assert_eq!(
-        events.warnings(),
-        [
-            "no worktree for this worker: tool \"Shell\": it changes things but cannot work in \
-             a worktree (it does not implement `Tool::rooted`)"
-        ]
+    // The host hears which worker shares the checkout, and why, not only `tracing`.
+    let warnings = events.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].starts_with("no worktree for worker ")
+            && warnings[0].ends_with(
+                " (\"shell\"), which works in the shared checkout: tool \"Shell\": it changes \
+                 things but cannot work in a worktree (it does not implement `Tool::rooted`)"
+            ),
+        "{warnings:?}"
     );
     let ns: Vec<_> = c
         .params()

@@ -755,7 +755,12 @@ impl AgentTool {
                             }
                             // Chosen by default, not asked for: the worker works as it would have,
                             // and the host hears why it shares the checkout (not only `tracing`).
-                            let message = format!("no worktree for this worker: {}", chain(&e));
+                            let message = format!(
+                                "no worktree for worker {child_id} (\"{}\"), which works in the \
+                                 shared checkout: {}",
+                                input.description,
+                                chain(&e)
+                            );
                             tracing::warn!("{message}");
                             if let Some(sink) = &caller.events {
                                 sink.emit(crate::base::events::AgentEvent {

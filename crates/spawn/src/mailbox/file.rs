@@ -8,7 +8,9 @@
 //! reads the array, appends, writes a temporary file and renames it over the inbox — a reader
 //! never sees half a file and no writer loses another's entry. Entries this build did not
 //! write keep every field they have. Acknowledged entries (and entries another reader marked
-//! `read`) are removed.
+//! `read`) are removed. An entry that is not a letter (no non-empty string `from`, or no
+//! string `text`) is neither delivered nor counted nor removed: it stays as it is, with a
+//! `tracing` warning when the inbox is read.
 //!
 //! A waiting reader sleeps until the operating system reports a change in its team's inbox
 //! directory (`notify`: inotify, kqueue, FSEvents or ReadDirectoryChangesW), so an idle reader
@@ -288,25 +290,7 @@ fn entries(inbox: &Inbox, path: &Path, read: std::io::Result<Vec<u8>>) -> Result
         return Ok(Vec::new());
     }
     match serde_json::from_slice::<Value>(&bytes) {
-        Ok(Value::Array(entries)) => {
-            // Each a letter: an entry without a sender or text read as one would reach an
-            // agent as a blank letter from nobody.
-            let letter = |e: &Value| {
-                e.get("from").is_some_and(Value::is_string)
-                    && e.get("text").is_some_and(Value::is_string)
-            };
-            match entries.iter().position(|e| !letter(e)) {
-                None => Ok(entries),
-                Some(i) => Err(fail(
-                    inbox,
-                    format!(
-                        "{} holds an entry that is not a letter (entry {i}: a letter is an \
-                         object with a string `from` and `text`); it is left as it is",
-                        path.display()
-                    ),
-                )),
-            }
-        }
+        Ok(Value::Array(entries)) => Ok(entries),
         Ok(_) => Err(fail(
             inbox,
             format!("{} is not a JSON array of entries", path.display()),
@@ -347,6 +331,17 @@ fn ids(entries: &[Value]) -> Vec<String> {
             format!("sha256:{}#{n}", &digest[..16])
         })
         .collect()
+}
+
+/// Whether `e` is a letter: an object with a non-empty string `from` and a string `text`.
+/// Anything else in an inbox (another program's entry, a damaged one) is never delivered — it
+/// would reach an agent as a blank letter from nobody — nor counted, nor removed: it stays in
+/// the file as it is, and the letters around it come and go as usual.
+fn is_letter(e: &Value) -> bool {
+    e.get("from")
+        .and_then(Value::as_str)
+        .is_some_and(|f| !f.is_empty())
+        && e.get("text").is_some_and(Value::is_string)
 }
 
 fn is_read(e: &Value) -> bool {
@@ -699,12 +694,23 @@ impl Mailbox for FileMailbox {
 
     async fn receive(&self, inbox: &Inbox) -> Result<Vec<Delivered>> {
         // No lock: the file is only ever replaced whole.
-        let entries = read(inbox, &self.path(inbox)).await?;
+        let path = self.path(inbox);
+        let entries = read(inbox, &path).await?;
         let ids = ids(&entries);
+        let foreign = entries.iter().filter(|e| !is_letter(e)).count();
+        if foreign > 0 {
+            tracing::warn!(
+                "{}: {foreign} entr{} that {} not a letter (an object with a string `from` and \
+                 `text`) left undelivered in the file",
+                path.display(),
+                if foreign == 1 { "y" } else { "ies" },
+                if foreign == 1 { "is" } else { "are" },
+            );
+        }
         Ok(entries
             .iter()
             .zip(ids)
-            .filter(|(e, _)| !is_read(e))
+            .filter(|(e, _)| is_letter(e) && !is_read(e))
             .map(|(e, id)| {
                 let field = |k: &str| e.get(k).and_then(Value::as_str).map(str::to_owned);
                 Delivered {
@@ -740,7 +746,11 @@ impl Mailbox for FileMailbox {
     }
 
     async fn stored(&self, inbox: &Inbox) -> Result<usize> {
-        Ok(read(inbox, &self.path(inbox)).await?.len())
+        Ok(read(inbox, &self.path(inbox))
+            .await?
+            .iter()
+            .filter(|e| is_letter(e))
+            .count())
     }
 
     /// Looks at the inbox file's size and modification time every 50 ms (Claude Code polls

@@ -70,8 +70,7 @@ pub(crate) fn check_name(what: &str, name: &str) -> Result<()> {
                 name.to_owned()
             },
             message: format!(
-                "`{name}` is not a valid {what} name: use 1-{MAX_NAME} letters, digits, `_` and \
-                 `-`"
+                "`{name}` is not a valid {what}: use 1-{MAX_NAME} letters, digits, `_` and `-`"
             ),
         })
     }
@@ -88,8 +87,8 @@ impl Inbox {
     /// The inbox of `agent` in `team`; both names are checked (see [`MAX_NAME`]).
     pub fn new(team: impl Into<String>, agent: impl Into<String>) -> Result<Self> {
         let (team, agent) = (team.into(), agent.into());
-        check_name("team", &team)?;
-        check_name("agent", &agent)?;
+        check_name("team name", &team)?;
+        check_name("agent name", &agent)?;
         Ok(Self { team, agent })
     }
 
@@ -423,17 +422,17 @@ mod tests {
     fn names_are_checked_not_rewritten() {
         assert!(Inbox::new("review", "team-lead_2").is_ok());
         for (team, agent, label, bad, what) in [
-            ("a/b", "x", "a/b", "a/b", "team"),
-            ("t", "..", "..", "..", "agent"),
-            ("t", "", "(no name)", "", "agent"),
-            ("t", "a b", "a b", "a b", "agent"),
-            ("t", "é", "é", "é", "agent"),
+            ("a/b", "x", "a/b", "a/b", "team name"),
+            ("t", "..", "..", "..", "agent name"),
+            ("t", "", "(no name)", "", "agent name"),
+            ("t", "a b", "a b", "a b", "agent name"),
+            ("t", "é", "é", "é", "agent name"),
         ] {
             assert_eq!(
                 Inbox::new(team, agent).unwrap_err().to_string(),
                 format!(
-                    "mailbox {label}: `{bad}` is not a valid {what} name: use 1-64 letters, \
-                     digits, `_` and `-`"
+                    "mailbox {label}: `{bad}` is not a valid {what}: use 1-64 letters, digits, \
+                     `_` and `-`"
                 )
             );
         }

@@ -138,10 +138,11 @@ impl Protocol {
         serde_json::from_str(t).ok()
     }
 
-    /// The `type` of text whose whole content is a JSON object naming one of these messages'
-    /// types, whether or not it has the rest of that message's fields (`None` for any other
-    /// text, and for text that only contains such an object). What text sent as words may not
-    /// be: a model that reads it takes it for the message, complete or not.
+    /// The `type` of text whose whole content is a JSON object naming a structured message's
+    /// type ([`TEXT_KINDS`](Self::TEXT_KINDS)), whether or not it has the rest of that
+    /// message's fields (`None` for any other text, and for text that only contains such an
+    /// object, in other words or a code fence). What text sent as words may not be: a relay
+    /// acts on a complete one, and a model that reads either takes it for the message.
     pub fn kind_in_text(text: &str) -> Option<&'static str> {
         let t = text.trim();
         if !t.starts_with('{') {
@@ -149,17 +150,28 @@ impl Protocol {
         }
         let value: serde_json::Value = serde_json::from_str(t).ok()?;
         let named = value.get("type")?.as_str()?;
-        Self::KINDS.into_iter().find(|k| *k == named)
+        Self::TEXT_KINDS.into_iter().find(|k| *k == named)
     }
 
-    /// Every message's `type`.
-    const KINDS: [&'static str; 6] = [
+    /// Every `type` a structured message in a letter's text can have: this enum's (the first
+    /// six); `shutdown_response`, as `SendMessage`'s input names an answer to a shutdown
+    /// request; and the other structured messages Claude Code's teammates read from their
+    /// inboxes (`permission_request`, `permission_response`, `task_assignment`,
+    /// `task_completed`, `teammate_terminated`). (The team's own bookkeeping between hosts is
+    /// refused by [`Team::send`](crate::team::Team::send) whatever its form.)
+    pub const TEXT_KINDS: [&'static str; 12] = [
         "idle_notification",
         "shutdown_request",
         "shutdown_approved",
         "shutdown_rejected",
         "plan_approval_request",
         "plan_approval_response",
+        "shutdown_response",
+        "permission_request",
+        "permission_response",
+        "task_assignment",
+        "task_completed",
+        "teammate_terminated",
     ];
 
     /// Its `type`.
@@ -353,6 +365,64 @@ mod tests {
         for (text, kind) in cases {
             assert_eq!(Protocol::kind_in_text(text), kind, "{text}");
         }
+        // Every message this enum is, as its letter carries it, is known.
+        let every = [
+            Protocol::IdleNotification {
+                from: "a".into(),
+                timestamp: "t".into(),
+                idle_reason: IdleReason::Available,
+                summary: None,
+                completed_task_id: None,
+            },
+            Protocol::ShutdownRequest {
+                request_id: "r".into(),
+                from: "l".into(),
+                reason: None,
+                timestamp: "t".into(),
+            },
+            Protocol::ShutdownApproved {
+                request_id: "r".into(),
+                from: "a".into(),
+                timestamp: "t".into(),
+            },
+            Protocol::ShutdownRejected {
+                request_id: "r".into(),
+                from: "a".into(),
+                timestamp: "t".into(),
+                reason: "no".into(),
+            },
+            Protocol::PlanApprovalRequest {
+                from: "a".into(),
+                timestamp: "t".into(),
+                plan_file_path: None,
+                plan_content: "p".into(),
+                request_id: "r".into(),
+            },
+            Protocol::PlanApprovalResponse {
+                request_id: "r".into(),
+                approved: true,
+                feedback: None,
+                permission_mode: None,
+            },
+        ];
+        for p in every {
+            // No wildcard: a variant added to the enum fails to compile here until it is
+            // listed above (and its `type` in `TEXT_KINDS`).
+            match &p {
+                Protocol::IdleNotification { .. }
+                | Protocol::ShutdownRequest { .. }
+                | Protocol::ShutdownApproved { .. }
+                | Protocol::ShutdownRejected { .. }
+                | Protocol::PlanApprovalRequest { .. }
+                | Protocol::PlanApprovalResponse { .. } => {}
+            }
+            let text = p.to_letter("x").text;
+            assert_eq!(Protocol::kind_in_text(&text), Some(p.kind()), "{text}");
+        }
+        assert_eq!(
+            Protocol::kind_in_text(r#"{"type":"task_assignment","taskId":"1"}"#),
+            Some("task_assignment")
+        );
     }
 
     #[test]

@@ -632,9 +632,9 @@ mod tests {
                 .err()
                 .map(|e| e.to_string()),
             Some(
-                "mailbox a:b: `a:b` is not a valid key prefix name: use 1-64 letters, digits, \
-                 `_` and `-`"
-                    .to_owned()
+                "mailbox a:b: `a:b` is not a valid key prefix: use 1-64 letters, digits, `_` and \
+                 `-`"
+                .to_owned()
             )
         );
     }
