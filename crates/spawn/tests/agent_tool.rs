@@ -1431,24 +1431,27 @@ async fn a_cut_answer_names_the_output_file_that_has_the_rest() {
     assert!(std::fs::read_to_string(&out).unwrap().starts_with(&answer));
 }
 
+/// The warning events a main agent with an `Agent` tool of `config` emits over two runs
+/// (a build warning is said once, at the start of the first).
+async fn warnings_of(config: AgentToolConfig) -> Vec<String> {
+    let events = Arc::new(Events::default());
+    let mut p = Agent::builder(brain(|_| Plan::Reply(say("hello"))))
+        .model("m")
+        .tools(ToolPool::new([AgentTool::new(config).unwrap().arc()]).unwrap())
+        .events(Arc::clone(&events) as _)
+        .build()
+        .await
+        .unwrap();
+    drop(p.run("hi").await);
+    drop(p.run("again").await);
+    events.warnings()
+}
+
 /// Fork mode set where forks are off (a non-interactive session) is said to the host's event
 /// sink when the main agent first runs, not only to `tracing`; once, and not with fork mode
 /// simply off.
 #[tokio::test]
 async fn fork_mode_turned_off_by_a_non_interactive_session_is_a_warning_event() {
-    let warnings_of = |config: AgentToolConfig| async move {
-        let events = Arc::new(Events::default());
-        let mut p = Agent::builder(brain(|_| Plan::Reply(say("hello"))))
-            .model("m")
-            .tools(ToolPool::new([AgentTool::new(config).unwrap().arc()]).unwrap())
-            .events(Arc::clone(&events) as _)
-            .build()
-            .await
-            .unwrap();
-        drop(p.run("hi").await);
-        drop(p.run("again").await);
-        events.warnings()
-    };
     let off = warnings_of(
         AgentToolConfig::default()
             .with_fork_enabled(true)
@@ -1471,18 +1474,6 @@ async fn fork_mode_turned_off_by_a_non_interactive_session_is_a_warning_event() 
 /// host's event sink (and `tracing`) when the main agent first runs; both set, nothing is.
 #[tokio::test]
 async fn worktree_settings_that_isolate_nobody_are_warning_events() {
-    let warnings_of = |config: AgentToolConfig| async move {
-        let events = Arc::new(Events::default());
-        let mut p = Agent::builder(brain(|_| Plan::Reply(say("hello"))))
-            .model("m")
-            .tools(ToolPool::new([AgentTool::new(config).unwrap().arc()]).unwrap())
-            .events(Arc::clone(&events) as _)
-            .build()
-            .await
-            .unwrap();
-        drop(p.run("hi").await);
-        events.warnings()
-    };
     let repo = std::path::PathBuf::from("/srv/repo");
     let no_isolation =
         warnings_of(AgentToolConfig::default().with_worktree_repo(Some(repo.clone()))).await;

@@ -254,3 +254,39 @@ async fn a_coordinators_teammate_keeps_send_message_and_its_workers_do_not() {
     let all = format!("{:?}", c.params().messages());
     assert!(all.contains("carol is here"), "{all}");
 }
+
+/// A coordinator built without transcripts is told, as a warning event at its first run, that
+/// `SendMessage` cannot resume a finished worker; with a transcript directory it is not.
+#[tokio::test]
+async fn a_coordinator_without_transcripts_is_warned_that_finished_workers_stay_finished() {
+    let warnings_of = |dir: Option<std::path::PathBuf>| async move {
+        let events = Arc::new(Events::default());
+        let mut builder = Agent::builder(brain(|_| Plan::Reply(say("planned"))))
+            .model("m")
+            .events(Arc::clone(&events) as _);
+        if let Some(dir) = dir {
+            builder = builder.transcript_dir(dir);
+        }
+        let mut agent = coordinator(builder, config())
+            .unwrap()
+            .build()
+            .await
+            .unwrap();
+        drop(agent.run("hi").await);
+        // (`config()` also sets fork mode, which coordinator mode turns off: a warning too.)
+        let mut warnings = events.warnings();
+        warnings.retain(|w| !w.contains("fork mode"));
+        warnings
+    };
+    assert_eq!(
+        warnings_of(None).await,
+        [
+            "tool `Agent`: coordinator mode without transcripts: `SendMessage` to a worker that \
+             has finished cannot resume it (it keeps no transcript), so the message is refused; \
+             give the coordinator's builder a `transcript_dir`"
+        ]
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let kept = warnings_of(Some(dir.path().to_path_buf())).await;
+    assert!(kept.is_empty(), "{kept:?}");
+}

@@ -1220,9 +1220,11 @@ async fn coordinator_workers_that_write_get_a_worktree_by_default() {
             .with_worktree_repo(Some(repo.path().to_path_buf())),
     );
     let events = Arc::new(Events::default());
+    let transcripts = tempfile::tempdir().unwrap();
     let mut c = coordinator(
         Agent::builder(b)
             .model("m")
+            .transcript_dir(transcripts.path())
             .events(Arc::clone(&events) as _),
         config,
     )

@@ -1090,9 +1090,21 @@ impl Tool for AgentTool {
     }
 
     /// Settings that do not do what they look like they do: fork mode that is off, worktree
-    /// settings that isolate nobody.
-    fn warnings(&self) -> Vec<String> {
-        self.warnings.clone()
+    /// settings that isolate nobody, a coordinator whose finished workers cannot be resumed.
+    fn warnings(&self, build: &crate::tool::BuildFacts) -> Vec<String> {
+        let mut warnings = self.warnings.clone();
+        if self.config.coordinator_mode && !build.keeps_transcripts {
+            // A message to a finished worker resumes it from its transcript ("Coordinator
+            // Mode: A Working Multi-Agent System, From the Source — SendMessage"); without one
+            // the coordinator's follow-up is refused at run time, so the host hears it when
+            // it builds.
+            let text = "coordinator mode without transcripts: `SendMessage` to a worker that \
+                        has finished cannot resume it (it keeps no transcript), so the message \
+                        is refused; give the coordinator's builder a `transcript_dir`";
+            tracing::warn!(tool = AGENT_TOOL, "{text}");
+            warnings.push(text.to_owned());
+        }
+        warnings
     }
 
     fn aliases(&self) -> &[&str] {

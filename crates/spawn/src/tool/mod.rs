@@ -131,6 +131,23 @@ pub trait Caller: Send + Sync + fmt::Debug + 'static {
     fn as_any(&self) -> &dyn std::any::Any;
 }
 
+/// What a main agent was built with that a tool's [`Tool::warnings`] may depend on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BuildFacts {
+    /// Whether the agent's children write transcripts (the agent has a transcript
+    /// directory, or was resumed from a transcript): without them a finished child cannot be
+    /// resumed.
+    pub keeps_transcripts: bool,
+}
+
+impl BuildFacts {
+    /// Facts with `keeps_transcripts` set as given (for a tool's own tests).
+    pub fn new(keeps_transcripts: bool) -> Self {
+        Self { keeps_transcripts }
+    }
+}
+
 /// What a tool sees of the agent that calls it.
 ///
 /// The same [`AgentContext`] is also reachable from any code below a tool through the
@@ -279,8 +296,10 @@ pub trait Tool: Send + Sync + fmt::Debug + 'static {
     /// nothing in this combination, say. Read when a main agent is built with the tool, and
     /// emitted with the agent's other build warnings, each once, as an
     /// [`EventKind::Warning`](crate::runtime::EventKind::Warning) at the start of its first
-    /// run's loop (a host without a `tracing` subscriber sees it too). Default: nothing.
-    fn warnings(&self) -> Vec<String> {
+    /// run's loop (a host without a `tracing` subscriber sees it too). `build` says what the
+    /// agent was built with that a tool's warning may depend on. Default: nothing.
+    fn warnings(&self, build: &BuildFacts) -> Vec<String> {
+        let _ = build;
         Vec::new()
     }
 
@@ -331,8 +350,8 @@ impl<T: Tool + ?Sized> Tool for Arc<T> {
     fn check_tree(&self, tree: &TreeState) -> std::result::Result<(), String> {
         (**self).check_tree(tree)
     }
-    fn warnings(&self) -> Vec<String> {
-        (**self).warnings()
+    fn warnings(&self, build: &BuildFacts) -> Vec<String> {
+        (**self).warnings(build)
     }
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         (**self).as_any()

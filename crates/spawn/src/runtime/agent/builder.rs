@@ -448,6 +448,9 @@ impl AgentBuilder {
         // What the main agent's tools need from its tree (a lead's `Team`), now that the
         // tree holds the extensions: a child's tree is its main agent's, already checked.
         if audience == ToolAudience::Main {
+            let build = crate::tool::BuildFacts::new(
+                self.0.transcript_dir.is_some() || self.0.children_transcript_dir.is_some(),
+            );
             for tool in self.0.tools.iter() {
                 if let Err(why) = tool.check_tree(&tree) {
                     return Err(Error::Config(format!(
@@ -456,7 +459,7 @@ impl AgentBuilder {
                     )));
                 }
                 warnings.extend(
-                    tool.warnings()
+                    tool.warnings(&build)
                         .into_iter()
                         .map(|w| format!("tool `{}`: {w}", tool.definition().name)),
                 );
