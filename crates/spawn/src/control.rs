@@ -570,7 +570,9 @@ fn protocol_text(text: &str) -> Option<ToolOutput> {
             "the lead answers a plan with a `message` object: \
              {\"type\":\"plan_approval_response\",\"request_id\":…,\"approve\":…,\"feedback\":…}"
         }
-        _ => "the team sends those itself",
+        "idle_notification" => "the team sends those itself",
+        // permission_*, task_assignment, task_completed, teammate_terminated.
+        _ => "only Claude Code's own team machinery sends those",
     };
     Some(ToolOutput::error(format!(
         "the message's text is a `{kind}` protocol message, which is not sent as text: {how}; \

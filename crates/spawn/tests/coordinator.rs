@@ -283,7 +283,8 @@ async fn a_coordinator_without_transcripts_is_warned_that_finished_workers_stay_
         [
             "tool `Agent`: coordinator mode without transcripts: `SendMessage` to a worker that \
              has finished cannot resume it (it keeps no transcript), so the message is refused; \
-             give the coordinator's builder a `transcript_dir`"
+             give the coordinator's builder a `transcript_dir` (a coordinator resumed from a \
+             file not named `<agent id>.jsonl` gives its workers none)"
         ]
     );
     let dir = tempfile::tempdir().unwrap();

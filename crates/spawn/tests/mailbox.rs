@@ -193,21 +193,31 @@ async fn a_damaged_inbox_is_an_error_and_is_left_alone() {
         )
     );
     // Entries that are not letters are never delivered (a blank letter from nobody), nor
-    // counted, nor removed; the letters around them come and go as usual.
-    let foreign = r#"[{"from":3,"text":"x"},{"text":"no sender"},42,"str",{"from":"","text":"y"}]"#;
+    // counted, nor removed — marked read or not, with an id or not — and a letter sent with
+    // the id of one is stored all the same; the letters around them come and go as usual.
+    let foreign = r#"[{"from":3,"text":"x"},{"text":"no sender"},42,"str",{"from":"","text":"y","read":true},{"kind":"other-program","read":true},{"msg_id":"m1","from":null,"text":"x"}]"#;
     std::fs::write(&path, foreign).unwrap();
     assert!(mail.receive(&me).await.unwrap().is_empty());
     assert_eq!(mail.stored(&me).await.unwrap(), 0);
     mail.send(&me, Letter::new("x", "hello")).await.unwrap();
+    assert_eq!(
+        mail.send(&me, Letter::new("x", "real").with_id("m1"))
+            .await
+            .unwrap(),
+        "m1"
+    );
     let got = mail.receive(&me).await.unwrap();
     assert_eq!(
         got.iter()
             .map(|d| (d.from.as_str(), d.text.as_str()))
             .collect::<Vec<_>>(),
-        [("x", "hello")]
+        [("x", "hello"), ("x", "real")]
     );
-    assert_eq!(mail.stored(&me).await.unwrap(), 1);
-    mail.ack(&me, &[got[0].id.clone()]).await.unwrap();
+    assert_eq!(got[1].id, "m1");
+    assert_eq!(mail.stored(&me).await.unwrap(), 2);
+    mail.ack(&me, &[got[0].id.clone(), got[1].id.clone()])
+        .await
+        .unwrap();
     assert_eq!(mail.stored(&me).await.unwrap(), 0);
     let left: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();

@@ -1100,7 +1100,9 @@ impl Tool for AgentTool {
             // it builds.
             let text = "coordinator mode without transcripts: `SendMessage` to a worker that \
                         has finished cannot resume it (it keeps no transcript), so the message \
-                        is refused; give the coordinator's builder a `transcript_dir`";
+                        is refused; give the coordinator's builder a `transcript_dir` (a \
+                        coordinator resumed from a file not named `<agent id>.jsonl` gives its \
+                        workers none)";
             tracing::warn!(tool = AGENT_TOOL, "{text}");
             warnings.push(text.to_owned());
         }

@@ -7,10 +7,11 @@
 //! 100 ms; a lock left by a writer that died is broken after 10 s, by one writer at a time),
 //! reads the array, appends, writes a temporary file and renames it over the inbox — a reader
 //! never sees half a file and no writer loses another's entry. Entries this build did not
-//! write keep every field they have. Acknowledged entries (and entries another reader marked
+//! write keep every field they have. Acknowledged letters (and letters another reader marked
 //! `read`) are removed. An entry that is not a letter (no non-empty string `from`, or no
-//! string `text`) is neither delivered nor counted nor removed: it stays as it is, with a
-//! `tracing` warning when the inbox is read.
+//! string `text`) is neither delivered nor counted nor removed, whatever its `read` or
+//! `msg_id`, and a letter sent with its id is stored all the same: it stays as it is, with a
+//! `tracing` warning when a read finds a number of them it has not warned of.
 //!
 //! A waiting reader sleeps until the operating system reports a change in its team's inbox
 //! directory (`notify`: inotify, kqueue, FSEvents or ReadDirectoryChangesW), so an idle reader
@@ -60,6 +61,9 @@ struct Watch {
     /// One wake-up per inbox file (by its canonical path, as events name it), woken by any
     /// event on that file or its lock or temporary files (shared with the watcher's callback).
     wakers: Arc<Mutex<HashMap<PathBuf, Arc<Notify>>>>,
+    /// How many entries that are not letters each inbox held when a reader last warned of
+    /// them: the warning is repeated only when that number changes, not on every read.
+    told: Mutex<HashMap<PathBuf, usize>>,
 }
 
 /// A watched directory.
@@ -682,7 +686,14 @@ impl Mailbox for FileMailbox {
         let stored = id.clone();
         update(to, &path, move |mut entries| {
             // A repeated send of a letter still unacknowledged stores it once.
-            if chosen && ids(&entries).contains(&stored) {
+            // Among letters only: an entry that is not one is never delivered, so a letter
+            // sharing its id would never be either.
+            if chosen
+                && ids(&entries)
+                    .iter()
+                    .zip(&entries)
+                    .any(|(id, e)| *id == stored && is_letter(e))
+            {
                 return None;
             }
             entries.push(Value::Object(entry));
@@ -698,10 +709,19 @@ impl Mailbox for FileMailbox {
         let entries = read(inbox, &path).await?;
         let ids = ids(&entries);
         let foreign = entries.iter().filter(|e| !is_letter(e)).count();
-        if foreign > 0 {
+        let told = {
+            let mut told = self.watch.told.lock().unwrap_or_else(|e| e.into_inner());
+            if foreign == 0 {
+                told.remove(&path);
+                0
+            } else {
+                told.insert(path.clone(), foreign).unwrap_or(0)
+            }
+        };
+        if foreign > 0 && told != foreign {
             tracing::warn!(
-                "{}: {foreign} entr{} that {} not a letter (an object with a string `from` and \
-                 `text`) left undelivered in the file",
+                "{}: {foreign} entr{} that {} not a letter (an object with a non-empty string \
+                 `from` and a string `text`) left undelivered in the file",
                 path.display(),
                 if foreign == 1 { "y" } else { "ies" },
                 if foreign == 1 { "is" } else { "are" },
@@ -737,7 +757,8 @@ impl Mailbox for FileMailbox {
             let kept: Vec<Value> = entries
                 .into_iter()
                 .zip(ids)
-                .filter(|(e, id)| !is_read(e) && !acked.contains(id.as_str()))
+                // An entry that is not a letter stays whatever its `read` or id.
+                .filter(|(e, id)| !is_letter(e) || (!is_read(e) && !acked.contains(id.as_str())))
                 .map(|(e, _)| e)
                 .collect();
             (kept.len() != before).then_some(kept)

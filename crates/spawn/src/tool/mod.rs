@@ -135,9 +135,9 @@ pub trait Caller: Send + Sync + fmt::Debug + 'static {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct BuildFacts {
-    /// Whether the agent's children write transcripts (the agent has a transcript
-    /// directory, or was resumed from a transcript): without them a finished child cannot be
-    /// resumed.
+    /// Whether the agent's children write transcripts: it has a transcript directory, or was
+    /// resumed from a transcript named `<agent id>.jsonl` (beside which its children write
+    /// theirs). Without them a finished child cannot be resumed.
     pub keeps_transcripts: bool,
 }
 
