@@ -534,6 +534,75 @@ async fn a_worker_name_held_by_a_live_worker_is_refused() {
     w1.await.unwrap().unwrap();
 }
 
+/// A worker goes on taking jobs after what a Redis restart does to it: its blocking read's
+/// connection closed (it reads on a new one, not the dead one for ever), and — without
+/// persistence — its group gone (made again). Its reading connection names itself for
+/// `CLIENT LIST`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_reads_on_after_its_connection_closes_and_its_group_is_lost() {
+    let Some(url) = url() else { return };
+    let p = prefix("restart");
+    let pool = Pool::new(&url, &p, "p", fast()).unwrap();
+    let (w, stop) = start_worker(&pool, "w1", answering(Duration::ZERO));
+    let dad = parent();
+    pool.submit(&Job::new(dad, "one", "first")).await.unwrap();
+    pending_n(&pool, &dad, 1).await;
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let name = format!(" name={p}:{{p}}:worker:w1:reader ");
+    let mut reader = None;
+    for _ in 0..100 {
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        reader = list
+            .lines()
+            .find(|l| l.contains(&name))
+            .and_then(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+            .map(str::to_owned);
+        if reader.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let reader = reader.expect("the worker's reading connection is named");
+    let _: () = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(&reader)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    pool.submit(&Job::new(dad, "two", "second")).await.unwrap();
+    pending_n(&pool, &dad, 2).await;
+    let _: i64 = redis::cmd("XGROUP")
+        .arg("DESTROY")
+        .arg(format!("{p}:{{p}}:jobs"))
+        .arg("workers")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    pool.submit(&Job::new(dad, "three", "third")).await.unwrap();
+    let got = pending_n(&pool, &dad, 3).await;
+    let mut done: Vec<_> = got
+        .iter()
+        .map(|n| (n.status, n.result.clone().unwrap_or_default()))
+        .collect();
+    done.sort_by(|a, b| a.1.cmp(&b.1));
+    assert_eq!(
+        done,
+        [
+            (TaskStatus::Completed, "done: first".to_owned()),
+            (TaskStatus::Completed, "done: second".to_owned()),
+            (TaskStatus::Completed, "done: third".to_owned()),
+        ]
+    );
+    stop.cancel();
+    assert_eq!(w.await.unwrap().unwrap().ran, 3);
+}
+
 /// A parent the host gives up on leaves nothing in Redis once abandoned: refused while a task
 /// of its still runs (it would report into the deleted keys, making them again), done once
 /// every task has reported — its undelivered notifications, its task list and its permission
@@ -606,6 +675,42 @@ async fn an_unreachable_store_is_a_pool_error_not_a_configuration_error() {
             && text.contains(": could not connect: "),
         "{text}"
     );
+}
+
+/// A server that refuses what the URL sets — a database it does not have, a user and password
+/// it does not know — is the host's configuration (`Error::Config`, which no retry mends), not
+/// an outage; the pool, a worker, the notification queue and the registry all say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_that_refuses_the_urls_settings_is_a_configuration_error() {
+    let Some(url) = url() else { return };
+    let authority = url.trim_start_matches("redis://");
+    for (bad, shown) in [
+        (format!("{url}/99"), format!("{url}/99")),
+        (
+            format!("redis://nobody:hunter2@{authority}"),
+            format!("redis://nobody:***@{authority}"),
+        ),
+    ] {
+        let pool = Pool::new(&bad, &prefix("refused"), "p", fast()).unwrap();
+        let e = pool.outstanding(&parent()).await.unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, forkhive_spawn::Error::Config(_)), "{e:?}");
+        assert!(
+            text.starts_with(&format!(
+                "invalid agent configuration: Redis at {shown} refused the URL's settings (check \
+                 its user, password and database number): "
+            )) && !text.contains("hunter2"),
+            "{text}"
+        );
+        let w = Worker::new(pool.reopen(), "w1", |_job: &Job| {
+            Ok(Agent::builder(answering(Duration::ZERO)).model("m"))
+        })
+        .unwrap();
+        let e = w.run(CancellationToken::new()).await.unwrap_err();
+        assert!(matches!(e, forkhive_spawn::Error::Config(_)), "{e:?}");
+        let e = pool.queue().pending(&parent()).await.unwrap_err();
+        assert!(matches!(e, forkhive_spawn::Error::Config(_)), "{e:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

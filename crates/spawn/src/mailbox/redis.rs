@@ -226,6 +226,13 @@ impl Handle {
     /// A handle on `url`; nothing connects until first use. Err: why the URL cannot be used
     /// (without the URL, which may hold a password).
     pub(crate) fn open(url: &str) -> std::result::Result<Self, String> {
+        if url.starts_with("rediss://") || url.starts_with("valkeys://") {
+            return Err(
+                "TLS (`rediss://`) is not supported by this client: reach the server \
+                        through a private network or a tunnel, with a `redis://` URL"
+                    .to_owned(),
+            );
+        }
         let client =
             redis::Client::open(url).map_err(|e| format!("not a Redis URL ({:?})", e.kind()))?;
         Ok(Self {
@@ -250,6 +257,34 @@ impl Handle {
             .await
             .cloned()
     }
+
+    /// The shared connection, or the error to report: [`Error::Config`] when the server
+    /// refused what the URL set — its user and password, or its database number — which no
+    /// retry will change; otherwise what `outage` makes of it (worth retrying).
+    pub(crate) async fn connect(
+        &self,
+        outage: impl FnOnce(redis::RedisError) -> Error,
+    ) -> Result<ConnectionManager> {
+        self.conn().await.map_err(|e| {
+            if refused_settings(&e) {
+                Error::Config(format!(
+                    "Redis at {} refused the URL's settings (check its user, password and \
+                     database number): {e}",
+                    self.shown
+                ))
+            } else {
+                outage(e)
+            }
+        })
+    }
+}
+
+/// Whether the server refused the connection's own settings (its credentials, its database
+/// number) rather than being out of reach.
+fn refused_settings(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
+        || e.to_string().contains("refused to switch database")
 }
 
 /// The longest a blocking read waits before it is asked again: a connection that died in
@@ -281,6 +316,15 @@ pub(crate) fn redact(url: &str) -> String {
     let Ok(mut parsed) = url::Url::parse(url) else {
         return "(invalid Redis URL)".to_owned();
     };
+    // A TCP URL's path is a database number at most: anything else is most likely the rest of
+    // a password with an `@` or `/` that was not percent-encoded (`redis://:p@ss/word@h`
+    // parses with host `ss`), so nothing of it is shown.
+    let path = parsed.path().trim_start_matches('/');
+    if matches!(parsed.scheme(), "redis" | "rediss" | "valkey" | "valkeys")
+        && !path.bytes().all(|b| b.is_ascii_digit())
+    {
+        return "(invalid Redis URL)".to_owned();
+    }
     if parsed.password().is_some() {
         let _ = parsed.set_password(Some("***"));
     }
@@ -394,9 +438,8 @@ impl RedisMailbox {
 
     async fn conn(&self, inbox: &Inbox) -> Result<ConnectionManager> {
         self.h
-            .conn()
+            .connect(|e| self.fail(inbox, "could not connect", e))
             .await
-            .map_err(|e| self.fail(inbox, "could not connect", e))
     }
 
     /// The last entry id of `inbox`'s stream, and its unacknowledged letters.
@@ -597,6 +640,18 @@ mod tests {
             "redis+unix:///run/redis.sock?db=1&pass=***"
         );
         assert_eq!(redact("redis://:ab/cd@h:6379"), "(invalid Redis URL)");
+        // A password with `@` and `/` not percent-encoded parses with its rest as the path.
+        assert_eq!(
+            redact("redis://:p@ss/word@127.0.0.1:16379"),
+            "(invalid Redis URL)"
+        );
+        assert_eq!(redact("redis://h:6379/"), "redis://h:6379/");
+        let tls = RedisMailbox::new("rediss://:hunter2@h:6380").err().unwrap();
+        assert_eq!(
+            tls.to_string(),
+            "mailbox rediss://:***@h:6380: TLS (`rediss://`) is not supported by this client: \
+             reach the server through a private network or a tunnel, with a `redis://` URL"
+        );
         let m = RedisMailbox::new("redis://me:hunter2@127.0.0.1:1/0");
         let shown = format!("{m:?}");
         assert!(

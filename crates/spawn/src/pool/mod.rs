@@ -448,10 +448,7 @@ impl Pool {
     }
 
     async fn conn(&self) -> Result<ConnectionManager> {
-        self.h
-            .conn()
-            .await
-            .map_err(|e| self.fail("could not connect", e))
+        self.h.connect(|e| self.fail("could not connect", e)).await
     }
 
     /// Hands `job` to the pool: some worker runs it, and its parent's queue receives its

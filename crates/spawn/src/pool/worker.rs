@@ -307,21 +307,9 @@ impl Worker {
         let config = self.pool.config.clone();
         let mut conn = self.pool.conn().await?;
         self.claim_name(&mut conn, &me, &shutdown).await?;
-        // The group, reading from the stream's start: jobs submitted before any worker existed
-        // are read too.
-        let made: redis::RedisResult<()> = redis::cmd("XGROUP")
-            .arg("CREATE")
-            .arg(self.pool.key("jobs"))
-            .arg(GROUP)
-            .arg("0")
-            .arg("MKSTREAM")
-            .query_async(&mut conn)
-            .await;
-        if let Err(e) = made
-            && e.code() != Some("BUSYGROUP")
-        {
-            return Err(self.fail("XGROUP CREATE", e));
-        }
+        create_group(&mut conn, &self.pool.key("jobs"))
+            .await
+            .map_err(|e| self.fail("XGROUP CREATE", e))?;
         let me: Arc<str> = Arc::from(me);
         let this = Arc::new(self);
         let running: Running = Arc::default();
@@ -1564,11 +1552,31 @@ impl Drop for RunningEntry<'_> {
     }
 }
 
+/// Makes the workers' group on `jobs` (and the stream) if it is not there, reading from the
+/// stream's start: jobs submitted before any worker existed are read too.
+async fn create_group(conn: &mut ConnectionManager, jobs: &str) -> redis::RedisResult<()> {
+    let made: redis::RedisResult<()> = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(jobs)
+        .arg(GROUP)
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(conn)
+        .await;
+    match made {
+        Err(e) if e.code() != Some("BUSYGROUP") => Err(e),
+        _ => Ok(()),
+    }
+}
+
 /// Where the next entry comes from: the worker's own pending entries (once, at start), then
 /// dead workers' (every half lease), then new ones (a blocking read on a connection of its
 /// own, without the shared connection's response timeout: redis-rs#1236).
 struct Reader {
     jobs: String,
+    /// The name its blocking connection gives itself (`CLIENT SETNAME`), so an operator's
+    /// `CLIENT LIST` shows which worker reads on it.
+    client_name: String,
     consumer: String,
     lease: Duration,
     own: Option<String>,
@@ -1582,6 +1590,7 @@ impl Reader {
     fn new(w: &Worker) -> Self {
         Self {
             jobs: w.pool.key("jobs"),
+            client_name: w.pool.key(&format!("worker:{}:reader", w.name)),
             consumer: w.name.clone(),
             lease: w.pool.config.lease,
             own: Some("0".to_owned()),
@@ -1592,7 +1601,28 @@ impl Reader {
         }
     }
 
+    /// The next entry to take: its own pending ones first, then a dead worker's, then a new
+    /// one (a blocking read of at most half a lease). After an error the blocking connection
+    /// is not used again — a server that restarted closed it, and a read on it would fail
+    /// for ever — and a group that is gone (a server restarted without persistence) is made
+    /// again.
     async fn next(&mut self, conn: &mut ConnectionManager) -> redis::RedisResult<Option<Entry>> {
+        let read = self.read(conn).await;
+        if let Err(e) = &read {
+            self.blocking = None;
+            if e.code() == Some("NOGROUP") {
+                self.own = Some("0".to_owned());
+                self.claim_from = "0-0".to_owned();
+                self.last_claim = None;
+                if let Err(e) = create_group(conn, &self.jobs).await {
+                    tracing::warn!(jobs = %self.jobs, "making the workers' group again: {e}");
+                }
+            }
+        }
+        read
+    }
+
+    async fn read(&mut self, conn: &mut ConnectionManager) -> redis::RedisResult<Option<Entry>> {
         if let Some(after) = self.own.take() {
             let reply: Option<StreamReadReply> = redis::cmd("XREADGROUP")
                 .arg("GROUP")
@@ -1639,9 +1669,14 @@ impl Reader {
             Some(c) => c,
             None => {
                 let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
-                let c = self
+                let mut c = self
                     .client
                     .get_multiplexed_async_connection_with_config(&config)
+                    .await?;
+                redis::cmd("CLIENT")
+                    .arg("SETNAME")
+                    .arg(&self.client_name)
+                    .query_async::<()>(&mut c)
                     .await?;
                 self.blocking.insert(c)
             }

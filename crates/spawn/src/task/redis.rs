@@ -289,9 +289,8 @@ impl RedisTaskRegistry {
 
     async fn conn(&self, id: &TaskId) -> Result<ConnectionManager> {
         self.h
-            .conn()
+            .connect(|e| self.fail(id, "could not connect", e))
             .await
-            .map_err(|e| self.fail(id, "could not connect", e))
     }
 
     /// Runs one script; `!message` is a refusal ([`Error::Task`]). An error that leaves the

@@ -110,9 +110,8 @@ impl RedisNotificationQueue {
 
     async fn conn(&self, parent: &TaskId) -> Result<ConnectionManager> {
         self.h
-            .conn()
+            .connect(|e| self.fail(parent, "could not connect", e))
             .await
-            .map_err(|e| self.fail(parent, "could not connect", e))
     }
 
     /// The stream's last entry id and its pending notifications.
