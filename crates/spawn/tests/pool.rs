@@ -234,8 +234,9 @@ async fn a_dead_workers_task_is_reported_killed_with_its_partial_output() {
     assert_eq!(
         n.note.as_deref(),
         Some(
-            "its worker (ghost) stopped answering: its lease of 600 ms ran out mid-task; the \
-             result is the output it had streamed by its last renewal"
+            "its worker (ghost) stopped answering (it died, or could not reach Redis): its \
+             lease of 600 ms ran out mid-task; the result is the output it had streamed by its \
+             last renewal"
         )
     );
     stop.cancel();
@@ -601,6 +602,75 @@ async fn a_worker_reads_on_after_its_connection_closes_and_its_group_is_lost() {
     );
     stop.cancel();
     assert_eq!(w.await.unwrap().unwrap().ran, 3);
+}
+
+/// A task the store lost — Redis restarted without persistence: its job, its place in its
+/// parent's list and any report gone, so no worker will ever report it — is reported `killed`
+/// ("lost") by its parent's delivery after `lost_after`, once, instead of the parent waiting
+/// for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_task_the_store_lost_is_reported_killed_once() {
+    let Some(url) = url() else { return };
+    let p = prefix("lost");
+    let config = fast().with_lost_after(Duration::from_secs(2));
+    let pool = Pool::new(&url, &p, "p", config).unwrap();
+    let turn = AtomicUsize::new(0);
+    let coordinator = ScriptedBackend::from_fn(move |_r| {
+        Ok(match turn.fetch_add(1, Ordering::SeqCst) {
+            0 => Response::tool_calls(vec![(
+                "Agent",
+                serde_json::json!({"description": "look around", "prompt": "look"}),
+            )]),
+            _ => Response::say("noted"),
+        })
+    });
+    let mut agent = Agent::builder(Arc::new(coordinator))
+        .model("m")
+        .tools(
+            ToolPool::new([Arc::new(PoolAgentTool::new(pool.clone()).unwrap()) as Arc<dyn Tool>])
+                .unwrap(),
+        )
+        .build()
+        .await
+        .unwrap();
+    let me = *agent.id();
+    // No worker takes it; once it is listed, the store loses everything of this prefix.
+    let wipe = {
+        let (pool, url, p) = (pool.clone(), url.clone(), p.clone());
+        tokio::spawn(async move {
+            while pool.outstanding(&me).await.unwrap().is_empty() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let client = redis::Client::open(url.as_str()).unwrap();
+            let mut c = client.get_multiplexed_async_connection().await.unwrap();
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(format!("{p}:*"))
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            let _: i64 = redis::cmd("DEL")
+                .arg(&keys)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+        })
+    };
+    let run = tokio::time::timeout(Duration::from_secs(30), agent.run("go"))
+        .await
+        .expect("the run ended: the lost task was reported");
+    wipe.await.unwrap();
+    assert_eq!(run.stop, forkhive_spawn::runtime::StopReason::Completed);
+    let got = notifications(&agent);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].status, TaskStatus::Killed);
+    assert_eq!(got[0].summary, "Agent \"look around\" was lost");
+    assert!(
+        got[0].note.as_deref().unwrap_or_default().starts_with(
+            "the pool's store no longer holds it (Redis restarted without persistence"
+        ),
+        "{:?}",
+        got[0].note
+    );
 }
 
 /// A parent the host gives up on leaves nothing in Redis once abandoned: refused while a task

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use forkhive_core::{TaskId, ToolDefinition};
+use forkhive_core::{TaskId, TaskNotification, ToolDefinition};
 use serde::Deserialize;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -27,6 +27,9 @@ use crate::tool::{InBackground, Tool, ToolContext, ToolOutput};
 struct Promises {
     waiting: HashMap<TaskId, Promise>,
     given: HashSet<TaskId>,
+    /// Tasks waited for whose submission succeeded, with their descriptions: a task the
+    /// store no longer holds after that was lost (see `report_lost`).
+    submitted: HashMap<TaskId, String>,
 }
 
 /// The parent's promise for one pool task.
@@ -226,6 +229,7 @@ impl Delivery {
                 .map(|t| (*t, Promise::Held(queue.expect())))
                 .collect(),
             given: HashSet::new(),
+            submitted: HashMap::new(),
         }));
         let (flushes, flush_rx) = mpsc::unbounded_channel();
         let task = tokio::spawn(deliver(
@@ -326,6 +330,18 @@ impl Delivery {
         Some(handle)
     }
 
+    /// `task` was submitted: from now on the store holds it until its report is delivered.
+    fn submitted(&self, task: TaskId, description: &str) {
+        let mut p = self
+            .inner
+            .expected
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if p.waiting.contains_key(&task) {
+            p.submitted.insert(task, description.to_owned());
+        }
+    }
+
     fn withdraw(&self, task: &TaskId) {
         self.inner
             .expected
@@ -379,6 +395,9 @@ async fn deliver(
     // is cancelled when it does) keeps no loop and no connection after it.
     let mut cancel_passed: Option<tokio::time::Instant> = None;
     let drain_for = pool.config.lease.saturating_mul(2).max(CANCEL_DRAIN);
+    // Tasks the store might have lost, looked for every lease while the parent waits.
+    let mut lost = Lost::default();
+    let mut next_check = tokio::time::Instant::now() + pool.config.lease;
     // Receipts in, acknowledgements out: the ids recorded since the last look.
     let settle = |in_flight: &mut HashSet<String>,
                   held: &mut HashSet<String>,
@@ -411,6 +430,10 @@ async fn deliver(
             if heard || at.elapsed() >= drain_for {
                 return;
             }
+        }
+        if tokio::time::Instant::now() >= next_check {
+            next_check = tokio::time::Instant::now() + pool.config.lease;
+            lost.report(&pool, &parent, &expected).await;
         }
         match q.pending(&parent).await {
             Ok(items) => {
@@ -497,10 +520,92 @@ async fn deliver(
                 acknowledge(&pool, &parent, done, &mut held).await;
             }
             () = tokio::time::sleep(drain_for), if cancel_passed.is_some() => {}
+            // (A task may be promised while the loop waits here: the look is due anyway.)
+            () = tokio::time::sleep_until(next_check), if cancel_passed.is_none() => {}
             r = q.wait_beyond(&parent, &known, Duration::from_secs(30)) => {
                 if let Err(e) = r {
                     tracing::warn!(parent = %parent, "waiting for the pool's notifications: {e}");
                     tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+    }
+}
+
+/// The tasks a parent waits for that its pool's store may have lost: each one the store's list
+/// of the parent's tasks held once (or whose submission succeeded) and no longer holds, with
+/// no report for it. Redis restarted without persistence (or its keys were deleted) loses
+/// the job, the lease and the report alike, and the parent would wait for ever.
+#[derive(Default)]
+struct Lost {
+    /// Tasks seen in the store's list.
+    seen: HashSet<TaskId>,
+    /// Tasks missing from it, since when.
+    missing: HashMap<TaskId, tokio::time::Instant>,
+}
+
+impl Lost {
+    /// Reports `killed` each task missing for [`PoolConfig::lost_after`](super::PoolConfig)
+    /// — pushed into the parent's queue under the task's id, as its worker would report it,
+    /// so it is delivered once, and a report that comes after all is refused as a second one.
+    /// A store that cannot be read judges nothing.
+    async fn report(&mut self, pool: &Pool, parent: &TaskId, expected: &Expected) {
+        let (waiting, described) = {
+            let mut p = expected.lock().unwrap_or_else(|e| e.into_inner());
+            let Promises {
+                waiting, submitted, ..
+            } = &mut *p;
+            submitted.retain(|t, _| waiting.contains_key(t));
+            (
+                waiting.keys().copied().collect::<HashSet<TaskId>>(),
+                submitted.clone(),
+            )
+        };
+        self.seen.retain(|t| waiting.contains(t));
+        self.missing.retain(|t, _| waiting.contains(t));
+        if waiting.is_empty() {
+            return;
+        }
+        let Ok(listed) = pool.outstanding(parent).await else {
+            return;
+        };
+        let now = tokio::time::Instant::now();
+        for task in waiting {
+            if listed.contains(&task) {
+                self.seen.insert(task);
+                self.missing.remove(&task);
+                continue;
+            }
+            if !self.seen.contains(&task) && !described.contains_key(&task) {
+                continue; // not submitted yet
+            }
+            let since = *self.missing.entry(task).or_insert(now);
+            if now.duration_since(since) < pool.config.lost_after {
+                continue;
+            }
+            self.missing.remove(&task);
+            let who = described
+                .get(&task)
+                .map_or_else(|| format!("task {task}"), |d| format!("\"{d}\""));
+            let mut n = TaskNotification::new(
+                task,
+                forkhive_core::TaskStatus::Killed,
+                format!("Agent {who} was lost"),
+                Default::default(),
+            );
+            n.note = Some(format!(
+                "the pool's store no longer holds it (Redis restarted without persistence, or \
+                 its keys were deleted) and no report came for {} ms: it may not have run, or \
+                 its report was lost with the rest",
+                pool.config.lost_after.as_millis()
+            ));
+            match pool.queue().push(parent, &task.to_string(), &n).await {
+                Ok(true) => {
+                    tracing::warn!(parent = %parent, task = %task, "a task the pool's store lost is reported killed");
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(parent = %parent, task = %task, "reporting a lost task: {e}");
                 }
             }
         }
@@ -707,6 +812,7 @@ impl Tool for PoolAgentTool {
             ));
         }
         unsent.0 = None;
+        delivery.submitted(job.task, &job.description);
         ToolOutput::text(format!(
             "Async agent launched successfully on pool `{}`.\nagentId: {} (its notification \
              carries this id)\nThe agent is working in the background. You will be notified \
@@ -814,6 +920,7 @@ impl PoolAgentTool {
             .map_err(|e| format!("could not start the teammate: {e}"))?;
         unsent.0 = None;
         off_roster.0 = None;
+        delivery.submitted(job.task, &job.description);
         Ok(format!(
             "Teammate `{name}` started in team `{}` on pool `{}` as task {}. It works on its \
              prompt, then goes idle and you get an idle_notification; it stays until you send \

@@ -88,6 +88,10 @@ pub struct PoolConfig {
     /// The longest one task may run; a watchdog stops it then and its parent hears `killed`
     /// (default 24 h).
     pub session_timeout: Duration,
+    /// How long a parent waits for a task the store no longer holds — gone from its task list
+    /// with no report, as when Redis restarts without persistence — before it reports the
+    /// task `killed` itself, "lost" (default 60 s; checked every lease).
+    pub lost_after: Duration,
     /// How long a worker shutting down lets its running tasks finish before it stops them
     /// (default 30 s).
     pub drain: Duration,
@@ -100,6 +104,7 @@ impl Default for PoolConfig {
             lease: Duration::from_secs(15),
             max_deliveries: 3,
             session_timeout: Duration::from_secs(24 * 60 * 60),
+            lost_after: Duration::from_secs(60),
             drain: Duration::from_secs(30),
         }
     }
@@ -127,6 +132,12 @@ impl PoolConfig {
     /// Sets [`session_timeout`](Self::session_timeout).
     pub fn with_session_timeout(mut self, timeout: Duration) -> Self {
         self.session_timeout = timeout;
+        self
+    }
+
+    /// Sets [`lost_after`](Self::lost_after).
+    pub fn with_lost_after(mut self, after: Duration) -> Self {
+        self.lost_after = after;
         self
     }
 

@@ -782,8 +782,8 @@ impl Worker {
                         Default::default(),
                     ),
                     format!(
-                        "its worker ({}) stopped answering: its lease of {} ms ran out mid-task; \
-                         {what}",
+                        "its worker ({}) stopped answering (it died, or could not reach Redis): \
+                         its lease of {} ms ran out mid-task; {what}",
                         other.split(':').next().unwrap_or_default(),
                         config.lease.as_millis()
                     ),
