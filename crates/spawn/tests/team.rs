@@ -190,6 +190,10 @@ async fn lead_and_two_teammates(mailbox: Arc<dyn forkhive_spawn::mailbox::Mailbo
     assert_eq!(approved.len(), 2, "{approved:?} {all}");
     let ns = notifications(&lead);
     assert_eq!(ns.len(), 2, "one notification per teammate");
+    // A teammate that approved its shutdown ends completed.
+    for n in &ns {
+        assert_eq!(n.status, forkhive_core::TaskStatus::Completed, "{n:?}");
+    }
     let roster = team.roster();
     assert_eq!(roster.len(), 2);
     assert!(

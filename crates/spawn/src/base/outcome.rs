@@ -80,7 +80,7 @@ impl fmt::Display for StopReason {
             }
             StopReason::Refusal => f.write_str("the model refused"),
             StopReason::Cancelled => f.write_str("cancelled"),
-            StopReason::Halted => f.write_str("halted at a tool-round boundary"),
+            StopReason::Halted => f.write_str("stopped when asked to, at a tool-round boundary"),
             StopReason::Blocked { message } => {
                 write!(f, "a UserPromptSubmit hook blocked the prompt: {message}")
             }
@@ -290,5 +290,15 @@ mod tests {
         for (stop, want) in rows {
             assert_eq!(stop.task_status(), want, "{stop}");
         }
+    }
+
+    /// A halt is something the agent was asked for (a teammate's approved shutdown, the
+    /// host's `halt`): its summary says so, not how the loop implements it.
+    #[test]
+    fn a_halt_reads_as_a_stop_that_was_asked_for() {
+        assert_eq!(
+            StopReason::Halted.to_string(),
+            "stopped when asked to, at a tool-round boundary"
+        );
     }
 }
