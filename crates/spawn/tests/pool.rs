@@ -783,6 +783,52 @@ async fn a_store_that_refuses_the_urls_settings_is_a_configuration_error() {
     }
 }
 
+/// A Redis user that may not name connections (`CLIENT` denied, as a managed server's ACL may)
+/// still runs a worker: naming its reading connection is a courtesy. A user that may not even
+/// `PING` is told at connect time, as the host's configuration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_runs_for_a_user_that_may_not_name_connections() {
+    let Some(url) = url() else { return };
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let p = prefix("acl");
+    let (user, mute) = (format!("{p}-noclient"), format!("{p}-noping"));
+    for (name, deny) in [(&user, "-client"), (&mute, "-ping")] {
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(name)
+            .arg("on")
+            .arg(">pw")
+            .arg("~*")
+            .arg("&*")
+            .arg("+@all")
+            .arg(deny)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    let authority = url.trim_start_matches("redis://");
+    let as_user = format!("redis://{user}:pw@{authority}");
+    let pool = Pool::new(&as_user, &p, "p", fast()).unwrap();
+    let (w, stop) = start_worker(&pool, "w1", answering(Duration::ZERO));
+    let dad = parent();
+    pool.submit(&Job::new(dad, "one", "first")).await.unwrap();
+    let got = pending_n(&pool, &dad, 1).await;
+    assert_eq!(got[0].status, TaskStatus::Completed, "{got:?}");
+    stop.cancel();
+    assert_eq!(w.await.unwrap().unwrap().ran, 1);
+    let muted = Pool::new(&format!("redis://{mute}:pw@{authority}"), &p, "p", fast()).unwrap();
+    let e = muted.outstanding(&dad).await.unwrap_err();
+    assert!(matches!(e, forkhive_spawn::Error::Config(_)), "{e:?}");
+    let _: i64 = redis::cmd("ACL")
+        .arg("DELUSER")
+        .arg(&user)
+        .arg(&mute)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_retried_submit_runs_the_task_once() {
     let Some(url) = url() else { return };

@@ -226,7 +226,8 @@ impl Handle {
     /// A handle on `url`; nothing connects until first use. Err: why the URL cannot be used
     /// (without the URL, which may hold a password).
     pub(crate) fn open(url: &str) -> std::result::Result<Self, String> {
-        if url.starts_with("rediss://") || url.starts_with("valkeys://") {
+        let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+        if scheme.eq_ignore_ascii_case("rediss") || scheme.eq_ignore_ascii_case("valkeys") {
             return Err(
                 "TLS (`rediss://`) is not supported by this client: reach the server \
                         through a private network or a tunnel, with a `redis://` URL"
@@ -250,10 +251,16 @@ impl Handle {
         }
     }
 
-    /// The shared connection, made now if it is not yet.
+    /// The shared connection, made now if it is not yet — and asked a `PING`, so a server
+    /// that wants a password the URL does not give says so here (`NOAUTH`), not at the
+    /// first command.
     pub(crate) async fn conn(&self) -> redis::RedisResult<ConnectionManager> {
         self.conn
-            .get_or_try_init(|| manager(&self.client))
+            .get_or_try_init(|| async {
+                let mut made = manager(&self.client).await?;
+                redis::cmd("PING").query_async::<()>(&mut made).await?;
+                Ok(made)
+            })
             .await
             .cloned()
     }
@@ -280,11 +287,14 @@ impl Handle {
 }
 
 /// Whether the server refused the connection's own settings (its credentials, its database
-/// number) rather than being out of reach.
+/// number) rather than being out of reach or busy (a `SELECT` answered `BUSY` or `LOADING`
+/// is an outage, though the client calls every refused `SELECT` the same).
 fn refused_settings(e: &redis::RedisError) -> bool {
+    let text = e.to_string();
     e.kind() == redis::ErrorKind::AuthenticationFailed
         || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"))
-        || e.to_string().contains("refused to switch database")
+        || (text.contains("refused to switch database")
+            && (text.contains("DB index is out of range") || text.contains("NOPERM")))
 }
 
 /// The longest a blocking read waits before it is asked again: a connection that died in
@@ -316,14 +326,21 @@ pub(crate) fn redact(url: &str) -> String {
     let Ok(mut parsed) = url::Url::parse(url) else {
         return "(invalid Redis URL)".to_owned();
     };
-    // A TCP URL's path is a database number at most: anything else is most likely the rest of
-    // a password with an `@` or `/` that was not percent-encoded (`redis://:p@ss/word@h`
+    // A TCP URL's path is a database number at most, and it has no fragment; an `@` after its
+    // authority, a path that is more than a number or a fragment is most likely the rest of
+    // a password whose `@`, `/`, `?` or `#` was not percent-encoded (`redis://:p@ss/word@h`
     // parses with host `ss`), so nothing of it is shown.
-    let path = parsed.path().trim_start_matches('/');
-    if matches!(parsed.scheme(), "redis" | "rediss" | "valkey" | "valkeys")
-        && !path.bytes().all(|b| b.is_ascii_digit())
-    {
-        return "(invalid Redis URL)".to_owned();
+    if matches!(parsed.scheme(), "redis" | "rediss" | "valkey" | "valkeys") {
+        let path = parsed.path().trim_matches('/');
+        let after = url.split_once("://").map_or("", |(_, rest)| {
+            rest.find(['/', '?', '#']).map_or("", |i| &rest[i..])
+        });
+        if !path.bytes().all(|b| b.is_ascii_digit())
+            || parsed.fragment().is_some()
+            || after.contains('@')
+        {
+            return "(invalid Redis URL)".to_owned();
+        }
     }
     if parsed.password().is_some() {
         let _ = parsed.set_password(Some("***"));
@@ -646,6 +663,19 @@ mod tests {
             "(invalid Redis URL)"
         );
         assert_eq!(redact("redis://h:6379/"), "redis://h:6379/");
+        assert_eq!(redact("redis://h:6379/0/"), "redis://h:6379/0/");
+        for leaky in [
+            "redis://:p@ss?word@127.0.0.1:16379",
+            "redis://:p@ss#word@127.0.0.1:6379",
+            "redis://:p@ss/0?x=word@h",
+        ] {
+            assert_eq!(redact(leaky), "(invalid Redis URL)", "{leaky}");
+        }
+        let tls = RedisMailbox::new("REDISS://h:6380")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(tls.contains("TLS (`rediss://`) is not supported"), "{tls}");
         let tls = RedisMailbox::new("rediss://:hunter2@h:6380").err().unwrap();
         assert_eq!(
             tls.to_string(),

@@ -92,6 +92,8 @@ struct Inner {
     _asks: AbortOnDropHandle<()>,
     /// The parent's cancellation.
     cancel: CancellationToken,
+    /// Wakes the loop when a task is submitted, so it looks for lost tasks while any waits.
+    wake: Arc<tokio::sync::Notify>,
 }
 
 impl Drop for Inner {
@@ -172,6 +174,7 @@ impl Delivery {
             if let Some(d) = map.get(&parent) {
                 for t in waiting {
                     d.expect(t);
+                    d.submitted(t, "");
                 }
                 d.clone()
             } else {
@@ -229,9 +232,11 @@ impl Delivery {
                 .map(|t| (*t, Promise::Held(queue.expect())))
                 .collect(),
             given: HashSet::new(),
-            submitted: HashMap::new(),
+            // Listed by the store (a resumed parent's): held there until delivered.
+            submitted: waiting.iter().map(|t| (*t, String::new())).collect(),
         }));
         let (flushes, flush_rx) = mpsc::unbounded_channel();
+        let wake = Arc::new(tokio::sync::Notify::new());
         let task = tokio::spawn(deliver(
             Loop {
                 pool: pool.clone(),
@@ -240,6 +245,7 @@ impl Delivery {
                 expected: Arc::clone(&expected),
                 cancel: cancel.clone(),
                 team,
+                wake: Arc::clone(&wake),
             },
             held,
             flush_rx,
@@ -254,6 +260,7 @@ impl Delivery {
                 _loop: AbortOnDropHandle::new(task),
                 _asks: AbortOnDropHandle::new(asks),
                 cancel,
+                wake,
             }),
         }
     }
@@ -330,16 +337,21 @@ impl Delivery {
         Some(handle)
     }
 
-    /// `task` was submitted: from now on the store holds it until its report is delivered.
+    /// `task` was submitted (or the store lists it): from now on the store holds it until its
+    /// report is delivered. `description`: what its notification names it by (empty: not
+    /// known here).
     fn submitted(&self, task: TaskId, description: &str) {
-        let mut p = self
-            .inner
-            .expected
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if p.waiting.contains_key(&task) {
-            p.submitted.insert(task, description.to_owned());
+        {
+            let mut p = self
+                .inner
+                .expected
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if p.waiting.contains_key(&task) {
+                p.submitted.insert(task, description.to_owned());
+            }
         }
+        self.inner.wake.notify_one();
     }
 
     fn withdraw(&self, task: &TaskId) {
@@ -366,6 +378,7 @@ struct Loop {
     cancel: CancellationToken,
     /// The parent's team on this pool, if it leads one: a teammate's notification is its end.
     team: Option<Arc<Team>>,
+    wake: Arc<tokio::sync::Notify>,
 }
 
 /// The loop: pending notifications into the parent's queue; receipts into acknowledgements.
@@ -384,6 +397,7 @@ async fn deliver(
         expected,
         cancel,
         team,
+        wake,
     } = l;
     let q = pool.queue().clone();
     let (tx, mut rx) = mpsc::unbounded_channel::<(String, bool)>();
@@ -435,6 +449,15 @@ async fn deliver(
             next_check = tokio::time::Instant::now() + pool.config.lease;
             lost.report(&pool, &parent, &expected).await;
         }
+        // Looked at every lease while a task waits; otherwise the loop sleeps in its wait (a
+        // timer would cut it short, and its blocking connection with it) until a submission
+        // wakes it.
+        let waits = cancel_passed.is_none()
+            && !expected
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .submitted
+                .is_empty();
         match q.pending(&parent).await {
             Ok(items) => {
                 let mut done = Vec::new();
@@ -520,8 +543,10 @@ async fn deliver(
                 acknowledge(&pool, &parent, done, &mut held).await;
             }
             () = tokio::time::sleep(drain_for), if cancel_passed.is_some() => {}
-            // (A task may be promised while the loop waits here: the look is due anyway.)
-            () = tokio::time::sleep_until(next_check), if cancel_passed.is_none() => {}
+            () = tokio::time::sleep_until(next_check), if waits => {}
+            () = wake.notified(), if !waits && cancel_passed.is_none() => {
+                next_check = tokio::time::Instant::now() + pool.config.lease;
+            }
             r = q.wait_beyond(&parent, &known, Duration::from_secs(30)) => {
                 if let Err(e) = r {
                     tracing::warn!(parent = %parent, "waiting for the pool's notifications: {e}");
@@ -584,9 +609,10 @@ impl Lost {
                 continue;
             }
             self.missing.remove(&task);
-            let who = described
-                .get(&task)
-                .map_or_else(|| format!("task {task}"), |d| format!("\"{d}\""));
+            let who = match described.get(&task) {
+                Some(d) if !d.is_empty() => format!("\"{d}\""),
+                _ => format!("task {task}"),
+            };
             let mut n = TaskNotification::new(
                 task,
                 forkhive_core::TaskStatus::Killed,
@@ -602,6 +628,7 @@ impl Lost {
             match pool.queue().push(parent, &task.to_string(), &n).await {
                 Ok(true) => {
                     tracing::warn!(parent = %parent, task = %task, "a task the pool's store lost is reported killed");
+                    super::record(pool, &task, crate::task::TaskState::Killed, None).await;
                 }
                 Ok(false) => {}
                 Err(e) => {

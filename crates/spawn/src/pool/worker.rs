@@ -1577,6 +1577,8 @@ struct Reader {
     /// The name its blocking connection gives itself (`CLIENT SETNAME`), so an operator's
     /// `CLIENT LIST` shows which worker reads on it.
     client_name: String,
+    /// Whether naming it was refused (said once).
+    unnamed: bool,
     consumer: String,
     lease: Duration,
     own: Option<String>,
@@ -1591,6 +1593,7 @@ impl Reader {
         Self {
             jobs: w.pool.key("jobs"),
             client_name: w.pool.key(&format!("worker:{}:reader", w.name)),
+            unnamed: false,
             consumer: w.name.clone(),
             lease: w.pool.config.lease,
             own: Some("0".to_owned()),
@@ -1673,11 +1676,17 @@ impl Reader {
                     .client
                     .get_multiplexed_async_connection_with_config(&config)
                     .await?;
-                redis::cmd("CLIENT")
+                // A courtesy to operators: a server or ACL that refuses it costs nothing more.
+                let named = redis::cmd("CLIENT")
                     .arg("SETNAME")
                     .arg(&self.client_name)
                     .query_async::<()>(&mut c)
-                    .await?;
+                    .await;
+                if let Err(e) = named
+                    && !std::mem::replace(&mut self.unnamed, true)
+                {
+                    tracing::warn!(jobs = %self.jobs, "naming the reading connection: {e}");
+                }
                 self.blocking.insert(c)
             }
         };
