@@ -1489,8 +1489,8 @@ async fn worktree_settings_that_isolate_nobody_are_warning_events() {
         no_repo,
         [
             "tool `Agent`: isolation is on but no `worktree_repo` is set, so no worker gets a \
-             worktree (and a call asking for one is refused): name the repository with \
-             `with_worktree_repo(Some(path))`"
+             worktree (and a call or an agent type asking for one is refused): name the \
+             repository with `with_worktree_repo(Some(path))`"
         ]
     );
     let both = warnings_of(
@@ -1500,4 +1500,63 @@ async fn worktree_settings_that_isolate_nobody_are_warning_events() {
     )
     .await;
     assert!(both.is_empty(), "{both:?}");
+}
+
+/// An agent type whose definition asks for a worktree, where isolation is on but the host
+/// named no repository, is refused as a call asking for one is — not run in the shared
+/// checkout it was meant to be kept out of; `"isolation": "none"` runs it in place.
+#[tokio::test]
+async fn an_agent_type_asking_for_a_worktree_with_no_repository_is_refused() {
+    use std::sync::Mutex;
+    let results: Arc<Mutex<Vec<(String, String, bool)>>> = Arc::default();
+    let model = {
+        let results = Arc::clone(&results);
+        brain(move |r| {
+            if AgentContext::current().unwrap().depth() > 0 {
+                return Plan::Reply(say("child done"));
+            }
+            if has_tool_result(r) {
+                results.lock().unwrap().extend(support::results(r));
+                return Plan::Reply(say("parent done"));
+            }
+            Plan::Reply(calls(&[
+                (
+                    "c1",
+                    "Agent",
+                    r#"{"description":"a","prompt":"p","subagent_type":"writer"}"#,
+                ),
+                (
+                    "c2",
+                    "Agent",
+                    r#"{"description":"b","prompt":"p","subagent_type":"writer","isolation":"none"}"#,
+                ),
+            ]))
+        })
+    };
+    let mut writer = AgentDefinition::new("writer", "writes", DefinitionSource::Project);
+    writer.system_prompt = "You write.".into();
+    writer.isolation = Some("worktree".into());
+    let config = AgentToolConfig::default()
+        .with_registry(AgentRegistry::from_definitions([writer]))
+        .with_isolation_enabled(true);
+    let mut parent = Agent::builder(model)
+        .model("m")
+        .tools(ToolPool::new([AgentTool::new(config).unwrap().arc()]).unwrap())
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(parent.run("go").await.stop, StopReason::Completed);
+    let results = results.lock().unwrap().clone();
+    let by_id = |id: &str| results.iter().find(|r| r.0 == id).unwrap().clone();
+    let (_, text, is_error) = by_id("c1");
+    assert!(is_error, "{text}");
+    assert_eq!(
+        text,
+        "agent type `writer` asks for a worktree (isolation: worktree), but worktree isolation \
+         is on and this host named no repository (`AgentToolConfig::worktree_repo`); pass \
+         `\"isolation\": \"none\"` to run it in place"
+    );
+    let (_, text, is_error) = by_id("c2");
+    assert!(!is_error, "{text}");
+    assert!(text.contains("child done"), "{text}");
 }

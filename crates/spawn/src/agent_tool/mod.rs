@@ -633,6 +633,23 @@ impl AgentTool {
                 Some(Subagent::definition(&self.config.registry, &input).map_err(|e| chain(&e))?)
             };
             self.check_model(&input, turn.sent().model(), definition.map(|d| &**d))?;
+            // A definition that asks for a worktree, where isolation is on but no repository is
+            // named, is refused as the same call asking for one would be: run in place, a
+            // writer the host meant to isolate would edit the shared checkout.
+            if asked.is_none()
+                && self.config.isolation_enabled
+                && self.config.worktree_repo.is_none()
+                && let Some(def) = definition
+                && def.isolation.as_deref() == Some("worktree")
+            {
+                return Err(format!(
+                    "agent type `{}` asks for a worktree (isolation: worktree), but worktree \
+                     isolation is on and this host named no repository \
+                     (`AgentToolConfig::worktree_repo`); pass `\"isolation\": \"none\"` to run \
+                     it in place",
+                    def.name
+                ));
+            }
             // Unless the call said: a definition's own `isolation: worktree`, and in coordinator
             // mode any worker that can write, gets a worktree — two writers in one directory lose
             // edits silently ("Coordinator Mode: A Working Multi-Agent System, From the Source —
@@ -1168,7 +1185,7 @@ fn config_warnings(config: &AgentToolConfig) -> Vec<String> {
         )),
         (true, None) => warnings.push(
             "isolation is on but no `worktree_repo` is set, so no worker gets a worktree (and \
-             a call asking for one is refused): name the repository with \
+             a call or an agent type asking for one is refused): name the repository with \
              `with_worktree_repo(Some(path))`"
                 .to_owned(),
         ),

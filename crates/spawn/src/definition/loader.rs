@@ -126,6 +126,17 @@ pub fn load_dir(dir: &Path, source: DefinitionSource) -> Result<LoadReport> {
     Ok(report)
 }
 
+/// The refusal of a `.md` entry that is not a regular file (a FIFO, a device, a socket).
+fn not_regular(path: &Path) -> Diagnostic {
+    Diagnostic::new(
+        path,
+        1,
+        1,
+        "not a regular file (a FIFO, a device or a socket), so it was not read; an agent \
+         definition is a Markdown file",
+    )
+}
+
 fn walk(dir: &Path, entries: std::fs::ReadDir, files: &mut Vec<PathBuf>, report: &mut LoadReport) {
     let mut subdirs = Vec::new();
     for entry in entries {
@@ -142,8 +153,17 @@ fn walk(dir: &Path, entries: std::fs::ReadDir, files: &mut Vec<PathBuf>, report:
             }
         };
         let path = entry.path();
-        let Ok(file_type) = entry.file_type() else {
-            continue;
+        let file_type = match entry.file_type() {
+            Ok(t) => t,
+            Err(e) => {
+                report.errors.push(Diagnostic::new(
+                    &path,
+                    1,
+                    1,
+                    format!("reading its type failed: {e}"),
+                ));
+                continue;
+            }
         };
         if file_type.is_dir() {
             subdirs.push(path);
@@ -157,6 +177,9 @@ fn walk(dir: &Path, entries: std::fs::ReadDir, files: &mut Vec<PathBuf>, report:
                      target directory itself",
                 )),
                 Ok(meta) if meta.is_file() && is_markdown(&path) => files.push(path),
+                // A `.md` link to a device or a FIFO is never opened (a read could block for
+                // ever, or never end), and says so.
+                Ok(_) if is_markdown(&path) => report.errors.push(not_regular(&path)),
                 // A dangling `.md` link is a definition file that cannot be read: it is listed
                 // as rejected (reading it fails and says why), never passed over in silence.
                 Err(_) if is_markdown(&path) => files.push(path),
@@ -164,6 +187,8 @@ fn walk(dir: &Path, entries: std::fs::ReadDir, files: &mut Vec<PathBuf>, report:
             }
         } else if file_type.is_file() && is_markdown(&path) {
             files.push(path);
+        } else if is_markdown(&path) {
+            report.errors.push(not_regular(&path));
         }
     }
     subdirs.sort();
@@ -275,6 +300,37 @@ mod tests {
             std::fs::create_dir_all(parent).unwrap();
         }
         std::fs::write(path, text).unwrap();
+    }
+
+    /// A `.md` FIFO, or a `.md` link to a device, is refused with a diagnostic, never opened
+    /// (a read would block for ever, or never end) and never passed over in silence.
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_or_a_link_to_a_device_is_refused_not_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        write(d, "ok.md", b"---\nname: ok\ndescription: fine\n---\n");
+        std::os::unix::fs::symlink("/dev/zero", d.join("zero.md")).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(d.join("fifo.md"))
+            .status()
+            .is_ok_and(|s| s.success());
+        let report = load_dir(d, DefinitionSource::Project).unwrap();
+        let mut refused: Vec<String> = report.errors.iter().map(ToString::to_string).collect();
+        refused.sort();
+        let said = |name: &str| {
+            format!(
+                "{}:1:1: not a regular file (a FIFO, a device or a socket), so it was not read; \
+                 an agent definition is a Markdown file",
+                d.join(name).display()
+            )
+        };
+        let mut want = vec![said("zero.md")];
+        if made {
+            want.insert(0, said("fifo.md"));
+        }
+        assert_eq!(refused, want);
+        assert_eq!(report.definitions.len(), 1);
     }
 
     #[test]

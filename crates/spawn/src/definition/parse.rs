@@ -167,7 +167,7 @@ impl Reader<'_> {
                 "color" => def.color = self.string(key, value),
                 "model" => def.model = self.model(value),
                 "effort" => def.effort = self.effort(value),
-                "permissionMode" => def.permission_mode = self.permission_mode(value),
+                "permissionMode" => def.permission_mode = self.permission_mode(value)?,
                 "maxTurns" => def.max_turns = self.max_turns(value),
                 "deadline" => def.deadline = self.deadline(value),
                 "background" => def.background = self.flag(key, value).unwrap_or(false),
@@ -306,9 +306,39 @@ impl Reader<'_> {
         Some(model)
     }
 
-    fn permission_mode(&mut self, node: &MarkedYamlOwned) -> Option<PermissionMode> {
+    /// The mode, or `None` (warned) for a value that names none. A known mode written in
+    /// another case (`Plan`) is an error: ignored, a mode such as `plan` that was meant to
+    /// restrict the agent would be lost.
+    fn permission_mode(
+        &mut self,
+        node: &MarkedYamlOwned,
+    ) -> Result<Option<PermissionMode>, Problem> {
+        const MODES: [&str; 6] = [
+            "default",
+            "acceptEdits",
+            "bypassPermissions",
+            "plan",
+            "dontAsk",
+            "bubble",
+        ];
         let text = scalar_text(node, self.text);
-        match text.as_deref().map(str::parse::<PermissionMode>) {
+        if let Some(t) = text.as_deref()
+            && t.parse::<PermissionMode>().is_err()
+            && let Some(meant) = MODES.iter().find(|m| m.eq_ignore_ascii_case(t.trim()))
+        {
+            let (line, column) = position(node);
+            return Err(Problem::new(
+                line,
+                column,
+                format!(
+                    "`permissionMode` `{}` is not a mode; did you mean `{meant}`? The definition \
+                     is rejected: ignoring a mode could widen what the agent may do; write \
+                     `{meant}`",
+                    yaml::clip(t, 60)
+                ),
+            ));
+        }
+        Ok(match text.as_deref().map(str::parse::<PermissionMode>) {
             Some(Ok(mode)) => Some(mode),
             _ => {
                 let shown =
@@ -322,7 +352,7 @@ impl Reader<'_> {
                 );
                 None
             }
-        }
+        })
     }
 
     fn max_turns(&mut self, node: &MarkedYamlOwned) -> Option<u32> {
@@ -601,7 +631,7 @@ fn has_space_outside_parens(name: &str) -> bool {
 
 /// The keys that restrict what an agent may do: a misspelling of one is rejected, not kept as
 /// an unknown key, since ignoring it could widen the agent's rights.
-const RESTRICTING_KEYS: [&str; 3] = ["tools", "disallowedTools", "permissionMode"];
+const RESTRICTING_KEYS: [&str; 4] = ["tools", "disallowedTools", "permissionMode", "hooks"];
 
 /// The known key `key` is probably a misspelling of (`max_turns`, `Tools`,
 /// `allowed-tools`), if any. A key that holds anything but ASCII (a zero-width space, a
@@ -621,6 +651,13 @@ fn similar_known_key(key: &str) -> Option<&'static str> {
     if let Some(known) = KNOWN_KEYS
         .into_iter()
         .find(|known| squash(known) == squashed)
+    {
+        return Some(known);
+    }
+    // A plural key written singular (`hook`, `tool`, `skill`, `mcpServer`).
+    if let Some(known) = KNOWN_KEYS
+        .into_iter()
+        .find(|known| squash(known) == format!("{squashed}s"))
     {
         return Some(known);
     }
@@ -801,8 +838,26 @@ mod tests {
             rejected("allowed-tools", "tools")
         );
         assert_eq!(err("Tools", "Read"), rejected("Tools", "tools"));
+        // A plural written singular: `hook` would drop the hooks that block tools.
+        assert_eq!(err("hook", "\n  PreToolUse: []"), rejected("hook", "hooks"));
+        assert_eq!(err("tool", "Read"), rejected("tool", "tools"));
+        // A mode in another case is no mode: `Plan` ignored would lose plan mode.
+        assert_eq!(
+            err("permissionMode", "Plan"),
+            "a.md:4:17: `permissionMode` `Plan` is not a mode; did you mean `plan`? The \
+             definition is rejected: ignoring a mode could widen what the agent may do; write \
+             `plan`"
+        );
         // Other misspellings stay warnings.
         assert!(parse("---\nname: a\ndescription: b\ninitial_prompt: hi\n---\n").is_ok());
+        let p = parse("---\nname: a\ndescription: b\nskill: x\n---\n").unwrap();
+        assert_eq!(
+            messages(&p),
+            [
+                "a.md:4:1: `skill` is not a frontmatter key; did you mean `skills`? It was kept as \
+              an unknown key"
+            ]
+        );
     }
 
     /// An effort no backend can say is warned about when the file is read (in any case, as
