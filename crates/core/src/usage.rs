@@ -120,6 +120,30 @@ impl Prices {
     }
 }
 
+/// The Anthropic model id a Claude Code model alias stands for: `haiku`, `sonnet` and `opus`
+/// (in any case), which agent definitions name and the built-in `Explore` agent runs on, are
+/// the newest of their family in [`PriceTable::published`]; any other name is returned as it
+/// is. Anthropic's API takes ids, not aliases, so its backend sends what this returns, and a
+/// price table looks aliases up by it. A host that wants another id names it in its
+/// definitions.
+///
+/// ```
+/// use forkhive_core::usage::anthropic_model_id;
+/// assert_eq!(anthropic_model_id("haiku"), "claude-haiku-4-5");
+/// assert_eq!(anthropic_model_id("claude-sonnet-4-5"), "claude-sonnet-4-5");
+/// ```
+pub fn anthropic_model_id(model: &str) -> &str {
+    const ALIASES: [(&str, &str); 3] = [
+        ("haiku", "claude-haiku-4-5"),
+        ("sonnet", "claude-sonnet-5"),
+        ("opus", "claude-opus-5"),
+    ];
+    ALIASES
+        .iter()
+        .find(|(alias, _)| alias.eq_ignore_ascii_case(model))
+        .map_or(model, |(_, id)| id)
+}
+
 /// Prices by model, matched by the longest prefix of the model id (so
 /// `claude-sonnet-4-5-20250929` finds `claude-sonnet-4-5`). Hosts replace entries or start
 /// from [`PriceTable::new`].
@@ -162,13 +186,21 @@ impl PriceTable {
         self
     }
 
-    /// The prices of `model`: the entry that is the longest prefix of it, if any.
+    /// The prices of `model`: the entry that is the longest prefix of it, or else of the id
+    /// its alias stands for ([`anthropic_model_id`]: `haiku` finds `claude-haiku-4-5`), if
+    /// any.
     pub fn get(&self, model: &str) -> Option<Prices> {
-        self.entries
-            .iter()
-            .filter(|(m, _)| model.starts_with(m.as_str()))
-            .max_by_key(|(m, _)| m.len())
-            .map(|(_, p)| *p)
+        let longest = |model: &str| {
+            self.entries
+                .iter()
+                .filter(|(m, _)| model.starts_with(m.as_str()))
+                .max_by_key(|(m, _)| m.len())
+                .map(|(_, p)| *p)
+        };
+        longest(model).or_else(|| {
+            let id = anthropic_model_id(model);
+            (id != model).then(|| longest(id)).flatten()
+        })
     }
 }
 
@@ -212,6 +244,19 @@ impl<'a> Sum<&'a Usage> for Usage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An alias is priced as the id it stands for, unless the table prices the alias itself.
+    #[test]
+    fn an_alias_is_priced_as_its_id() {
+        let mut t = PriceTable::published();
+        assert_eq!(t.get("haiku"), t.get("claude-haiku-4-5"));
+        assert!(t.get("HAIKU").is_some());
+        assert_eq!(t.get("local-model"), None);
+        t.insert("haiku", Prices::from_input_output(9.0, 9.0));
+        assert_eq!(t.get("haiku"), Some(Prices::from_input_output(9.0, 9.0)));
+        assert_eq!(anthropic_model_id("opus"), "claude-opus-5");
+        assert_eq!(anthropic_model_id("haiku-4"), "haiku-4");
+    }
 
     #[test]
     fn addition_and_totals() {

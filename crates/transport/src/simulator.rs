@@ -57,7 +57,7 @@ pub fn estimate_tokens(bytes: usize) -> u64 {
 /// Haiku 3 family, 4,096 for Opus 4.5 and Haiku 4.5. Newer models may differ: override with
 /// [`SimulatorConfig::min_cacheable_tokens`].
 pub fn anthropic_min_cacheable_tokens(model: &str) -> u64 {
-    let m = model.to_ascii_lowercase();
+    let m = forkhive_core::usage::anthropic_model_id(model).to_ascii_lowercase();
     if m.contains("opus-4-5") || m.contains("haiku-4-5") {
         4096
     } else if m.contains("3-haiku") || m.contains("3-5-haiku") {

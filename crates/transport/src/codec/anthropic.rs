@@ -149,7 +149,11 @@ impl AnthropicCodec {
     fn head_bytes(&self, p: &CacheSafeParams, mark_user_context: bool) -> Vec<u8> {
         let mut out = Vec::with_capacity(4096);
         out.extend_from_slice(br#"{"model":"#);
-        json::write_str(&mut out, p.model());
+        // A definition's alias (`haiku`) as the id the API takes.
+        json::write_str(
+            &mut out,
+            forkhive_core::usage::anthropic_model_id(p.model()),
+        );
 
         let system_context = p.rendered_system_context();
         // The provider rejects empty text blocks: an empty system block is left out.
@@ -716,6 +720,23 @@ mod tests {
         );
         let v: serde_json::Value = serde_json::from_str(&body(&codec, &r, false)).unwrap();
         assert!(v.get("stream").is_none());
+    }
+
+    /// A model alias a definition names (`haiku`, as the built-in `Explore` does) goes to the
+    /// API as the id it stands for, which the API takes; an id goes as written.
+    #[test]
+    fn a_model_alias_is_sent_as_its_id() {
+        let codec = AnthropicCodec::default();
+        for (model, sent) in [
+            ("haiku", "claude-haiku-4-5"),
+            ("Sonnet", "claude-sonnet-5"),
+            ("claude-x", "claude-x"),
+        ] {
+            let p = CacheSafeParams::builder(model).build();
+            let r = Request::new(p, vec![Message::user_text("go")]).with_max_tokens(8);
+            let v: serde_json::Value = serde_json::from_str(&body(&codec, &r, false)).unwrap();
+            assert_eq!(v["model"], sent, "{model}");
+        }
     }
 
     #[test]
