@@ -1560,3 +1560,84 @@ async fn an_agent_type_asking_for_a_worktree_with_no_repository_is_refused() {
     assert!(!is_error, "{text}");
     assert!(text.contains("child done"), "{text}");
 }
+
+/// The main agent's `trust_permission_modes` reaches the agent types its `Agent` tool starts:
+/// trusted, a project definition's `acceptEdits` lets its `Write` run past a host policy that
+/// denies it; untrusted (the default), the host's policy decides.
+#[tokio::test]
+async fn trusting_permission_modes_reaches_the_agents_it_starts() {
+    use forkhive_spawn::definition::PermissionMode;
+    use forkhive_spawn::tool::{PermissionDecision, PermissionPolicy, PermissionRequest};
+    use std::sync::Mutex;
+
+    #[derive(Debug)]
+    struct NoWrites;
+    #[async_trait]
+    impl PermissionPolicy for NoWrites {
+        async fn check(&self, r: PermissionRequest<'_>) -> PermissionDecision {
+            if r.tool_name() == "Write" {
+                PermissionDecision::deny("the host denies Write")
+            } else {
+                PermissionDecision::Allow
+            }
+        }
+    }
+
+    let child_result = |trust: bool| async move {
+        let seen: Arc<Mutex<Vec<(String, String, bool)>>> = Arc::default();
+        let model = {
+            let seen = Arc::clone(&seen);
+            brain(move |r| {
+                let depth = AgentContext::current().unwrap().depth();
+                if depth > 0 {
+                    if has_tool_result(r) {
+                        seen.lock().unwrap().extend(support::results(r));
+                        return Plan::Reply(say("child done"));
+                    }
+                    return Plan::Reply(calls(&[("w", "Write", "{}")]));
+                }
+                if has_tool_result(r) {
+                    return Plan::Reply(say("parent done"));
+                }
+                Plan::Reply(calls(&[(
+                    "a",
+                    "Agent",
+                    r#"{"description":"edit","prompt":"p","subagent_type":"editor"}"#,
+                )]))
+            })
+        };
+        let mut editor = AgentDefinition::new("editor", "edits", DefinitionSource::Project);
+        editor.system_prompt = "You edit.".into();
+        editor.permission_mode = Some(PermissionMode::AcceptEdits);
+        editor.tools = Some(vec!["Write".into()]);
+        let config =
+            AgentToolConfig::default().with_registry(AgentRegistry::from_definitions([editor]));
+        let mut parent = Agent::builder(model)
+            .model("m")
+            .policy(Arc::new(NoWrites))
+            .trust_permission_modes(trust)
+            .tools(
+                ToolPool::new([
+                    AgentTool::new(config).unwrap().arc(),
+                    TestTool::sleeper("Write", false, 0).arc(),
+                ])
+                .unwrap(),
+            )
+            .build()
+            .await
+            .unwrap();
+        assert_eq!(parent.run("go").await.stop, StopReason::Completed);
+        let got = seen.lock().unwrap().clone();
+        got.into_iter()
+            .next()
+            .map(|(_, text, is_error)| (text, is_error))
+    };
+    assert_eq!(
+        child_result(true).await,
+        Some(("Write {}".to_owned(), false))
+    );
+    assert_eq!(
+        child_result(false).await,
+        Some(("the host denies Write".to_owned(), true))
+    );
+}

@@ -1326,8 +1326,9 @@ async fn permission_modes_map_onto_policies() {
                 .unwrap(),
             )
             .policy(Arc::new(SaysNo))
-            .trust_permission_modes(true)
             .child_of(seed)
+            // After `child_of`, which sets the parent's choice.
+            .trust_permission_modes(true)
             .build()
             .await
             .unwrap();

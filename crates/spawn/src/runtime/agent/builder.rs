@@ -211,6 +211,8 @@ impl AgentBuilder {
 
     /// Whether a definition's loosening `permissionMode` (`acceptEdits`, `bypassPermissions`)
     /// is honoured (default: no — the host's policy decides; tightening modes always apply).
+    /// Children of this agent inherit the choice: set it on the main agent, and the agent
+    /// types its `Agent` tool starts honour their definitions' modes.
     pub fn trust_permission_modes(mut self, trust: bool) -> Self {
         self.0.trust_modes = trust;
         self
@@ -296,7 +298,8 @@ impl AgentBuilder {
     }
 
     /// Builds a child from a parent's [`ChildSeed`]: identity, copied state, tree state,
-    /// linked cancellation and the parent's policy (for `bubble`).
+    /// linked cancellation, the parent's policy (for `bubble`), and the parent's trust in
+    /// definitions' hooks and permission modes (a setter called after this one overrides it).
     pub fn child_of(mut self, seed: ChildSeed) -> Self {
         self.0.context = Some(seed.context);
         self.0.state = Some(seed.state);
@@ -305,6 +308,7 @@ impl AgentBuilder {
         self.0.parent_policy = Some(seed.parent_policy);
         self.0.hooks = seed.hooks;
         self.0.trust_hooks = seed.trust_hooks;
+        self.0.trust_modes = seed.trust_modes;
         self
     }
 
@@ -813,6 +817,7 @@ impl AgentBuilder {
                 hooks,
                 own_hooks,
                 trust_hooks: self.0.trust_hooks,
+                trust_modes: self.0.trust_modes,
                 events: self.0.events,
                 transcript_dir: self.0.transcript_dir.or(self.0.children_transcript_dir),
                 wait_for_promises: !self.0.detach,

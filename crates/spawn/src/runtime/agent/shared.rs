@@ -25,6 +25,9 @@ pub struct ChildSeed {
     pub hooks: crate::hook::Hooks,
     /// Whether the hooks of project, plugin and flag definitions run.
     pub trust_hooks: bool,
+    /// Whether a definition's loosening `permissionMode` applies
+    /// ([`AgentBuilder::trust_permission_modes`](crate::runtime::AgentBuilder::trust_permission_modes)).
+    pub trust_modes: bool,
 }
 
 /// The parts of an agent its tools may use — to spawn a child with the same backend, tools
@@ -57,6 +60,8 @@ pub(crate) struct AgentShared {
     pub(crate) host_hooks: crate::hook::Hooks,
     /// Whether definitions' hooks from untrusted sources run (passed on to children).
     pub(crate) trust_hooks: bool,
+    /// Whether definitions' loosening permission modes apply (passed on to children).
+    pub(crate) trust_modes: bool,
     /// The hooks that run for this agent: the host's, then its definition's.
     pub(crate) hooks: crate::hook::Hooks,
     /// Its definition's own hooks (kept to build it again when it is resumed).
@@ -109,6 +114,7 @@ impl AgentShared {
             parent_policy: Arc::clone(&self.policy),
             hooks: self.host_hooks.clone(),
             trust_hooks: self.trust_hooks,
+            trust_modes: self.trust_modes,
         }
     }
 }
