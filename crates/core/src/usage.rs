@@ -187,8 +187,8 @@ impl PriceTable {
     }
 
     /// The prices of `model`: the entry that is the longest prefix of it, or else of the id
-    /// its alias stands for ([`anthropic_model_id`]: `haiku` finds `claude-haiku-4-5`), if
-    /// any.
+    /// its alias stands for ([`anthropic_model_id`]: `haiku` finds `claude-haiku-4-5`, on
+    /// any backend — a table does not know which one answered), if any.
     pub fn get(&self, model: &str) -> Option<Prices> {
         let longest = |model: &str| {
             self.entries

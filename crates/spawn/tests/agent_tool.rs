@@ -1552,7 +1552,7 @@ async fn an_agent_type_asking_for_a_worktree_with_no_repository_is_refused() {
     assert!(is_error, "{text}");
     assert_eq!(
         text,
-        "agent type `writer` asks for a worktree (isolation: worktree), but worktree isolation \
+        "agent type `writer` asks for a worktree (`isolation: worktree`), but worktree isolation \
          is on and this host named no repository (`AgentToolConfig::worktree_repo`); pass \
          `\"isolation\": \"none\"` to run it in place"
     );

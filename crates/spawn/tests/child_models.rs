@@ -171,3 +171,60 @@ async fn a_fork_asking_for_another_model_is_refused() {
         assert_eq!(results, vec![("f1".to_owned(), want.to_owned(), true)]);
     }
 }
+
+/// An alias and the id it stands for are one model to the host's checks: `haiku` asked under a
+/// parent on `claude-haiku-4-5` is the parent's model, and `sonnet` is allowed where the host
+/// lists `claude-sonnet-5`.
+#[tokio::test]
+async fn an_alias_and_its_id_are_one_model() {
+    use std::sync::Mutex;
+    let results: Arc<Mutex<Vec<(String, String, bool)>>> = Arc::default();
+    let model = {
+        let results = Arc::clone(&results);
+        brain(move |r| {
+            if AgentContext::current().unwrap().depth() > 0 {
+                return Plan::Reply(say("child done"));
+            }
+            if has_tool_result(r) {
+                results.lock().unwrap().extend(support::results(r));
+                return Plan::Reply(say("parent done"));
+            }
+            Plan::Reply(calls(&[
+                (
+                    "c1",
+                    "Agent",
+                    r#"{"description":"a","prompt":"p","subagent_type":"worker","model":"haiku"}"#,
+                ),
+                (
+                    "c2",
+                    "Agent",
+                    r#"{"description":"b","prompt":"p","subagent_type":"worker","model":"sonnet"}"#,
+                ),
+                (
+                    "c3",
+                    "Agent",
+                    r#"{"description":"c","prompt":"p","subagent_type":"worker","model":"opus"}"#,
+                ),
+            ]))
+        })
+    };
+    let mut worker = AgentDefinition::new("worker", "does one job", DefinitionSource::Project);
+    worker.system_prompt = "You are a worker.".into();
+    let config = AgentToolConfig::default()
+        .with_registry(AgentRegistry::from_definitions([worker]))
+        .with_allowed_models(vec!["claude-sonnet-5".into()]);
+    let mut parent = Agent::builder(model)
+        .model("claude-haiku-4-5")
+        .tools(ToolPool::new([Arc::new(AgentTool::new(config).unwrap()) as Arc<dyn Tool>]).unwrap())
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(parent.run("go").await.stop, StopReason::Completed);
+    let results = results.lock().unwrap().clone();
+    let by_id = |id: &str| results.iter().find(|r| r.0 == id).unwrap().clone();
+    assert!(!by_id("c1").2, "{:?}", by_id("c1"));
+    assert!(!by_id("c2").2, "{:?}", by_id("c2"));
+    let (_, text, is_error) = by_id("c3");
+    assert!(is_error, "{text}");
+    assert!(text.starts_with("model `opus` is not allowed"), "{text}");
+}

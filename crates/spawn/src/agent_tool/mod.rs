@@ -458,7 +458,12 @@ impl AgentTool {
         let Some(asked) = input.model.as_deref().filter(|m| *m != MODEL_INHERIT) else {
             return Ok(());
         };
-        if asked == parent_model {
+        // An alias and the id it stands for are one model (`haiku`, `claude-haiku-4-5`).
+        let same = |a: &str, b: &str| {
+            forkhive_core::usage::anthropic_model_id(a)
+                == forkhive_core::usage::anthropic_model_id(b)
+        };
+        if same(asked, parent_model) {
             return Ok(());
         }
         let Some(def) = definition else {
@@ -472,7 +477,7 @@ impl AgentTool {
                 .filter(|d| d.model.as_deref() == Some(asked))
                 .map(|d| d.name.as_str())
                 .collect();
-            let or = if self.config.allowed_models.iter().any(|m| m == asked) {
+            let or = if self.config.allowed_models.iter().any(|m| same(m, asked)) {
                 format!(", or name a `subagent_type` to start a fresh agent on `{asked}`")
             } else if !own.is_empty() {
                 format!(
@@ -488,7 +493,9 @@ impl AgentTool {
             ));
         };
         let own = def.model.as_deref().filter(|m| *m != MODEL_INHERIT);
-        if own == Some(asked) || self.config.allowed_models.iter().any(|m| m == asked) {
+        if own.is_some_and(|own| same(own, asked))
+            || self.config.allowed_models.iter().any(|m| same(m, asked))
+        {
             return Ok(());
         }
         let mut allowed: Vec<&str> = Vec::new();
@@ -643,7 +650,7 @@ impl AgentTool {
                 && def.isolation.as_deref() == Some("worktree")
             {
                 return Err(format!(
-                    "agent type `{}` asks for a worktree (isolation: worktree), but worktree \
+                    "agent type `{}` asks for a worktree (`isolation: worktree`), but worktree \
                      isolation is on and this host named no repository \
                      (`AgentToolConfig::worktree_repo`); pass `\"isolation\": \"none\"` to run \
                      it in place",

@@ -11,8 +11,8 @@ use super::registry::AgentRegistry;
 use crate::error::{Error, Result};
 
 /// The largest agent or skill file read, in bytes: the longest of 354 files people wrote for
-/// Claude Code is under 90 KB. A larger one — or a link to a file that never ends — is refused
-/// after this much is read, never read whole.
+/// Claude Code is under 90 KB. A larger one is refused after this much is read, never read
+/// whole (a `.md` that is not a regular file — a FIFO, a device — is not opened at all).
 pub const MAX_DEFINITION_FILE: u64 = 1024 * 1024;
 
 /// `path`'s bytes, at most [`MAX_DEFINITION_FILE`] of them: a longer file is an error.
@@ -98,7 +98,16 @@ pub fn load_dir(dir: &Path, source: DefinitionSource) -> Result<LoadReport> {
     let entries = std::fs::read_dir(dir).map_err(io_error)?;
     walk(dir, entries, &mut files, &mut report);
     files.sort();
-    for path in files {
+    for (path, regular) in files {
+        if !regular {
+            report.errors.push(not_regular(&path));
+            report.files.push(FileReport {
+                path,
+                source,
+                status: FileStatus::Rejected,
+            });
+            continue;
+        }
         let status = match load_file(&path, source) {
             Ok(parsed) => {
                 let status = if parsed.warnings.is_empty() {
@@ -137,7 +146,14 @@ fn not_regular(path: &Path) -> Diagnostic {
     )
 }
 
-fn walk(dir: &Path, entries: std::fs::ReadDir, files: &mut Vec<PathBuf>, report: &mut LoadReport) {
+/// Collects the `.md` files under `dir`, each with whether it is a regular file (one that is
+/// not is rejected without being opened).
+fn walk(
+    dir: &Path,
+    entries: std::fs::ReadDir,
+    files: &mut Vec<(PathBuf, bool)>,
+    report: &mut LoadReport,
+) {
     let mut subdirs = Vec::new();
     for entry in entries {
         let entry = match entry {
@@ -176,19 +192,17 @@ fn walk(dir: &Path, entries: std::fs::ReadDir, files: &mut Vec<PathBuf>, report:
                     "symbolic link to a directory: not followed; link the files, or pass the \
                      target directory itself",
                 )),
-                Ok(meta) if meta.is_file() && is_markdown(&path) => files.push(path),
+                Ok(meta) if meta.is_file() && is_markdown(&path) => files.push((path, true)),
                 // A `.md` link to a device or a FIFO is never opened (a read could block for
-                // ever, or never end), and says so.
-                Ok(_) if is_markdown(&path) => report.errors.push(not_regular(&path)),
+                // ever, or never end): rejected, saying so.
+                Ok(_) if is_markdown(&path) => files.push((path, false)),
                 // A dangling `.md` link is a definition file that cannot be read: it is listed
                 // as rejected (reading it fails and says why), never passed over in silence.
-                Err(_) if is_markdown(&path) => files.push(path),
+                Err(_) if is_markdown(&path) => files.push((path, true)),
                 _ => {}
             }
-        } else if file_type.is_file() && is_markdown(&path) {
-            files.push(path);
         } else if is_markdown(&path) {
-            report.errors.push(not_regular(&path));
+            files.push((path, file_type.is_file()));
         }
     }
     subdirs.sort();
@@ -331,6 +345,9 @@ mod tests {
         }
         assert_eq!(refused, want);
         assert_eq!(report.definitions.len(), 1);
+        // Each is a rejected file of the report, as any file that cannot load is.
+        assert_eq!(report.count(FileStatus::Rejected), want.len());
+        assert_eq!(report.files.len(), want.len() + 1);
     }
 
     #[test]

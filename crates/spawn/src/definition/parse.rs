@@ -306,26 +306,27 @@ impl Reader<'_> {
         Some(model)
     }
 
-    /// The mode, or `None` (warned) for a value that names none. A known mode written in
-    /// another case (`Plan`) is an error: ignored, a mode such as `plan` that was meant to
-    /// restrict the agent would be lost.
+    /// The mode, or `None` (warned) for a value that names none. A mode that restricts the
+    /// agent (`plan`, `dontAsk`, `bubble`) written in another case (`Plan`) is an error:
+    /// ignored, the restriction would be lost. (Ignoring a loosening one leaves the host's
+    /// policy, so `AcceptEdits` is only a warning.)
     fn permission_mode(
         &mut self,
         node: &MarkedYamlOwned,
     ) -> Result<Option<PermissionMode>, Problem> {
-        const MODES: [&str; 6] = [
-            "default",
-            "acceptEdits",
-            "bypassPermissions",
-            "plan",
-            "dontAsk",
-            "bubble",
-        ];
         let text = scalar_text(node, self.text);
-        if let Some(t) = text.as_deref()
-            && t.parse::<PermissionMode>().is_err()
-            && let Some(meant) = MODES.iter().find(|m| m.eq_ignore_ascii_case(t.trim()))
+        let meant = text.as_deref().and_then(|t| {
+            PermissionMode::ALL
+                .into_iter()
+                .find(|m| m.as_str().eq_ignore_ascii_case(t.trim()) && m.as_str() != t)
+        });
+        if let (Some(t), Some(meant)) = (text.as_deref(), meant)
+            && matches!(
+                meant,
+                PermissionMode::Plan | PermissionMode::DontAsk | PermissionMode::Bubble
+            )
         {
+            let meant = meant.as_str();
             let (line, column) = position(node);
             return Err(Problem::new(
                 line,
@@ -343,11 +344,15 @@ impl Reader<'_> {
             _ => {
                 let shown =
                     text.map_or_else(|| describe(node), |t| format!("`{}`", yaml::clip(&t, 60)));
+                let hint = meant.map_or_else(String::new, |m| {
+                    format!(" (did you mean `{}`?)", m.as_str())
+                });
                 self.warn(
                     node,
                     format!(
-                        "unknown `permissionMode` {shown}; expected `default`, `acceptEdits`, \
-                         `bypassPermissions`, `plan`, `dontAsk` or `bubble`; it was ignored"
+                        "unknown `permissionMode` {shown}{hint}; expected `default`, \
+                         `acceptEdits`, `bypassPermissions`, `plan`, `dontAsk` or `bubble`; it \
+                         was ignored"
                     ),
                 );
                 None
@@ -645,7 +650,7 @@ fn similar_known_key(key: &str) -> Option<&'static str> {
             .collect()
     }
     let squashed = squash(key);
-    if squashed == "allowedtools" {
+    if squashed == "allowedtools" || squashed == "allowedtool" {
         return Some("tools");
     }
     if let Some(known) = KNOWN_KEYS
@@ -841,6 +846,21 @@ mod tests {
         // A plural written singular: `hook` would drop the hooks that block tools.
         assert_eq!(err("hook", "\n  PreToolUse: []"), rejected("hook", "hooks"));
         assert_eq!(err("tool", "Read"), rejected("tool", "tools"));
+        assert_eq!(
+            err("allowed_tool", "Read"),
+            rejected("allowed_tool", "tools")
+        );
+        // A loosening mode in another case, ignored, leaves the host's policy: a warning.
+        let p = parse("---\nname: a\ndescription: b\npermissionMode: AcceptEdits\n---\n").unwrap();
+        assert_eq!(p.definition.permission_mode, None);
+        assert_eq!(
+            messages(&p),
+            [
+                "a.md:4:17: unknown `permissionMode` `AcceptEdits` (did you mean `acceptEdits`?); \
+              expected `default`, `acceptEdits`, `bypassPermissions`, `plan`, `dontAsk` or \
+              `bubble`; it was ignored"
+            ]
+        );
         // A mode in another case is no mode: `Plan` ignored would lose plan mode.
         assert_eq!(
             err("permissionMode", "Plan"),
