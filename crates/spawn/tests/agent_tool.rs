@@ -1641,3 +1641,49 @@ async fn trusting_permission_modes_reaches_the_agents_it_starts() {
         Some(("the host denies Write".to_owned(), true))
     );
 }
+
+/// Agent types whose hooks the host will leave out (project definitions, hooks untrusted) are
+/// named in a warning when the main agent first runs — not first when one is spawned, since
+/// the hooks may be what restricts it; trusted, or from the user, nothing is said.
+#[tokio::test]
+async fn untrusted_definition_hooks_are_a_build_warning() {
+    let hooked = |name: &str, source: DefinitionSource| {
+        let mut d = AgentDefinition::new(name, "has hooks", source);
+        d.hooks = Some(serde_json::json!({"PreToolUse": []}));
+        d
+    };
+    let registry = || {
+        AgentRegistry::from_definitions([
+            hooked("auditor", DefinitionSource::Project),
+            hooked("mine", DefinitionSource::User),
+            AgentDefinition::new("plain", "no hooks", DefinitionSource::Project),
+        ])
+    };
+    let said = warnings_of(AgentToolConfig::default().with_registry(registry())).await;
+    assert_eq!(
+        said,
+        [
+            "tool `Agent`: agent types `auditor` (project) have hooks, which this host does not \
+             run (they run shell commands, and these definitions are not the host's): they run \
+             without them; trust them with `AgentBuilder::trust_definition_hooks(true)`"
+        ]
+    );
+    let events = Arc::new(Events::default());
+    let mut p = Agent::builder(brain(|_| Plan::Reply(say("hello"))))
+        .model("m")
+        .trust_definition_hooks(true)
+        .tools(
+            ToolPool::new([
+                AgentTool::new(AgentToolConfig::default().with_registry(registry()))
+                    .unwrap()
+                    .arc(),
+            ])
+            .unwrap(),
+        )
+        .events(Arc::clone(&events) as _)
+        .build()
+        .await
+        .unwrap();
+    drop(p.run("hi").await);
+    assert!(events.warnings().is_empty());
+}

@@ -1130,6 +1130,28 @@ impl Tool for AgentTool {
             tracing::warn!(tool = AGENT_TOOL, "{text}");
             warnings.push(text.to_owned());
         }
+        if !build.trusts_definition_hooks {
+            // Said when the host builds, not first when such an agent is spawned: the hooks
+            // may be what restricts it (a hook that blocks `Bash`).
+            let untrusted: Vec<String> = self
+                .config
+                .registry
+                .list()
+                .into_iter()
+                .filter(|d| d.hooks.is_some() && !crate::definition::trusted_source(d.source))
+                .map(|d| format!("`{}` ({})", d.name, d.source))
+                .collect();
+            if !untrusted.is_empty() {
+                let text = format!(
+                    "agent types {} have hooks, which this host does not run (they run shell \
+                     commands, and these definitions are not the host's): they run without \
+                     them; trust them with `AgentBuilder::trust_definition_hooks(true)`",
+                    untrusted.join(", ")
+                );
+                tracing::warn!(tool = AGENT_TOOL, "{text}");
+                warnings.push(text);
+            }
+        }
         warnings
     }
 

@@ -139,12 +139,25 @@ pub struct BuildFacts {
     /// resumed from a transcript named `<agent id>.jsonl` (beside which its children write
     /// theirs). Without them a finished child cannot be resumed.
     pub keeps_transcripts: bool,
+    /// Whether the hooks of project, plugin and command-line definitions run
+    /// ([`AgentBuilder::trust_definition_hooks`](crate::runtime::AgentBuilder::trust_definition_hooks)).
+    pub trusts_definition_hooks: bool,
 }
 
 impl BuildFacts {
-    /// Facts with `keeps_transcripts` set as given (for a tool's own tests).
+    /// Facts with `keeps_transcripts` set as given, and untrusted definition hooks (for a
+    /// tool's own tests).
     pub fn new(keeps_transcripts: bool) -> Self {
-        Self { keeps_transcripts }
+        Self {
+            keeps_transcripts,
+            trusts_definition_hooks: false,
+        }
+    }
+
+    /// The same, with `trusts_definition_hooks` set as given.
+    pub fn with_trusted_definition_hooks(mut self, trust: bool) -> Self {
+        self.trusts_definition_hooks = trust;
+        self
     }
 }
 

@@ -454,7 +454,8 @@ impl AgentBuilder {
         if audience == ToolAudience::Main {
             let build = crate::tool::BuildFacts::new(
                 self.0.transcript_dir.is_some() || self.0.children_transcript_dir.is_some(),
-            );
+            )
+            .with_trusted_definition_hooks(self.0.trust_hooks);
             for tool in self.0.tools.iter() {
                 if let Err(why) = tool.check_tree(&tree) {
                     return Err(Error::Config(format!(
