@@ -1507,32 +1507,16 @@ async fn worktree_settings_that_isolate_nobody_are_warning_events() {
 /// checkout it was meant to be kept out of; `"isolation": "none"` runs it in place.
 #[tokio::test]
 async fn an_agent_type_asking_for_a_worktree_with_no_repository_is_refused() {
-    use std::sync::Mutex;
-    let results: Arc<Mutex<Vec<(String, String, bool)>>> = Arc::default();
-    let model = {
-        let results = Arc::clone(&results);
-        brain(move |r| {
-            if AgentContext::current().unwrap().depth() > 0 {
-                return Plan::Reply(say("child done"));
-            }
-            if has_tool_result(r) {
-                results.lock().unwrap().extend(support::results(r));
-                return Plan::Reply(say("parent done"));
-            }
-            Plan::Reply(calls(&[
-                (
-                    "c1",
-                    "Agent",
-                    r#"{"description":"a","prompt":"p","subagent_type":"writer"}"#,
-                ),
-                (
-                    "c2",
-                    "Agent",
-                    r#"{"description":"b","prompt":"p","subagent_type":"writer","isolation":"none"}"#,
-                ),
-            ]))
-        })
-    };
+    let (model, results) = parent_calling_agents(&[
+        (
+            "c1",
+            r#"{"description":"a","prompt":"p","subagent_type":"writer"}"#,
+        ),
+        (
+            "c2",
+            r#"{"description":"b","prompt":"p","subagent_type":"writer","isolation":"none"}"#,
+        ),
+    ]);
     let mut writer = AgentDefinition::new("writer", "writes", DefinitionSource::Project);
     writer.system_prompt = "You write.".into();
     writer.isolation = Some("worktree".into());

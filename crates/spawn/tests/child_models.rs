@@ -177,37 +177,20 @@ async fn a_fork_asking_for_another_model_is_refused() {
 /// lists `claude-sonnet-5`.
 #[tokio::test]
 async fn an_alias_and_its_id_are_one_model() {
-    use std::sync::Mutex;
-    let results: Arc<Mutex<Vec<(String, String, bool)>>> = Arc::default();
-    let model = {
-        let results = Arc::clone(&results);
-        brain(move |r| {
-            if AgentContext::current().unwrap().depth() > 0 {
-                return Plan::Reply(say("child done"));
-            }
-            if has_tool_result(r) {
-                results.lock().unwrap().extend(support::results(r));
-                return Plan::Reply(say("parent done"));
-            }
-            Plan::Reply(calls(&[
-                (
-                    "c1",
-                    "Agent",
-                    r#"{"description":"a","prompt":"p","subagent_type":"worker","model":"haiku"}"#,
-                ),
-                (
-                    "c2",
-                    "Agent",
-                    r#"{"description":"b","prompt":"p","subagent_type":"worker","model":"sonnet"}"#,
-                ),
-                (
-                    "c3",
-                    "Agent",
-                    r#"{"description":"c","prompt":"p","subagent_type":"worker","model":"opus"}"#,
-                ),
-            ]))
-        })
-    };
+    let (model, results) = parent_calling_agents(&[
+        (
+            "c1",
+            r#"{"description":"a","prompt":"p","subagent_type":"worker","model":"haiku"}"#,
+        ),
+        (
+            "c2",
+            r#"{"description":"b","prompt":"p","subagent_type":"worker","model":"sonnet"}"#,
+        ),
+        (
+            "c3",
+            r#"{"description":"c","prompt":"p","subagent_type":"worker","model":"opus"}"#,
+        ),
+    ]);
     let mut worker = AgentDefinition::new("worker", "does one job", DefinitionSource::Project);
     worker.system_prompt = "You are a worker.".into();
     let config = AgentToolConfig::default()

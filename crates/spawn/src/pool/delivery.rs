@@ -301,11 +301,7 @@ impl Delivery {
     /// Makes the parent wait for `task`'s notification (as [`PoolAgentTool`] does for each
     /// task it submits).
     pub fn expect(&self, task: TaskId) {
-        let mut p = self
-            .inner
-            .expected
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut p = self.promises();
         // Given already (a second attach while its notification waits in the queue): a new
         // promise would never be kept.
         if !p.given.contains(&task) {
@@ -320,11 +316,7 @@ impl Delivery {
     /// down while it is idle and takes it up when it has work; its notification, when it
     /// ends, comes through it all the same. `None` if its notification was given already.
     pub(crate) fn expect_teammate(&self, task: TaskId, held: bool) -> Option<PromiseHandle> {
-        let mut p = self
-            .inner
-            .expected
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut p = self.promises();
         if p.given.contains(&task) {
             return None;
         }
@@ -342,11 +334,7 @@ impl Delivery {
     /// known here).
     fn submitted(&self, task: TaskId, description: &str) {
         {
-            let mut p = self
-                .inner
-                .expected
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut p = self.promises();
             if p.waiting.contains_key(&task) {
                 p.submitted.insert(task, description.to_owned());
             }
@@ -355,12 +343,15 @@ impl Delivery {
     }
 
     fn withdraw(&self, task: &TaskId) {
+        self.promises().waiting.remove(task);
+    }
+
+    /// The parent's promises, locked (never across an `.await`).
+    fn promises(&self) -> std::sync::MutexGuard<'_, Promises> {
         self.inner
             .expected
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .waiting
-            .remove(task);
     }
 }
 

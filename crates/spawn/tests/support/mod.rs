@@ -276,6 +276,38 @@ pub(crate) fn brain(f: impl Fn(&Request) -> Plan + Send + Sync + 'static) -> Arc
     Arc::new(Brain(Box::new(f)))
 }
 
+/// The tool results of a parent's round of `Agent` calls: `(id, text, is_error)` each.
+pub(crate) type AgentResults = Arc<Mutex<Vec<(String, String, bool)>>>;
+
+/// A model whose main agent makes one round of `Agent` calls — `(id, input JSON)` each — and
+/// then says "parent done", and whose every child says "child done"; with the results of that
+/// round, filled once the parent reads them.
+#[allow(dead_code)]
+pub(crate) fn parent_calling_agents(agent_calls: &[(&str, &str)]) -> (Arc<Brain>, AgentResults) {
+    let results: AgentResults = Arc::default();
+    let round: Vec<(String, String)> = agent_calls
+        .iter()
+        .map(|(id, input)| ((*id).to_owned(), (*input).to_owned()))
+        .collect();
+    let seen = Arc::clone(&results);
+    let model = brain(move |r| {
+        let depth = forkhive_spawn::runtime::AgentContext::current().map_or(0, |c| c.depth());
+        if depth > 0 {
+            return Plan::Reply(say("child done"));
+        }
+        if has_tool_result(r) {
+            seen.lock().unwrap().extend(self::results(r));
+            return Plan::Reply(say("parent done"));
+        }
+        let refs: Vec<(&str, &str, &str)> = round
+            .iter()
+            .map(|(id, input)| (id.as_str(), "Agent", input.as_str()))
+            .collect();
+        Plan::Reply(calls(&refs))
+    });
+    (model, results)
+}
+
 /// The text of the request's last user message.
 pub(crate) fn last_user_text(r: &Request) -> String {
     r.all_messages()
