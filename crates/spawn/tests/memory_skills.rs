@@ -241,6 +241,53 @@ async fn skills_and_the_initial_prompt_come_first_and_what_is_missing_is_said() 
     );
 }
 
+/// A `SKILL.md` that is not a regular file (a FIFO, a directory) is a problem that says so,
+/// never opened (a FIFO would block the load for ever) and never passed over in silence; a
+/// linked `SKILL.md` is followed, and a directory without one, or a file beside the skill
+/// directories, is not a skill.
+#[cfg(unix)]
+#[test]
+fn a_skill_file_that_is_not_a_regular_file_is_said_not_read() {
+    let home = tempfile::tempdir().unwrap();
+    let skills = home.path().join("skills");
+    for dir in ["fifo", "dir/SKILL.md", "empty", "linked", "real"] {
+        std::fs::create_dir_all(skills.join(dir)).unwrap();
+    }
+    std::fs::write(
+        skills.join("real/SKILL.md"),
+        "---\nname: real\ndescription: d\n---\nBody\n",
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(skills.join("real/SKILL.md"), skills.join("linked/SKILL.md"))
+        .unwrap();
+    std::fs::write(skills.join("notes.md"), "not a skill directory").unwrap();
+    let fifo = skills.join("fifo/SKILL.md");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .is_ok_and(|s| s.success());
+    let (loaded, problems) = Skills::load(&[home.path().to_owned()]);
+    assert_eq!(
+        loaded.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+        ["real"]
+    );
+    let said = |path: &std::path::Path| {
+        format!(
+            "{}:1:1: not a regular file (a FIFO, a device, a socket or a directory), so it was \
+             not read; a skill is a Markdown file",
+            path.display()
+        )
+    };
+    let mut want = vec![said(&skills.join("dir/SKILL.md"))];
+    if made {
+        want.push(said(&fifo));
+    }
+    assert_eq!(
+        problems.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        want
+    );
+}
+
 /// A `memory` scope that is none (`global`) is said to be the file's mistake, whether or not
 /// the host gave memory roots — not blamed on a host that gave none.
 #[tokio::test]
@@ -348,7 +395,7 @@ async fn mcp_servers_this_host_lacks_are_said_or_refused() {
 }
 
 /// A memory directory that a repository made a symlink (to somewhere else) is refused, and an
-/// index that is a link is not read.
+/// index that is a link (or a directory) is not read, and the agent is told why.
 #[cfg(unix)]
 #[tokio::test]
 async fn a_symlinked_memory_or_index_is_not_followed() {
@@ -384,13 +431,33 @@ async fn a_symlinked_memory_or_index_is_not_followed() {
     std::fs::remove_file(mem.join("notes")).unwrap();
     std::fs::create_dir_all(mem.join("notes")).unwrap();
     std::os::unix::fs::symlink(secret.path().join("id_key"), mem.join("notes/MEMORY.md")).unwrap();
-    let b = brain(|r| {
-        let text = r.all_messages()[0].text();
-        assert!(!text.contains("PRIVATE"), "{text}");
-        assert!(text.contains("(empty: no MEMORY.md yet"), "{text}");
-        Plan::Reply(say("ok"))
-    });
-    let mut a = Agent::builder(b)
+    // The agent is told it is there and not shown, not that there is none (it would write
+    // one, which MemoryWrite refuses over a link, without knowing why).
+    let unread = |what: &'static str| {
+        brain(move |r| {
+            let text = r.all_messages()[0].text();
+            assert!(!text.contains("PRIVATE"), "{text}");
+            assert!(!text.contains("(empty: no MEMORY.md yet"), "{text}");
+            assert!(
+                text.contains(&format!(
+                    "(not shown: MEMORY.md is {what}; only a regular file is shown here, and \
+                     MemoryWrite replaces nothing else)"
+                )),
+                "{text}"
+            );
+            Plan::Reply(say("ok"))
+        })
+    };
+    let mut a = Agent::builder(unread("a symlink"))
+        .definition(notes())
+        .extension(Arc::clone(&roots))
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(a.run("go").await.final_text, "ok");
+    std::fs::remove_file(mem.join("notes/MEMORY.md")).unwrap();
+    std::fs::create_dir(mem.join("notes/MEMORY.md")).unwrap();
+    let mut a = Agent::builder(unread("a directory"))
         .definition(notes())
         .extension(roots)
         .build()

@@ -57,10 +57,44 @@ impl Skills {
             };
             let mut paths: Vec<PathBuf> = entries
                 .filter_map(|e| e.ok().map(|e| e.path().join("SKILL.md")))
-                .filter(|p| p.is_file())
                 .collect();
             paths.sort();
             for path in paths {
+                // Followed if it is a link (a skill shared by linking it is common); a
+                // directory with no SKILL.md is not a skill; anything else that is not a
+                // regular file is never opened (a FIFO would block the read for ever) and is
+                // said, not passed over — the agent that preloads it is warned of a missing
+                // skill, and this says why.
+                match std::fs::metadata(&path) {
+                    Ok(meta) if meta.is_file() => {}
+                    Ok(_) => {
+                        problems.push(Diagnostic::new(
+                            &path,
+                            1,
+                            1,
+                            "not a regular file (a FIFO, a device, a socket or a directory), so \
+                             it was not read; a skill is a Markdown file",
+                        ));
+                        continue;
+                    }
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                        ) =>
+                    {
+                        continue;
+                    }
+                    Err(e) => {
+                        problems.push(Diagnostic::new(
+                            &path,
+                            0,
+                            0,
+                            format!("cannot read the skill: {e}"),
+                        ));
+                        continue;
+                    }
+                }
                 match Self::read(&path) {
                     Ok(skill) => {
                         skills.by_name.insert(skill.name.clone(), skill);

@@ -181,32 +181,61 @@ impl Memory {
     }
 
     /// The first [`INDEX_LINES`] lines of its `MEMORY.md`, for the agent's first message
-    /// (`None` when there is none yet).
+    /// (`None` when there is none yet, or when it is not a regular file it can read).
     pub async fn index(&self) -> Option<String> {
+        match self.read_index().await {
+            IndexFile::Text(text) => Some(text),
+            IndexFile::Missing | IndexFile::Unread(_) => None,
+        }
+    }
+
+    async fn read_index(&self) -> IndexFile {
         use tokio::io::AsyncReadExt as _;
         let path = self.dir.join(INDEX);
         // A regular file, not a link (to the process's environment, say), read up to the
         // limit of a memory file.
-        let meta = tokio::fs::symlink_metadata(&path).await.ok()?;
+        let meta = match tokio::fs::symlink_metadata(&path).await {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return IndexFile::Missing,
+            Err(e) => return IndexFile::Unread(format!("could not be read ({e})")),
+        };
         if !meta.is_file() {
-            return None;
+            let kind = if meta.file_type().is_symlink() {
+                "a symlink"
+            } else if meta.is_dir() {
+                "a directory"
+            } else {
+                "not a regular file"
+            };
+            return IndexFile::Unread(format!("is {kind}"));
         }
-        let file = tokio::fs::File::open(&path).await.ok()?;
         let mut bytes = Vec::new();
-        file.take(FILE_LIMIT as u64)
-            .read_to_end(&mut bytes)
-            .await
-            .ok()?;
+        let read = match tokio::fs::File::open(&path).await {
+            Ok(file) => file.take(FILE_LIMIT as u64).read_to_end(&mut bytes).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = read {
+            return IndexFile::Unread(format!("could not be read ({e})"));
+        }
         let text = String::from_utf8_lossy(&bytes);
         let lines: Vec<&str> = text.lines().take(INDEX_LINES).collect();
-        Some(lines.join("\n"))
+        IndexFile::Text(lines.join("\n"))
     }
 
     /// What goes into the agent's first message: where its memory is and its index.
     pub async fn context(&self) -> String {
-        let index = self.index().await.unwrap_or_else(|| {
-            format!("(empty: no {INDEX} yet — write one to remember what matters)")
-        });
+        let index = match self.read_index().await {
+            IndexFile::Text(text) => text,
+            IndexFile::Missing => {
+                format!("(empty: no {INDEX} yet — write one to remember what matters)")
+            }
+            // Not "empty": an agent told so writes a new index, which MemoryWrite refuses
+            // over a link or a directory, and it would not know why.
+            IndexFile::Unread(why) => format!(
+                "(not shown: {INDEX} {why}; only a regular file is shown here, and MemoryWrite \
+                 replaces nothing else)"
+            ),
+        };
         format!(
             "<agent-memory dir=\"{}\">Your persistent memory, kept between runs and shared \
              with every agent of your type: read it with MemoryRead and keep it with \
@@ -224,6 +253,14 @@ impl Memory {
             std::sync::Arc::new(MemoryWrite::new(self.dir.clone())?),
         ])
     }
+}
+
+/// What reading `MEMORY.md` found.
+enum IndexFile {
+    Text(String),
+    Missing,
+    /// It is there but was not read: why, as "is a symlink" or "could not be read (…)".
+    Unread(String),
 }
 
 /// Memory text as the next agent of the type reads it: the library's envelope tags defanged
