@@ -291,3 +291,48 @@ async fn a_coordinator_without_transcripts_is_warned_that_finished_workers_stay_
     let kept = warnings_of(Some(dir.path().to_path_buf())).await;
     assert!(kept.is_empty(), "{kept:?}");
 }
+
+/// The two other settings that leave a coordinator's `SendMessage` short are warned of too: a
+/// task service that keeps no finished worker resumable (`max_resumable` 0), and the
+/// background veto, which keeps every worker in the foreground.
+#[tokio::test]
+async fn a_coordinator_whose_workers_cannot_be_messaged_is_warned() {
+    use forkhive_spawn::task::{MemoryTaskRegistry, TaskConfig, TaskService};
+    let warnings_of = |config: CoordinatorConfig, max_resumable: usize| async move {
+        let dir = tempfile::tempdir().unwrap();
+        let events = Arc::new(Events::default());
+        let builder = Agent::builder(brain(|_| Plan::Reply(say("planned"))))
+            .model("m")
+            .transcript_dir(dir.path())
+            .extension(TaskService::new(
+                Arc::new(MemoryTaskRegistry::new()),
+                TaskConfig::default().with_max_resumable(max_resumable),
+            ))
+            .events(Arc::clone(&events) as _);
+        let mut agent = coordinator(builder, config).unwrap().build().await.unwrap();
+        drop(agent.run("hi").await);
+        let mut warnings = events.warnings();
+        warnings.retain(|w| !w.contains("fork mode"));
+        warnings
+    };
+    assert_eq!(
+        warnings_of(config(), 0).await,
+        [
+            "tool `Agent`: coordinator mode with `TaskConfig::max_resumable` 0: no finished \
+             worker is kept resumable, so `SendMessage` to one is refused; keep some \
+             (`with_max_resumable`, 64 by default)"
+        ]
+    );
+    let mut vetoed = config();
+    vetoed.agent_tool = vetoed.agent_tool.with_background_disabled(true);
+    assert_eq!(
+        warnings_of(vetoed, 64).await,
+        [
+            "tool `Agent`: coordinator mode with background tasks disabled: every worker runs \
+             in the foreground, one at a time, while the coordinator waits, and `SendMessage` \
+             never reaches a running one; turn the veto off (`with_background_disabled(false)`)"
+        ]
+    );
+    let kept = warnings_of(config(), 1).await;
+    assert!(kept.is_empty(), "{kept:?}");
+}

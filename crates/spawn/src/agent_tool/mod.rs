@@ -1129,6 +1129,12 @@ impl Tool for AgentTool {
                         workers none)";
             tracing::warn!(tool = AGENT_TOOL, "{text}");
             warnings.push(text.to_owned());
+        } else if self.config.coordinator_mode && build.forgets_finished_children {
+            let text = "coordinator mode with `TaskConfig::max_resumable` 0: no finished \
+                        worker is kept resumable, so `SendMessage` to one is refused; keep some \
+                        (`with_max_resumable`, 64 by default)";
+            tracing::warn!(tool = AGENT_TOOL, "{text}");
+            warnings.push(text.to_owned());
         }
         if !build.trusts_definition_hooks {
             // Said when the host builds, not first when such an agent is spawned: the hooks
@@ -1189,12 +1195,23 @@ impl Tool for AgentTool {
     }
 }
 
-/// What in `config` does not do what it looks like it does: fork mode turned off by
-/// coordinator mode or a non-interactive session; a worktree repository with isolation off,
+/// What in `config` does not do what it looks like it does: a coordinator whose workers the
+/// background veto keeps in the foreground; fork mode turned off by coordinator mode or a
+/// non-interactive session; a worktree repository with isolation off,
 /// or isolation on without one (workers that look isolated would share the host's checkout,
 /// and lose each other's edits).
 fn config_warnings(config: &AgentToolConfig) -> Vec<String> {
     let mut warnings = Vec::new();
+    if config.coordinator_mode && config.background_disabled {
+        // The veto wins over every reason for the background (`should_run_async`), the
+        // coordinator's too.
+        warnings.push(
+            "coordinator mode with background tasks disabled: every worker runs in the \
+             foreground, one at a time, while the coordinator waits, and `SendMessage` never \
+             reaches a running one; turn the veto off (`with_background_disabled(false)`)"
+                .to_owned(),
+        );
+    }
     if config.fork_enabled && !config.forks() {
         let why = if config.coordinator_mode {
             "coordinator mode"

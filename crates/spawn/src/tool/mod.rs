@@ -142,6 +142,10 @@ pub struct BuildFacts {
     /// Whether the hooks of project, plugin and command-line definitions run
     /// ([`AgentBuilder::trust_definition_hooks`](crate::runtime::AgentBuilder::trust_definition_hooks)).
     pub trusts_definition_hooks: bool,
+    /// Whether the tree's task service keeps no ended child resumable
+    /// ([`TaskConfig::max_resumable`](crate::task::TaskConfig::max_resumable) is 0), so a
+    /// message to a finished child cannot resume it.
+    pub forgets_finished_children: bool,
 }
 
 impl BuildFacts {
@@ -151,12 +155,19 @@ impl BuildFacts {
         Self {
             keeps_transcripts,
             trusts_definition_hooks: false,
+            forgets_finished_children: false,
         }
     }
 
     /// The same, with `trusts_definition_hooks` set as given.
     pub fn with_trusted_definition_hooks(mut self, trust: bool) -> Self {
         self.trusts_definition_hooks = trust;
+        self
+    }
+
+    /// The same, with `forgets_finished_children` set as given.
+    pub fn with_forgotten_finished_children(mut self, forgets: bool) -> Self {
+        self.forgets_finished_children = forgets;
         self
     }
 }
