@@ -115,6 +115,7 @@ impl fmt::Display for Dimension {
 
 /// How an item in a list differs between two fingerprints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Change {
     /// Both sides have the item and its bytes differ.
     Changed,
@@ -122,6 +123,10 @@ pub enum Change {
     Added,
     /// Only the earlier side has the item.
     Removed,
+    /// Both lists hold the same items, byte for byte, in another order from here on: a
+    /// reordering, which breaks the cache as an edit does (the bytes at this position
+    /// differ), though nothing was edited.
+    Moved,
 }
 
 impl fmt::Display for Change {
@@ -130,6 +135,7 @@ impl fmt::Display for Change {
             Change::Changed => "changed",
             Change::Added => "added",
             Change::Removed => "removed",
+            Change::Moved => "moved (the same items, in another order)",
         })
     }
 }
@@ -167,6 +173,14 @@ pub enum CacheBreak {
     },
     /// The thinking config differs: the messages cache is invalidated.
     Thinking,
+    /// The request's `tool_choice` differs: the messages cache is invalidated. A per-call
+    /// setting, outside every [`PrefixFingerprint`]: only a comparison of two requests
+    /// finds it (`Request::cache_break` in forkhive-transport).
+    ToolChoice,
+    /// The request's effort differs where it sets the thinking budget (a request with no
+    /// thinking config of its own): the messages cache is invalidated. Per call, like
+    /// [`ToolChoice`](Self::ToolChoice).
+    Effort,
     /// A user context entry differs.
     UserContext {
         /// Index of the entry.
@@ -187,7 +201,11 @@ impl CacheBreak {
     /// The dimension this break belongs to.
     pub fn dimension(&self) -> Dimension {
         match self {
-            CacheBreak::Model | CacheBreak::Tool { .. } | CacheBreak::Thinking => Dimension::Tools,
+            CacheBreak::Model
+            | CacheBreak::Tool { .. }
+            | CacheBreak::Thinking
+            | CacheBreak::ToolChoice
+            | CacheBreak::Effort => Dimension::Tools,
             CacheBreak::SystemPrompt { .. } => Dimension::SystemPrompt,
             CacheBreak::SystemContext { .. } => Dimension::SystemContext,
             CacheBreak::UserContext { .. } => Dimension::UserContext,
@@ -208,6 +226,8 @@ impl fmt::Display for CacheBreak {
                 write!(f, "system context entry {entry} {change}")
             }
             CacheBreak::Thinking => f.write_str("thinking config changed"),
+            CacheBreak::ToolChoice => f.write_str("tool_choice changed"),
+            CacheBreak::Effort => f.write_str("effort changed (it sets the thinking budget)"),
             CacheBreak::UserContext { entry, change } => {
                 write!(f, "user context entry {entry} {change}")
             }
@@ -582,7 +602,17 @@ impl fmt::Debug for MessageDigests<'_> {
 fn list_diff(a: &[Digest], b: &[Digest]) -> Option<(usize, Change)> {
     let common = a.len().min(b.len());
     if let Some(i) = (0..common).find(|&i| a[i] != b[i]) {
-        return Some((i, Change::Changed));
+        // Only on a break, so sorting (O(n log n) over a few tools or blocks) costs nothing
+        // on the way of a request that reads its cache.
+        let (mut x, mut y) = (a[i..].to_vec(), b[i..].to_vec());
+        x.sort_unstable();
+        y.sort_unstable();
+        let change = if x == y {
+            Change::Moved
+        } else {
+            Change::Changed
+        };
+        return Some((i, change));
     }
     match a.len().cmp(&b.len()) {
         std::cmp::Ordering::Less => Some((common, Change::Added)),

@@ -528,6 +528,34 @@ mod tests {
         assert_eq!(removed.to_string(), "tools[2] removed");
     }
 
+    /// The same tools in another order are a move, told apart from an edit; a reordering
+    /// that also edits one is a change.
+    #[test]
+    fn a_tool_reordering_is_named_as_a_move() {
+        let abc = |order: [(&str, &str); 3]| {
+            let mut b = CacheSafeParams::builder("model-a");
+            for (name, description) in order {
+                b = b.tool(tool(name, description));
+            }
+            b
+        };
+        let first = abc([("A", "a"), ("B", "b"), ("C", "c")]);
+        let moved = brk(first.clone(), abc([("A", "a"), ("C", "c"), ("B", "b")])).unwrap();
+        assert_eq!(
+            moved,
+            CacheBreak::Tool {
+                index: 1,
+                change: Change::Moved
+            }
+        );
+        assert_eq!(
+            moved.to_string(),
+            "tools[1] moved (the same items, in another order)"
+        );
+        let edited = brk(first, abc([("A", "a"), ("C", "c"), ("B", "b!")])).unwrap();
+        assert_eq!(edited.to_string(), "tools[1] changed");
+    }
+
     #[test]
     fn system_prompt_change_is_named() {
         let mut c = base();

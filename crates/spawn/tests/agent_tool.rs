@@ -906,8 +906,20 @@ async fn a_side_question_reads_the_cache_writes_nothing_for_itself_and_leaves_th
         "the conversation is untouched"
     );
     let reports = sim.reports();
-    let (a, b) = (&reports[reports.len() - 2], &reports[reports.len() - 1]);
+    let (last, a, b) = (
+        &reports[reports.len() - 3],
+        &reports[reports.len() - 2],
+        &reports[reports.len() - 1],
+    );
+    // The first side question reads everything the agent's last request cached, its
+    // conversation included: its settings (`tool_choice`) are the agent's, or the messages
+    // cache would be invalidated and only the tools and system prompt read.
     assert!(a.cache_read_tokens > 0);
+    assert_eq!(
+        a.cache_read_tokens,
+        last.cache_read_tokens + last.cache_write_tokens,
+        "{last:?} then {a:?}"
+    );
     assert_eq!(
         b.cache_write_tokens, 0,
         "the question itself was never written"

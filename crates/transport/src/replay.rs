@@ -255,7 +255,7 @@ fn rank(brk: &CacheBreak) -> (u8, usize) {
         CacheBreak::Tool { index, .. } => (1, index),
         CacheBreak::SystemPrompt { block, .. } => (2, block),
         CacheBreak::SystemContext { entry, .. } => (3, entry),
-        CacheBreak::Thinking => (4, 0),
+        CacheBreak::Thinking | CacheBreak::ToolChoice | CacheBreak::Effort => (4, 0),
         CacheBreak::UserContext { entry, .. } => (5, entry),
         CacheBreak::Message { index, .. } => (6, index),
         _ => (0, 0),

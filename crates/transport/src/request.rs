@@ -3,8 +3,8 @@
 use std::fmt;
 
 use forkhive_core::{
-    CacheSafeParams, ContentBlock, ForkChild, Message, PrefixFingerprint, RawJson, Role,
-    ThinkingConfig, Usage,
+    CacheBreak, CacheSafeParams, ContentBlock, ForkChild, Message, PrefixFingerprint, RawJson,
+    Role, ThinkingConfig, Usage,
 };
 use serde::{Deserialize, Serialize};
 
@@ -213,12 +213,69 @@ impl Request {
         self.settings.thinking.or(self.prefix.thinking())
     }
 
+    /// The thinking budget an effort sets (Anthropic): with no thinking config in force and
+    /// no temperature (the API refuses thinking with one), within [`EFFORT_MAX_TOKENS`] with
+    /// `max_tokens`; a budget under the API's 1,024 is no thinking.
+    pub(crate) fn effort_budget(&self) -> Option<u32> {
+        let s = &self.settings;
+        match (self.thinking(), s.effort, s.temperature) {
+            (None, Some(e), None) => Some(
+                e.thinking_budget()
+                    .min(EFFORT_MAX_TOKENS.saturating_sub(s.max_tokens)),
+            )
+            .filter(|b| *b >= 1_024),
+            _ => None,
+        }
+    }
+
+    /// The thinking config Anthropic's wire format sends: [`thinking`](Self::thinking), else
+    /// the budget the effort sets.
+    pub fn thinking_sent(&self) -> Option<ThinkingConfig> {
+        self.thinking().or(self
+            .effort_budget()
+            .map(|budget_tokens| ThinkingConfig::Enabled { budget_tokens }))
+    }
+
+    /// The first difference that stops `later` from reading what this request cached, by
+    /// the providers' rules ("Prompt caching" in `docs/references.md`), per-call settings
+    /// included: the model, a tool, a system block or context entry
+    /// ([`PrefixFingerprint::diff`]), then the thinking config in force, the budget an effort
+    /// sets ([`CacheBreak::Effort`]) and `tool_choice` ([`CacheBreak::ToolChoice`]), which
+    /// invalidate the messages cache, then the messages. `None` when `later` sends the same
+    /// bytes or extends them.
+    ///
+    /// [`PrefixFingerprint::diff`] compares prefixes alone: two requests that differ only in
+    /// their settings have equal fingerprints.
+    pub fn cache_break(&self, later: &Request) -> Option<CacheBreak> {
+        let prefix = self.fingerprint().diff(&later.fingerprint());
+        if let Some(
+            b @ (CacheBreak::Model
+            | CacheBreak::Tool { .. }
+            | CacheBreak::SystemPrompt { .. }
+            | CacheBreak::SystemContext { .. }),
+        ) = prefix
+        {
+            return Some(b);
+        }
+        if self.thinking() != later.thinking() {
+            return Some(CacheBreak::Thinking);
+        }
+        if self.thinking_sent() != later.thinking_sent() {
+            return Some(CacheBreak::Effort);
+        }
+        if self.settings.tool_choice != later.settings.tool_choice {
+            return Some(CacheBreak::ToolChoice);
+        }
+        prefix
+    }
+
     /// The fingerprint of the whole request: the prefix followed by the suffix messages, as
     /// if they were one cache-safe prefix. O(suffix): a fork child's is O(directive).
     ///
     /// Two requests with equal [`total`](PrefixFingerprint::total) digests send the same
     /// system prompt, contexts, tools, model, thinking config and messages; the per-call
-    /// [`settings`](Self::settings) are not part of it.
+    /// [`settings`](Self::settings) are not part of it ([`cache_break`](Self::cache_break)
+    /// compares them too).
     pub fn fingerprint(&self) -> PrefixFingerprint {
         match &self.suffix {
             Suffix::Fork(child) if crate::codec::is_own_prefix(self, child) => child.fingerprint(),

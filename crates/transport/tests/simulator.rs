@@ -299,6 +299,95 @@ async fn thinking_changes_keep_tool_and_system_entries() {
     );
 }
 
+/// Every per-call setting that the simulator (by the provider's rules) lets break the messages
+/// cache is named by `Request::cache_break`, which `PrefixFingerprint::diff` cannot see; a
+/// setting that breaks nothing (`max_tokens` without an effort) is no break; and whenever
+/// `cache_break` says `None`, the simulator reads everything the first request wrote.
+#[tokio::test]
+async fn each_per_call_setting_that_breaks_the_cache_is_named() {
+    use forkhive_core::{CacheBreak, Change};
+    use forkhive_transport::{Effort, ToolChoice};
+    let p = params_with(&"s".repeat(6000), 10, 100);
+    let base = || Request::new(p.clone(), vec![]);
+    let thinking = |mut r: Request| {
+        r.settings.thinking = Some(ThinkingConfig::Enabled {
+            budget_tokens: 2048,
+        });
+        r
+    };
+    let tool_choice = |mut r: Request| {
+        r.settings.tool_choice = Some(ToolChoice::None);
+        r
+    };
+    let effort = |mut r: Request| {
+        r.settings.effort = Some(Effort::High);
+        r
+    };
+    let max_tokens = |r: Request| r.with_max_tokens(999);
+    let with_messages = |r: Request| {
+        Request::new(p.clone(), vec![Message::user_text("one more")]).with_settings(r.settings)
+    };
+    let cases: [(&str, Request, Option<CacheBreak>); 6] = [
+        ("thinking", thinking(base()), Some(CacheBreak::Thinking)),
+        (
+            "tool_choice",
+            tool_choice(base()),
+            Some(CacheBreak::ToolChoice),
+        ),
+        ("effort", effort(base()), Some(CacheBreak::Effort)),
+        // An effort under a thinking config of the request's own sets nothing.
+        ("thinking, then effort too", effort(thinking(base())), None),
+        ("max_tokens", max_tokens(base()), None),
+        ("a message more", with_messages(base()), None),
+    ];
+    for (what, later, named) in cases {
+        let earlier = if what == "thinking, then effort too" {
+            thinking(base())
+        } else {
+            base()
+        };
+        // The prefixes are equal (or the later one extends the earlier): only the settings
+        // differ, which the fingerprints do not hold.
+        assert_eq!(
+            earlier.fingerprint().diff(&later.fingerprint()),
+            None,
+            "{what}"
+        );
+        assert_eq!(earlier.cache_break(&later), named, "{what}");
+        let s = PromptCacheSimulator::anthropic(echo());
+        let first = s.send(&earlier).await.unwrap().usage;
+        let u = s.send(&later).await.unwrap().usage;
+        let read_all = u.cache_read_tokens == first.cache_write_tokens;
+        assert_eq!(read_all, named.is_none(), "{what}: {first:?} then {u:?}");
+    }
+    // A setting never hides an earlier break: the system block is named, not the setting.
+    let other = Request::new(params_with(&"t".repeat(6000), 10, 100), vec![])
+        .with_settings(tool_choice(base()).settings);
+    assert_eq!(
+        base().cache_break(&other),
+        Some(CacheBreak::SystemPrompt {
+            block: 0,
+            change: Change::Changed
+        })
+    );
+    // And a message edited under equal settings is the message.
+    let edited = Request::new(
+        p.with_messages({
+            let mut m = p.messages().to_vec();
+            m[3] = Message::user_text("edited");
+            m
+        }),
+        vec![],
+    );
+    assert_eq!(
+        base().cache_break(&edited),
+        Some(CacheBreak::Message {
+            index: 3,
+            change: Change::Changed
+        })
+    );
+}
+
 #[tokio::test]
 async fn streaming_reports_the_same_usage() {
     let s = PromptCacheSimulator::anthropic(echo());

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use forkhive_core::{Message, Usage};
-use forkhive_transport::{Request, ToolChoice};
+use forkhive_transport::Request;
 
 use crate::definition::{AgentRegistry, VERIFICATION_AGENT};
 use crate::error::{Error, Result};
@@ -27,14 +27,14 @@ pub struct SideAnswer {
 ///
 /// The request is the agent's conversation as its cache-safe prefix — the bytes its last
 /// request sent, read from the cache — plus the question as a one-block suffix, which gets no
-/// cache breakpoint: nothing is written for this one-off suffix. The tool array stays in the
-/// request (changing it would break the cache) and `tool_choice` is `none`; a tool call the
-/// model makes anyway is dropped.
+/// cache breakpoint: nothing is written for this one-off suffix. The tool array and every
+/// per-call setting stay as the agent's requests send them — `tool_choice` too: changing it
+/// invalidates the messages cache ("Prompt caching" rules), so the conversation would be
+/// read again at full price — and a tool call the model makes is dropped, never run, as
+/// Claude Code's permission check refuses every tool there (the section above).
 pub async fn side_question(agent: &Agent, question: &str) -> Result<SideAnswer> {
-    let mut settings = agent.shared().settings.clone();
-    settings.tool_choice = Some(ToolChoice::None);
     let request = Request::new(agent.params().clone(), vec![Message::user_text(question)])
-        .with_settings(settings)
+        .with_settings(agent.shared().settings.clone())
         .with_label(format!("{}-btw", agent.id()));
     let response = agent
         .shared()

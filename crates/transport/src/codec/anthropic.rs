@@ -253,19 +253,8 @@ impl AnthropicCodec {
         let s = &request.settings;
         // An effort without a thinking config becomes a thinking budget, on top of the
         // answer's own limit (the API wants `max_tokens` above the budget).
-        // Not with a set temperature (the API refuses thinking with one), and within
-        // `EFFORT_MAX_TOKENS` in all; a budget under the API's 1,024 is no thinking.
-        let budget = match (request.thinking(), s.effort, s.temperature) {
-            (None, Some(e), None) => Some(
-                e.thinking_budget()
-                    .min(crate::request::EFFORT_MAX_TOKENS.saturating_sub(s.max_tokens)),
-            )
-            .filter(|b| *b >= 1_024),
-            _ => None,
-        };
-        let thinking =
-            request.thinking().or(budget
-                .map(|budget_tokens| forkhive_core::ThinkingConfig::Enabled { budget_tokens }));
+        let budget = request.effort_budget();
+        let thinking = request.thinking_sent();
         let max_tokens = s.max_tokens.saturating_add(budget.unwrap_or(0));
         out.extend_from_slice(br#"],"max_tokens":"#);
         push_json(out, &max_tokens);
