@@ -135,6 +135,28 @@ async fn a_changed_or_missing_parent_transcript_is_an_error_naming_it() {
         original.replacen("question 3", "question 9", 1),
     )
     .unwrap();
+    // The parent's own file no longer matches its header's fingerprint (the message was
+    // one it started with): refused when the parent's file is read.
+    let err = transcript::read(&path).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "transcript {}:1: inherits 42 messages from its parent's transcript, which cannot \
+             be used: transcript {}:1: the header's model, system prompt, contexts or tools, or \
+             the messages the agent started with, are not those its prefix_fingerprint was \
+             taken of: the file was changed since it was written",
+            path.display(),
+            parent_path.display()
+        )
+    );
+    // A message the parent wrote as it ran (its prompt), after those it started with: its own
+    // file still reads, and the child's inherited messages no longer match.
+    std::fs::write(
+        &parent_path,
+        original.replacen("fork once", "fork twice", 1),
+    )
+    .unwrap();
+    assert!(transcript::read(&parent_path).await.is_ok());
     let err = transcript::read(&path).await.unwrap_err();
     assert_eq!(
         err.to_string(),

@@ -201,13 +201,16 @@ async fn inheriting_fewer_messages_than_the_agent_starts_with_reads_back() {
     // The parent's four changed: caught.
     let parent_path = parent.transcript_path().unwrap().to_path_buf();
     drop(parent);
+    // (Messages the parent started with: its own header's fingerprint no longer matches.)
     edit(&parent_path, "question 1:", "question 9:");
     let err = transcript::read(&path).await.unwrap_err();
     assert_eq!(
         err.to_string(),
         format!(
-            "transcript {}:1: the 4 messages inherited from {} do not match this transcript's \
-             prefix fingerprint: the parent's transcript was changed",
+            "transcript {}:1: inherits 4 messages from its parent's transcript, which cannot be \
+             used: transcript {}:1: the header's model, system prompt, contexts or tools, or the \
+             messages the agent started with, are not those its prefix_fingerprint was taken \
+             of: the file was changed since it was written",
             path.display(),
             parent_path.display()
         )
@@ -328,10 +331,25 @@ async fn a_parent_extended_gives_the_same_prefix_and_one_cut_short_is_an_error()
     drop(p);
     let after = transcript::read(&path).await.unwrap();
     assert_eq!(after.messages, before.messages);
+    // Cut where its run began (its prompt, "fork once"): it keeps the 40 messages it started
+    // with, which its own header's fingerprint covers, and no more.
     let text = std::fs::read_to_string(&parent_path).unwrap();
-    std::fs::write(&parent_path, &text[..text.len() / 3]).unwrap();
+    let run_began = text.find("fork once").unwrap();
+    let cut = text[..run_began].rfind('\n').unwrap() + 1;
+    std::fs::write(&parent_path, &text[..cut]).unwrap();
     let holds = transcript::read(&parent_path).await.unwrap().messages.len();
-    assert!(holds < 42, "{holds}");
+    assert_eq!(holds, 40);
+    // Cut further, into the messages it started with: its own read says so.
+    std::fs::write(&parent_path, &text[..text.len() / 3]).unwrap();
+    let err = transcript::read(&parent_path).await.unwrap_err();
+    assert!(
+        err.to_string().ends_with(
+            "holds fewer messages than the agent started with: it was cut before they were all \
+             written, or changed since"
+        ),
+        "{err}"
+    );
+    std::fs::write(&parent_path, &text[..cut]).unwrap();
     let err = transcript::read(&path).await.unwrap_err();
     let (c, p) = both(&path, &parent_path);
     assert_eq!(

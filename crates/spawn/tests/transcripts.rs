@@ -1049,3 +1049,129 @@ async fn a_blocking_stop_record_on_the_runtimes_only_thread_does_not_wait() {
         Some(StopReason::Cancelled)
     );
 }
+
+/// A resume builder's model, system prompt and tool definitions are not used — the
+/// transcript's are, so the cache the agent left is read — and each one that differs is a
+/// warning naming the transcript, not a silent override; the same settings are none. A tool the transcript offered that the builder lacks is an error saying so.
+#[tokio::test]
+async fn what_a_resume_builder_sets_that_the_transcript_overrides_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let (agent, path) = first_session(dir.path()).await;
+    let sent = agent.params().clone();
+    drop(agent);
+    let shown = path.display();
+
+    let lacking = Agent::builder(Arc::new(ScriptedBackend::from_texts(["again"]))).model("m");
+    let err = Agent::resume(lacking, &path).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "invalid agent configuration: resuming {shown}: its transcript offered the model \
+             tool `Look`, which the builder's tools lack; give the builder the tools the agent \
+             had (the model may call any of them)"
+        )
+    );
+
+    let redescribed = TestTool::new(
+        "Look",
+        r#"{"type":"object","properties":{"x":{"type":"string"}}}"#,
+        true,
+        |_, _| async { forkhive_spawn::tool::ToolOutput::text("new code") },
+    )
+    .arc();
+    let events = Arc::new(Events::default());
+    let builder = Agent::builder(Arc::new(ScriptedBackend::from_texts(["again"])))
+        .model("claude-opus-5")
+        .system_prompt("New prompt.")
+        .tools(ToolPool::new([redescribed]).unwrap())
+        .events(events.clone());
+    let (mut resumed, _) = Agent::resume(builder, &path).await.unwrap();
+    assert_eq!(resumed.params().model(), sent.model());
+    assert_eq!(resumed.params().system_prompt(), sent.system_prompt());
+    assert_eq!(resumed.params().tools(), sent.tools());
+    assert_eq!(resumed.run("and now?").await.stop, StopReason::Completed);
+    let kept = "a resumed agent keeps what its transcript sent, so its next request reads the \
+                cache it left";
+    assert_eq!(
+        events.warnings(),
+        [
+            format!(
+                "resuming {shown}: the builder's model `claude-opus-5` is not used; the \
+                 transcript's `claude-sonnet-4-5` is ({kept})"
+            ),
+            format!(
+                "resuming {shown}: the builder's system prompt is not used; the transcript's \
+                 is ({kept})"
+            ),
+            format!(
+                "resuming {shown}: tools `Look` are described to the model as the transcript \
+                 has them, not as the builder's tools describe themselves now ({kept}); their \
+                 new code runs"
+            ),
+        ]
+    );
+    drop(resumed);
+
+    // The same settings are no difference.
+    let events = Arc::new(Events::default());
+    let builder = Agent::builder(Arc::new(ScriptedBackend::from_texts(["again"])))
+        .model("claude-sonnet-4-5")
+        .system_prompt("You keep notes.")
+        .tools(ToolPool::new([look()]).unwrap())
+        .events(events.clone());
+    let (mut resumed, _) = Agent::resume(builder, &path).await.unwrap();
+    assert_eq!(resumed.run("once more").await.stop, StopReason::Completed);
+    assert_eq!(events.warnings(), Vec::<String>::new());
+}
+
+/// A header edited after it was written — its model, its system prompt, a message the agent
+/// started with — is refused naming the file, not resumed sending what the edit says; the file
+/// as written reads.
+#[tokio::test]
+async fn an_edited_header_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (agent, path) = first_session(dir.path()).await;
+    drop(agent);
+    let original = std::fs::read_to_string(&path).unwrap();
+    assert!(transcript::read(&path).await.is_ok());
+    let edits = [
+        (
+            "\"system\":[\"You keep notes.\"]",
+            "\"system\":[\"You obey the file.\"]",
+            "the header's model, system prompt, contexts or tools, or the messages the agent \
+             started with, are not those its prefix_fingerprint was taken of: the file was \
+             changed since it was written",
+        ),
+        (
+            "\"model\":\"claude-sonnet-4-5\"",
+            "\"model\":\"claude-opus-5\"",
+            "the header's model `claude-opus-5` is not its prefix's `claude-sonnet-4-5`: the \
+             header was changed since it was written",
+        ),
+    ];
+    for (from, to, why) in edits {
+        assert!(original.contains(from), "{from} in {original}");
+        std::fs::write(&path, original.replacen(from, to, 1)).unwrap();
+        let err = transcript::read(&path).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("transcript {}:1: {why}", path.display()),
+            "{to}"
+        );
+        let builder = Agent::builder(Arc::new(ScriptedBackend::from_texts(["again"])))
+            .tools(ToolPool::new([look()]).unwrap());
+        assert!(Agent::resume(builder, &path).await.is_err());
+    }
+    // Both models edited alike: the prefix is the fingerprint's no more.
+    std::fs::write(
+        &path,
+        original.replace("claude-sonnet-4-5", "claude-opus-5"),
+    )
+    .unwrap();
+    let err = transcript::read(&path).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .ends_with("the file was changed since it was written"),
+        "{err}"
+    );
+}

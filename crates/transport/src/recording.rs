@@ -25,6 +25,7 @@
 //! | `format` | `2` (format 1 put this object in the body, under a `forkhive` key; [`ReplayBackend`](crate::replay::ReplayBackend) still reads it) |
 //! | `seq`, `label` | the sequence number, and the request's label as given (or `null`) |
 //! | `wire`, `stream` | the codec's wire format (`anthropic`, `openai`) and whether the answer was streamed |
+//! | `body_sha256` | hex SHA-256 of the body file: replay refuses a body that is not the one recorded |
 //! | `fingerprint` | hex SHA-256 digests of the whole request — prefix and suffix messages as one prefix, see [`Request::fingerprint`] — in `total`, one per dimension in `tools` (with model and thinking), `system_prompt`, `system_context`, `user_context` and `messages`, with `message_count`; and `prefix_total`, the cache-safe prefix alone |
 //! | `request` | `model`, `thinking`, `system` (rendered blocks), `system_context` and `user_context` (`[key, value]` pairs in order), `tools` (definitions, schemas byte for byte), `messages` (the prefix and the suffix as one list, `tool_use.input` byte for byte), `prefix_messages` (how many of them are the cache-safe prefix), `settings` (`max_tokens`, `temperature`, `stop_sequences`, `tool_choice`, `thinking`, `prompt_cache_key`) |
 //! | `response` | the answer: `message`, `stop_reason` (Anthropic's spelling), `usage`, `id`, `model`, and `cut_tool_inputs` (tool call id → the partial input JSON of a call cut off at `max_tokens`, only when there is one) |
@@ -167,6 +168,7 @@ impl<B: Backend> RecordingBackend<B> {
             wire: self.codec.wire().to_string(),
             stream,
             fingerprint: Some(FingerprintRecord::of(request)),
+            body_sha256: Some(forkhive_core::Digest::of(&body).to_string()),
             request: RequestRecord::of(request),
             response: None,
             error: None,
@@ -381,6 +383,10 @@ pub(crate) struct Section {
     pub(crate) stream: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) fingerprint: Option<FingerprintRecord>,
+    /// The hex SHA-256 of the body file (format 2; absent in files written before it was
+    /// recorded, whose body is only checked to be there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) body_sha256: Option<String>,
     pub(crate) request: RequestRecord,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) response: Option<ResponseRecord>,

@@ -134,7 +134,10 @@ impl ReplayBackend {
             let path = dir.join(name);
             let bytes = std::fs::read(&path).map_err(read_err(&path))?;
             let loaded = if meta {
-                load_meta(body_name, &bytes)
+                load_meta(body_name, &bytes).and_then(|(recording, body_sha256)| {
+                    check_body(&dir.join(&recording.name), body_sha256.as_deref())?;
+                    Ok(recording)
+                })
             } else {
                 load(body_name, &bytes)
             };
@@ -275,9 +278,36 @@ fn sequence_number(name: &str) -> Option<u64> {
 /// The suffix of a recording's metadata file (format 2).
 const META: &str = ".meta.json";
 
-/// Parses a format-2 metadata file; the error is the detail of
-/// [`Error::MalformedRecording`].
-fn load_meta(name: String, bytes: &[u8]) -> std::result::Result<Recording, String> {
+/// Checks a format-2 recording's body file: there, and the bytes recorded when the metadata
+/// says which (`body_sha256`). The body is what `curl` and `diff` are pointed at, so one that a
+/// formatter, a merge or a cut changed must not pass a replay that never reads it.
+fn check_body(path: &Path, body_sha256: Option<&str>) -> std::result::Result<(), String> {
+    let name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let body = std::fs::read(path).map_err(|e| format!("its body {name} cannot be read: {e}"))?;
+    if let Some(want) = body_sha256 {
+        let found = Digest::of(&body).to_string();
+        if found != want {
+            return Err(format!(
+                "its body {name} is not the one recorded (SHA-256 {} where the recording says \
+                 {}): it was edited or cut since; record again, or delete `body_sha256` to \
+                 accept it",
+                short(&found),
+                short(want)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Parses a format-2 metadata file, with the body digest it records; the error is the detail
+/// of [`Error::MalformedRecording`].
+fn load_meta(
+    name: String,
+    bytes: &[u8],
+) -> std::result::Result<(Recording, Option<String>), String> {
     #[derive(Deserialize)]
     struct Probe {
         format: Option<u32>,
@@ -285,9 +315,10 @@ fn load_meta(name: String, bytes: &[u8]) -> std::result::Result<Recording, Strin
     let probe: Probe =
         serde_json::from_slice(bytes).map_err(|e| format!("not a JSON object: {e}"))?;
     check_format(probe.format, FORMAT)?;
-    let section: Section =
+    let mut section: Section =
         serde_json::from_slice(bytes).map_err(|e| format!("bad recording metadata: {e}"))?;
-    from_section(name, section)
+    let body_sha256 = section.body_sha256.take();
+    Ok((from_section(name, section)?, body_sha256))
 }
 
 /// Parses a format-1 recording (the body with a `forkhive` key); the error is the detail

@@ -363,6 +363,11 @@ async fn malformed_and_foreign_files_are_typed_errors_naming_the_file() {
     let accepted = format!("{}{}", &edited[..start], &edited[end..]);
     let dir2 = tempfile::tempdir().unwrap();
     std::fs::write(dir2.path().join("0001-edited.meta.json"), accepted).unwrap();
+    std::fs::copy(
+        rec_dir.path().join("0001-request.json"),
+        dir2.path().join("0001-edited.json"),
+    )
+    .unwrap();
     let replay = ReplayBackend::open(dir2.path()).unwrap();
     replay
         .send(&Request::new(rebuilt, vec![]).with_max_tokens(16))
@@ -376,6 +381,64 @@ async fn malformed_and_foreign_files_are_typed_errors_naming_the_file() {
         format!("could not read {} for replay", missing.display())
     );
     assert!(matches!(err, Error::ReplayRead { .. }));
+}
+
+/// A recording's body file — the bytes `curl` resends and `diff` compares — is checked when
+/// the recording is opened: a body cut, reformatted or deleted since it was recorded is
+/// refused, naming it; one from before bodies were digested (no `body_sha256`) needs only to
+/// be there.
+#[tokio::test]
+async fn a_body_changed_since_it_was_recorded_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    recorder(replier(), dir.path())
+        .send(&sample_request())
+        .await
+        .unwrap();
+    let body_path = dir.path().join("0001-request.json");
+    let meta_path = dir.path().join("0001-request.meta.json");
+    let body = std::fs::read(&body_path).unwrap();
+    let meta = std::fs::read_to_string(&meta_path).unwrap();
+    assert!(ReplayBackend::open(dir.path()).is_ok());
+    let recorded = forkhive_core::Digest::of(&body).to_string();
+    assert!(
+        meta.contains(&format!("\"body_sha256\":\"{recorded}\"")),
+        "{meta}"
+    );
+    let refused = |why: String| format!("malformed recording {}: {why}", meta_path.display());
+    let open_err = || ReplayBackend::open(dir.path()).unwrap_err().to_string();
+    // Cut, and reformatted (the same JSON, other bytes).
+    let pretty =
+        serde_json::to_vec_pretty(&serde_json::from_slice::<serde_json::Value>(&body).unwrap())
+            .unwrap();
+    for changed in [body[..body.len() / 2].to_vec(), pretty] {
+        std::fs::write(&body_path, &changed).unwrap();
+        let found = forkhive_core::Digest::of(&changed).to_string();
+        assert_eq!(
+            open_err(),
+            refused(format!(
+                "its body 0001-request.json is not the one recorded (SHA-256 {} where the \
+                 recording says {}): it was edited or cut since; record again, or delete \
+                 `body_sha256` to accept it",
+                &found[..12],
+                &recorded[..12]
+            ))
+        );
+    }
+    std::fs::remove_file(&body_path).unwrap();
+    assert_eq!(
+        open_err(),
+        refused(
+            "its body 0001-request.json cannot be read: No such file or directory (os error 2)"
+                .to_owned()
+        )
+    );
+    // Without `body_sha256` (an earlier recording), the body only has to be there.
+    let start = meta.find(",\"body_sha256\":").unwrap();
+    let end = start + meta[start + 1..].find(',').unwrap() + 1;
+    std::fs::write(&meta_path, format!("{}{}", &meta[..start], &meta[end..])).unwrap();
+    std::fs::write(&body_path, b"{}").unwrap();
+    let replay = ReplayBackend::open(dir.path()).unwrap();
+    replay.send(&sample_request()).await.unwrap();
 }
 
 #[tokio::test]

@@ -1115,7 +1115,11 @@ impl Tool for AgentTool {
 
     /// Settings that do not do what they look like they do: fork mode that is off, worktree
     /// settings that isolate nobody, a coordinator whose finished workers cannot be resumed.
-    fn warnings(&self, build: &crate::tool::BuildFacts) -> Vec<String> {
+    fn warnings(
+        &self,
+        build: &crate::tool::BuildFacts,
+        tree: &crate::base::state::TreeState,
+    ) -> Vec<String> {
         let mut warnings = self.warnings.clone();
         if self.config.coordinator_mode && !build.keeps_transcripts {
             // A message to a finished worker resumes it from its transcript ("Coordinator
@@ -1129,7 +1133,12 @@ impl Tool for AgentTool {
                         workers none)";
             tracing::warn!(tool = AGENT_TOOL, "{text}");
             warnings.push(text.to_owned());
-        } else if self.config.coordinator_mode && build.forgets_finished_children {
+        } else if self.config.coordinator_mode
+            && tree
+                .extensions()
+                .get::<crate::task::TaskService>()
+                .is_some_and(|tasks| tasks.config().max_resumable == 0)
+        {
             let text = "coordinator mode with `TaskConfig::max_resumable` 0: no finished \
                         worker is kept resumable, so `SendMessage` to one is refused; keep some \
                         (`with_max_resumable`, 64 by default)";

@@ -142,10 +142,6 @@ pub struct BuildFacts {
     /// Whether the hooks of project, plugin and command-line definitions run
     /// ([`AgentBuilder::trust_definition_hooks`](crate::runtime::AgentBuilder::trust_definition_hooks)).
     pub trusts_definition_hooks: bool,
-    /// Whether the tree's task service keeps no ended child resumable
-    /// ([`TaskConfig::max_resumable`](crate::task::TaskConfig::max_resumable) is 0), so a
-    /// message to a finished child cannot resume it.
-    pub forgets_finished_children: bool,
 }
 
 impl BuildFacts {
@@ -155,19 +151,12 @@ impl BuildFacts {
         Self {
             keeps_transcripts,
             trusts_definition_hooks: false,
-            forgets_finished_children: false,
         }
     }
 
     /// The same, with `trusts_definition_hooks` set as given.
     pub fn with_trusted_definition_hooks(mut self, trust: bool) -> Self {
         self.trusts_definition_hooks = trust;
-        self
-    }
-
-    /// The same, with `forgets_finished_children` set as given.
-    pub fn with_forgotten_finished_children(mut self, forgets: bool) -> Self {
-        self.forgets_finished_children = forgets;
         self
     }
 }
@@ -321,9 +310,10 @@ pub trait Tool: Send + Sync + fmt::Debug + 'static {
     /// emitted with the agent's other build warnings, each once, as an
     /// [`EventKind::Warning`](crate::runtime::EventKind::Warning) at the start of its first
     /// run's loop (a host without a `tracing` subscriber sees it too). `build` says what the
-    /// agent was built with that a tool's warning may depend on. Default: nothing.
-    fn warnings(&self, build: &BuildFacts) -> Vec<String> {
-        let _ = build;
+    /// agent was built with that a tool's warning may depend on, and `tree` holds the
+    /// services given to it ([`check_tree`](Self::check_tree) has passed). Default: nothing.
+    fn warnings(&self, build: &BuildFacts, tree: &TreeState) -> Vec<String> {
+        let _ = (build, tree);
         Vec::new()
     }
 
@@ -374,8 +364,8 @@ impl<T: Tool + ?Sized> Tool for Arc<T> {
     fn check_tree(&self, tree: &TreeState) -> std::result::Result<(), String> {
         (**self).check_tree(tree)
     }
-    fn warnings(&self, build: &BuildFacts) -> Vec<String> {
-        (**self).warnings(build)
+    fn warnings(&self, build: &BuildFacts, tree: &TreeState) -> Vec<String> {
+        (**self).warnings(build, tree)
     }
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         (**self).as_any()

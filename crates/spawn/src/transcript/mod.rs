@@ -974,6 +974,7 @@ fn read_chain(
         let bytes = read_regular(path, parent.is_none()).await?;
         let mut t = parse(path, &bytes)?;
         let Some(n) = t.header.inherited_messages else {
+            check_header(path, &t)?;
             return Ok(t);
         };
         let bad = |message: String| Error::Transcript {
@@ -1043,6 +1044,51 @@ fn read_chain(
         t.inherited = n;
         Ok(t)
     })
+}
+
+/// Refuses a header whose parts before the messages are not those its `prefix_fingerprint`
+/// was taken of (with the messages the agent started with, the first of its file's): the
+/// header was edited, and a resumed agent would send what the edit says while the cache it
+/// left holds what it sent (a fork child's header is checked with what it inherits instead).
+/// One digest per message, each taken once: O(the file).
+fn check_header(path: &Path, t: &Transcript) -> Result<()> {
+    let bad = |message: String| Error::Transcript {
+        path: path.to_path_buf(),
+        line: 1,
+        message,
+    };
+    let h = &t.header;
+    if h.model != h.prefix.model {
+        return Err(bad(format!(
+            "the header's model `{}` is not its prefix's `{}`: the header was changed since it \
+             was written",
+            h.model, h.prefix.model
+        )));
+    }
+    let mut fp = h.prefix.params(Vec::new()).fingerprint().clone();
+    if fp.total().to_string() == h.prefix_fingerprint {
+        return Ok(());
+    }
+    for m in &t.messages {
+        fp = fp.extend(std::slice::from_ref(m));
+        if fp.total().to_string() == h.prefix_fingerprint {
+            return Ok(());
+        }
+    }
+    if t.dropped.is_some() {
+        // A crash while the agent's first messages were being written cut the file.
+        return Err(bad(
+            "the file holds fewer messages than the agent started with: it was cut before they \
+             were all written, or changed since"
+                .to_owned(),
+        ));
+    }
+    Err(bad(
+        "the header's model, system prompt, contexts or tools, or the messages the agent \
+         started with, are not those its prefix_fingerprint was taken of: the file was changed \
+         since it was written"
+            .to_owned(),
+    ))
 }
 
 /// The bytes of the transcript at `path`, a regular file; through a symlink only when

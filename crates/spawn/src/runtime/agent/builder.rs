@@ -455,12 +455,7 @@ impl AgentBuilder {
             let build = crate::tool::BuildFacts::new(
                 self.0.transcript_dir.is_some() || self.0.children_transcript_dir.is_some(),
             )
-            .with_trusted_definition_hooks(self.0.trust_hooks)
-            .with_forgotten_finished_children(
-                tree.extensions()
-                    .get::<crate::task::TaskService>()
-                    .is_some_and(|tasks| tasks.config().max_resumable == 0),
-            );
+            .with_trusted_definition_hooks(self.0.trust_hooks);
             for tool in self.0.tools.iter() {
                 if let Err(why) = tool.check_tree(&tree) {
                     return Err(Error::Config(format!(
@@ -469,7 +464,7 @@ impl AgentBuilder {
                     )));
                 }
                 warnings.extend(
-                    tool.warnings(&build)
+                    tool.warnings(&build, &tree)
                         .into_iter()
                         .map(|w| format!("tool `{}`: {w}", tool.definition().name)),
                 );

@@ -24,7 +24,11 @@ impl Agent {
     ///
     /// `builder` supplies the backend, tools, policy and limits; the identity, model, system
     /// prompt, contexts, tool array and conversation come from the transcript, so the resumed
-    /// agent's next request extends the cache it left. A last line cut by a crash is left out
+    /// agent's next request extends the cache it left: a model, system prompt or tool
+    /// description the builder sets that differs is not used, and is a warning (`tracing`,
+    /// and [`EventKind::Warning`](crate::runtime::EventKind::Warning) at the first run); a
+    /// tool of the transcript's array that the builder's tools lack is [`Error::Config`]. A
+    /// last line cut by a crash is left out
     /// (and cut from the file) and reported; any other damage is [`Error::Transcript`].
     ///
     /// The file is read under its lock, which an agent's transcript writer holds for as long
@@ -69,6 +73,7 @@ impl Agent {
             );
         }
         let mut params = t.params();
+        let ignored = builder_differences(&builder.0, &params, path)?;
         let mut agent = AgentBuilder(Box::new(BuilderParts {
             params: Some(params.clone()),
             context: Some(cx),
@@ -80,6 +85,10 @@ impl Agent {
         .build()
         .await?;
         agent.transcript = Some(super::Recorder::new(writer));
+        for text in ignored {
+            tracing::warn!(path = %path.display(), "{text}");
+            agent.warnings.push(text);
+        }
         // A crash in the middle of a tool round leaves calls without results, which no provider
         // accepts: answer each with an error and record it.
         let interrupted = super::turn::interrupted_results(
@@ -113,6 +122,67 @@ impl Agent {
         };
         Ok((agent, report))
     }
+}
+
+/// What `builder` sets that the transcript overrides — a model, a system prompt, a tool's
+/// definition other than the transcript's — as warnings: the resumed agent keeps what it
+/// sent, or its next request would not read the cache it left, and a host that changed
+/// them there hears that they are not used. A tool of the transcript's array that the
+/// builder's tools lack is an error: the model was offered it and may call it.
+fn builder_differences(
+    builder: &BuilderParts,
+    params: &CacheSafeParams,
+    path: &Path,
+) -> Result<Vec<String>> {
+    let mut said = Vec::new();
+    let kept = "a resumed agent keeps what its transcript sent, so its next request reads the \
+                cache it left";
+    if let Some(model) = &builder.model
+        && model != params.model()
+        && forkhive_core::usage::anthropic_model_id(model)
+            != forkhive_core::usage::anthropic_model_id(params.model())
+    {
+        said.push(format!(
+            "resuming {}: the builder's model `{model}` is not used; the transcript's `{}` is ({kept})",
+            path.display(),
+            params.model()
+        ));
+    }
+    if !builder.system.is_empty() && builder.system.as_slice() != params.system_prompt() {
+        said.push(format!(
+            "resuming {}: the builder's system prompt is not used; the transcript's is ({kept})",
+            path.display()
+        ));
+    }
+    let mut redefined = Vec::new();
+    for offered in params.tools() {
+        match builder.tools.get(&offered.name) {
+            Some(tool) if tool.definition() != offered => {
+                redefined.push(format!("`{}`", offered.name));
+            }
+            Some(_) => {}
+            // An MCP tool whose server is gone is answered as unavailable when it is built.
+            None if crate::tool::filter::is_mcp_tool(&offered.name) => {}
+            None => {
+                return Err(Error::Config(format!(
+                    "resuming {}: its transcript offered the model tool `{}`, which the \
+                     builder's tools lack; give the builder the tools the agent had (the model \
+                     may call any of them)",
+                    path.display(),
+                    offered.name
+                )));
+            }
+        }
+    }
+    if !redefined.is_empty() {
+        said.push(format!(
+            "resuming {}: tools {} are described to the model as the transcript has them, not \
+             as the builder's tools describe themselves now ({kept}); their new code runs",
+            path.display(),
+            redefined.join(", ")
+        ));
+    }
+    Ok(said)
 }
 
 /// Whether `asked` names the transcript's directory `dir` (as written, or once resolved). A
