@@ -651,6 +651,17 @@ fn lock_lead_file(team: &str, path: &Path) -> Result<std::fs::File> {
     Ok(file)
 }
 
+/// Whether `foreign` entries that are not letters in the inbox at `path` are news to the
+/// readers of this mailbox: a number other than the one last told of (none is, and forgets
+/// it). Every read looks, so a warning on every read would drown the log.
+fn first_told(told: &Mutex<HashMap<PathBuf, usize>>, path: &Path, foreign: usize) -> bool {
+    let mut told = told.lock().unwrap_or_else(|e| e.into_inner());
+    if foreign == 0 {
+        told.remove(path);
+        return false;
+    }
+    told.insert(path.to_path_buf(), foreign) != Some(foreign)
+}
 #[async_trait]
 impl Mailbox for FileMailbox {
     async fn claim_lead(&self, team: &str) -> Result<LeadClaim> {
@@ -709,16 +720,7 @@ impl Mailbox for FileMailbox {
         let entries = read(inbox, &path).await?;
         let ids = ids(&entries);
         let foreign = entries.iter().filter(|e| !is_letter(e)).count();
-        let told = {
-            let mut told = self.watch.told.lock().unwrap_or_else(|e| e.into_inner());
-            if foreign == 0 {
-                told.remove(&path);
-                0
-            } else {
-                told.insert(path.clone(), foreign).unwrap_or(0)
-            }
-        };
-        if foreign > 0 && told != foreign {
+        if first_told(&self.watch.told, &path, foreign) {
             tracing::warn!(
                 "{}: {foreign} entr{} that {} not a letter (an object with a non-empty string \
                  `from` and a string `text`) left undelivered in the file",
@@ -834,6 +836,42 @@ impl Mailbox for FileMailbox {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// Entries that are not letters are told of once per number of them: every read finds
+    /// them, and only a new number (more, fewer, again after none) is news; two inboxes are
+    /// told of apart; and readers on many threads at once tell of one number once.
+    #[test]
+    fn entries_that_are_not_letters_are_told_of_once_per_number() {
+        let told = Mutex::new(HashMap::new());
+        let (a, b) = (Path::new("/inboxes/a.json"), Path::new("/inboxes/b.json"));
+        let seen: Vec<bool> = [
+            (a, 2),
+            (a, 2),
+            (b, 2),
+            (a, 3),
+            (a, 3),
+            (a, 0),
+            (a, 0),
+            (a, 3),
+        ]
+        .into_iter()
+        .map(|(path, n)| first_told(&told, path, n))
+        .collect();
+        assert_eq!(seen, [true, false, true, true, false, false, false, true]);
+        let told = Arc::new(Mutex::new(HashMap::new()));
+        let readers: Vec<_> = (0..8)
+            .map(|_| {
+                let told = Arc::clone(&told);
+                std::thread::spawn(move || {
+                    (0..1_000)
+                        .filter(|_| first_told(&told, Path::new("/inboxes/c.json"), 5))
+                        .count()
+                })
+            })
+            .collect();
+        let total: usize = readers.into_iter().map(|r| r.join().unwrap()).sum();
+        assert_eq!(total, 1);
+    }
 
     /// A holder whose lock was broken as stale, and taken by another writer, leaves the other
     /// writer's lock in place when it lets go; its own is removed.
