@@ -26,9 +26,8 @@ impl Agent {
     /// prompt, contexts, tool array and conversation come from the transcript, so the resumed
     /// agent's next request extends the cache it left: a model, system prompt or tool
     /// description the builder sets that differs is not used, and is a warning (`tracing`,
-    /// and [`EventKind::Warning`] at the first run); a
-    /// tool of the transcript's array that the builder's tools lack is [`Error::Config`]. A
-    /// last line cut by a crash is left out
+    /// and [`EventKind::Warning`] at the first run); a tool of the transcript's array that
+    /// the builder's tools lack is [`Error::Config`]. A last line cut by a crash is left out
     /// (and cut from the file) and reported; any other damage is [`Error::Transcript`].
     ///
     /// The file is read under its lock, which an agent's transcript writer holds for as long
