@@ -298,7 +298,21 @@ impl Hooks {
             }
             match hook.run(&input).await {
                 HookOutcome::Continue => {}
-                HookOutcome::Context(text) => d.context.push(text),
+                HookOutcome::Context(text) => match input.event {
+                    HookEvent::UserPromptSubmit
+                    | HookEvent::SubagentStart
+                    | HookEvent::PostToolUse => d.context.push(text),
+                    // Nothing reads it there: said, not dropped in silence.
+                    event => {
+                        let warning = format!(
+                            "{hook:?} gave context (`additionalContext`) in a {event} hook, \
+                             where nothing reads it (only UserPromptSubmit, SubagentStart and \
+                             PostToolUse hooks add context); it was ignored"
+                        );
+                        tracing::warn!("{warning}");
+                        d.warnings.push(warning);
+                    }
+                },
                 HookOutcome::Block { reason } => {
                     d.blocked = Some(reason);
                     break;
@@ -397,11 +411,27 @@ impl Hooks {
                             continue;
                         }
                     };
-                    if let Some(secs) = h.get("timeout").and_then(Value::as_f64)
-                        && secs > 0.0
-                        && secs.is_finite()
-                    {
-                        hook = hook.with_timeout(Duration::from_secs_f64(secs.min(86_400.0)));
+                    match h.get("timeout") {
+                        None => {}
+                        Some(t) => match t.as_f64() {
+                            Some(secs) if secs > 0.0 && secs <= 86_400.0 => {
+                                hook = hook.with_timeout(Duration::from_secs_f64(secs));
+                            }
+                            Some(secs) if secs > 86_400.0 => {
+                                hook = hook.with_timeout(Duration::from_secs(86_400));
+                                warnings.push(format!(
+                                    "hooks of {source}: a `{name}` hook's `timeout` is {t} \
+                                     seconds, more than a day; it is held to 86400s"
+                                ));
+                            }
+                            // `"30"`, `0`, `-1`, `null`: the author meant some limit, and
+                            // would otherwise get the default without a word.
+                            _ => warnings.push(format!(
+                                "hooks of {source}: a `{name}` hook's `timeout` is {t}, which \
+                                 is not a number of seconds above 0; it gets the default {}s",
+                                COMMAND_TIMEOUT.as_secs()
+                            )),
+                        },
                     }
                     hooks.push(Arc::new(hook));
                 }
@@ -567,11 +597,27 @@ impl CommandHook {
             };
         }
         let specific = v.get("hookSpecificOutput").cloned().unwrap_or(Value::Null);
-        if text("permissionDecision", &specific).as_deref() == Some("deny") {
-            return HookOutcome::Block {
-                reason: text("permissionDecisionReason", &specific)
-                    .unwrap_or_else(|| format!("denied by {self:?}")),
-            };
+        let decision = specific.get("permissionDecision");
+        match decision.and_then(Value::as_str) {
+            Some("deny") => {
+                return HookOutcome::Block {
+                    reason: text("permissionDecisionReason", &specific)
+                        .unwrap_or_else(|| format!("denied by {self:?}")),
+                };
+            }
+            Some("allow" | "ask") | None if decision.is_none_or(Value::is_string) => {}
+            // `"DENY"`, `"Deny"`, `true`: a deny mistyped would let the call run with no
+            // word. Claude Code reads only the three words; so does this, and says so.
+            _ => {
+                let shown = decision.map(Value::to_string).unwrap_or_default();
+                return HookOutcome::Failed {
+                    warning: format!(
+                        "{self:?} gave `permissionDecision` {shown}, which is not `deny`, \
+                         `allow` or `ask` (the words are matched exactly); it was ignored and \
+                         the call went on"
+                    ),
+                };
+            }
         }
         if text("decision", &v).as_deref() == Some("block") {
             return HookOutcome::Block {
@@ -581,6 +627,12 @@ impl CommandHook {
         if let Some(input) = specific.get("updatedInput")
             && input.is_object()
         {
+            if text("additionalContext", &specific).is_some_and(|c| !c.is_empty()) {
+                tracing::warn!(
+                    "{self:?} gave `additionalContext` with `updatedInput`; the input was \
+                     rewritten and the context ignored (a PreToolUse hook adds none)"
+                );
+            }
             return HookOutcome::Rewrite {
                 input: input.clone(),
             };

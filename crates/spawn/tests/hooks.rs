@@ -292,6 +292,54 @@ async fn a_json_deny_blocks_and_post_tool_use_adds_to_the_result() {
     assert_eq!(seen.lock().unwrap().len(), 1);
 }
 
+/// A `permissionDecision` that is not exactly `deny`, `allow` or `ask` (`"DENY"`, `true`)
+/// lets the call run — Claude Code reads only the three words — and is a warning naming the
+/// hook and the value, not a deny that silently does nothing; context from a PreToolUse
+/// hook, which nothing reads, is a warning too.
+#[tokio::test]
+async fn a_mistyped_decision_or_unread_context_is_a_warning() {
+    let said = |json: &str| format!("cat > /dev/null; echo '{json}'");
+    let cases = [
+        (
+            said(r#"{"hookSpecificOutput":{"permissionDecision":"DENY"}}"#),
+            "gave `permissionDecision` \"DENY\", which is not `deny`, `allow` or `ask` (the \
+             words are matched exactly); it was ignored and the call went on",
+        ),
+        (
+            said(r#"{"hookSpecificOutput":{"permissionDecision":true}}"#),
+            "gave `permissionDecision` true, which is not `deny`, `allow` or `ask` (the words \
+             are matched exactly); it was ignored and the call went on",
+        ),
+        (
+            said(r#"{"hookSpecificOutput":{"additionalContext":"PRE-CONTEXT"}}"#),
+            "gave context (`additionalContext`) in a PreToolUse hook, where nothing reads it \
+             (only UserPromptSubmit, SubagentStart and PostToolUse hooks add context); it was \
+             ignored",
+        ),
+    ];
+    for (command, why) in cases {
+        let (mut a, seen, events) = agent_with(writer(), hooks(vec![pre("Write", &command)])).await;
+        assert_eq!(a.run("go").await.final_text, "wrote \"secret.txt\"");
+        assert_eq!(seen.lock().unwrap().len(), 1, "{command}");
+        assert_eq!(
+            events.warnings(),
+            [format!(
+                "PreToolUse hook `{command}` (matcher `Write`) {why}"
+            )]
+        );
+    }
+    // The three words are no warning.
+    for word in ["allow", "ask"] {
+        let command = said(&format!(
+            r#"{{"hookSpecificOutput":{{"permissionDecision":"{word}"}}}}"#
+        ));
+        let (mut a, seen, events) = agent_with(writer(), hooks(vec![pre("Write", &command)])).await;
+        assert_eq!(a.run("go").await.final_text, "wrote \"secret.txt\"");
+        assert_eq!(seen.lock().unwrap().len(), 1);
+        assert_eq!(events.warnings(), Vec::<String>::new());
+    }
+}
+
 #[tokio::test]
 async fn a_prompt_hook_blocks_or_adds_context_and_reads_the_event_as_json() {
     let dir = tempfile::tempdir().unwrap();
@@ -449,6 +497,44 @@ fn the_settings_format_is_read_and_what_cannot_be_used_is_said() {
                 .to_owned()
         ),
         "{warnings:?}"
+    );
+    // A `timeout` that is not a number of seconds above 0 is said, and the hook keeps the
+    // default; one over a day is held to a day, and said; a good one is no warning.
+    for (timeout, shown) in [
+        (serde_json::json!("30"), "\"30\""),
+        (serde_json::json!(0), "0"),
+        (serde_json::json!(-1), "-1"),
+        (serde_json::json!(null), "null"),
+    ] {
+        let v = serde_json::json!({"Stop": [{"hooks": [
+            {"type": "command", "command": "true", "timeout": timeout}
+        ]}]});
+        let (h, warnings) = Hooks::from_settings(&v, "agent `auditor`").unwrap();
+        assert_eq!(h.len(), 1);
+        assert_eq!(
+            warnings,
+            [format!(
+                "hooks of agent `auditor`: a `Stop` hook's `timeout` is {shown}, which is not a \
+                 number of seconds above 0; it gets the default 60s"
+            )]
+        );
+    }
+    let v = serde_json::json!({"Stop": [{"hooks": [
+        {"type": "command", "command": "true", "timeout": 1e300}
+    ]}]});
+    assert_eq!(
+        Hooks::from_settings(&v, "agent `auditor`").unwrap().1,
+        [
+            "hooks of agent `auditor`: a `Stop` hook's `timeout` is 1e+300 seconds, more than a \
+          day; it is held to 86400s"
+        ]
+    );
+    let v = serde_json::json!({"Stop": [{"hooks": [
+        {"type": "command", "command": "true", "timeout": 0.3}
+    ]}]});
+    assert_eq!(
+        Hooks::from_settings(&v, "agent `auditor`").unwrap().1,
+        Vec::<String>::new()
     );
     for (bad, why) in [
         (

@@ -473,8 +473,9 @@ async fn a_symlinked_memory_or_index_is_not_followed() {
 async fn disallowed_tools_patterns_take_the_memory_tools_away() {
     let project = tempfile::tempdir().unwrap();
     let roots = Arc::new(MemoryRoots::new(None, Some(project.path().to_owned())));
-    let cases: [(&[&str], &[&str]); 6] = [
+    let cases: [(&[&str], &[&str]); 7] = [
         (&[], &["MemoryRead", "MemoryWrite"]),
+        (&["memory*"], &["MemoryRead", "MemoryWrite"]),
         (&["MemoryWrite"], &["MemoryRead"]),
         (&["*"], &[]),
         (&["Memory*"], &[]),
@@ -513,15 +514,17 @@ async fn disallowed_tools_patterns_take_the_memory_tools_away() {
             "disallowedTools: {disallowed:?}"
         );
         // A case slip takes nothing away, and is said.
-        let slips: Vec<String> = if disallowed.contains(&"memorywrite") {
-            vec![
-                "agent `notes` names `memorywrite` in `disallowedTools`, which takes nothing \
-                 away: did you mean `MemoryWrite`? Tool names are case-sensitive"
-                    .to_owned(),
-            ]
-        } else {
-            Vec::new()
-        };
+        // A prefix (or an MCP server) in another case alike.
+        let slips: Vec<String> = [("memorywrite", "MemoryWrite"), ("memory*", "Memory*")]
+            .into_iter()
+            .filter(|(entry, _)| disallowed.contains(entry))
+            .map(|(entry, meant)| {
+                format!(
+                    "agent `notes` names `{entry}` in `disallowedTools`, which takes nothing \
+                     away: did you mean `{meant}`? Tool names are case-sensitive"
+                )
+            })
+            .collect();
         assert_eq!(events.warnings(), slips, "disallowedTools: {disallowed:?}");
     }
 }

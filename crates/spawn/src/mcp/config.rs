@@ -330,6 +330,16 @@ pub(super) fn parse_file(
         .map_err(|e| Error::Config(format!("MCP configuration {origin}: not JSON: {e}")))?;
     let map = match value.get("mcpServers") {
         Some(m) => m,
+        // VS Code's `.vscode/mcp.json` keeps its servers under `servers`: read as servers by
+        // name, the file would be one server called `servers` that fails for want of a
+        // command, and the mistake would be named nowhere.
+        None if value.get("servers").is_some_and(Value::is_object) => {
+            return Err(Error::Config(format!(
+                "MCP configuration {origin}: its servers are under `servers`, as VS Code writes \
+                 them; this reads Claude Code's `.mcp.json`, whose servers are under \
+                 `mcpServers` (rename the key)"
+            )));
+        }
         None => &value,
     };
     let Some(map) = map.as_object() else {
@@ -340,13 +350,33 @@ pub(super) fn parse_file(
     Ok(map
         .iter()
         .map(|(n, v)| {
-            let server = McpServer::from_json(n, v).map_err(|e| match e {
-                Error::Mcp { message, .. } => message,
-                other => other.to_string(),
-            });
+            // Said where it came from: a status read later names no file otherwise.
+            let server = McpServer::from_json(n, v)
+                .and_then(|s| match name_problem(n) {
+                    Some(why) => Err(Error::Mcp {
+                        server: n.clone(),
+                        message: why.to_owned(),
+                    }),
+                    None => Ok(s),
+                })
+                .map_err(|e| {
+                    let why = match e {
+                        Error::Mcp { message, .. } => message,
+                        other => other.to_string(),
+                    };
+                    format!("{origin}, server `{n}`: {why}")
+                });
             (n.clone(), server)
         })
         .collect())
+}
+
+/// Why `name` cannot name a server, if it cannot: its tools are `mcp__<server>__<tool>`.
+pub(super) fn name_problem(name: &str) -> Option<&'static str> {
+    (name.is_empty() || name.contains("__")).then_some(
+        "a server's name must not be empty or hold `__` (its tools are named \
+         `mcp__<server>__<tool>`)",
+    )
 }
 
 /// The servers one entry of a definition's `mcpServers` (or `requiredMcpServers`) names: a
@@ -486,9 +516,35 @@ mod tests {
             parsed[0]
                 .1
                 .as_ref()
-                .is_err_and(|e| e.starts_with("transport `sse`"))
+                .is_err_and(|e| e.starts_with(".mcp.json, server `bad`: transport `sse`")),
+            "{:?}",
+            parsed[0].1
         );
         assert!(parsed[1].1.is_ok());
+        // A name no tool can be named under is that server's failure, not the file's.
+        let text = r#"{"mcpServers": {"ok": {"command": "x"}, "bad name__x": {"command": "y"}}}"#;
+        let parsed = parse_file(text, ".mcp.json").unwrap();
+        assert_eq!(
+            parsed[0].1.as_ref().err().map(String::as_str),
+            Some(
+                ".mcp.json, server `bad name__x`: a server's name must not be empty or hold `__` \
+                 (its tools are named `mcp__<server>__<tool>`)"
+            )
+        );
+        assert!(parsed[1].1.is_ok());
+        // VS Code's layout is named, not read as a server called `servers`.
+        assert_eq!(
+            parse_file(
+                r#"{"servers": {"a": {"command": "x"}}}"#,
+                ".vscode/mcp.json"
+            )
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default(),
+            "invalid agent configuration: MCP configuration .vscode/mcp.json: its servers are \
+             under `servers`, as VS Code writes them; this reads Claude Code's `.mcp.json`, \
+             whose servers are under `mcpServers` (rename the key)"
+        );
         assert_eq!(
             parse_file("[", "f.json")
                 .err()

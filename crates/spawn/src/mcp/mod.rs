@@ -217,12 +217,14 @@ impl McpHubBuilder {
             (McpServer::stdio(name, String::new()), Some(why))
         });
         for (server, failed) in self.servers.into_iter().map(|s| (s, None)).chain(invalid) {
-            if server.name().is_empty() || server.name().contains("__") {
+            // A file's server that no tool can be named under is already that server's
+            // `Failed` (it never connects); one given in code is the host's mistake.
+            if let Some(why) = config::name_problem(server.name())
+                && failed.is_none()
+            {
                 return Err(Error::Mcp {
                     server: server.name().to_owned(),
-                    message: "a server's name must not be empty or hold `__` (its tools are \
-                              named `mcp__<server>__<tool>`)"
-                        .to_owned(),
+                    message: why.to_owned(),
                 });
             }
             let key = normalize(server.name());
@@ -640,6 +642,83 @@ mod tests {
                 "MCP server `a_b`: configured twice (as `a.b` and `a_b`); its tools would be \
                  named `mcp__a_b__…` either way"
             )
+        );
+    }
+
+    /// A `.mcp.json` server whose name no tool can be named under fails alone: the hub is
+    /// built, the file's other servers stay, and its status names the file.
+    #[tokio::test]
+    async fn a_file_server_with_an_unusable_name_fails_alone() {
+        let text =
+            r#"{"mcpServers": {"ok": {"command": "/nonexistent/ok"}, "bad__x": {"command": "y"}}}"#;
+        let hub = McpHub::builder()
+            .servers_json(text, "/p/.mcp.json")
+            .and_then(McpHubBuilder::build)
+            .map_err(|e| e.to_string());
+        let Ok(hub) = hub else { panic!("{hub:?}") };
+        let status = hub.status();
+        assert_eq!(
+            status.get("bad__x"),
+            Some(&McpStatus::Failed(
+                "/p/.mcp.json, server `bad__x`: a server's name must not be empty or hold `__` \
+                 (its tools are named `mcp__<server>__<tool>`)"
+                    .to_owned()
+            ))
+        );
+        assert!(status.contains_key("ok"), "{status:?}");
+        // Given in code, the same name is the host's mistake.
+        let err = McpHub::builder()
+            .server(McpServer::stdio("bad__x", "y"))
+            .build()
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            err.as_deref(),
+            Some(
+                "MCP server `bad__x`: a server's name must not be empty or hold `__` (its tools \
+                 are named `mcp__<server>__<tool>`)"
+            )
+        );
+    }
+
+    /// Why a server did not start names what was wrong: a working directory that is not
+    /// there (not the command, which the OS's "No such file" suggests), a process that closed
+    /// its connection before the handshake, a refused HTTP connection (without rmcp's
+    /// transport type names).
+    #[tokio::test]
+    async fn why_a_server_did_not_start_names_what_was_wrong() {
+        let hub = McpHub::builder()
+            .server(McpServer::stdio("badcwd", "sh").cwd("/nonexistent/forkhive-dir"))
+            .server(McpServer::stdio("exits", "true"))
+            .server(McpServer::http("refused", "http://127.0.0.1:9/mcp"))
+            .build()
+            .map_err(|e| e.to_string());
+        let Ok(hub) = hub else { panic!("{hub:?}") };
+        assert!(hub.tools().await.is_empty());
+        let status = hub.status();
+        let why = |name: &str| match status.get(name) {
+            Some(McpStatus::Failed(why)) => why.clone(),
+            other => panic!("{name}: {other:?}"),
+        };
+        assert!(
+            why("badcwd").starts_with(
+                "could not start `sh`: its working directory /nonexistent/forkhive-dir is not a \
+                 directory ("
+            ),
+            "{}",
+            why("badcwd")
+        );
+        assert_eq!(
+            why("exits"),
+            "did not complete the MCP handshake: its connection closed before it answered \
+             `initialize` (did its process exit?)"
+        );
+        let refused = why("refused");
+        assert!(
+            refused.starts_with("did not complete the MCP handshake at http://127.0.0.1:9/mcp: ")
+                && refused.contains("Connection refused")
+                && !refused.contains("rmcp::"),
+            "{refused}"
         );
     }
 

@@ -262,7 +262,16 @@ async fn open(server: &McpServer) -> Result<(Link, Vec<rmcp::model::Tool>), Stri
                 let (transport, err) = rmcp::transport::TokioChildProcess::builder(wrap)
                     .stderr(std::process::Stdio::piped())
                     .spawn()
-                    .map_err(|e| format!("could not start `{command}`: {e}"))?;
+                    .map_err(|e| match cwd {
+                        // The OS says "No such file or directory" for a missing working
+                        // directory too, which reads as if the command were missing.
+                        Some(dir) if !dir.is_dir() => format!(
+                            "could not start `{command}`: its working directory {} is not a \
+                             directory ({e})",
+                            dir.display()
+                        ),
+                        _ => format!("could not start `{command}`: {e}"),
+                    })?;
                 group = transport.id();
                 if let Some(mut err) = err {
                     let (tx, rx) = tokio::sync::watch::channel(false);
@@ -283,9 +292,9 @@ async fn open(server: &McpServer) -> Result<(Link, Vec<rmcp::model::Tool>), Stri
                     });
                     reader = Some(task.abort_handle());
                 }
-                ().serve(transport)
-                    .await
-                    .map_err(|e| format!("did not complete the MCP handshake: {e}"))?
+                ().serve(transport).await.map_err(|e| {
+                    format!("did not complete the MCP handshake: {}", handshake_error(e))
+                })?
             }
             McpTransport::Http { url, headers } => {
                 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -308,8 +317,9 @@ async fn open(server: &McpServer) -> Result<(Link, Vec<rmcp::model::Tool>), Stri
                     rmcp::transport::StreamableHttpClientTransport::with_client(client, config);
                 ().serve(transport).await.map_err(|e| {
                     format!(
-                        "did not complete the MCP handshake at {}: {e}",
-                        super::config::redacted_url(url)
+                        "did not complete the MCP handshake at {}: {}",
+                        super::config::redacted_url(url),
+                        handshake_error(e)
                     )
                 })?
             }
@@ -345,6 +355,41 @@ async fn open(server: &McpServer) -> Result<(Link, Vec<rmcp::model::Tool>), Stri
             kill_group(group, reader.as_ref());
             Err(why)
         }
+    }
+}
+
+/// A failed handshake as a host reads it: a closed connection says the process likely
+/// exited; a transport's error is its own chain of causes (`Connection refused`), without the
+/// transport's Rust type name that rmcp's message starts with.
+fn handshake_error(e: rmcp::service::ClientInitializeError) -> String {
+    use rmcp::service::ClientInitializeError as E;
+    let closed = || {
+        "its connection closed before it answered `initialize` (did its process exit?)".to_owned()
+    };
+    match e {
+        E::ConnectionClosed(_) => closed(),
+        // Written to after it exited (which of the two a dead process gives is a race).
+        E::TransportError { error, .. }
+            if error
+                .error
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            closed()
+        }
+        E::TransportError { error, .. } => {
+            use rmcp::transport::streamable_http_client::StreamableHttpError;
+            // rmcp shows reqwest's error without its causes (`error sending request`), so
+            // the one that says what happened (`Connection refused`) is read from it here.
+            match error
+                .error
+                .downcast_ref::<StreamableHttpError<reqwest::Error>>()
+            {
+                Some(StreamableHttpError::Client(e)) => forkhive_core::error::chain(e),
+                _ => forkhive_core::error::chain(&*error.error),
+            }
+        }
+        other => other.to_string(),
     }
 }
 

@@ -156,16 +156,30 @@ pub(crate) fn denied(disallowed: &[String], name: &str) -> bool {
 /// The entries of `entries` that name no tool of `names` but one of them in another case
 /// (`bash` for `Bash`), each with that tool's name: tool names are matched exactly, so such an
 /// entry takes nothing away, and a definition's author should hear so.
-pub(crate) fn case_slips<'a>(entries: &[String], names: &[&'a str]) -> Vec<(String, &'a str)> {
+pub(crate) fn case_slips(entries: &[String], names: &[&str]) -> Vec<(String, String)> {
     entries
         .iter()
         .filter_map(|e| {
             let pattern = parse(e).0;
-            if pattern.contains('*') || names.iter().any(|n| pattern_matches(pattern, n)) {
+            if pattern == "*" || names.iter().any(|n| pattern_matches(pattern, n)) {
                 return None;
             }
-            let near = names.iter().find(|n| n.eq_ignore_ascii_case(pattern))?;
-            Some((e.trim().to_owned(), *near))
+            // A server (`mcp__Shared`) or a prefix (`mcp__Shared__*`) in another case takes
+            // nothing away either: matched as the tools' names are, ASCII case aside.
+            let lower = pattern.to_ascii_lowercase();
+            let name = names
+                .iter()
+                .find(|n| pattern_matches(&lower, &n.to_ascii_lowercase()))?;
+            // What the entry meant, in the tools' case: the name, or as much of it as the
+            // entry spells (ASCII case changes no byte's length), with its `*`.
+            let spelled = pattern.trim_end_matches('*');
+            let near = match name.get(..spelled.len()) {
+                Some(prefix) if spelled.len() < name.len() || pattern.ends_with('*') => {
+                    format!("{prefix}{}", if pattern.ends_with('*') { "*" } else { "" })
+                }
+                _ => (*name).to_owned(),
+            };
+            Some((e.trim().to_owned(), near))
         })
         .collect()
 }
@@ -377,9 +391,17 @@ mod tests {
         l.iter().map(|s| (*s).to_owned()).collect()
     }
 
+    /// Exact names, servers and prefixes alike: an entry that takes nothing away but would
+    /// in another case is named, with what it meant in the tools' case.
     #[test]
     fn case_slips_name_only_entries_that_match_nothing_but_a_tool_in_another_case() {
         let names = ["Bash", "Read", "mcp__gh__issue"];
+        let owned = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+                .collect()
+        };
         assert_eq!(
             case_slips(
                 &v(&[
@@ -388,17 +410,24 @@ mod tests {
                     "Bash",
                     "read*",
                     "Write",
-                    "MCP__gh__issue"
+                    "MCP__gh__issue",
+                    "mcp__GH",
+                    "mcp__Gh__*",
+                    "MCP__*",
                 ]),
                 &names
             ),
-            [
-                ("bash".to_owned(), "Bash"),
-                ("READ(x)".to_owned(), "Read"),
-                ("MCP__gh__issue".to_owned(), "mcp__gh__issue"),
-            ]
+            owned(&[
+                ("bash", "Bash"),
+                ("READ(x)", "Read"),
+                ("read*", "Read*"),
+                ("MCP__gh__issue", "mcp__gh__issue"),
+                ("mcp__GH", "mcp__gh"),
+                ("mcp__Gh__*", "mcp__gh__*"),
+                ("MCP__*", "mcp__*"),
+            ])
         );
-        assert!(case_slips(&v(&["Bash", "*", "mcp__gh"]), &names).is_empty());
+        assert!(case_slips(&v(&["Bash", "*", "mcp__gh", "mcp__*", "Re*"]), &names).is_empty());
     }
 
     /// Every row: tool, audience, the definition's tools, its disallowedTools, expected.
