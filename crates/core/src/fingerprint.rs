@@ -177,8 +177,9 @@ pub enum CacheBreak {
     /// setting, outside every [`PrefixFingerprint`]: only a comparison of two requests
     /// finds it (`Request::cache_break` in forkhive-transport).
     ToolChoice,
-    /// The request's effort differs where it sets the thinking budget (a request with no
-    /// thinking config of its own): the messages cache is invalidated. Per call, like
+    /// The thinking budget a request's effort sets (Anthropic, for a request with no thinking
+    /// config of its own) differs — the effort changed, or the `max_tokens` or temperature it
+    /// is bounded by: the messages cache is invalidated. Per call, like
     /// [`ToolChoice`](Self::ToolChoice).
     Effort,
     /// A user context entry differs.
@@ -227,7 +228,7 @@ impl fmt::Display for CacheBreak {
             }
             CacheBreak::Thinking => f.write_str("thinking config changed"),
             CacheBreak::ToolChoice => f.write_str("tool_choice changed"),
-            CacheBreak::Effort => f.write_str("effort changed (it sets the thinking budget)"),
+            CacheBreak::Effort => f.write_str("the thinking budget the effort sets changed"),
             CacheBreak::UserContext { entry, change } => {
                 write!(f, "user context entry {entry} {change}")
             }
@@ -494,6 +495,17 @@ impl PrefixFingerprint {
     /// # Ok::<(), forkhive_core::Error>(())
     /// ```
     pub fn diff(&self, later: &PrefixFingerprint) -> Option<CacheBreak> {
+        self.diff_with(later, true)
+    }
+
+    /// [`diff`](Self::diff) with the two prefixes' thinking configs left out: for requests
+    /// whose thinking is not their prefixes' own — a per-call override, a budget an effort
+    /// sets, a wire format that sends none — which the caller compares itself.
+    pub fn diff_ignoring_thinking(&self, later: &PrefixFingerprint) -> Option<CacheBreak> {
+        self.diff_with(later, false)
+    }
+
+    fn diff_with(&self, later: &PrefixFingerprint, thinking: bool) -> Option<CacheBreak> {
         if self.total == later.total {
             return None;
         }
@@ -510,7 +522,7 @@ impl PrefixFingerprint {
         if let Some((entry, change)) = list_diff(&a.system_context_items, &b.system_context_items) {
             return Some(CacheBreak::SystemContext { entry, change });
         }
-        if a.thinking != b.thinking {
+        if thinking && a.thinking != b.thinking {
             return Some(CacheBreak::Thinking);
         }
         if let Some((entry, change)) = list_diff(&a.user_context_items, &b.user_context_items) {

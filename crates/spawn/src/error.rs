@@ -100,7 +100,8 @@ pub enum Error {
     },
 
     /// A spawn was refused for a reason the model can act on (a fork inside a fork, a
-    /// forking turn that is not an assistant message).
+    /// forking turn that is not an assistant message), or a side question was answered with
+    /// tool calls only.
     #[error("{0}")]
     Refused(String),
 

@@ -598,48 +598,58 @@ impl CommandHook {
         }
         let specific = v.get("hookSpecificOutput").cloned().unwrap_or(Value::Null);
         let decision = specific.get("permissionDecision");
-        match decision.and_then(Value::as_str) {
+        // `"DENY"`, `"Deny"`, `true`: a deny mistyped would let the call run with no word.
+        // Claude Code reads only the three words; so does this, and says so — after what
+        // else the output decides (a `"decision": "block"` beside it still blocks).
+        let mistyped = match decision.and_then(Value::as_str) {
             Some("deny") => {
                 return HookOutcome::Block {
                     reason: text("permissionDecisionReason", &specific)
                         .unwrap_or_else(|| format!("denied by {self:?}")),
                 };
             }
-            Some("allow" | "ask") | None if decision.is_none_or(Value::is_string) => {}
-            // `"DENY"`, `"Deny"`, `true`: a deny mistyped would let the call run with no
-            // word. Claude Code reads only the three words; so does this, and says so.
-            _ => {
-                let shown = decision.map(Value::to_string).unwrap_or_default();
-                return HookOutcome::Failed {
-                    warning: format!(
-                        "{self:?} gave `permissionDecision` {shown}, which is not `deny`, \
-                         `allow` or `ask` (the words are matched exactly); it was ignored and \
-                         the call went on"
-                    ),
-                };
-            }
-        }
+            Some("allow" | "ask") | None if decision.is_none_or(Value::is_string) => None,
+            _ => Some(format!(
+                "{self:?} gave `permissionDecision` {}, which is not `deny`, `allow` or `ask` \
+                 (the words are matched exactly); it was ignored",
+                decision.map(Value::to_string).unwrap_or_default()
+            )),
+        };
         if text("decision", &v).as_deref() == Some("block") {
             return HookOutcome::Block {
                 reason: text("reason", &v).unwrap_or_else(|| format!("blocked by {self:?}")),
             };
         }
-        if let Some(input) = specific.get("updatedInput")
-            && input.is_object()
-        {
-            if text("additionalContext", &specific).is_some_and(|c| !c.is_empty()) {
-                tracing::warn!(
-                    "{self:?} gave `additionalContext` with `updatedInput`; the input was \
-                     rewritten and the context ignored (a PreToolUse hook adds none)"
-                );
+        let context = text("additionalContext", &specific).filter(|c| !c.is_empty());
+        let rewrite = specific
+            .get("updatedInput")
+            .filter(|input| input.is_object())
+            .cloned();
+        // One outcome reaches the agent: what else the output said goes to the log.
+        let also = |what: &str| tracing::warn!("{self:?}: {what}");
+        match (rewrite, context, mistyped) {
+            (Some(input), context, mistyped) => {
+                if context.is_some() {
+                    also(
+                        "`additionalContext` beside `updatedInput` was ignored (the input was \
+                         rewritten; a PreToolUse hook adds no context)",
+                    );
+                }
+                if let Some(m) = mistyped {
+                    also(&m);
+                }
+                HookOutcome::Rewrite { input }
             }
-            return HookOutcome::Rewrite {
-                input: input.clone(),
-            };
-        }
-        match text("additionalContext", &specific) {
-            Some(c) if !c.is_empty() => HookOutcome::Context(c),
-            _ => HookOutcome::Continue,
+            (None, Some(c), mistyped) => {
+                if let Some(m) = mistyped {
+                    also(&m);
+                }
+                HookOutcome::Context(c)
+            }
+            (None, None, Some(warning)) => HookOutcome::Failed {
+                warning: format!("{warning} and the call went on"),
+            },
+            (None, None, None) => HookOutcome::Continue,
         }
     }
 }

@@ -282,6 +282,68 @@ async fn a_prompt_that_mentions_the_fork_tag_does_not_stop_the_agent_forking() {
     assert_eq!(found[0].result.as_deref(), Some("Scope: read the log"));
 }
 
+/// A fork child sends its parent's per-call settings — the effort too, which sets the
+/// thinking budget (Anthropic) its parent's cache was written with — so nothing in its first
+/// request breaks the cache its parent left (`Request::cache_break` is `None`); a typed
+/// subagent has its own definition's effort.
+#[tokio::test]
+async fn a_fork_child_keeps_its_parents_effort() {
+    use forkhive_transport::{Effort, RequestSettings, WireFormat};
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<Request>::new()));
+    let log = Arc::clone(&seen);
+    let b = brain(move |r| {
+        log.lock().unwrap().push(r.clone());
+        let in_fork = r
+            .all_messages()
+            .iter()
+            .any(|m| m.text().contains("fork-directive: "));
+        if in_fork {
+            return Plan::Reply(say("Scope: done"));
+        }
+        if has_tool_result(r) {
+            return Plan::Reply(say("parent done"));
+        }
+        Plan::Reply(calls_owned(&[agent_call(
+            "f1",
+            serde_json::json!({"description": "net", "prompt": "audit src/net"}),
+        )]))
+    });
+    let tool = AgentTool::new(fork_config()).unwrap();
+    let settings = RequestSettings {
+        effort: Some(Effort::High),
+        ..RequestSettings::default()
+    };
+    let mut p = Agent::builder(b)
+        .model("claude-sonnet-4-5")
+        .system_prompt("You are the parent.")
+        .settings(settings)
+        .tools(ToolPool::new([Arc::new(tool) as Arc<dyn Tool>]).unwrap())
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(p.run("audit").await.stop, StopReason::Completed);
+    let reqs = seen.lock().unwrap().clone();
+    let parent_first = &reqs[0];
+    let child_first = reqs
+        .iter()
+        .find(|r| {
+            r.all_messages()
+                .iter()
+                .any(|m| m.text().contains("fork-directive: "))
+        })
+        .unwrap();
+    assert_eq!(child_first.settings.effort, Some(Effort::High));
+    assert_eq!(
+        child_first.thinking_sent(),
+        parent_first.thinking_sent(),
+        "the child thinks as its parent does"
+    );
+    assert_eq!(
+        parent_first.cache_break(child_first, WireFormat::Anthropic),
+        None
+    );
+}
+
 #[tokio::test]
 async fn forks_share_the_parents_prefix_and_cannot_fork_again() {
     let seen = Arc::new(std::sync::Mutex::new(Vec::<Request>::new()));
@@ -930,6 +992,60 @@ async fn a_side_question_reads_the_cache_writes_nothing_for_itself_and_leaves_th
     );
     assert_eq!(first.usage.cache_read_tokens, a.cache_read_tokens);
     let _ = second;
+}
+
+/// A side question of an agent whose `tool_choice` forces a tool goes out with `none` (or the
+/// model could only call one); one the model answers with tool calls and no text is an error
+/// naming them, not an empty answer.
+#[tokio::test]
+async fn a_side_question_is_answered_in_text_or_refused() {
+    use forkhive_spawn::strategy::side_question;
+    use forkhive_transport::{RequestSettings, ToolChoice};
+    let sent = Arc::new(std::sync::Mutex::new(Vec::<Option<ToolChoice>>::new()));
+    let log = Arc::clone(&sent);
+    let b = brain(move |r| {
+        log.lock().unwrap().push(r.settings.tool_choice.clone());
+        if last_user_text(r).contains("btw") && r.settings.tool_choice == Some(ToolChoice::Auto) {
+            return Plan::Reply(calls(&[("l1", "Look", "{}")]));
+        }
+        Plan::Reply(say("on main"))
+    });
+    let agent_with = |choice: ToolChoice| {
+        let b = Arc::clone(&b);
+        async move {
+            let settings = RequestSettings {
+                tool_choice: Some(choice),
+                ..RequestSettings::default()
+            };
+            Agent::builder(b)
+                .model("m")
+                .settings(settings)
+                .tools(ToolPool::new([TestTool::sleeper("Look", true, 1).arc()]).unwrap())
+                .build()
+                .await
+                .unwrap()
+        }
+    };
+    let forced = agent_with(ToolChoice::Any).await;
+    let answer = side_question(&forced, "btw, which branch?").await.unwrap();
+    assert_eq!(answer.text, "on main");
+    assert_eq!(
+        sent.lock().unwrap().last().cloned(),
+        Some(Some(ToolChoice::None))
+    );
+    let free = agent_with(ToolChoice::Auto).await;
+    let err = side_question(&free, "btw, which branch?")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the side question was answered with a call to `Look` and no text; a side question runs \
+         no tool: ask it so that it can be answered from what the agent already has"
+    );
+    assert_eq!(
+        sent.lock().unwrap().last().cloned(),
+        Some(Some(ToolChoice::Auto))
+    );
 }
 
 #[tokio::test]

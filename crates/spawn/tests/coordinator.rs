@@ -329,8 +329,9 @@ async fn a_coordinator_whose_workers_cannot_be_messaged_is_warned() {
         warnings_of(vetoed, 64).await,
         [
             "tool `Agent`: coordinator mode with background tasks disabled: every worker runs \
-             in the foreground, one at a time, while the coordinator waits, and `SendMessage` \
-             never reaches a running one; turn the veto off (`with_background_disabled(false)`)"
+             in the foreground, and the coordinator waits for each round of them to finish (no \
+             notifications, nothing else done meanwhile), and `SendMessage` never reaches a \
+             running one; turn the veto off (`with_background_disabled(false)`)"
         ]
     );
     let kept = warnings_of(config(), 1).await;

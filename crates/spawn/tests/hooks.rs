@@ -328,6 +328,19 @@ async fn a_mistyped_decision_or_unread_context_is_a_warning() {
             )]
         );
     }
+    // A mistyped decision beside a `"decision": "block"` still blocks.
+    for decision in [r#""DENY""#, "true", "null"] {
+        let command = said(&format!(
+            r#"{{"decision":"block","reason":"no","hookSpecificOutput":{{"permissionDecision":{decision}}}}}"#
+        ));
+        let (mut a, seen, _) = agent_with(writer(), hooks(vec![pre("Write", &command)])).await;
+        assert_eq!(
+            a.run("go").await.final_text,
+            "a PreToolUse hook blocked `Write`: no",
+            "{decision}"
+        );
+        assert!(seen.lock().unwrap().is_empty(), "{decision}");
+    }
     // The three words are no warning.
     for word in ["allow", "ask"] {
         let command = said(&format!(

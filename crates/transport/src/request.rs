@@ -236,18 +236,24 @@ impl Request {
             .map(|budget_tokens| ThinkingConfig::Enabled { budget_tokens }))
     }
 
-    /// The first difference that stops `later` from reading what this request cached, by
-    /// the providers' rules ("Prompt caching" in `docs/references.md`), per-call settings
-    /// included: the model, a tool, a system block or context entry
-    /// ([`PrefixFingerprint::diff`]), then the thinking config in force, the budget an effort
-    /// sets ([`CacheBreak::Effort`]) and `tool_choice` ([`CacheBreak::ToolChoice`]), which
-    /// invalidate the messages cache, then the messages. `None` when `later` sends the same
-    /// bytes or extends them.
+    /// The first difference that stops `later` from reading what this request cached, sent
+    /// in `wire`'s format, by that provider's rules ("Prompt caching" in `docs/references.md`),
+    /// per-call settings included: the model, a tool, a system block or context entry
+    /// ([`PrefixFingerprint::diff`]); then, for Anthropic, the thinking config sent
+    /// ([`thinking_sent`](Self::thinking_sent): [`CacheBreak::Thinking`], or
+    /// [`CacheBreak::Effort`] when only the budget an effort sets differs) and `tool_choice`
+    /// ([`CacheBreak::ToolChoice`]), which invalidate the messages cache; then the messages.
+    /// OpenAI's automatic cache matches the prompt's prefix alone, so there no setting breaks
+    /// it. `None` when `later` sends the same prefix or extends it.
     ///
     /// [`PrefixFingerprint::diff`] compares prefixes alone: two requests that differ only in
     /// their settings have equal fingerprints.
-    pub fn cache_break(&self, later: &Request) -> Option<CacheBreak> {
-        let prefix = self.fingerprint().diff(&later.fingerprint());
+    pub fn cache_break(&self, later: &Request, wire: crate::WireFormat) -> Option<CacheBreak> {
+        // The thinking actually sent is compared below, not the prefixes' own (a per-call
+        // override or an effort's budget may stand in for it).
+        let prefix = self
+            .fingerprint()
+            .diff_ignoring_thinking(&later.fingerprint());
         if let Some(
             b @ (CacheBreak::Model
             | CacheBreak::Tool { .. }
@@ -257,14 +263,17 @@ impl Request {
         {
             return Some(b);
         }
-        if self.thinking() != later.thinking() {
-            return Some(CacheBreak::Thinking);
-        }
-        if self.thinking_sent() != later.thinking_sent() {
-            return Some(CacheBreak::Effort);
-        }
-        if self.settings.tool_choice != later.settings.tool_choice {
-            return Some(CacheBreak::ToolChoice);
+        if wire == crate::WireFormat::Anthropic {
+            if self.thinking_sent() != later.thinking_sent() {
+                return Some(if self.thinking() != later.thinking() {
+                    CacheBreak::Thinking
+                } else {
+                    CacheBreak::Effort
+                });
+            }
+            if self.settings.tool_choice != later.settings.tool_choice {
+                return Some(CacheBreak::ToolChoice);
+            }
         }
         prefix
     }

@@ -300,71 +300,145 @@ async fn thinking_changes_keep_tool_and_system_entries() {
 }
 
 /// Every per-call setting that the simulator (by the provider's rules) lets break the messages
-/// cache is named by `Request::cache_break`, which `PrefixFingerprint::diff` cannot see; a
-/// setting that breaks nothing (`max_tokens` without an effort) is no break; and whenever
-/// `cache_break` says `None`, the simulator reads everything the first request wrote.
+/// cache is named by `Request::cache_break`, which `PrefixFingerprint::diff` cannot see; what
+/// breaks nothing on the wire (`max_tokens` without an effort, an effort's budget equal to an
+/// explicit thinking config, prefixes whose thinking a per-call override replaces, any setting
+/// under OpenAI's prefix-only cache) is no break; and `cache_break` says `None` exactly when
+/// the simulator reads everything the first request wrote.
 #[tokio::test]
 async fn each_per_call_setting_that_breaks_the_cache_is_named() {
     use forkhive_core::{CacheBreak, Change};
     use forkhive_transport::{Effort, ToolChoice};
     let p = params_with(&"s".repeat(6000), 10, 100);
     let base = || Request::new(p.clone(), vec![]);
-    let thinking = |mut r: Request| {
-        r.settings.thinking = Some(ThinkingConfig::Enabled {
-            budget_tokens: 2048,
-        });
-        r
+    let thinking = |budget_tokens: u32| {
+        move |mut r: Request| {
+            r.settings.thinking = Some(ThinkingConfig::Enabled { budget_tokens });
+            r
+        }
     };
-    let tool_choice = |mut r: Request| {
-        r.settings.tool_choice = Some(ToolChoice::None);
-        r
+    let tool_choice = |choice: ToolChoice| {
+        move |mut r: Request| {
+            r.settings.tool_choice = Some(choice.clone());
+            r
+        }
     };
-    let effort = |mut r: Request| {
-        r.settings.effort = Some(Effort::High);
-        r
+    let effort = |e: Effort| {
+        move |mut r: Request| {
+            r.settings.effort = Some(e);
+            r
+        }
     };
-    let max_tokens = |r: Request| r.with_max_tokens(999);
+    let max_tokens = |n: u32| move |r: Request| r.with_max_tokens(n);
     let with_messages = |r: Request| {
         Request::new(p.clone(), vec![Message::user_text("one more")]).with_settings(r.settings)
     };
-    let cases: [(&str, Request, Option<CacheBreak>); 6] = [
-        ("thinking", thinking(base()), Some(CacheBreak::Thinking)),
+    // The prefix's own thinking, which a per-call override replaces on the wire.
+    let prefix_thinking = |budget_tokens: u32| {
+        let mut b =
+            CacheSafeParams::builder(p.model()).thinking(ThinkingConfig::Enabled { budget_tokens });
+        for s in p.system_prompt() {
+            b = b.system_block(s.clone());
+        }
+        for t in p.tools() {
+            b = b.tool(t.clone());
+        }
+        Request::new(b.messages(p.messages().to_vec()).build(), vec![])
+    };
+    let budget = Effort::High.thinking_budget();
+    type Case = (&'static str, Request, Request, Option<CacheBreak>);
+    let cases: Vec<Case> = vec![
+        (
+            "thinking",
+            base(),
+            thinking(2048)(base()),
+            Some(CacheBreak::Thinking),
+        ),
         (
             "tool_choice",
-            tool_choice(base()),
+            base(),
+            tool_choice(ToolChoice::None)(base()),
             Some(CacheBreak::ToolChoice),
         ),
-        ("effort", effort(base()), Some(CacheBreak::Effort)),
-        // An effort under a thinking config of the request's own sets nothing.
-        ("thinking, then effort too", effort(thinking(base())), None),
-        ("max_tokens", max_tokens(base()), None),
-        ("a message more", with_messages(base()), None),
-    ];
-    for (what, later, named) in cases {
-        let earlier = if what == "thinking, then effort too" {
-            thinking(base())
-        } else {
-            base()
-        };
-        // The prefixes are equal (or the later one extends the earlier): only the settings
-        // differ, which the fingerprints do not hold.
-        assert_eq!(
-            earlier.fingerprint().diff(&later.fingerprint()),
+        (
+            "tool_choice auto",
+            base(),
+            tool_choice(ToolChoice::Auto)(base()),
+            Some(CacheBreak::ToolChoice),
+        ),
+        (
+            "effort",
+            base(),
+            effort(Effort::High)(base()),
+            Some(CacheBreak::Effort),
+        ),
+        (
+            "max_tokens under an effort",
+            effort(Effort::Max)(base()),
+            max_tokens(8_000)(effort(Effort::Max)(base())),
+            Some(CacheBreak::Effort),
+        ),
+        (
+            "an effort under a thinking config",
+            thinking(2048)(base()),
+            effort(Effort::High)(thinking(2048)(base())),
             None,
+        ),
+        (
+            "an effort's budget sent as a thinking config",
+            effort(Effort::High)(base()),
+            thinking(budget)(base()),
+            None,
+        ),
+        (
+            "prefix thinking a per-call override replaces",
+            thinking(2048)(prefix_thinking(1024)),
+            thinking(2048)(prefix_thinking(4096)),
+            None,
+        ),
+        ("max_tokens", base(), max_tokens(999)(base()), None),
+        ("a message more", base(), with_messages(base()), None),
+    ];
+    for (what, earlier, later, named) in cases {
+        assert_eq!(
+            earlier.cache_break(&later, WireFormat::Anthropic),
+            named,
             "{what}"
         );
-        assert_eq!(earlier.cache_break(&later), named, "{what}");
         let s = PromptCacheSimulator::anthropic(echo());
         let first = s.send(&earlier).await.unwrap().usage;
         let u = s.send(&later).await.unwrap().usage;
         let read_all = u.cache_read_tokens == first.cache_write_tokens;
         assert_eq!(read_all, named.is_none(), "{what}: {first:?} then {u:?}");
+        // OpenAI's cache matches the prompt's prefix alone: no setting breaks it.
+        assert_eq!(
+            earlier.cache_break(&later, WireFormat::OpenAi),
+            None,
+            "{what}"
+        );
+        let read_after = |second: Request| {
+            let earlier = earlier.clone();
+            async move {
+                let s = PromptCacheSimulator::openai(echo());
+                s.send(&earlier).await.unwrap();
+                s.send(&second).await.unwrap().usage.cache_read_tokens
+            }
+        };
+        assert_eq!(
+            read_after(later).await,
+            read_after(earlier.clone()).await,
+            "{what} (OpenAI): reads as much as the same request again"
+        );
     }
+    assert_eq!(
+        CacheBreak::Effort.to_string(),
+        "the thinking budget the effort sets changed"
+    );
     // A setting never hides an earlier break: the system block is named, not the setting.
     let other = Request::new(params_with(&"t".repeat(6000), 10, 100), vec![])
-        .with_settings(tool_choice(base()).settings);
+        .with_settings(tool_choice(ToolChoice::None)(base()).settings);
     assert_eq!(
-        base().cache_break(&other),
+        base().cache_break(&other, WireFormat::Anthropic),
         Some(CacheBreak::SystemPrompt {
             block: 0,
             change: Change::Changed
@@ -380,7 +454,7 @@ async fn each_per_call_setting_that_breaks_the_cache_is_named() {
         vec![],
     );
     assert_eq!(
-        base().cache_break(&edited),
+        base().cache_break(&edited, WireFormat::Anthropic),
         Some(CacheBreak::Message {
             index: 3,
             change: Change::Changed

@@ -1216,8 +1216,9 @@ fn config_warnings(config: &AgentToolConfig) -> Vec<String> {
         // coordinator's too.
         warnings.push(
             "coordinator mode with background tasks disabled: every worker runs in the \
-             foreground, one at a time, while the coordinator waits, and `SendMessage` never \
-             reaches a running one; turn the veto off (`with_background_disabled(false)`)"
+             foreground, and the coordinator waits for each round of them to finish (no \
+             notifications, nothing else done meanwhile), and `SendMessage` never reaches a \
+             running one; turn the veto off (`with_background_disabled(false)`)"
                 .to_owned(),
         );
     }

@@ -364,7 +364,7 @@ pub(super) fn parse_file(
                         Error::Mcp { message, .. } => message,
                         other => other.to_string(),
                     };
-                    format!("{origin}, server `{n}`: {why}")
+                    format!("{origin}: {why}")
                 });
             (n.clone(), server)
         })
@@ -516,7 +516,7 @@ mod tests {
             parsed[0]
                 .1
                 .as_ref()
-                .is_err_and(|e| e.starts_with(".mcp.json, server `bad`: transport `sse`")),
+                .is_err_and(|e| e.starts_with(".mcp.json: transport `sse`")),
             "{:?}",
             parsed[0].1
         );
@@ -527,8 +527,8 @@ mod tests {
         assert_eq!(
             parsed[0].1.as_ref().err().map(String::as_str),
             Some(
-                ".mcp.json, server `bad name__x`: a server's name must not be empty or hold `__` \
-                 (its tools are named `mcp__<server>__<tool>`)"
+                ".mcp.json: a server's name must not be empty or hold `__` (its tools are named \
+                 `mcp__<server>__<tool>`)"
             )
         );
         assert!(parsed[1].1.is_ok());

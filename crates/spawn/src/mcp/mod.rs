@@ -660,8 +660,8 @@ mod tests {
         assert_eq!(
             status.get("bad__x"),
             Some(&McpStatus::Failed(
-                "/p/.mcp.json, server `bad__x`: a server's name must not be empty or hold `__` \
-                 (its tools are named `mcp__<server>__<tool>`)"
+                "/p/.mcp.json: a server's name must not be empty or hold `__` (its tools are \
+                 named `mcp__<server>__<tool>`)"
                     .to_owned()
             ))
         );

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use forkhive_core::{Message, Usage};
-use forkhive_transport::Request;
+use forkhive_transport::{Request, ToolChoice};
 
 use crate::definition::{AgentRegistry, VERIFICATION_AGENT};
 use crate::error::{Error, Result};
@@ -32,9 +32,21 @@ pub struct SideAnswer {
 /// invalidates the messages cache ("Prompt caching" rules), so the conversation would be
 /// read again at full price — and a tool call the model makes is dropped, never run, as
 /// Claude Code's permission check refuses every tool there (the section above).
+///
+/// An agent whose `tool_choice` forces a tool (`any`, or one tool) would have the model call
+/// one and answer nothing: its side question goes out with `none` instead, and reads only the
+/// tools and system prompt from the cache. An answer that is tool calls and no text is
+/// [`Error::Refused`], naming the tools: an empty answer would pass for "nothing to say".
 pub async fn side_question(agent: &Agent, question: &str) -> Result<SideAnswer> {
+    let mut settings = agent.shared().settings.clone();
+    if matches!(
+        settings.tool_choice,
+        Some(ToolChoice::Any | ToolChoice::Tool { .. })
+    ) {
+        settings.tool_choice = Some(ToolChoice::None);
+    }
     let request = Request::new(agent.params().clone(), vec![Message::user_text(question)])
-        .with_settings(agent.shared().settings.clone())
+        .with_settings(settings)
         .with_label(format!("{}-btw", agent.id()));
     let response = agent
         .shared()
@@ -45,8 +57,21 @@ pub async fn side_question(agent: &Agent, question: &str) -> Result<SideAnswer> 
             turn: agent.turns() + 1,
             source,
         })?;
+    let text = response.message.text();
+    let called: Vec<String> = response
+        .message
+        .tool_uses()
+        .map(|(_, name, _)| format!("`{name}`"))
+        .collect();
+    if text.trim().is_empty() && !called.is_empty() {
+        return Err(Error::Refused(format!(
+            "the side question was answered with a call to {} and no text; a side question \
+             runs no tool: ask it so that it can be answered from what the agent already has",
+            called.join(", ")
+        )));
+    }
     Ok(SideAnswer {
-        text: response.message.text(),
+        text,
         usage: response.usage,
     })
 }

@@ -780,8 +780,11 @@ impl AgentBuilder {
         let emit = Emitter::new(*cx.id(), self.0.events.clone());
         let mut settings = self.0.settings;
         // A definition's `effort`, as each backend can say it (RequestSettings::effort); an
-        // agent with a definition has its own effort, never its parent's.
-        if def.is_some() {
+        // agent with a definition has its own effort, never its parent's — except a fork
+        // child, whose requests are its parent's bytes: the effort sets the thinking budget
+        // its parent's cache was written with ("Coordinator Mode" — CacheSafeParams: a fork
+        // that changes it invalidates the messages cache, and the child would not think).
+        if def.is_some() && cx.kind() != AgentKind::Fork {
             settings.effort = None;
         }
         if let Some(d) = def

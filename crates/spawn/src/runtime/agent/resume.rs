@@ -28,7 +28,9 @@ impl Agent {
     /// description the builder sets that differs is not used, and is a warning (`tracing`,
     /// and [`EventKind::Warning`] at the first run); a tool of the transcript's array that
     /// the builder's tools lack is [`Error::Config`]. A last line cut by a crash is left out
-    /// (and cut from the file) and reported; any other damage is [`Error::Transcript`].
+    /// (and cut from the file) and reported — unless the crash cut the messages the agent
+    /// started with, which its header's fingerprint covers: that transcript is refused —
+    /// and any other damage is [`Error::Transcript`].
     ///
     /// The file is read under its lock, which an agent's transcript writer holds for as long
     /// as the agent lives, and a dropped agent's until its last write is finished: that write
