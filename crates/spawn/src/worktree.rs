@@ -513,6 +513,24 @@ async fn add(
         exclude(top, root)
             .await
             .map_err(|e| format!("could not exclude the worktrees directory: {e}"))?;
+        // `worktree add -b` makes the branch before it looks at the path: a failed add can
+        // leave a branch behind, which every later add of the name then meets. One this add
+        // made is taken away again (only while it still points where it started); one that
+        // was there before is never touched.
+        let made_here = match branch {
+            Some(b) => git(
+                top,
+                &[
+                    "rev-parse",
+                    "--verify",
+                    "--quiet",
+                    &format!("refs/heads/{b}"),
+                ],
+            )
+            .await
+            .is_err(),
+            None => false,
+        };
         let mut delay = Duration::from_millis(10);
         let mut attempt = 1;
         loop {
@@ -523,7 +541,7 @@ async fn add(
                 Err(e) if contended(&e) && attempt < LOCK_ATTEMPTS => {
                     // The failed add may have made the new branch already; the retry makes it
                     // again (taken away only while it still points where it started).
-                    if let Some(b) = branch {
+                    if let Some(b) = branch.filter(|_| made_here) {
                         let _ = git(
                             top,
                             &["update-ref", "-d", &format!("refs/heads/{b}"), start],
@@ -535,10 +553,9 @@ async fn add(
                     attempt += 1;
                 }
                 Err(e) => {
-                    // Met another add to the last: the branch the failed one made goes too.
-                    if let Some(b) = branch
-                        && contended(&e)
-                    {
+                    // Whatever the failure (another add to the last, a path already there),
+                    // the branch this add made goes too.
+                    if let Some(b) = branch.filter(|_| made_here) {
                         let _ = git(
                             top,
                             &["update-ref", "-d", &format!("refs/heads/{b}"), start],

@@ -531,6 +531,30 @@ async fn a_directory_outside_git_and_a_bad_slug_are_refused() {
             .contains("fatal: a branch named 'forkhive/twice' already exists"),
         "{err}"
     );
+    // The branch that was there before is untouched.
+    assert!(branches(repo.path()).contains("forkhive/twice"));
+    // A path already there: git makes the branch before it looks at the path, and the
+    // failed creation takes it away again, so a later one of the name is not refused for it;
+    // what was at the path is left as it was.
+    let taken = repo.path().join(".forkhive/worktrees/pre");
+    std::fs::create_dir_all(&taken).unwrap();
+    std::fs::write(taken.join("keep.txt"), "mine").unwrap();
+    let err = Worktree::create(repo.path(), "pre", None)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("already exists"), "{err}");
+    assert!(
+        !branches(repo.path()).contains("forkhive/pre"),
+        "{}",
+        branches(repo.path())
+    );
+    assert_eq!(
+        std::fs::read_to_string(taken.join("keep.txt")).unwrap(),
+        "mine"
+    );
+    std::fs::remove_dir_all(&taken).unwrap();
+    let wt = Worktree::create(repo.path(), "pre", None).await.unwrap();
+    assert_eq!(wt.branch(), "forkhive/pre");
 }
 
 /// Sixteen workers start together: git's lock files are contended, and every creation still

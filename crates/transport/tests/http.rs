@@ -466,12 +466,38 @@ async fn an_overloaded_event_before_any_content_is_retried_but_not_after() {
         .stream_to_response(&sample_request())
         .await
         .unwrap_err();
-    assert_eq!(err.to_string(), "provider overloaded: Overloaded");
+    // Not called retryable, nor `overloaded` as if nothing had arrived.
+    let text = err.to_string();
+    assert!(
+        text.starts_with("stream truncated after ")
+            && text.ends_with(
+                " events: the provider sent an error event: Overloaded; part of the answer had \
+                 arrived, so it is not retried"
+            ),
+        "{text}"
+    );
+    assert!(!err.is_retryable());
     assert_eq!(
         server.requests().len(),
         1,
         "part of the answer was delivered: no retry"
     );
+    // An `api_error` event: no `HTTP 500` the server never sent.
+    let api_error = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"boom\"}}\n\n";
+    let mid = format!("{}{api_error}", &sse[..at]);
+    let server = serve(vec![Reply::sse(&mid)]).await;
+    let err = anthropic(&server.url(), 2)
+        .stream_to_response(&sample_request())
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().ends_with(
+            "events: the provider sent an error event: boom; part of the answer had arrived, so \
+             it is not retried"
+        ),
+        "{err}"
+    );
+    assert!(!err.is_retryable());
 }
 
 #[tokio::test]
@@ -512,10 +538,18 @@ async fn timeouts_name_what_was_awaited() {
         .stream_to_response(&sample_request())
         .await
         .unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "timed out after 200ms waiting for the next stream event"
+    // After the first event: a stall partway is a cut answer, not retryable (sending again
+    // would give a second answer after the start of the first).
+    let text = err.to_string();
+    assert!(
+        text.starts_with("stream truncated after ")
+            && text.ends_with(
+                " events: no event came within 200ms; part of the answer had arrived, so it is \
+                 not retried"
+            ),
+        "{text}"
     );
+    assert!(!err.is_retryable());
 }
 
 #[tokio::test]
@@ -616,9 +650,46 @@ async fn a_huge_retry_after_is_capped_not_a_panic() {
         .send(&sample_request())
         .await
         .unwrap_err();
-    assert_eq!(
-        err.retry_after(),
-        None,
-        "an unrepresentable delay is ignored"
-    );
+    // Too large to represent: the longest wait, which the policy caps (60 s by default) —
+    // never less than a moderate request gets.
+    assert_eq!(err.retry_after(), Some(Duration::MAX));
+}
+
+/// A redirect is not followed: the request carries the API key and the host's headers, which
+/// another server would get, and a 301/302 would resend the POST as a GET whose answer would
+/// pass for the model's. It is an error naming the endpoint and where it points (without the
+/// credentials or query a `Location` may hold), not retried; the second server hears nothing.
+#[tokio::test]
+async fn a_redirect_is_an_error_and_sends_the_key_nowhere() {
+    let elsewhere = serve(vec![Reply::json(200, ANTHROPIC_OK)]).await;
+    for status in [301, 302, 307, 308] {
+        let location = format!("{}/v1/messages?token=t0ken#x", elsewhere.url()).replacen(
+            "http://",
+            "http://user:pw@",
+            1,
+        );
+        let server = serve(vec![
+            Reply::json(status, "").with_header("location", &location),
+        ])
+        .await;
+        let err = anthropic(&server.url(), 3)
+            .send(&sample_request())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "invalid request (HTTP {status}): {} answered with a redirect to \
+                 `{}/v1/messages`, which is not followed (the request carries the API key, \
+                 which a redirect would hand on, and a POST would become a GET): set the base \
+                 URL to where it points",
+                server.url(),
+                elsewhere.url()
+            ),
+            "HTTP {status}"
+        );
+        assert!(!err.is_retryable());
+        assert_eq!(server.requests().len(), 1, "not retried");
+    }
+    assert!(elsewhere.requests().is_empty(), "the key went nowhere else");
 }

@@ -2,8 +2,10 @@
 //!
 //! Both resolve the model's path inside their root and refuse anything that leaves it — a
 //! `..` segment, an absolute path elsewhere, or a symlink whose target lies outside — because
-//! a model's input is untrusted. The refusal is the same sentence in every case,
-//! `` path `<p>` is outside the directory this tool may read ``, and the first two are
+//! a model's input is untrusted. The refusal is one sentence,
+//! `` path `<p>` is outside the directory this tool may read `` (a path with a `..` segment
+//! is refused for that, wherever it leads: `` path `<p>` has a `..` segment, which this tool
+//! never follows ``), and the first two are
 //! decided from the text of the path alone, before the filesystem is touched, so that a
 //! refusal never tells whether something outside the root exists. An absolute path must be spelled under the root's
 //! canonical form (symlinks in the root's own path resolved).
@@ -54,6 +56,14 @@ async fn resolve(root: &Path, requested: &str) -> std::result::Result<PathBuf, S
     let path = Path::new(requested);
     // The text first: a refusal must not depend on what exists outside the root.
     if !lexically_inside(root, path) {
+        // `sub/../a.txt` stays inside and is refused all the same: said as what it is,
+        // from the text alone (no oracle for what exists).
+        if path.components().any(|c| matches!(c, Component::ParentDir)) {
+            return Err(format!(
+                "path `{requested}` has a `..` segment, which this tool never follows (wherever \
+                 it leads): name the file without it"
+            ));
+        }
         return Err(outside(requested));
     }
     let real = tokio::fs::canonicalize(root.join(path))
@@ -400,9 +410,19 @@ mod tests {
             "sub/../a.txt",
             "..",
         ] {
-            assert_eq!(read(&read_tool, &cx, p).await, refused(p), "Read {p}");
+            // A `..` segment is refused for that, wherever it leads: decided from the text
+            // alone too, so existence still shows nowhere.
+            let want = if p.split('/').any(|c| c == "..") {
+                ToolOutput::error(format!(
+                    "path `{p}` has a `..` segment, which this tool never follows (wherever it \
+                     leads): name the file without it"
+                ))
+            } else {
+                refused(p)
+            };
+            assert_eq!(read(&read_tool, &cx, p).await, want, "Read {p}");
             let listed = ls.call(serde_json::json!({ "path": p }), &cx).await;
-            assert_eq!(listed, refused(p), "LS {p}");
+            assert_eq!(listed, want, "LS {p}");
         }
         // Inside, by relative or canonical absolute path, is fine.
         let canonical = read_tool.root.join("a.txt").display().to_string();

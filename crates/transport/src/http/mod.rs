@@ -47,7 +47,10 @@ pub fn client_builder() -> reqwest::ClientBuilder {
     // warns about it.
     #[allow(deprecated)]
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = reqwest::Client::builder();
+    // No redirect is followed: a request carries the API key and the host's headers, which a
+    // redirect to another server would hand on, and a 301/302 turns the POST into a GET whose
+    // answer would pass for the model's. A redirect is an error that names where it points.
+    let builder = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
     match rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
     {
@@ -56,6 +59,22 @@ pub fn client_builder() -> reqwest::ClientBuilder {
         // The ring provider supports the default protocol versions; were that ever not so,
         // reqwest reports the missing TLS set-up when the client is built.
         Err(_) => builder,
+    }
+}
+
+/// A redirect's `Location` as an error shows it: without credentials (`user:pass@`), query or
+/// fragment, which may carry tokens.
+fn redacted_location(location: &str) -> String {
+    let cut = location
+        .find(['?', '#'])
+        .map_or(location, |i| &location[..i]);
+    match cut.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+            format!("{scheme}://{host}{path}")
+        }
+        None => cut.to_owned(),
     }
 }
 
@@ -100,7 +119,7 @@ impl fmt::Debug for HttpConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let headers: Vec<&str> = self.extra_headers.iter().map(|(n, _)| n.as_str()).collect();
         f.debug_struct("HttpConfig")
-            .field("base_url", &self.base_url)
+            .field("base_url", &shown_url(&self.base_url))
             .field("api_key", &self.api_key)
             .field("extra_headers", &headers)
             .field("connect_timeout", &self.connect_timeout)
@@ -187,7 +206,9 @@ impl HttpBackend {
         let base = std::env::var("ANTHROPIC_BASE_URL")
             .unwrap_or_else(|_| "https://api.anthropic.com".to_owned());
         let key = std::env::var("ANTHROPIC_API_KEY")
-            .map_err(|_| Error::Config("ANTHROPIC_API_KEY is not set".to_owned()))?;
+            .ok()
+            .filter(|k| !k.trim().is_empty())
+            .ok_or_else(|| Error::Config("ANTHROPIC_API_KEY is not set, or empty".to_owned()))?;
         Self::anthropic(HttpConfig::new(base).with_api_key(key))
     }
 
@@ -299,6 +320,21 @@ impl HttpBackend {
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned)
         };
+        if (300..400).contains(&status) {
+            let to = header("location").map_or_else(
+                || "nowhere it says".to_owned(),
+                |l| format!("`{}`", redacted_location(&l)),
+            );
+            return Err(Error::InvalidRequest {
+                status,
+                message: format!(
+                    "{} answered with a redirect to {to}, which is not followed (the request \
+                     carries the API key, which a redirect would hand on, and a POST would \
+                     become a GET): set the base URL to where it points",
+                    self.endpoint
+                ),
+            });
+        }
         let retry_after = retry::parse_retry_after(
             header("retry-after").as_deref(),
             header("retry-after-ms").as_deref(),
@@ -476,6 +512,15 @@ fn endpoint(base: &str, wire: WireFormat) -> Result<(String, String)> {
             url.scheme()
         )));
     }
+    // Credentials in the URL are not sent (reqwest does not turn them into a header): said,
+    // rather than leave a request unauthenticated with no word.
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(Error::Config(
+            "invalid base URL in HttpConfig::base_url: it holds credentials (`user:…@`), which \
+             are not sent; give the key with `with_api_key` or a header with `with_header`"
+                .to_owned(),
+        ));
+    }
     let host = url.host_str().unwrap_or_default();
     let port = url.port_or_known_default().unwrap_or_default();
     let origin = format!("{}://{host}:{port}", url.scheme());
@@ -489,14 +534,22 @@ fn endpoint(base: &str, wire: WireFormat) -> Result<(String, String)> {
         WireFormat::Anthropic => "/messages",
         WireFormat::OpenAi => "/chat/completions",
     };
-    Ok((format!("{origin}{versioned}{tail}"), origin))
+    // A query a gateway needs (`?api-version=…`) goes with every request.
+    let query = url.query().map(|q| format!("?{q}")).unwrap_or_default();
+    Ok((format!("{origin}{versioned}{tail}{query}"), origin))
+}
+
+/// A URL as `Debug` shows it: credentials and the query's values (which may be tokens) out.
+fn shown_url(url: &str) -> String {
+    let query = url.split_once('?').map(|_| "?…").unwrap_or_default();
+    format!("{}{query}", redacted_location(url))
 }
 
 impl fmt::Debug for HttpBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("HttpBackend")
             .field("wire", &self.codec.wire())
-            .field("url", &self.url)
+            .field("url", &shown_url(&self.url))
             .field("api_key", &self.config.api_key)
             .field("retry", &self.config.retry)
             .finish()
@@ -520,6 +573,35 @@ struct EventReader {
 
 impl EventReader {
     async fn next(&mut self) -> Option<Result<StreamEvent>> {
+        let item = self.read().await;
+        match item {
+            // Past the first event, part of the answer has been handed on: a retryable error
+            // (an error event, a stall) would not be retried here — sending again would give
+            // the caller a second answer after the start of the first — so it is not called
+            // retryable either, nor a status the server never sent (`HTTP 500` for an
+            // `api_error` event).
+            Some(Err(e)) if self.events > 0 && e.is_retryable() => {
+                let detail = match &e {
+                    Error::Timeout { after, .. } => format!("no event came within {after:?}"),
+                    Error::Unavailable { message, .. }
+                    | Error::Overloaded { message, .. }
+                    | Error::RateLimited { message, .. } => {
+                        format!("the provider sent an error event: {message}")
+                    }
+                    other => other.to_string(),
+                };
+                Some(Err(Error::TruncatedStream {
+                    events: self.events,
+                    detail: format!(
+                        "{detail}; part of the answer had arrived, so it is not retried"
+                    ),
+                }))
+            }
+            other => other,
+        }
+    }
+
+    async fn read(&mut self) -> Option<Result<StreamEvent>> {
         loop {
             if let Some(e) = self.pending.pop_front() {
                 self.events += 1;
@@ -748,6 +830,44 @@ mod tests {
             endpoint("not a url", WireFormat::OpenAi),
             Err(Error::Config(_))
         ));
+        // A gateway's query goes with every request; credentials in the URL are refused
+        // (they would not be sent).
+        assert_eq!(
+            o("https://gw.example/openai?api-version=2026-01-01"),
+            "https://gw.example:443/openai/v1/chat/completions?api-version=2026-01-01"
+        );
+        assert_eq!(
+            endpoint("http://user:pw@h:1", WireFormat::OpenAi)
+                .err()
+                .map(|e| e.to_string()),
+            Some(
+                "backend configuration: invalid base URL in HttpConfig::base_url: it holds \
+                 credentials (`user:…@`), which are not sent; give the key with `with_api_key` \
+                 or a header with `with_header`"
+                    .to_owned()
+            )
+        );
+    }
+
+    /// `Debug` of a config or backend shows neither credentials nor the query's values of
+    /// the URL, which may be tokens.
+    #[test]
+    fn debug_shows_no_secret_of_the_url() {
+        let config = HttpConfig::new("http://u:pw-SECRET@127.0.0.1:1/ok?key=qs-SECRET");
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("SECRET"), "{shown}");
+        assert!(
+            shown.contains(r#"base_url: "http://127.0.0.1:1/ok?…""#),
+            "{shown}"
+        );
+        let b =
+            HttpBackend::anthropic(HttpConfig::new("http://127.0.0.1:1/ok?key=qs-SECRET")).unwrap();
+        let shown = format!("{b:?}");
+        assert!(!shown.contains("SECRET"), "{shown}");
+        assert!(
+            shown.contains("http://127.0.0.1:1/ok/v1/messages?…"),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -74,20 +74,30 @@ fn random_fraction() -> f64 {
     (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// Parses `retry-after` (seconds) or `retry-after-ms` header values.
+/// Parses `retry-after` (seconds, or an HTTP-date) or `retry-after-ms` header values.
 pub(crate) fn parse_retry_after(seconds: Option<&str>, millis: Option<&str>) -> Option<Duration> {
-    // `try_from_secs_f64` rejects negatives, NaN and values too large for a `Duration`
-    // (a hostile `retry-after: 1e300` must not panic); the policy caps what it honours.
+    // A negative or NaN value is no answer; one too large for a `Duration` (a hostile
+    // `retry-after: 1e300`, which must not panic) is the longest wait, which the policy caps
+    // like any long one — never less than a moderate request gets.
+    let secs = |s: f64| match Duration::try_from_secs_f64(s) {
+        Ok(d) => Some(d),
+        Err(_) if s > 0.0 => Some(Duration::MAX),
+        Err(_) => None,
+    };
     let number = |v: &str| v.trim().parse::<f64>().ok();
-    if let Some(d) = millis
-        .and_then(number)
-        .and_then(|ms| Duration::try_from_secs_f64(ms / 1000.0).ok())
-    {
+    if let Some(d) = millis.and_then(number).and_then(|ms| secs(ms / 1000.0)) {
         return Some(d);
     }
-    seconds
-        .and_then(number)
-        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+    let value = seconds?;
+    match number(value) {
+        Some(s) => secs(s),
+        // `retry-after: Wed, 21 Oct 2026 07:28:00 GMT`: the time left until then (none
+        // when it has passed).
+        None => httpdate::parse_http_date(value.trim()).ok().map(|at| {
+            at.duration_since(std::time::SystemTime::now())
+                .unwrap_or(Duration::ZERO)
+        }),
+    }
 }
 
 #[cfg(test)]
@@ -147,13 +157,30 @@ mod tests {
             parse_retry_after(Some("2"), Some("150")),
             Some(Duration::from_millis(150))
         );
+        // An HTTP-date: the time left until then, none once it has passed.
         assert_eq!(
             parse_retry_after(Some("Wed, 21 Oct 2015 07:28:00 GMT"), None),
-            None
+            Some(Duration::ZERO)
         );
+        let later = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(30));
+        let left = parse_retry_after(Some(&later), None).unwrap();
+        assert!(
+            left > Duration::from_secs(27) && left <= Duration::from_secs(30),
+            "{left:?}"
+        );
+        assert_eq!(parse_retry_after(Some("soon"), None), None);
         assert_eq!(parse_retry_after(Some("-1"), None), None);
-        assert_eq!(parse_retry_after(Some("1e300"), None), None);
-        assert_eq!(parse_retry_after(Some("NaN"), Some("1e300")), None);
+        // Too large for a `Duration`: the longest wait, which the policy caps, never less
+        // than a moderate value gets.
+        assert_eq!(parse_retry_after(Some("1e300"), None), Some(Duration::MAX));
+        assert_eq!(
+            parse_retry_after(Some("NaN"), Some("1e300")),
+            Some(Duration::MAX)
+        );
+        assert_eq!(parse_retry_after(Some("NaN"), None), None);
+        let p = RetryPolicy::default();
+        let huge = Error::from_status(429, "slow".into(), parse_retry_after(Some("1e300"), None));
+        assert_eq!(p.delay(0, &huge), Some(p.max_retry_after));
         assert_eq!(
             parse_retry_after(Some("1e9"), None),
             Some(Duration::from_secs(1_000_000_000))
