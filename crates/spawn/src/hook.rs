@@ -620,36 +620,34 @@ impl CommandHook {
                 reason: text("reason", &v).unwrap_or_else(|| format!("blocked by {self:?}")),
             };
         }
+        // A garbled decision makes the rest of the output suspect: nothing of it is applied
+        // (no rewrite, no context), and the host is told.
+        if let Some(warning) = mistyped {
+            return HookOutcome::Failed {
+                warning: format!("{warning}, with the rest of its output, and the call went on"),
+            };
+        }
         let context = text("additionalContext", &specific).filter(|c| !c.is_empty());
-        let rewrite = specific
+        match specific
             .get("updatedInput")
             .filter(|input| input.is_object())
-            .cloned();
-        // One outcome reaches the agent: what else the output said goes to the log.
-        let also = |what: &str| tracing::warn!("{self:?}: {what}");
-        match (rewrite, context, mistyped) {
-            (Some(input), context, mistyped) => {
+        {
+            Some(input) => {
                 if context.is_some() {
-                    also(
-                        "`additionalContext` beside `updatedInput` was ignored (the input was \
-                         rewritten; a PreToolUse hook adds no context)",
+                    // One outcome reaches the agent: the dropped context goes to the log.
+                    tracing::warn!(
+                        "{self:?}: `additionalContext` beside `updatedInput` was ignored (the \
+                         input was rewritten; a PreToolUse hook adds no context)"
                     );
                 }
-                if let Some(m) = mistyped {
-                    also(&m);
+                HookOutcome::Rewrite {
+                    input: input.clone(),
                 }
-                HookOutcome::Rewrite { input }
             }
-            (None, Some(c), mistyped) => {
-                if let Some(m) = mistyped {
-                    also(&m);
-                }
-                HookOutcome::Context(c)
-            }
-            (None, None, Some(warning)) => HookOutcome::Failed {
-                warning: format!("{warning} and the call went on"),
+            None => match context {
+                Some(c) => HookOutcome::Context(c),
+                None => HookOutcome::Continue,
             },
-            (None, None, None) => HookOutcome::Continue,
         }
     }
 }

@@ -485,6 +485,12 @@ async fn untouched_for(path: &Path, admin: &Path, age: Duration) -> bool {
 
 /// `git worktree add` of `path` at `start` (on a new `branch`, or checking out the existing
 /// branch `start` when `branch` is `None`), then its files checked out.
+/// Whether a failed `worktree add -b` says the branch already existed (so it did not make
+/// it): `fatal: a branch named '…' already exists`.
+fn branch_was_there(error: &str) -> bool {
+    error.contains("a branch named")
+}
+
 async fn add(
     top: &Path,
     root: &Path,
@@ -541,7 +547,7 @@ async fn add(
                 Err(e) if contended(&e) && attempt < LOCK_ATTEMPTS => {
                     // The failed add may have made the new branch already; the retry makes it
                     // again (taken away only while it still points where it started).
-                    if let Some(b) = branch.filter(|_| made_here) {
+                    if let Some(b) = branch.filter(|_| made_here && !branch_was_there(&e)) {
                         let _ = git(
                             top,
                             &["update-ref", "-d", &format!("refs/heads/{b}"), start],
@@ -554,8 +560,9 @@ async fn add(
                 }
                 Err(e) => {
                     // Whatever the failure (another add to the last, a path already there),
-                    // the branch this add made goes too.
-                    if let Some(b) = branch.filter(|_| made_here) {
+                    // the branch this add made goes too — not when git says the branch was
+                    // there: another process made it between the look above and this add.
+                    if let Some(b) = branch.filter(|_| made_here && !branch_was_there(&e)) {
                         let _ = git(
                             top,
                             &["update-ref", "-d", &format!("refs/heads/{b}"), start],
@@ -750,8 +757,11 @@ async fn run_git(mut cmd: tokio::process::Command) -> std::result::Result<String
     ] {
         cmd.env_remove(var);
     }
+    // Git's messages in English whatever the host's locale: what a failure was (a lock held,
+    // a branch already there) is read from them.
     let out = cmd
         .env("GIT_TERMINAL_PROMPT", "0")
+        .env("LC_ALL", "C")
         .kill_on_drop(true)
         .output()
         .await

@@ -313,10 +313,12 @@ async fn a_fork_child_keeps_its_parents_effort() {
         effort: Some(Effort::High),
         ..RequestSettings::default()
     };
+    // Its own output cap, other than a child's default: the effort's budget is bounded by it.
     let mut p = Agent::builder(b)
         .model("claude-sonnet-4-5")
         .system_prompt("You are the parent.")
         .settings(settings)
+        .limits(forkhive_spawn::runtime::Limits::default().with_max_output_tokens(20_000))
         .tools(ToolPool::new([Arc::new(tool) as Arc<dyn Tool>]).unwrap())
         .build()
         .await
@@ -333,6 +335,7 @@ async fn a_fork_child_keeps_its_parents_effort() {
         })
         .unwrap();
     assert_eq!(child_first.settings.effort, Some(Effort::High));
+    assert_eq!(child_first.settings.max_tokens, 20_000);
     assert_eq!(
         child_first.thinking_sent(),
         parent_first.thinking_sent(),

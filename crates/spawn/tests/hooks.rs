@@ -303,12 +303,24 @@ async fn a_mistyped_decision_or_unread_context_is_a_warning() {
         (
             said(r#"{"hookSpecificOutput":{"permissionDecision":"DENY"}}"#),
             "gave `permissionDecision` \"DENY\", which is not `deny`, `allow` or `ask` (the \
-             words are matched exactly); it was ignored and the call went on",
+             words are matched exactly); it was ignored, with the rest of its output, and the \
+             call went on",
         ),
         (
             said(r#"{"hookSpecificOutput":{"permissionDecision":true}}"#),
             "gave `permissionDecision` true, which is not `deny`, `allow` or `ask` (the words \
-             are matched exactly); it was ignored and the call went on",
+             are matched exactly); it was ignored, with the rest of its output, and the call \
+             went on",
+        ),
+        // Beside a rewrite: the rewrite is not applied either (the call runs as the model
+        // asked), and the host is told.
+        (
+            said(
+                r#"{"hookSpecificOutput":{"permissionDecision":"DENY","updatedInput":{"path":"other.txt"}}}"#,
+            ),
+            "gave `permissionDecision` \"DENY\", which is not `deny`, `allow` or `ask` (the \
+             words are matched exactly); it was ignored, with the rest of its output, and the \
+             call went on",
         ),
         (
             said(r#"{"hookSpecificOutput":{"additionalContext":"PRE-CONTEXT"}}"#),

@@ -129,7 +129,9 @@ async fn memory_is_kept_per_type_confined_and_in_the_first_message() {
         [
             ("Kept `MEMORY.md` (22 bytes).".to_owned(), false),
             (
-                "path `../escape.md` is outside your memory directory".to_owned(),
+                "path `../escape.md` has a `..` segment, which your memory tools never follow \
+                 (wherever it leads): name the file without it"
+                    .to_owned(),
                 true
             ),
             ("MEMORY.md".to_owned(), false),

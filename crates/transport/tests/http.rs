@@ -458,7 +458,19 @@ async fn an_overloaded_event_before_any_content_is_retried_but_not_after() {
     assert_eq!(r.message.text(), "Hello!");
     assert_eq!(server.requests().len(), 2);
 
+    // After `message_start` (and a ping) but before any content: still nothing of the
+    // answer, so still retried — the events held back are not delivered twice.
     let sse = anthropic_sse();
+    let before_content = sse.find("event: content_block_start").unwrap();
+    let early = format!("{}{overloaded}", &sse[..before_content]);
+    let server = serve(vec![Reply::sse(&early), Reply::sse(&anthropic_sse())]).await;
+    let r = anthropic(&server.url(), 2)
+        .stream_to_response(&sample_request())
+        .await
+        .unwrap();
+    assert_eq!(r.message.text(), "Hello!");
+    assert_eq!(server.requests().len(), 2);
+
     let at = sse.find("event: content_block_stop").unwrap();
     let mid = format!("{}{overloaded}", &sse[..at]);
     let server = serve(vec![Reply::sse(&mid), Reply::sse(&anthropic_sse())]).await;
@@ -518,28 +530,37 @@ async fn timeouts_name_what_was_awaited() {
     assert!(err.is_retryable());
     assert!(started.elapsed() < Duration::from_secs(5));
 
+    // A stall after `message_start` but before any content: nothing of the answer has
+    // arrived, so it is the retryable `Timeout`; after the first content, a cut answer that
+    // is not (sending again would give a second answer after the start of the first).
     let sse = anthropic_sse();
-    let first = sse.find("event: ping").unwrap();
-    let server = serve(vec![Reply::sse_chunks(
-        vec![
-            sse.as_bytes()[..first].to_vec(),
-            sse.as_bytes()[first..].to_vec(),
-        ],
-        Duration::from_secs(3),
-    )])
-    .await;
-    let backend = HttpBackend::anthropic(
-        HttpConfig::new(server.url())
-            .with_retry(RetryPolicy::none())
-            .with_idle_timeout(Duration::from_millis(200)),
-    )
-    .unwrap();
-    let err = backend
-        .stream_to_response(&sample_request())
-        .await
-        .unwrap_err();
-    // After the first event: a stall partway is a cut answer, not retryable (sending again
-    // would give a second answer after the start of the first).
+    let stalled_at = |marker: &str| {
+        let at = sse.find(marker).unwrap();
+        Reply::sse_chunks(
+            vec![sse.as_bytes()[..at].to_vec(), sse.as_bytes()[at..].to_vec()],
+            Duration::from_secs(3),
+        )
+    };
+    let stream_err = |reply: Reply| async move {
+        let server = serve(vec![reply]).await;
+        let backend = HttpBackend::anthropic(
+            HttpConfig::new(server.url())
+                .with_retry(RetryPolicy::none())
+                .with_idle_timeout(Duration::from_millis(200)),
+        )
+        .unwrap();
+        backend
+            .stream_to_response(&sample_request())
+            .await
+            .unwrap_err()
+    };
+    let err = stream_err(stalled_at("event: ping")).await;
+    assert_eq!(
+        err.to_string(),
+        "timed out after 200ms waiting for the next stream event"
+    );
+    assert!(err.is_retryable());
+    let err = stream_err(stalled_at("event: content_block_delta")).await;
     let text = err.to_string();
     assert!(
         text.starts_with("stream truncated after ")
@@ -680,9 +701,9 @@ async fn a_redirect_is_an_error_and_sends_the_key_nowhere() {
             err.to_string(),
             format!(
                 "invalid request (HTTP {status}): {} answered with a redirect to \
-                 `{}/v1/messages`, which is not followed (the request carries the API key, \
-                 which a redirect would hand on, and a POST would become a GET): set the base \
-                 URL to where it points",
+                 `{}/v1/messages?…`, which is not followed (the request carries the API key, \
+                 which a redirect would hand on, and a POST would become a GET): point the base \
+                 URL at that server",
                 server.url(),
                 elsewhere.url()
             ),
@@ -692,4 +713,31 @@ async fn a_redirect_is_an_error_and_sends_the_key_nowhere() {
         assert_eq!(server.requests().len(), 1, "not retried");
     }
     assert!(elsewhere.requests().is_empty(), "the key went nowhere else");
+    // However the `Location` is written, no credentials or query of it are shown.
+    for (location, shown) in [
+        ("//user:pw@evil.example/x?t=1", "http://evil.example/x?…"),
+        // Not a URL at all (a port of `p`): shown as such, none of it repeated.
+        (
+            "http://user:p?ss@h.example/x",
+            "(an address that is not a URL)",
+        ),
+        ("/v1/other", "/v1/other"),
+    ] {
+        let server = serve(vec![Reply::json(307, "").with_header("location", location)]).await;
+        let err = anthropic(&server.url(), 0)
+            .send(&sample_request())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("pw") && !err.contains("ss@"), "{err}");
+        let want = if shown.starts_with("/v1") {
+            format!("{}{shown}", server.url())
+        } else {
+            shown.to_owned()
+        };
+        assert!(
+            err.contains(&format!("a redirect to `{want}`")),
+            "{location}: {err}"
+        );
+    }
 }

@@ -309,6 +309,7 @@ async fn open(server: &McpServer) -> Result<(Link, Vec<rmcp::model::Tool>), Stri
                 }
                 let client = forkhive_transport::http::client_builder()
                     .connect_timeout(timeout)
+                    .redirect(same_origin_redirects())
                     .build()
                     .map_err(|e| format!("could not build the HTTP client: {e}"))?;
                 let config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
@@ -356,6 +357,27 @@ async fn open(server: &McpServer) -> Result<(Link, Vec<rmcp::model::Tool>), Stri
             Err(why)
         }
     }
+}
+
+/// Redirects an MCP client follows: a 307 or 308 (the method and body kept) to the same
+/// scheme, host and port, at most 5 — the `/mcp` → `/mcp/` of common servers — as rmcp's own
+/// client does. Anything else (another server, which the headers would reach; a 301/302,
+/// which would drop the body) stops at the redirect, which the handshake then reports.
+fn same_origin_redirects() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        let same = attempt.previous().first().is_some_and(|first| {
+            let url = attempt.url();
+            first.scheme() == url.scheme()
+                && first.host_str() == url.host_str()
+                && first.port_or_known_default() == url.port_or_known_default()
+        });
+        let keeps_body = matches!(attempt.status().as_u16(), 307 | 308);
+        if same && keeps_body && attempt.previous().len() <= 5 {
+            attempt.follow()
+        } else {
+            attempt.stop()
+        }
+    })
 }
 
 /// A failed handshake as a host reads it: a closed connection says the process likely

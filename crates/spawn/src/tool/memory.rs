@@ -289,12 +289,29 @@ fn outside(requested: &str) -> String {
     format!("path `{requested}` is outside your memory directory")
 }
 
+/// Why a path refused from its text alone is refused: a relative one with a `..` segment for
+/// that (wherever it leads, as `Read` says it), any other as outside.
+fn refused_as_written(requested: &str) -> String {
+    let path = Path::new(requested);
+    if path.is_relative()
+        && path
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return format!(
+            "path `{requested}` has a `..` segment, which your memory tools never follow \
+             (wherever it leads): name the file without it"
+        );
+    }
+    outside(requested)
+}
+
 /// Resolves `requested` for writing: lexically inside, its parent (made if missing) really
 /// inside, and not a symlink.
 async fn writable(root: &Path, requested: &str) -> std::result::Result<PathBuf, String> {
     let path = Path::new(requested);
     if requested.is_empty() || !lexically_inside(root, path) {
-        return Err(outside(requested));
+        return Err(refused_as_written(requested));
     }
     let target = root.join(path);
     let parent = target.parent().ok_or_else(|| outside(requested))?;
@@ -376,7 +393,7 @@ impl Tool for MemoryRead {
             return ToolOutput::error("MemoryRead needs a `path`");
         };
         if !lexically_inside(&self.root, Path::new(&path)) {
-            return ToolOutput::error(outside(&path));
+            return ToolOutput::error(refused_as_written(&path));
         }
         let real = match tokio::fs::canonicalize(self.root.join(&path)).await {
             Ok(r) if r.starts_with(&self.root) => r,

@@ -62,19 +62,23 @@ pub fn client_builder() -> reqwest::ClientBuilder {
     }
 }
 
-/// A redirect's `Location` as an error shows it: without credentials (`user:pass@`), query or
-/// fragment, which may carry tokens.
-fn redacted_location(location: &str) -> String {
-    let cut = location
-        .find(['?', '#'])
-        .map_or(location, |i| &location[..i]);
-    match cut.split_once("://") {
-        Some((scheme, rest)) => {
-            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-            let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-            format!("{scheme}://{host}{path}")
+/// A URL as an error or `Debug` shows it: `location` read against `base` (a redirect's may
+/// be relative, or scheme-relative), without credentials, query or fragment, which may carry
+/// tokens; with `?…` where a query was. Text that is no URL is not shown at all.
+fn redacted_location(base: &str, location: &str) -> String {
+    let parsed = reqwest::Url::parse(base)
+        .and_then(|b| b.join(location))
+        .or_else(|_| reqwest::Url::parse(location));
+    match parsed {
+        Ok(mut url) => {
+            let had_query = url.query().is_some();
+            let _ = url.set_username("");
+            let _ = url.set_password(None);
+            url.set_query(None);
+            url.set_fragment(None);
+            format!("{url}{}", if had_query { "?…" } else { "" })
         }
-        None => cut.to_owned(),
+        Err(_) => "(an address that is not a URL)".to_owned(),
     }
 }
 
@@ -323,14 +327,14 @@ impl HttpBackend {
         if (300..400).contains(&status) {
             let to = header("location").map_or_else(
                 || "nowhere it says".to_owned(),
-                |l| format!("`{}`", redacted_location(&l)),
+                |l| format!("`{}`", redacted_location(&self.url, &l)),
             );
             return Err(Error::InvalidRequest {
                 status,
                 message: format!(
                     "{} answered with a redirect to {to}, which is not followed (the request \
                      carries the API key, which a redirect would hand on, and a POST would \
-                     become a GET): set the base URL to where it points",
+                     become a GET): point the base URL at that server",
                     self.endpoint
                 ),
             });
@@ -539,10 +543,9 @@ fn endpoint(base: &str, wire: WireFormat) -> Result<(String, String)> {
     Ok((format!("{origin}{versioned}{tail}{query}"), origin))
 }
 
-/// A URL as `Debug` shows it: credentials and the query's values (which may be tokens) out.
+/// A URL as `Debug` shows it (see [`redacted_location`]).
 fn shown_url(url: &str) -> String {
-    let query = url.split_once('?').map(|_| "?…").unwrap_or_default();
-    format!("{}{query}", redacted_location(url))
+    redacted_location(url, url)
 }
 
 impl fmt::Debug for HttpBackend {
@@ -569,18 +572,25 @@ struct EventReader {
     failed: Option<Error>,
     done: bool,
     idle: Duration,
+    /// Whether an event of the answer itself (past `message_start` and pings) was delivered.
+    content: bool,
 }
 
 impl EventReader {
     async fn next(&mut self) -> Option<Result<StreamEvent>> {
         let item = self.read().await;
+        if let Some(Ok(ev)) = &item
+            && !matches!(ev, StreamEvent::MessageStart { .. } | StreamEvent::Ping)
+        {
+            self.content = true;
+        }
         match item {
             // Past the first event, part of the answer has been handed on: a retryable error
             // (an error event, a stall) would not be retried here — sending again would give
             // the caller a second answer after the start of the first — so it is not called
             // retryable either, nor a status the server never sent (`HTTP 500` for an
             // `api_error` event).
-            Some(Err(e)) if self.events > 0 && e.is_retryable() => {
+            Some(Err(e)) if self.content && e.is_retryable() => {
                 let detail = match &e {
                     Error::Timeout { after, .. } => format!("no event came within {after:?}"),
                     Error::Unavailable { message, .. }
@@ -723,12 +733,24 @@ impl Backend for HttpBackend {
                 failed: None,
                 done: false,
                 idle: self.config.idle_timeout,
+                content: false,
             };
-            // An error before the first event (e.g. `overloaded_error`) is retried like a
-            // status error: nothing has been delivered yet. A connection that breaks or ends
-            // before any event is a connection failure, not a truncated answer.
-            let first = match reader.next().await {
-                Some(Err(Error::TruncatedStream { events: 0, detail })) => {
+            // An error before the answer's first content (e.g. an `overloaded_error` right
+            // after `message_start`, a common shape) is retried like a status error: nothing
+            // of the answer has been delivered yet, so `message_start` and pings are held
+            // back until it comes. A connection that breaks or ends before then is a
+            // connection failure, not a truncated answer.
+            let mut held = Vec::new();
+            let first = loop {
+                match reader.next().await {
+                    Some(Ok(ev @ (StreamEvent::MessageStart { .. } | StreamEvent::Ping))) => {
+                        held.push(Ok(ev));
+                    }
+                    other => break other,
+                }
+            };
+            let first = match first {
+                Some(Err(Error::TruncatedStream { detail, .. })) if !reader.content => {
                     Some(Err(Error::Connect {
                         endpoint: self.endpoint.clone(),
                         source: detail.into(),
@@ -743,7 +765,7 @@ impl Backend for HttpBackend {
                 }
                 Some(Err(e)) => return Err(e),
                 first => {
-                    let head = futures::stream::iter(first);
+                    let head = futures::stream::iter(held.into_iter().chain(first));
                     let rest = futures::stream::unfold(reader, |mut r| async move {
                         r.next().await.map(|item| (item, r))
                     });

@@ -91,12 +91,13 @@ pub(crate) fn parse_retry_after(seconds: Option<&str>, millis: Option<&str>) -> 
     let value = seconds?;
     match number(value) {
         Some(s) => secs(s),
-        // `retry-after: Wed, 21 Oct 2026 07:28:00 GMT`: the time left until then (none
-        // when it has passed).
-        None => httpdate::parse_http_date(value.trim()).ok().map(|at| {
-            at.duration_since(std::time::SystemTime::now())
-                .unwrap_or(Duration::ZERO)
-        }),
+        // `retry-after: Wed, 21 Oct 2026 07:28:00 GMT`: the time left until then. One that
+        // has passed (or a server clock behind this one) asks for nothing: the backoff
+        // applies, not an instant retry.
+        None => httpdate::parse_http_date(value.trim())
+            .ok()
+            .and_then(|at| at.duration_since(std::time::SystemTime::now()).ok())
+            .filter(|left| !left.is_zero()),
     }
 }
 
@@ -157,10 +158,11 @@ mod tests {
             parse_retry_after(Some("2"), Some("150")),
             Some(Duration::from_millis(150))
         );
-        // An HTTP-date: the time left until then, none once it has passed.
+        // An HTTP-date: the time left until then; one that has passed asks for nothing (the
+        // backoff applies, not an instant retry).
         assert_eq!(
             parse_retry_after(Some("Wed, 21 Oct 2015 07:28:00 GMT"), None),
-            Some(Duration::ZERO)
+            None
         );
         let later = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(30));
         let left = parse_retry_after(Some(&later), None).unwrap();

@@ -799,7 +799,11 @@ impl AgentBuilder {
                 )),
             }
         }
-        settings.max_tokens = limits.max_output_tokens;
+        // A fork child sends its parent's `max_tokens` too: the thinking budget an effort sets
+        // is bounded by it, and the budget is part of the cache key its parent wrote.
+        if cx.kind() != AgentKind::Fork {
+            settings.max_tokens = limits.max_output_tokens;
+        }
         // Its holds on the definitions' own MCP servers among its tools: the last agent
         // holding one stops it (Agent definitions, §9.6).
         #[cfg(feature = "mcp")]
