@@ -450,26 +450,22 @@ async fn server_errors_are_retried_until_the_policy_gives_up() {
 #[tokio::test]
 async fn an_overloaded_event_before_any_content_is_retried_but_not_after() {
     let overloaded = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
-    let server = serve(vec![Reply::sse(overloaded), Reply::sse(&anthropic_sse())]).await;
-    let r = anthropic(&server.url(), 2)
-        .stream_to_response(&sample_request())
-        .await
-        .unwrap();
-    assert_eq!(r.message.text(), "Hello!");
-    assert_eq!(server.requests().len(), 2);
-
+    // The first answer's stream is `first`; the retry gets the whole answer.
+    let retried = |first: String| async move {
+        let server = serve(vec![Reply::sse(&first), Reply::sse(&anthropic_sse())]).await;
+        let r = anthropic(&server.url(), 2)
+            .stream_to_response(&sample_request())
+            .await
+            .unwrap();
+        assert_eq!(r.message.text(), "Hello!");
+        assert_eq!(server.requests().len(), 2);
+    };
+    retried(overloaded.to_owned()).await;
     // After `message_start` (and a ping) but before any content: still nothing of the
     // answer, so still retried — the events held back are not delivered twice.
     let sse = anthropic_sse();
     let before_content = sse.find("event: content_block_start").unwrap();
-    let early = format!("{}{overloaded}", &sse[..before_content]);
-    let server = serve(vec![Reply::sse(&early), Reply::sse(&anthropic_sse())]).await;
-    let r = anthropic(&server.url(), 2)
-        .stream_to_response(&sample_request())
-        .await
-        .unwrap();
-    assert_eq!(r.message.text(), "Hello!");
-    assert_eq!(server.requests().len(), 2);
+    retried(format!("{}{overloaded}", &sse[..before_content])).await;
 
     let at = sse.find("event: content_block_stop").unwrap();
     let mid = format!("{}{overloaded}", &sse[..at]);
