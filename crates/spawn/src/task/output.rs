@@ -422,7 +422,16 @@ fn open_dir_below(
         action: "checking task output directory",
         path: path.to_path_buf(),
         source: if e == Errno::LOOP || e == Errno::NOTDIR {
-            std::io::Error::other("not a real directory (a symlink?)")
+            // Said as what it is: a link is refused (it could point anywhere), anything else
+            // that is not a directory cannot hold the output.
+            use rustix::fs::{AtFlags, FileType, statat};
+            let kind = statat(parent, name, AtFlags::SYMLINK_NOFOLLOW)
+                .map(|st| FileType::from_raw_mode(st.st_mode));
+            std::io::Error::other(match kind {
+                Ok(FileType::Symlink) => "a symlink, not a real directory",
+                Ok(FileType::RegularFile) => "a file, not a directory",
+                _ => "not a directory",
+            })
         } else {
             e.into()
         },
@@ -530,6 +539,26 @@ mod tests {
             err.to_string(),
             format!(
                 "checking task output directory {}",
+                dir.path().join("s/tasks").display()
+            )
+        );
+        // Its cause says what the entry is: a link, or a file.
+        assert_eq!(
+            forkhive_core::error::chain(&err),
+            format!(
+                "checking task output directory {}: a symlink, not a real directory",
+                dir.path().join("s/tasks").display()
+            )
+        );
+        std::fs::remove_file(dir.path().join("s/tasks")).unwrap();
+        std::fs::write(dir.path().join("s/tasks"), "a file").unwrap();
+        let err = OutputFile::create(&OutputConfig::new(dir.path(), "s").unwrap(), &id)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            forkhive_core::error::chain(&err),
+            format!(
+                "checking task output directory {}: a file, not a directory",
                 dir.path().join("s/tasks").display()
             )
         );
