@@ -213,16 +213,11 @@ async fn failures_are_error_results_and_the_agent_goes_on() {
     );
 }
 
-#[tokio::test]
-async fn a_streamable_http_server_on_loopback() {
-    let dir = files_dir();
+/// The example server over streamable HTTP on 127.0.0.1: the process (killed when dropped)
+/// and its URL.
+async fn http_server(dir: &std::path::Path) -> (tokio::process::Child, String) {
     let mut server = tokio::process::Command::new(server_bin())
-        .args([
-            "--dir",
-            &dir.path().display().to_string(),
-            "--http",
-            "127.0.0.1:0",
-        ])
+        .args(["--dir", &dir.display().to_string(), "--http", "127.0.0.1:0"])
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -235,6 +230,120 @@ async fn a_streamable_http_server_on_loopback() {
         .unwrap()
         .unwrap();
     let url = line.strip_prefix("listening on ").unwrap().to_owned();
+    (server, url)
+}
+
+/// A loopback front for `upstream` (`host:port`): the first request of a connection for the
+/// path `/mcp` is answered `307` to `location`; any other connection is piped to
+/// `upstream` as it is. Returns its port and how many connections it piped.
+async fn redirecting_front(
+    upstream: String,
+    location: impl Fn(u16) -> String + Send + Sync + 'static,
+) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let piped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&piped);
+    let location = Arc::new(location);
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let (upstream, counted, location) = (
+                upstream.clone(),
+                Arc::clone(&counted),
+                Arc::clone(&location),
+            );
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match client.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let first = String::from_utf8_lossy(&head)
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                if first.split(' ').nth(1) == Some("/mcp") {
+                    let answer = format!(
+                        "HTTP/1.1 307 Temporary Redirect\r\nLocation: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                        location(port)
+                    );
+                    let _ = client.write_all(answer.as_bytes()).await;
+                    return;
+                }
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let Ok(mut up) = tokio::net::TcpStream::connect(&upstream).await else {
+                    return;
+                };
+                if up.write_all(&head).await.is_ok() {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut up).await;
+                }
+            });
+        }
+    });
+    (port, piped)
+}
+
+/// An HTTP server's `/mcp` → `/mcp/` redirect (a 307 on the same origin, common in front of
+/// MCP servers) is followed; a redirect to another host (`localhost` for `127.0.0.1`) is not,
+/// so the server's headers reach no other origin, and the server fails to connect.
+#[tokio::test]
+async fn an_http_server_redirect_is_followed_only_on_its_own_origin() {
+    let dir = files_dir();
+    let (_server, url) = http_server(dir.path()).await;
+    let upstream = url
+        .strip_prefix("http://")
+        .and_then(|rest| rest.split('/').next())
+        .unwrap()
+        .to_owned();
+    let (port, piped) = redirecting_front(upstream.clone(), |_| "/mcp/".to_owned()).await;
+    let h = hub(vec![McpServer::http(
+        "web",
+        format!("http://127.0.0.1:{port}/mcp"),
+    )]);
+    let names: Vec<String> = h
+        .tools()
+        .await
+        .iter()
+        .map(|t| t.definition().name.clone())
+        .collect();
+    assert!(
+        names.contains(&"mcp__web__read_file".to_owned()),
+        "{names:?} {:?}",
+        h.status()
+    );
+    assert!(piped.load(std::sync::atomic::Ordering::SeqCst) > 0);
+
+    let (port, piped) =
+        redirecting_front(upstream, |port| format!("http://localhost:{port}/mcp/")).await;
+    let h = hub(vec![
+        McpServer::http("other", format!("http://127.0.0.1:{port}/mcp")).header("X-Token", "t"),
+    ]);
+    assert!(h.tools().await.is_empty());
+    match &h.status()["other"] {
+        McpStatus::Failed(why) => assert!(
+            why.starts_with(&format!(
+                "did not complete the MCP handshake at http://127.0.0.1:{port}/mcp: "
+            )),
+            "{why}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        piped.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "nothing reached the other origin"
+    );
+}
+
+#[tokio::test]
+async fn a_streamable_http_server_on_loopback() {
+    let dir = files_dir();
+    let (mut server, url) = http_server(dir.path()).await;
     let h = hub(vec![McpServer::http("web", url).header("X-Test", "1")]);
     let seen: Seen = Arc::default();
     let s2 = Arc::clone(&seen);
