@@ -447,25 +447,27 @@ async fn server_errors_are_retried_until_the_policy_gives_up() {
     assert_eq!(server.requests().len(), 3, "one attempt and two retries");
 }
 
+/// A streamed request whose first answer's stream is `first`, retried once: the retry gets
+/// the whole answer, and nothing of the first is delivered twice.
+async fn retried(first: &str) {
+    let server = serve(vec![Reply::sse(first), Reply::sse(&anthropic_sse())]).await;
+    let r = anthropic(&server.url(), 2)
+        .stream_to_response(&sample_request())
+        .await
+        .unwrap();
+    assert_eq!(r.message.text(), "Hello!");
+    assert_eq!(server.requests().len(), 2);
+}
+
 #[tokio::test]
 async fn an_overloaded_event_before_any_content_is_retried_but_not_after() {
     let overloaded = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
-    // The first answer's stream is `first`; the retry gets the whole answer.
-    let retried = |first: String| async move {
-        let server = serve(vec![Reply::sse(&first), Reply::sse(&anthropic_sse())]).await;
-        let r = anthropic(&server.url(), 2)
-            .stream_to_response(&sample_request())
-            .await
-            .unwrap();
-        assert_eq!(r.message.text(), "Hello!");
-        assert_eq!(server.requests().len(), 2);
-    };
-    retried(overloaded.to_owned()).await;
+    retried(overloaded).await;
     // After `message_start` (and a ping) but before any content: still nothing of the
     // answer, so still retried — the events held back are not delivered twice.
     let sse = anthropic_sse();
     let before_content = sse.find("event: content_block_start").unwrap();
-    retried(format!("{}{overloaded}", &sse[..before_content])).await;
+    retried(&format!("{}{overloaded}", &sse[..before_content])).await;
 
     let at = sse.find("event: content_block_stop").unwrap();
     let mid = format!("{}{overloaded}", &sse[..at]);
@@ -611,13 +613,7 @@ async fn a_complete_stream_ignores_what_the_connection_does_next() {
 
 #[tokio::test]
 async fn a_stream_that_ends_before_its_first_event_is_retried() {
-    let server = serve(vec![Reply::sse(""), Reply::sse(&anthropic_sse())]).await;
-    let r = anthropic(&server.url(), 2)
-        .stream_to_response(&sample_request())
-        .await
-        .unwrap();
-    assert_eq!(r.message.text(), "Hello!");
-    assert_eq!(server.requests().len(), 2);
+    retried("").await;
 
     let server = serve(vec![Reply::sse("")]).await;
     let err = anthropic(&server.url(), 0)
