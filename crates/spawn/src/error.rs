@@ -217,6 +217,17 @@ pub enum Error {
     #[error("verification failed: {0}")]
     Verification(String),
 
+    /// A verification run ended without a verdict: it failed, was cancelled, stopped at a
+    /// limit, or its report's last line is not a verdict. `report` is what the agent had
+    /// written, for the host to show.
+    #[error("verification gave no verdict: {reason}")]
+    NoVerdict {
+        /// Why there is no verdict.
+        reason: String,
+        /// The agent's final text (its report so far).
+        report: String,
+    },
+
     /// An agent was configured inconsistently (a missing backend, a zero limit).
     #[error("invalid agent configuration: {0}")]
     Config(String),

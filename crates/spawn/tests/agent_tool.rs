@@ -1099,8 +1099,63 @@ async fn the_verification_agent_is_read_only_and_its_verdict_is_typed() {
         .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "verification failed: the report's last line is \"Looks fine to me.\"; it must be `VERDICT: PASS`, `VERDICT: FAIL` or `VERDICT: PARTIAL`"
+        "verification gave no verdict: the report's last line is \"Looks fine to me.\"; it must be `VERDICT: PASS`, `VERDICT: FAIL` or `VERDICT: PARTIAL`"
     );
+    let forkhive_spawn::Error::NoVerdict { report, .. } = err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(report, "Looks fine to me.");
+}
+
+/// A verifier stopped by a limit was still checking: the verdict line it wrote on the way is
+/// not its conclusion, and its report reaches the host with the reason.
+#[tokio::test]
+async fn a_verifier_stopped_before_it_concluded_gives_no_verdict() {
+    use forkhive_spawn::strategy::{VerifyOptions, verify_with};
+    use forkhive_spawn::tool::AllowAll;
+    let tools = ToolPool::new([TestTool::sleeper("Read", true, 1).arc()]).unwrap();
+    // Every answer says PASS and reads once more: it never ends its turn.
+    let looping = || {
+        let mut r = calls(&[("r", "Read", "{}")]);
+        r.message
+            .content
+            .insert(0, ContentBlock::text("Looks good so far.\nVERDICT: PASS"));
+        Ok(r)
+    };
+    let b = Arc::new(forkhive_transport::ScriptedBackend::from_replies(
+        (0..5).map(|_| looping()),
+    ));
+    let options = VerifyOptions::default().with_limits(Limits::default().with_max_turns(Some(3)));
+    let err = verify_with(b.clone(), "m", &tools, Arc::new(AllowAll), "check", options)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "verification gave no verdict: the verification agent stopped before it concluded: \
+         stopped at its 3-turn limit"
+    );
+    let forkhive_spawn::Error::NoVerdict { report, .. } = err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(report, "Looks good so far.\nVERDICT: PASS");
+    assert_eq!(b.requests().len(), 3);
+
+    // A token cancelled before the run: no model call, no verdict.
+    let token = tokio_util::sync::CancellationToken::new();
+    token.cancel();
+    let b = Arc::new(forkhive_transport::ScriptedBackend::from_texts([
+        "VERDICT: PASS",
+    ]));
+    let options = VerifyOptions::default().with_cancellation(token);
+    let err = verify_with(b.clone(), "m", &tools, Arc::new(AllowAll), "check", options)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "verification gave no verdict: the verification agent stopped before it concluded: \
+         cancelled"
+    );
+    assert!(b.requests().is_empty());
 }
 
 /// A parent whose `Agent` tool is `config`, and whose task service writes each background

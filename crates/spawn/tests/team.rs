@@ -343,6 +343,58 @@ async fn teammate_refusals_say_what_was_wrong() {
     assert!(team.roster().is_empty());
 }
 
+/// A teammate whose start is refused after it joined the roster (its name is taken by a plain
+/// worker of the lead's) leaves no `stopped` member behind: the name still reaches the worker,
+/// not "teammate `w` has shut down".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_teammate_start_leaves_the_roster_as_it_was() {
+    let b = brain(|r| {
+        let all = r.all_messages();
+        if !is_parent(r) {
+            return Plan::Reply(say("done"));
+        }
+        match all.len() {
+            1 => Plan::Reply(calls(&[
+                (
+                    "a1",
+                    "Agent",
+                    r#"{"description":"d","prompt":"p","subagent_type":"worker","name":"w","run_in_background":true}"#,
+                ),
+                (
+                    "a2",
+                    "Agent",
+                    r#"{"description":"d","prompt":"p","subagent_type":"worker","name":"w","team_name":"review"}"#,
+                ),
+            ])),
+            3 => Plan::Reply(calls(&[(
+                "m1",
+                "SendMessage",
+                r#"{"to":"w","message":"more"}"#,
+            )])),
+            _ => Plan::Reply(say("done")),
+        }
+    });
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let mut lead = lead_in(&team, b, lead_tools()).await;
+    let run = lead.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let msgs = lead.params().messages().to_vec();
+    let started = message_results(&msgs[2]);
+    assert!(!started[0].2, "{started:?}");
+    assert!(
+        started[1]
+            .1
+            .starts_with("could not start the agent: the name `w` is taken by task "),
+        "{started:?}"
+    );
+    assert!(team.roster().is_empty(), "{:?}", team.roster());
+    let sent = message_results(&msgs[4]);
+    assert!(
+        !sent[0].1.contains("has shut down"),
+        "the name still reaches the worker: {sent:?}"
+    );
+}
+
 /// The roster file deleted under a running team (its whole directory, as another session's
 /// clean-up might) is written again at the next change, whole: the shutdown that follows is
 /// recorded, and a lead built from the file gets its team back (a peer's users report their

@@ -707,6 +707,17 @@ impl AgentTool {
             let service = caller.tree.extensions().get_or_insert_with(|| {
                 TaskService::unshared(Arc::new(MemoryTaskRegistry::new()), TaskConfig::default())
             });
+            // A name already taken is refused before anything is made for the child (its
+            // transcript, output file, worktree, place on a team's roster); the start checks
+            // again as it claims the name.
+            if let Some(n) = &input.name
+                && let Some(other) = service.name_holder(me.id(), n)
+            {
+                return Err(format!(
+                    "could not start the agent: the name `{n}` is taken by task {other}; give \
+                     this agent another name"
+                ));
+            }
             let slot = service.acquire(*me.id()).map_err(|e| chain(&e))?;
             let progress = Arc::new(Progress::default());
             let child_id = TaskId::generate(TaskKind::Agent);
@@ -869,18 +880,21 @@ impl AgentTool {
                     return Err(chain(&e));
                 }
             };
+            let mut joined = None;
             if let Some((team, name)) = &team {
-                let joined = team.join(crate::team::Member {
+                match team.join(crate::team::Member {
                     name: name.clone(),
                     task: child_id,
                     agent_type: definition.map(|d| d.name.clone()).unwrap_or_default(),
                     state: crate::team::MemberState::Running,
-                });
-                if let Err(e) = joined {
-                    if let Some(wt) = worktree {
-                        let _ = Box::pin(wt.finish()).await;
+                }) {
+                    Ok(j) => joined = Some(j),
+                    Err(e) => {
+                        if let Some(wt) = worktree {
+                            let _ = Box::pin(wt.finish()).await;
+                        }
+                        return Err(chain(&e));
                     }
-                    return Err(chain(&e));
                 }
                 if plan_mode {
                     team.enter_plan_mode(name);
@@ -927,10 +941,18 @@ impl AgentTool {
                     },
                     mode,
                 )
-                .await
-                // A teammate that never started is stopped on the roster by its run's guard,
-                // dropped with the launch.
-                .map_err(|e| format!("could not start the agent: {}", chain(&e)))?;
+                .await;
+            let handle = match handle {
+                Ok(handle) => handle,
+                Err(e) => {
+                    // A teammate that never started leaves the roster as it found it: no
+                    // `stopped` member of its name (one that would answer for the name).
+                    if let (Some((team, _)), Some(joined)) = (&team, joined) {
+                        team.withdraw(joined);
+                    }
+                    return Err(format!("could not start the agent: {}", chain(&e)));
+                }
+            };
             let _ = unstarted.map(crate::task::output::Unclaimed::claim);
             if let Some((team, name)) = &team {
                 let id = handle.id();

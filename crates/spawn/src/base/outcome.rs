@@ -91,8 +91,8 @@ impl fmt::Display for StopReason {
 
 impl StopReason {
     /// How a child that stopped for this reason ends, in the foreground and the background
-    /// alike (and for [`verify`](crate::strategy::verify)): one mapping, so the same stop never
-    /// ends in two states.
+    /// alike: one mapping, so the same stop never ends in two states. (A verification run is
+    /// stricter: only [`StopReason::Completed`] concludes one.)
     ///
     /// A limit — turns, token budget, output continuations, pause resends — ends the work
     /// early but is not an error ("Chapter 9: Sub-Agents and the Fork Pattern — 9.6 Sub-Agent

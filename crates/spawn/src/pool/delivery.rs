@@ -907,21 +907,22 @@ impl PoolAgentTool {
                 u64::try_from(team.shutdown_grace().as_nanos()).unwrap_or(u64::MAX),
             ),
         });
-        team.join(crate::team::Member {
-            name: name.clone(),
-            task: job.task,
-            // The worker's default type when the call names none.
-            agent_type: job
-                .agent_type
-                .clone()
-                .unwrap_or_else(|| "default".to_owned()),
-            state: crate::team::MemberState::Running,
-        })
-        .map_err(|e| e.to_string())?;
-        // From here until it is submitted, a failure — or this call dropped — stops it on the
-        // roster and withdraws its promise.
+        let joined = team
+            .join(crate::team::Member {
+                name: name.clone(),
+                task: job.task,
+                // The worker's default type when the call names none.
+                agent_type: job
+                    .agent_type
+                    .clone()
+                    .unwrap_or_else(|| "default".to_owned()),
+                state: crate::team::MemberState::Running,
+            })
+            .map_err(|e| e.to_string())?;
+        // From here until it is submitted, a failure — or this call dropped — takes it off the
+        // roster again (leaving no `stopped` member of its name) and withdraws its promise.
         let mut unsent = Withdraw(Some((delivery.clone(), job.task)));
-        let mut off_roster = Leave(Some((Arc::clone(&team), name.clone())));
+        let mut off_roster = Leave(Some((Arc::clone(&team), joined)));
         team.serve_lead(caller.pending().clone(), cx.cancellation().clone());
         // On record for the other hosts before it runs, so a teammate started with it finds
         // it; refused while another of the name runs on the pool. A record whose job is never
@@ -957,13 +958,13 @@ impl PoolAgentTool {
     }
 }
 
-/// Takes a teammate that was not submitted off its lead's roster.
-struct Leave(Option<(Arc<Team>, String)>);
+/// Takes a teammate that was not submitted off its lead's roster, as if it had never joined.
+struct Leave(Option<(Arc<Team>, crate::team::Joined)>);
 
 impl Drop for Leave {
     fn drop(&mut self) {
-        if let Some((team, name)) = self.0.take() {
-            team.stopped(&name);
+        if let Some((team, joined)) = self.0.take() {
+            team.withdraw(joined);
         }
     }
 }

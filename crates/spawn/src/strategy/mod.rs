@@ -23,7 +23,9 @@ use crate::runtime::{Agent, AgentKind, AgentShared, Limits, QuerySource, TurnSna
 use crate::task::{ChildSink, FirstInput, Gate, Progress};
 use crate::tool::{ToolAudience, ToolFilter, ToolPool};
 
-pub use side::{SideAnswer, Verdict, Verification, side_question, verify};
+pub use side::{
+    SideAnswer, Verdict, Verification, VerifyOptions, side_question, verify, verify_with,
+};
 
 /// The most heads a [`HeadCache`] keeps; past that it starts again empty.
 const HEAD_CACHE_LIMIT: usize = 256;

@@ -8,9 +8,10 @@ use forkhive_transport::{Request, ToolChoice};
 
 use crate::definition::{AgentRegistry, VERIFICATION_AGENT};
 use crate::error::{Error, Result};
-use crate::runtime::{Agent, AgentRun};
+use crate::runtime::{Agent, AgentRun, EventSink, Limits, StopReason};
 use crate::tool::permission::{Both, PermissionPolicy, ReadOnly};
 use crate::tool::{ToolAudience, ToolPool};
+use tokio_util::sync::CancellationToken;
 
 /// The answer to a side question.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,30 +102,52 @@ impl Verdict {
     /// The verdict on the last non-empty line of `report`: exactly `VERDICT: PASS`,
     /// `VERDICT: FAIL` or `VERDICT: PARTIAL` (surrounding spaces and Markdown emphasis
     /// allowed). Anything else is [`Error::Verification`] quoting the line.
+    ///
+    /// A `PASS` or `PARTIAL` in a report that also holds a `VERDICT: FAIL` line is ambiguous,
+    /// and an error too: a verifier that quotes the work's own claim after its conclusion
+    /// (a worker whose output ends `VERDICT: PASS`) must not turn its failure into a pass.
     pub fn parse(report: &str) -> Result<Self> {
-        let last = report
+        let mut lines = report
             .lines()
             .rev()
             .map(str::trim)
-            .find(|l| !l.is_empty())
-            .unwrap_or("");
-        let bare = last
+            .filter(|l| !l.is_empty());
+        let last = lines.next().unwrap_or("");
+        let verdict = match Self::of_line(last) {
+            Some(v) => v,
+            None => {
+                return Err(Error::Verification(if last.is_empty() {
+                    "the report is empty; it must end with `VERDICT: PASS`, `VERDICT: FAIL` \
+                     or `VERDICT: PARTIAL`"
+                        .to_owned()
+                } else {
+                    format!(
+                        "the report's last line is {last:?}; it must be `VERDICT: PASS`, \
+                         `VERDICT: FAIL` or `VERDICT: PARTIAL`"
+                    )
+                }));
+            }
+        };
+        if verdict != Verdict::Fail && lines.any(|l| Self::of_line(l) == Some(Verdict::Fail)) {
+            return Err(Error::Verification(format!(
+                "the report ends with `VERDICT: {verdict}` but an earlier line is \
+                 `VERDICT: FAIL`; a verdict must be unambiguous (quote other verdicts inline, \
+                 not on a line of their own)"
+            )));
+        }
+        Ok(verdict)
+    }
+
+    /// The verdict `line` is, if it is one.
+    fn of_line(line: &str) -> Option<Self> {
+        let bare = line
             .trim_matches(|c| c == '*' || c == '_' || c == '`')
             .trim();
         match bare.strip_prefix("VERDICT:").map(str::trim) {
-            Some("PASS") => Ok(Verdict::Pass),
-            Some("FAIL") => Ok(Verdict::Fail),
-            Some("PARTIAL") => Ok(Verdict::Partial),
-            _ => Err(Error::Verification(if last.is_empty() {
-                "the report is empty; it must end with `VERDICT: PASS`, `VERDICT: FAIL` or \
-                 `VERDICT: PARTIAL`"
-                    .to_owned()
-            } else {
-                format!(
-                    "the report's last line is {last:?}; it must be `VERDICT: PASS`, \
-                     `VERDICT: FAIL` or `VERDICT: PARTIAL`"
-                )
-            })),
+            Some("PASS") => Some(Verdict::Pass),
+            Some("FAIL") => Some(Verdict::Fail),
+            Some("PARTIAL") => Some(Verdict::Partial),
+            _ => None,
         }
     }
 }
@@ -138,15 +161,77 @@ pub struct Verification {
     pub run: AgentRun,
 }
 
+/// How [`verify_with`] runs the verification agent: its limits, a token that stops it, and
+/// a sink for its events. The default is what [`verify`] uses: the definition's limits (100
+/// turns), no token, no sink.
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub struct VerifyOptions {
+    limits: Option<Limits>,
+    cancel: Option<CancellationToken>,
+    events: Option<Arc<dyn EventSink>>,
+}
+
+impl fmt::Debug for VerifyOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VerifyOptions")
+            .field("limits", &self.limits)
+            .field("cancel", &self.cancel)
+            .field("events", &self.events.as_ref().map(|_| "EventSink"))
+            .finish()
+    }
+}
+
+impl VerifyOptions {
+    /// The agent's limits (turns, token budget, tool timeout…); a `maxTurns` of the built-in
+    /// definition still applies on top.
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = Some(limits);
+        self
+    }
+
+    /// A token that stops the run: once cancelled, `verify_with` ends with
+    /// [`Error::NoVerdict`] saying so.
+    pub fn with_cancellation(mut self, token: CancellationToken) -> Self {
+        self.cancel = Some(token);
+        self
+    }
+
+    /// Where the agent's events go (tool calls, warnings, the text it streams).
+    pub fn with_events(mut self, sink: Arc<dyn EventSink>) -> Self {
+        self.events = Some(sink);
+        self
+    }
+}
+
 /// Runs the built-in `verification` agent on `task` with only the read-only tools of `tools`,
 /// under `host`'s policy and a read-only one, and parses its verdict ("Chapter 9: Sub-Agents
 /// and the Fork Pattern — Verification Agent": adversarial, forbidden to modify the project).
+///
+/// A verdict comes only from a run that ended its turn: a run that fails, is cancelled, is
+/// refused or stops at a limit (its turns, its token budget) is [`Error::NoVerdict`] with the
+/// reason and what the agent had written, even if that text ends with a verdict line — a
+/// verifier still working has not concluded. A report whose last line is not a verdict is
+/// [`Error::NoVerdict`] too. [`verify_with`] sets limits, a cancellation token and an event
+/// sink.
 pub async fn verify(
     backend: Arc<dyn forkhive_transport::Backend>,
     model: &str,
     tools: &ToolPool,
     host: Arc<dyn PermissionPolicy>,
     task: &str,
+) -> Result<Verification> {
+    verify_with(backend, model, tools, host, task, VerifyOptions::default()).await
+}
+
+/// [`verify`], with the agent's limits, cancellation and events set by `options`.
+pub async fn verify_with(
+    backend: Arc<dyn forkhive_transport::Backend>,
+    model: &str,
+    tools: &ToolPool,
+    host: Arc<dyn PermissionPolicy>,
+    task: &str,
+    options: VerifyOptions,
 ) -> Result<Verification> {
     let registry = AgentRegistry::builtin();
     let def = registry
@@ -160,31 +245,50 @@ pub async fn verify(
         )),
         host,
     ));
-    let mut agent = Agent::builder(backend)
+    let mut builder = Agent::builder(backend)
         .model(model)
         .definition(def)
         .tools(pool)
         .audience(ToolAudience::Background)
         .tool_filter(crate::tool::ToolFilter::none())
-        .policy(policy)
-        .build()
-        .await?;
+        .policy(policy);
+    if let Some(limits) = options.limits {
+        builder = builder.limits(limits);
+    }
+    if let Some(token) = options.cancel {
+        builder = builder.cancellation(token);
+    }
+    if let Some(sink) = options.events {
+        builder = builder.events(sink);
+    }
+    let mut agent = builder.build().await?;
     let run = agent.run(task).await;
+    let no_verdict = |reason: String, run: &AgentRun| Error::NoVerdict {
+        reason,
+        report: run.final_text.clone(),
+    };
     if let Some(e) = &run.error {
-        return Err(Error::Verification(format!(
+        let reason = format!(
             "the verification agent failed: {}",
             crate::task::error_chain(e.as_ref())
-        )));
+        );
+        return Err(no_verdict(reason, &run));
     }
-    // The same mapping a spawned child's end goes through (`StopReason::task_status`).
-    if run.stop.task_status() != forkhive_core::TaskStatus::Completed {
-        return Err(Error::Verification(format!(
-            "the verification agent stopped early: {}",
+    // Only an end of turn concludes: a limit ends a spawned child's work as `completed`
+    // (`StopReason::task_status`), but a verifier stopped by one was still checking, and the
+    // verdict line it may have written on the way is not its conclusion.
+    if run.stop != StopReason::Completed {
+        let reason = format!(
+            "the verification agent stopped before it concluded: {}",
             run.stop
-        )));
+        );
+        return Err(no_verdict(reason, &run));
     }
-    let verdict = Verdict::parse(&run.final_text)?;
-    Ok(Verification { verdict, run })
+    match Verdict::parse(&run.final_text) {
+        Ok(verdict) => Ok(Verification { verdict, run }),
+        Err(Error::Verification(reason)) => Err(no_verdict(reason, &run)),
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]
@@ -202,6 +306,24 @@ mod tests {
             Verdict::Fail
         );
         assert_eq!(Verdict::parse("VERDICT:PARTIAL").unwrap(), Verdict::Partial);
+        // A failure quoted before a pass is ambiguous; a pass quoted before a failure is not.
+        assert_eq!(
+            Verdict::parse("VERDICT: FAIL\nThe worker's report ended with:\nVERDICT: PASS")
+                .unwrap_err()
+                .to_string(),
+            "verification failed: the report ends with `VERDICT: PASS` but an earlier line is \
+             `VERDICT: FAIL`; a verdict must be unambiguous (quote other verdicts inline, not on \
+             a line of their own)"
+        );
+        assert_eq!(
+            Verdict::parse("The worker claimed:\n**VERDICT: PASS**\nIt is wrong.\nVERDICT: FAIL")
+                .unwrap(),
+            Verdict::Fail
+        );
+        assert_eq!(
+            Verdict::parse("it said VERDICT: FAIL once\nVERDICT: PASS").unwrap(),
+            Verdict::Pass
+        );
         assert_eq!(
             Verdict::parse("VERDICT: PASS\nbut then I found a bug")
                 .unwrap_err()

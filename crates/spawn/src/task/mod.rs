@@ -1399,16 +1399,7 @@ impl TaskService {
             let taken = {
                 let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
                 let taken = match &name {
-                    Some(n) if !reopened => tokens
-                        .iter()
-                        .find(|(_, c)| c.parent == parent && c.name.as_deref() == Some(n))
-                        .map(|(id, _)| *id)
-                        .or_else(|| {
-                            self.dormant
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .named(&parent, n)
-                        }),
+                    Some(n) if !reopened => self.holder_in(&tokens, &parent, n),
                     _ => None,
                 };
                 if reopened {
@@ -1622,6 +1613,29 @@ impl TaskService {
             });
             Ok(ChildHandle { id, end })
         }
+    }
+
+    /// The task that holds `name` among `parent`'s running and resumable children, if one
+    /// does. A start checks again when it claims the name (two starts may race to it); this
+    /// lets a caller refuse before it makes anything for the child (its transcript, its
+    /// output file, its worktree).
+    pub(crate) fn name_holder(&self, parent: &TaskId, name: &str) -> Option<TaskId> {
+        let tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        self.holder_in(&tokens, parent, name)
+    }
+
+    /// [`name_holder`](Self::name_holder), with the live children's map already locked.
+    fn holder_in(&self, tokens: &IdMap<LiveChild>, parent: &TaskId, name: &str) -> Option<TaskId> {
+        tokens
+            .iter()
+            .find(|(_, c)| c.parent == *parent && c.name.as_deref() == Some(name))
+            .map(|(id, _)| *id)
+            .or_else(|| {
+                self.dormant
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .named(parent, name)
+            })
     }
 
     async fn supervise(

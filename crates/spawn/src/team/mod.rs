@@ -657,7 +657,7 @@ impl Team {
     ///
     /// Names that differ only in case are one name here: on a case-insensitive file system
     /// (macOS, Windows) `Alice` and `alice` would share an inbox file, and `Team-Lead` the lead's.
-    pub(crate) fn join(&self, member: Member) -> Result<()> {
+    pub(crate) fn join(&self, member: Member) -> Result<Joined> {
         if member.name.eq_ignore_ascii_case(LEAD) {
             return Err(Error::Refused(format!(
                 "`{}` is the lead's name in a team (in any case); give the teammate another",
@@ -700,14 +700,56 @@ impl Team {
                 self.name, m.name, m.state, m.task
             )));
         }
-        self.joined
+        let joined_before = self
+            .joined
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(member.name.clone(), crate::mailbox::timestamp_now());
-        all.insert(member.name.clone(), member);
+        let joined = Joined {
+            name: member.name.clone(),
+            task: member.task,
+            replaced: all.insert(member.name.clone(), member),
+            joined_before,
+        };
         drop(all);
         self.save();
-        Ok(())
+        Ok(joined)
+    }
+
+    /// Takes back a [`join`](Self::join) whose teammate never started (its start was refused
+    /// after it joined): the roster is as it was — the stopped teammate of that name it
+    /// replaced back in its place, or no member of the name — so a start that failed leaves
+    /// no `stopped` member behind that would answer for the name. Nothing happens when the
+    /// name is no longer the withdrawn task's.
+    pub(crate) fn withdraw(&self, joined: Joined) {
+        let Joined {
+            name,
+            task,
+            replaced,
+            joined_before,
+        } = joined;
+        let ours = |all: &BTreeMap<String, Member>| all.get(&name).is_some_and(|m| m.task == task);
+        if !ours(&self.lock()) {
+            return;
+        }
+        drop(self.stop_holding(&name));
+        {
+            let mut all = self.lock();
+            if !ours(&all) {
+                return;
+            }
+            match replaced {
+                Some(before) => all.insert(name.clone(), before),
+                None => all.remove(&name),
+            };
+            let mut times = self.joined.lock().unwrap_or_else(|e| e.into_inner());
+            match joined_before {
+                Some(t) => times.insert(name, t),
+                None => times.remove(&name),
+            };
+        }
+        self.roster_changed.notify_waiters();
+        self.save();
     }
 
     /// A member of the roster file named `name` (in any case) that is none of this team's: one
@@ -2656,6 +2698,17 @@ impl crate::tool::PermissionPolicy for PlanMode {
     }
 }
 
+/// What a [`Team::join`] changed, for [`Team::withdraw`] to undo.
+#[derive(Debug)]
+pub(crate) struct Joined {
+    name: String,
+    task: TaskId,
+    /// The stopped member of the name it replaced.
+    replaced: Option<Member>,
+    /// When that member had joined.
+    joined_before: Option<String>,
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -3032,6 +3085,48 @@ mod tests {
         assert_eq!(mail.receives.load(Ordering::SeqCst), before);
         lead.drain();
         until("acknowledged once drained", || lead.outstanding() == 0).await;
+    }
+
+    /// A join taken back (its teammate's start was refused) leaves the roster as it was: the
+    /// stopped teammate it replaced is back, with its join time; without one, no member of
+    /// the name. A withdrawal of a task the name no longer holds changes nothing.
+    #[tokio::test]
+    async fn a_withdrawn_join_leaves_the_roster_as_it_was() {
+        let mail = Arc::new(Flaky::default());
+        let (team, _lead) = team(&mail);
+        let member = |name: &str| Member {
+            name: name.into(),
+            task: TaskId::generate(forkhive_core::TaskKind::Agent),
+            agent_type: "worker".into(),
+            state: MemberState::Running,
+        };
+        let first = member("bob");
+        let first_task = first.task;
+        team.join(first).unwrap();
+        team.stopped("bob");
+        let joined_at = team.joined.lock().unwrap().get("bob").cloned();
+        let again = team.join(member("bob")).unwrap();
+        team.withdraw(again);
+        let roster = team.roster();
+        let bob = roster.iter().find(|m| m.name == "bob").unwrap();
+        assert_eq!((bob.task, bob.state), (first_task, MemberState::Stopped));
+        assert_eq!(team.joined.lock().unwrap().get("bob").cloned(), joined_at);
+
+        let carol = team.join(member("carol")).unwrap();
+        team.withdraw(carol);
+        assert!(team.roster().iter().all(|m| m.name != "carol"));
+        assert!(!team.joined.lock().unwrap().contains_key("carol"));
+
+        // The name taken since by another task: that one stays.
+        let dave = team.join(member("dave")).unwrap();
+        team.stopped("dave");
+        let dave2 = member("dave");
+        let dave2_task = dave2.task;
+        team.join(dave2).unwrap();
+        team.withdraw(dave);
+        let roster = team.roster();
+        let now = roster.iter().find(|m| m.name == "dave").unwrap();
+        assert_eq!((now.task, now.state), (dave2_task, MemberState::Running));
     }
 
     /// A shutdown waits for a teammate on the roster whose run has not started (no promise
