@@ -93,8 +93,10 @@ fn every_messy_file_is_accounted_for_once() {
             "unknown-keys.md",
         ]
     );
-    assert_eq!(report.count(FileStatus::Loaded), 8);
-    assert_eq!(report.count(FileStatus::Recovered), 5);
+    assert_eq!(report.count(FileStatus::Loaded), 7);
+    // `tools-string.md`'s `Bash(npm test:*)` is a warning: the rule is not enforced.
+    assert_eq!(status_of(&report, "tools-string.md"), FileStatus::Recovered);
+    assert_eq!(report.count(FileStatus::Recovered), 6);
     assert_eq!(report.count(FileStatus::Rejected), 7);
     assert_eq!(report.errors.len(), 7);
     assert_eq!(report.definitions.len(), 13);
@@ -527,7 +529,9 @@ fn real_corpus() {
 
     // The counts are stable: 354 agent files from nine repositories plus SOURCES.md.
     assert_eq!(expected.len(), 355);
-    assert_eq!((loaded, recovered, rejected), (288, 45, 22));
+    // (One file lists `Bash(npm test:*)`: recovered, with a warning that the rule is not
+    // enforced.)
+    assert_eq!((loaded, recovered, rejected), (287, 46, 22));
 
     // Every warning and error names a real place, and each rejected file has one error.
     for d in report.warnings.iter().chain(&report.errors) {

@@ -517,16 +517,30 @@ async fn disallowed_tools_patterns_take_the_memory_tools_away() {
         );
         // A case slip takes nothing away, and is said.
         // A prefix (or an MCP server) in another case alike.
-        let slips: Vec<String> = [("memorywrite", "MemoryWrite"), ("memory*", "Memory*")]
-            .into_iter()
-            .filter(|(entry, _)| disallowed.contains(entry))
-            .map(|(entry, meant)| {
+        // A rule is not enforced: all of the tool goes, and that is said too.
+        let mut slips: Vec<String> = disallowed
+            .iter()
+            .filter(|e| e.ends_with(')'))
+            .map(|entry| {
+                let tool = &entry[..entry.find('(').unwrap()];
                 format!(
-                    "agent `notes` names `{entry}` in `disallowedTools`, which takes nothing \
-                     away: did you mean `{meant}`? Tool names are case-sensitive"
+                    "agent `notes` names `{entry}` in `disallowedTools`: a rule is not enforced \
+                     here, so all of `{tool}` is taken away; list `{tool}` to say so, or leave \
+                     it to your permission policy"
                 )
             })
             .collect();
+        slips.extend(
+            [("memorywrite", "MemoryWrite"), ("memory*", "Memory*")]
+                .into_iter()
+                .filter(|(entry, _)| disallowed.contains(entry))
+                .map(|(entry, meant)| {
+                    format!(
+                        "agent `notes` names `{entry}` in `disallowedTools`, which takes nothing \
+                         away: did you mean `{meant}`? Tool names are case-sensitive"
+                    )
+                }),
+        );
         assert_eq!(events.warnings(), slips, "disallowedTools: {disallowed:?}");
     }
 }

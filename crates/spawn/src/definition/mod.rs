@@ -39,6 +39,7 @@
 
 mod builtin;
 mod diagnostic;
+pub(crate) mod entry;
 mod frontmatter;
 mod loader;
 mod parse;

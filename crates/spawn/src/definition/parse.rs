@@ -159,8 +159,8 @@ impl Reader<'_> {
         for (key, key_node, value) in &entries {
             match key.as_str() {
                 "name" | "description" => {}
-                "tools" => def.tools = self.list(key, value, true)?,
-                "disallowedTools" => def.disallowed_tools = self.list(key, value, true)?,
+                "tools" => def.tools = self.tool_list(key, value)?,
+                "disallowedTools" => def.disallowed_tools = self.tool_list(key, value)?,
                 "skills" => def.skills = self.list(key, value, false)?.unwrap_or_default(),
                 "mcpServers" => def.mcp_servers = self.mcp_servers(value),
                 "hooks" => def.hooks = self.hooks(value),
@@ -460,6 +460,20 @@ impl Reader<'_> {
     /// A tool or skill list: a comma-separated string (`Read, Grep`), a single name, `*`, or a
     /// YAML list. `None` when the key has no value. With `strict`, a mapping is an error
     /// (ignoring a restriction would widen what the agent may do); otherwise a warning.
+    /// A `tools` or `disallowedTools` list: [`list`](Self::list), and a warning for each
+    /// entry whose `(rule)` is not enforced.
+    fn tool_list(
+        &mut self,
+        key: &str,
+        node: &MarkedYamlOwned,
+    ) -> Result<Option<Vec<String>>, Problem> {
+        let names = self.list(key, node, true)?;
+        for entry in super::entry::unenforceable(names.as_deref().unwrap_or(&[])) {
+            self.warn(node, super::entry::dropped_rule(key, &entry));
+        }
+        Ok(names)
+    }
+
     fn list(
         &mut self,
         key: &str,
@@ -706,6 +720,38 @@ fn at_most_one_edit(a: &str, b: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `(rule)` in `tools` or `disallowedTools` is not enforced: each such entry is a
+    /// warning saying what the agent gets instead; `Bash(*)` and `Bash()` lose nothing.
+    #[test]
+    fn rules_that_are_not_enforced_are_warned() {
+        let p = parse(
+            "---\nname: a\ndescription: d\ntools: Bash(git:*), Read, Grep(*)\n\
+             disallowedTools:\n  - Bash(rm:*)\n  - Write()\n---\nbody",
+        )
+        .unwrap();
+        assert_eq!(
+            messages(&p),
+            [
+                "a.md:4:8: `Bash(git:*)` in `tools`: a rule is not enforced here, so the agent gets \
+                 all of `Bash`; hold what the rule forbids back with your permission policy, or \
+                 list `Bash` to say so",
+                "a.md:6:3: `Bash(rm:*)` in `disallowedTools`: a rule is not enforced here, so all of \
+                 `Bash` is taken away; list `Bash` to say so, or leave it to your permission \
+                 policy",
+            ]
+        );
+        assert_eq!(
+            p.definition.tools.as_deref(),
+            Some(
+                &[
+                    "Bash(git:*)".to_owned(),
+                    "Read".to_owned(),
+                    "Grep(*)".to_owned()
+                ][..]
+            )
+        );
+    }
 
     fn parse(text: &str) -> Result<ParsedDefinition> {
         parse_agent_markdown(Path::new("a.md"), text, DefinitionSource::Project)

@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use super::InBackground;
 use super::pool::ToolPool;
+use crate::definition::entry::split as parse;
 
 /// Who the tools are for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -112,17 +113,6 @@ pub fn is_mcp_tool(name: &str) -> bool {
     name.starts_with("mcp__")
 }
 
-/// An entry split into its name pattern and its `(rule)`, if any (both trimmed).
-fn parse(entry: &str) -> (&str, Option<&str>) {
-    let entry = entry.trim();
-    if let Some(body) = entry.strip_suffix(')')
-        && let Some((pattern, rule)) = body.split_once('(')
-    {
-        return (pattern.trim(), Some(rule.trim()));
-    }
-    (entry, None)
-}
-
 /// Whether the name pattern of an entry (see the module docs) matches tool `name`.
 fn pattern_matches(pattern: &str, name: &str) -> bool {
     if pattern == "*" || pattern == name {
@@ -198,15 +188,7 @@ impl ToolFilter {
     /// (see the module docs), in their order, as written: `Bash(npm test:*)` is listed;
     /// `Bash`, `mcp__github__*`, `Bash(*)` and `Bash()` are not, since they lose nothing.
     pub fn unenforceable(entries: &[String]) -> Vec<String> {
-        entries
-            .iter()
-            .filter(|e| {
-                parse(e)
-                    .1
-                    .is_some_and(|rule| !rule.is_empty() && rule != "*")
-            })
-            .cloned()
-            .collect()
+        crate::definition::entry::unenforceable(entries)
     }
 
     /// Whether `name` survives the three layers for `audience`, given a definition's `tools`
@@ -223,6 +205,7 @@ impl ToolFilter {
     ) -> bool {
         self.verdict(
             name,
+            &[],
             InBackground::ByFilter,
             audience,
             tools,
@@ -233,14 +216,22 @@ impl ToolFilter {
 
     /// Why `name` (declaring `in_background`) does not survive the three layers, or `None`
     /// when it does.
+    ///
+    /// An entry of the definition's lists naming the tool's name or one of its `aliases` names
+    /// the tool (`Task`, the legacy name Claude Code's definitions use, names `Agent`).
     fn verdict(
         &self,
         name: &str,
+        aliases: &[&str],
         in_background: InBackground,
         audience: ToolAudience,
         tools: Option<&[String]>,
         disallowed_tools: Option<&[String]>,
     ) -> Option<Unavailable> {
+        // Aliases count in layer 3 only: a definition's lists are written in Claude Code's
+        // words (`Task`); the filter's own lists name tools by their names.
+        let listed_by_definition =
+            |list: &[String]| listed(list, name) || aliases.iter().any(|a| listed(list, a));
         let mcp = is_mcp_tool(name);
         // Layers 1 and 2, which MCP tools always pass.
         if !mcp {
@@ -263,11 +254,12 @@ impl ToolFilter {
             }
         }
         // Layer 3: the definition's own lists; an explicit deny wins over everything.
-        if disallowed_tools.is_some_and(|d| denied(d, name)) {
+        if disallowed_tools.is_some_and(|d| denied(d, name) || aliases.iter().any(|a| denied(d, a)))
+        {
             return Some(Unavailable::DisallowedByDefinition);
         }
         match tools {
-            Some(allow) if !mcp && !listed(allow, name) => Some(Unavailable::NotListed),
+            Some(allow) if !mcp && !listed_by_definition(allow) => Some(Unavailable::NotListed),
             _ => None,
         }
     }
@@ -301,6 +293,7 @@ impl ToolFilter {
         pool.filtered(|tool| {
             self.verdict(
                 &tool.definition().name,
+                tool.aliases(),
                 tool.in_background(),
                 audience,
                 tools,
@@ -335,6 +328,7 @@ impl ToolFilter {
                 None => Some(Unavailable::NotProvided),
                 Some(tool) => self.verdict(
                     &tool.definition().name,
+                    tool.aliases(),
                     tool.in_background(),
                     audience,
                     Some(tools),
@@ -563,6 +557,72 @@ mod tests {
         assert_eq!(
             ToolFilter::none().apply(&avail, Background, None, None),
             avail
+        );
+    }
+
+    /// A list entry naming a tool's alias names the tool: `Task` (the legacy name Claude
+    /// Code's definitions use) keeps or takes away `Agent`, which answers to it.
+    #[test]
+    fn entries_naming_an_alias_name_the_tool() {
+        use crate::tool::test_tools::Fixed;
+        #[derive(Debug)]
+        struct Aliased(Arc<dyn crate::tool::Tool>);
+        #[async_trait::async_trait]
+        impl crate::tool::Tool for Aliased {
+            fn definition(&self) -> &forkhive_core::ToolDefinition {
+                self.0.definition()
+            }
+            fn aliases(&self) -> &[&str] {
+                &["Task"]
+            }
+            fn is_concurrency_safe(&self, _: &serde_json::Value) -> bool {
+                true
+            }
+            fn is_read_only(&self) -> bool {
+                true
+            }
+            async fn call(
+                &self,
+                _: serde_json::Value,
+                _: &crate::tool::ToolContext,
+            ) -> crate::tool::ToolOutput {
+                crate::tool::ToolOutput::text("")
+            }
+        }
+        let pool = ToolPool::new([
+            Fixed::arc("Read", ""),
+            Arc::new(Aliased(Fixed::arc("Agent", ""))) as Arc<dyn crate::tool::Tool>,
+        ])
+        .unwrap();
+        let f = ToolFilter::none();
+        let names = |p: ToolPool| {
+            p.names()
+                .iter()
+                .map(|n| (*n).to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            names(f.pool(&pool, Foreground, None, Some(&v(&["Task"])))),
+            ["Read"]
+        );
+        assert_eq!(
+            names(f.pool(&pool, Foreground, Some(&v(&["Read", "Task"])), None)),
+            ["Read", "Agent"]
+        );
+        assert_eq!(
+            names(f.pool(&pool, Foreground, Some(&v(&["Read"])), None)),
+            ["Read"]
+        );
+        assert!(
+            f.unavailable(&pool, Foreground, &v(&["Task"]), Some(&v(&["Task"])))
+                == [("Task".to_owned(), Unavailable::DisallowedByDefinition)]
+        );
+        // The filter's own lists go by name: `Task` there keeps nothing from `Agent`.
+        let mut nesting = ToolFilter::none();
+        nesting.global_disallow = v(&["Task"]);
+        assert_eq!(
+            names(nesting.pool(&pool, Foreground, None, None)),
+            ["Read", "Agent"]
         );
     }
 

@@ -560,6 +560,25 @@ impl AgentBuilder {
                 pool = pool.with(tools)?;
             }
             first_context = context;
+            // `tools: [Bash(git:*)]` gives all of Bash: a rule is not enforced, and the
+            // definition's author should hear so.
+            if self.0.params.is_none() {
+                let lists = [
+                    ("tools", d.tools.as_deref()),
+                    ("disallowedTools", d.disallowed_tools.as_deref()),
+                ];
+                for (key, list) in lists {
+                    for entry in ToolFilter::unenforceable(list.unwrap_or(&[])) {
+                        let text = format!(
+                            "agent `{}` names {}",
+                            d.name,
+                            crate::definition::entry::dropped_rule(key, &entry)
+                        );
+                        tracing::warn!(agent = %d.name, tool = %entry, "{text}");
+                        warnings.push(text);
+                    }
+                }
+            }
             // `disallowedTools: [bash]` takes nothing away (names are case-sensitive): say so,
             // rather than leave the author believing the tool is gone.
             if self.0.params.is_none()
