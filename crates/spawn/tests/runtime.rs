@@ -1440,25 +1440,53 @@ impl PermissionPolicy for DenyAll {
 #[tokio::test]
 async fn permission_modes_never_loosen_the_host_unless_trusted() {
     use forkhive_spawn::definition::{AgentDefinition, DefinitionSource, PermissionMode};
-    let run_with = |mode: PermissionMode, trust: bool| async move {
-        let mut def = AgentDefinition::new("d", "d", DefinitionSource::Project);
+    let run_from = |source: DefinitionSource, mode: PermissionMode, trust: bool| async move {
+        let mut def = AgentDefinition::new("d", "d", source);
         def.permission_mode = Some(mode);
         let backend = Arc::new(ScriptedBackend::from_replies([
             Ok(calls(&[("l", "Look", "{}")])),
             Ok(say("ok")),
         ]));
+        let events = Arc::new(Events::default());
         let mut agent = Agent::builder(backend.clone())
             .model("m")
             .definition(def)
             .tools(ToolPool::new([TestTool::sleeper("Look", true, 1).arc()]).unwrap())
             .policy(Arc::new(DenyAll))
             .trust_permission_modes(trust)
+            .events(events.clone())
             .build()
             .await
             .unwrap();
         let _ = agent.run("x").await;
-        results(&backend.requests()[1])[0].1.clone()
+        (
+            results(&backend.requests()[1])[0].1.clone(),
+            events.warnings(),
+        )
     };
+    let run_with = |mode: PermissionMode, trust: bool| async move {
+        run_from(DefinitionSource::Project, mode, trust).await.0
+    };
+    // A loosening mode dropped is said, naming the definition's source.
+    assert_eq!(
+        run_from(DefinitionSource::User, PermissionMode::AcceptEdits, false)
+            .await
+            .1,
+        [
+            "agent `d` asks for `permissionMode: acceptEdits`, which is not honoured: it is a user \
+          definition, and this host does not trust the permission modes of definition files \
+          (`AgentBuilder::trust_permission_modes`); the host's policy decides"
+        ]
+    );
+    // The host's own definition (built in its code, or from its command line) is its word:
+    // honoured without trusting files, and nothing to warn of.
+    for source in [DefinitionSource::Host, DefinitionSource::Flag] {
+        assert_eq!(
+            run_from(source, PermissionMode::BypassPermissions, false).await,
+            ("Look {}".to_owned(), Vec::<String>::new()),
+            "{source}"
+        );
+    }
     // Plan on top of a host that denies: still denied (read-only is necessary, not sufficient).
     assert_eq!(
         run_with(PermissionMode::Plan, false).await,

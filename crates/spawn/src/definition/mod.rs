@@ -231,6 +231,21 @@ impl DefinitionSource {
         DefinitionSource::Policy,
     ];
 
+    /// Whether a definition from here is the host's own word — compiled in (`BuiltIn`), built
+    /// in the host's code (`Host`), given on its command line (`Flag`) or set by enterprise
+    /// policy (`Policy`) — rather than a file that a plugin, the user's directory or a cloned
+    /// repository carries (`Plugin`, `User`, `Project`). A loosening `permissionMode` of the
+    /// host's own is honoured without `AgentBuilder::trust_permission_modes`.
+    pub fn is_hosts_own(self) -> bool {
+        matches!(
+            self,
+            DefinitionSource::BuiltIn
+                | DefinitionSource::Host
+                | DefinitionSource::Flag
+                | DefinitionSource::Policy
+        )
+    }
+
     /// The spelling used in reports: `built-in`, `host`, `plugin`, `user`, `project`, `flag`,
     /// `policy`.
     pub fn as_str(self) -> &'static str {

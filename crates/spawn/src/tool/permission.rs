@@ -274,8 +274,8 @@ impl PermissionPolicy for Both {
 /// Modes that *tighten* always apply, on top of the host's policy: a definition can never make
 /// an agent less strict than the host. Modes that *loosen* (`acceptEdits`,
 /// `bypassPermissions`) come from files an untrusted repository may carry, so they apply only
-/// when the host says it trusts definitions' modes (`trust_loosening`); otherwise the host's
-/// policy decides alone.
+/// when `trust_loosening` (the agent builder passes: the host trusts definitions' modes, or the
+/// definition is the host's own); otherwise the host's policy decides alone.
 ///
 /// | mode | policy |
 /// | --- | --- |

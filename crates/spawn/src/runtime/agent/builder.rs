@@ -209,10 +209,13 @@ impl AgentBuilder {
         self
     }
 
-    /// Whether a definition's loosening `permissionMode` (`acceptEdits`, `bypassPermissions`)
-    /// is honoured (default: no — the host's policy decides; tightening modes always apply).
-    /// Children of this agent inherit the choice: set it on the main agent, and the agent
-    /// types its `Agent` tool starts honour their definitions' modes.
+    /// Whether a definition file's loosening `permissionMode` (`acceptEdits`,
+    /// `bypassPermissions`) is honoured (default: no — the host's policy decides, and a
+    /// warning says so; tightening modes always apply). One switch for every file source
+    /// (plugin, user, project). A definition that is the host's own word
+    /// ([`DefinitionSource::is_hosts_own`](crate::definition::DefinitionSource::is_hosts_own))
+    /// is honoured without it. Children of this agent inherit the choice: set it on the main
+    /// agent, and the agent types its `Agent` tool starts honour their definitions' modes.
     pub fn trust_permission_modes(mut self, trust: bool) -> Self {
         self.0.trust_modes = trust;
         self
@@ -598,6 +601,8 @@ impl AgentBuilder {
                 }
             }
         }
+        // Built afresh (not from given params: a resume, a cached head).
+        let fresh = self.0.params.is_none();
         let (params, pool) = match self.0.params {
             Some(p) => {
                 // A resumed agent's MCP tools whose server is not connected now keep their
@@ -712,11 +717,31 @@ impl AgentBuilder {
         if let Some(n) = def.and_then(|d| d.max_turns) {
             limits.max_turns = Some(n);
         }
+        // A loosening mode is honoured when the host trusts definitions' modes, or the
+        // definition is the host's own; otherwise it is dropped, and the author hears so.
+        let trusted = self.0.trust_modes || def.is_some_and(|d| d.source.is_hosts_own());
+        if let Some(d) = def
+            && !trusted
+            && fresh
+            && let Some(
+                mode @ (crate::definition::PermissionMode::AcceptEdits
+                | crate::definition::PermissionMode::BypassPermissions),
+            ) = d.permission_mode
+        {
+            let text = format!(
+                "agent `{}` asks for `permissionMode: {mode}`, which is not honoured: it is a {} \
+                 definition, and this host does not trust the permission modes of definition \
+                 files (`AgentBuilder::trust_permission_modes`); the host's policy decides",
+                d.name, d.source
+            );
+            tracing::warn!(agent = %d.name, "{text}");
+            warnings.push(text);
+        }
         let policy = policy_for_mode(
             def.and_then(|d| d.permission_mode.as_ref()),
             self.0.policy,
             self.0.parent_policy,
-            self.0.trust_modes,
+            trusted,
         );
         let policy: Arc<dyn PermissionPolicy> = match self.0.restrict {
             Some(own) => Arc::new(crate::tool::permission::Both::new(own, policy)),
