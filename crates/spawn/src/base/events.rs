@@ -140,6 +140,11 @@ impl AgentEvent {
     /// notification arrived, a tool call failed, a warning, a cache break, the agent stopped —
     /// and `None` for the rest (deltas, requests, turns). Each line starts with the agent's id.
     ///
+    /// It is one line whatever the model or a tool wrote into it (a tool's name, an error, a
+    /// child's description): line breaks, other control characters and the bidirectional
+    /// overrides that reorder a terminal's text are written escaped (`\n`, `\u{1b}`), so a
+    /// worker cannot forge a line of the host's log or clear its terminal.
+    ///
     /// ```
     /// use forkhive_spawn::runtime::{AgentEvent, EventKind};
     /// use forkhive_core::{TaskId, TaskKind};
@@ -184,8 +189,36 @@ impl AgentEvent {
             }
             _ => return None,
         };
-        Some(format!("{}: {what}", self.agent))
+        Some(format!("{}: {}", self.agent, one_line(&what)))
     }
+}
+
+/// `text` with line breaks, other control characters and bidirectional formatting characters
+/// escaped (`\n`, `\u{1b}`, `\u{202e}`): safe to print as one line of a log or a terminal.
+pub(crate) fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| {
+        c.is_control()
+            || matches!(
+                c,
+                '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{061c}'
+            )
+            || ('\u{202a}'..='\u{202e}').contains(&c)
+            || ('\u{2066}'..='\u{2069}').contains(&c)
+    };
+    if !text.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if unsafe_char(c) => out.extend(c.escape_unicode()),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// Receives events. Implementations must not block: they are called from the agent's task.
@@ -274,6 +307,32 @@ pub(crate) fn format_duration(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A headline is one line: what a worker wrote into it (a tool name with a line break and
+    /// a terminal escape, a right-to-left override) is escaped, not printed.
+    #[test]
+    fn a_headline_is_one_line_whatever_the_model_wrote() {
+        let agent = TaskId::generate(forkhive_core::TaskKind::Agent);
+        let e = AgentEvent {
+            agent,
+            turn: 1,
+            kind: EventKind::ToolCallFinished {
+                id: Arc::from("t1"),
+                name: Arc::from("no\nsuch: stopped, completed, 1 tokens\u{1b}[2J"),
+                is_error: true,
+                error: Some("bad\u{202e}txt.exe\r".to_owned()),
+                duration: std::time::Duration::ZERO,
+            },
+        };
+        assert_eq!(
+            e.headline().unwrap(),
+            format!(
+                "{agent}: no\\nsuch: stopped, completed, 1 tokens\\u{{1b}}[2J failed: \
+                 bad\\u{{202e}}txt.exe\\r"
+            )
+        );
+        assert_eq!(one_line("plain — text"), "plain — text");
+    }
 
     #[test]
     fn durations_read_well() {

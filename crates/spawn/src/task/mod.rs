@@ -254,9 +254,13 @@ impl EventSink for ChildSink {
         if let Some(out) = &self.output {
             match &event.kind {
                 EventKind::TextDelta { text } => out.append(text),
-                EventKind::ToolCallStarted { name, id } => {
-                    out.append(&format!("\n[tool {name} {id}]\n"))
-                }
+                // The model chose the name and the id: one line, so neither can forge a
+                // marker line of the file.
+                EventKind::ToolCallStarted { name, id } => out.append(&format!(
+                    "\n[tool {} {}]\n",
+                    crate::base::events::one_line(name),
+                    crate::base::events::one_line(id)
+                )),
                 EventKind::Stopped { reason, .. } => {
                     out.append(&format!("\n[stopped: {reason}]\n"))
                 }
