@@ -54,6 +54,10 @@ pub struct Lane {
     pub depth: usize,
     /// Its agent type (or kind).
     pub label: String,
+    /// The name its parent gave it (an `Agent` call's `name`: a named worker, a teammate),
+    /// read from the parent's transcript; `None` when it has none or its parent's transcript
+    /// is not among the lanes.
+    pub name: Option<String>,
     /// When its transcript was created.
     pub start_ms: u64,
     /// Its model requests, in order.
@@ -178,6 +182,10 @@ impl Timeline {
     /// The timeline of transcripts already read.
     pub fn from_transcripts(transcripts: &[Transcript], skipped: Vec<(PathBuf, String)>) -> Self {
         let mut lanes: Vec<Lane> = transcripts.iter().map(lane).collect();
+        let names: HashMap<String, String> = transcripts.iter().flat_map(names_given).collect();
+        for l in &mut lanes {
+            l.name = names.get(&l.id).cloned();
+        }
         // Tree order: roots first (a parent that is not among the lanes counts as none),
         // children after their parent, siblings by start, then id (the same bytes every time).
         lanes.sort_by(|a, b| (a.start_ms, &a.id).cmp(&(b.start_ms, &b.id)));
@@ -281,8 +289,11 @@ fn lane(t: &Transcript) -> Lane {
                     });
                 }
                 for b in &m.content {
+                    // A message from another agent (`SendMessage`), or a letter of a team (a
+                    // teammate's, the lead's, an idle notice, a shutdown answer).
                     if let ContentBlock::Text { text } = b
-                        && text.starts_with("<message from=")
+                        && (text.starts_with("<message from=")
+                            || text.starts_with("<teammate-message"))
                     {
                         marks.push(Mark {
                             at_ms: at,
@@ -299,7 +310,10 @@ fn lane(t: &Transcript) -> Lane {
             marks.push(Mark {
                 at_ms: at,
                 kind: MarkKind::Stop,
-                detail: s.stop.to_string(),
+                detail: match &s.error {
+                    Some(e) => clip(&format!("{}: {e}", s.stop)),
+                    None => s.stop.to_string(),
+                },
             });
         }
     }
@@ -326,11 +340,53 @@ fn lane(t: &Transcript) -> Lane {
         parent: h.parent_id.clone(),
         depth: 0,
         label,
+        name: None,
         start_ms: h.at.or(first).unwrap_or(0),
         requests,
         marks,
         usage,
     }
+}
+
+/// The names `t`'s agent gave the children it started, by their task ids: each `Agent` call
+/// with a `name` whose result says the task it started (`… as task <id>`).
+fn names_given(t: &Transcript) -> Vec<(String, String)> {
+    let mut asked: HashMap<&str, String> = HashMap::new();
+    let mut out = Vec::new();
+    for m in &t.messages {
+        for b in &m.content {
+            match b {
+                ContentBlock::ToolUse { id, name, input } if name.as_str() == "Agent" => {
+                    let given = input.to_value().ok().and_then(|v: serde_json::Value| {
+                        v.get("name")?.as_str().map(str::to_owned)
+                    });
+                    if let Some(given) = given {
+                        asked.insert(id.as_str(), given);
+                    }
+                }
+                ContentBlock::ToolResult {
+                    tool_use_id,
+                    content,
+                    is_error: false,
+                } => {
+                    let Some(given) = asked.get(tool_use_id.as_str()) else {
+                        continue;
+                    };
+                    let text = content.text();
+                    let task = text
+                        .split(" as task ")
+                        .nth(1)
+                        .and_then(|rest| rest.get(..9))
+                        .filter(|id| id.parse::<forkhive_core::TaskId>().is_ok());
+                    if let Some(task) = task {
+                        out.push((task.to_owned(), given.clone()));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    out
 }
 
 /// `&`, `<`, `>`, `"` and `'` escaped for HTML text and attributes.
@@ -407,7 +463,10 @@ fn render(t: &Timeline, title: &str) -> String {
             r#"<text x="{:.1}" y="{:.1}" class="label">{}<title>{}&#10;{} request(s), {} input tokens ({:.0}% from cache), {} output</title></text>"#,
             8.0 + 14.0 * l.depth as f64,
             mid + 4.0,
-            esc(&format!("{} {}", l.label, l.id)),
+            esc(&match &l.name {
+                Some(name) => format!("{} {name} {}", l.label, l.id),
+                None => format!("{} {}", l.label, l.id),
+            }),
             esc(&l.id),
             l.requests.len(),
             l.usage.total_input_tokens(),
@@ -554,6 +613,7 @@ mod tests {
             parent: None,
             depth: 0,
             label: "main".into(),
+            name: None,
             start_ms: 0,
             requests: vec![Bar {
                 turn: 1,

@@ -114,6 +114,111 @@ async fn a_run_becomes_lanes_in_tree_order_with_bars_and_marks() {
     assert_eq!(again.to_html("a run"), html);
 }
 
+/// A team's run: lanes carry the names the lead gave (a teammate, a named worker), a team's
+/// letters are message marks in the lane that reads them, and a failed run's stop says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn team_letters_names_and_failures_show() {
+    use forkhive_spawn::control::SendMessageTool;
+    use forkhive_spawn::mailbox::MemoryMailbox;
+    use forkhive_spawn::team::Team;
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = AgentDefinition::new("worker", "does one job", DefinitionSource::Project);
+    w.system_prompt = "You are a worker.".into();
+    let config = AgentToolConfig::default()
+        .with_registry(AgentRegistry::from_definitions([w]))
+        .with_teams_enabled(true)
+        .with_warm_fanout(None)
+        .with_filter(ToolFilter::default());
+    let tools = ToolPool::new([
+        AgentTool::new(config).unwrap().arc(),
+        Arc::new(SendMessageTool::new().unwrap()) as Arc<dyn Tool>,
+    ])
+    .unwrap();
+    let b = brain(|r| {
+        let all = r.all_messages();
+        if !is_parent(r) {
+            if all[0].text().contains("break") {
+                return Plan::Fail("the model is down");
+            }
+            return match all.len() {
+                1 => Plan::Reply(calls(&[(
+                    "s1",
+                    "SendMessage",
+                    r#"{"to":"team-lead","message":"PONG"}"#,
+                )])),
+                _ => Plan::Reply(say("sent")),
+            };
+        }
+        match all.len() {
+            1 => Plan::Reply(calls(&[
+                (
+                    "a1",
+                    "Agent",
+                    r#"{"description":"ping","prompt":"answer","subagent_type":"worker","name":"tm","team_name":"crew"}"#,
+                ),
+                (
+                    "a2",
+                    "Agent",
+                    r#"{"description":"doomed","prompt":"break","subagent_type":"worker","name":"bad","run_in_background":true}"#,
+                ),
+            ])),
+            3 => Plan::Reply(calls(&[(
+                "s2",
+                "SendMessage",
+                r#"{"to":"tm","message":"one more"}"#,
+            )])),
+            _ => Plan::Reply(say("noted")),
+        }
+    });
+    let team = Arc::new(Team::new("crew", Arc::new(MemoryMailbox::new())).unwrap());
+    let mut lead = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(tools)
+        .extension(Arc::clone(&team))
+        .transcript_dir(dir.path())
+        .build()
+        .await
+        .unwrap();
+    let run = lead.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    team.shut_down(None).await.unwrap();
+    drop(lead);
+    let t = Timeline::load(dir.path()).await.unwrap();
+    let named = |n: &str| {
+        t.lanes
+            .iter()
+            .find(|l| l.name.as_deref() == Some(n))
+            .unwrap_or_else(|| panic!("no lane named {n}: {:?}", t.lanes))
+    };
+    let (tm, bad) = (named("tm"), named("bad"));
+    assert_eq!(t.lanes[0].name, None);
+    // The teammate's PONG, its idle notice and its shutdown answer reach the lead as letters.
+    let letters = t.lanes[0]
+        .marks
+        .iter()
+        .filter(|m| m.kind == MarkKind::Message)
+        .count();
+    assert!(letters >= 2, "{:?}", t.lanes[0].marks);
+    // The lead's letter reaches the teammate as a letter too.
+    assert!(
+        tm.marks.iter().any(|m| m.kind == MarkKind::Message),
+        "{:?}",
+        tm.marks
+    );
+    let stop = bad.marks.iter().find(|m| m.kind == MarkKind::Stop).unwrap();
+    assert!(
+        stop.detail.starts_with("failed: ") && stop.detail.contains("the model is down"),
+        "{}",
+        stop.detail
+    );
+    let html = t.to_html("a team");
+    assert!(
+        html.contains(&format!("worker tm {}", tm.id)),
+        "the label names it"
+    );
+}
+
 #[tokio::test]
 async fn an_unreadable_transcript_is_listed_not_fatal_and_a_missing_dir_is_an_error() {
     let dir = tempfile::tempdir().unwrap();

@@ -173,6 +173,7 @@ pub struct UsageLine {
 
 /// A stop record: a run ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct StopLine {
     /// Why.
     pub stop: StopReason,
@@ -181,6 +182,10 @@ pub struct StopLine {
     /// When the run ended (ms since the Unix epoch; absent in older files).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at: Option<u64>,
+    /// Why a run that failed failed: its error, with its causes (absent for other stops and
+    /// in older files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -659,10 +664,21 @@ impl TranscriptWriter {
 
     /// Appends a stop record.
     pub async fn stop(&mut self, stop: &StopReason, usage: Usage) -> Result<()> {
+        self.stop_with_error(stop, usage, None).await
+    }
+
+    /// Appends a stop record with the error the run failed with, if it did.
+    pub async fn stop_with_error(
+        &mut self,
+        stop: &StopReason,
+        usage: Usage,
+        error: Option<String>,
+    ) -> Result<()> {
         let line = StopLine {
             stop: stop.clone(),
             usage,
             at: Some(now_ms()),
+            error,
         };
         self.write_line(
             &Tagged {
@@ -803,6 +819,7 @@ fn append_stop_on_thread(path: &Path, stop: &StopReason, usage: Usage, once: boo
             stop: stop.clone(),
             usage,
             at: Some(now_ms()),
+            error: None,
         },
     };
     let mut line = Vec::new();

@@ -815,8 +815,9 @@ impl Agent {
             let grace = self.shared.limits.cancel_grace;
             let _ = Box::pin(tokio::time::timeout(grace, self.shared.pending.settled())).await;
         }
+        let error = run.error.as_deref().map(|e| forkhive_core::error::chain(e));
         if let Some(r) = &mut self.transcript
-            && let Err(e) = Box::pin(r.writer.stop(&stop, run.usage)).await
+            && let Err(e) = Box::pin(r.writer.stop_with_error(&stop, run.usage, error)).await
         {
             tracing::warn!(agent = %self.shared.cx.id(), "could not record the stop: {e}");
             if run.error.is_none() {
