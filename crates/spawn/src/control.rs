@@ -395,9 +395,11 @@ impl Tool for SendMessageTool {
             return ToolOutput::error("SendMessage only works inside an agent loop");
         };
         let turn = cx.turn().map_or(0, |t| t.turn());
-        // A record forgotten under the registry's retention has no state to tell.
+        // A record forgotten under the registry's retention has no state to tell; nor has one
+        // whose owner is still finishing it (it says `running` until then).
         let state = ended(&service, &id)
             .await
+            .filter(|s| s.is_terminal())
             .map_or_else(String::new, |s| format!(" ({s})"));
         match service.revive(caller, turn, id, message).await {
             Ok(id) => ToolOutput::text(format!(

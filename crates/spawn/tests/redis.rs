@@ -127,8 +127,9 @@ async fn a_team_is_led_from_one_host_at_a_time() {
     // Both handles are this process's: said so, after a moment's wait for a release.
     assert!(
         err.ends_with(
-            "is held by another `Team` value in this process); give this team another name, \
-             or stop that lead"
+            "is held by another `Team` value in this process; a claim lapses 15 s after its \
+             lead stops renewing it, so one of a lead that is gone frees itself); give this \
+             team another name, or stop that lead"
         ),
         "{err}"
     );

@@ -564,9 +564,11 @@ impl Mailbox for RedisMailbox {
             return Err(Error::TeamTaken {
                 team: team.to_owned(),
                 holder: format!(
-                    "{key} in Redis at {} is held by {}",
+                    "{key} in Redis at {} is held by {}; a claim lapses {} s after its lead \
+                     stops renewing it, so one of a lead that is gone frees itself",
                     self.h.shown,
-                    super::claim_held_by(&held)
+                    super::claim_held_by(&held),
+                    LEAD_CLAIM_TTL.as_secs()
                 ),
             });
         }
