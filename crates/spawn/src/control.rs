@@ -115,6 +115,14 @@ impl Tool for TaskStopTool {
             ));
         };
         if service.parent_of(&id) == Some(me) && service.cancel(&id) {
+            // A teammate idle between prompts does not hold its lead's run; stopped, its
+            // `killed` notification is what the lead was just promised: wait for it.
+            if let Some(team) = cx
+                .caller()
+                .and_then(|c| c.tree().extensions().get::<crate::team::Team>())
+            {
+                team.await_end_of(&id);
+            }
             return ToolOutput::text(format!(
                 "Stopping task {id}. Its notification will say it was killed, with what it had \
                  done."

@@ -198,7 +198,7 @@ async fn teammates_on_two_workers_talk_idle_wake_and_shut_down() {
             .await
             .unwrap_err()
             .to_string(),
-        "teammate `alice` has shut down, so the message was not delivered"
+        "teammate `alice` has stopped (it shut down, was stopped or failed), so the message was not delivered"
     );
     // The hosts' bookkeeping is not a letter anyone may send.
     assert_eq!(
@@ -397,7 +397,7 @@ async fn a_teammate_whose_worker_died_is_reported_killed_and_stopped() {
             .await
             .unwrap_err()
             .to_string(),
-        "teammate `alice` has shut down, so the message was not delivered"
+        "teammate `alice` has stopped (it shut down, was stopped or failed), so the message was not delivered"
     );
     stop.cancel();
     let r = w1.await.unwrap().unwrap();

@@ -264,7 +264,7 @@ async fn lead_and_two_teammates(mailbox: Arc<dyn forkhive_spawn::mailbox::Mailbo
             .await
             .unwrap_err()
             .to_string(),
-        "teammate `alice` has shut down, so the message was not delivered"
+        "teammate `alice` has stopped (it shut down, was stopped or failed), so the message was not delivered"
     );
     assert_eq!(
         team.send("carol", Letter::new("team-lead", "hi"))
@@ -345,7 +345,7 @@ async fn teammate_refusals_say_what_was_wrong() {
 
 /// A teammate whose start is refused after it joined the roster (its name is taken by a plain
 /// worker of the lead's) leaves no `stopped` member behind: the name still reaches the worker,
-/// not "teammate `w` has shut down".
+/// not "teammate `w` has stopped".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_teammate_start_leaves_the_roster_as_it_was() {
     let b = brain(|r| {
@@ -390,9 +390,53 @@ async fn a_refused_teammate_start_leaves_the_roster_as_it_was() {
     assert!(team.roster().is_empty(), "{:?}", team.roster());
     let sent = message_results(&msgs[4]);
     assert!(
-        !sent[0].1.contains("has shut down"),
+        !sent[0].1.contains("has stopped"),
         "the name still reaches the worker: {sent:?}"
     );
+}
+
+/// `TaskStop` on an idle teammate: the lead's run that stopped it waits for its `killed`
+/// notification (an idle teammate does not hold the run, so the run used to return first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_stops_an_idle_teammate_waits_for_its_notification() {
+    for _ in 0..20 {
+        let b = brain(|r| {
+            let all = r.all_messages();
+            if !is_parent(r) {
+                return Plan::Reply(say("ready"));
+            }
+            let last = all.last().map(|m| m.text()).unwrap_or_default();
+            if last == "start" {
+                return Plan::Reply(calls(&[(
+                    "a1",
+                    "Agent",
+                    r#"{"description":"d","prompt":"p","subagent_type":"worker","name":"tm","team_name":"review"}"#,
+                )]));
+            }
+            if last == "stop it" {
+                return Plan::Reply(calls(&[("s1", "TaskStop", r#"{"task_id":"tm"}"#)]));
+            }
+            Plan::Reply(say("ok"))
+        });
+        let stop: Arc<dyn Tool> = Arc::new(forkhive_spawn::control::TaskStopTool::new().unwrap());
+        let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+        let mut lead = lead_in(&team, b, lead_tools_with(vec![stop])).await;
+        let run = lead.run("start").await;
+        assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+        assert_eq!(team.roster()[0].state, MemberState::Idle);
+        let run = lead.run("stop it").await;
+        assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+        let killed: Vec<_> = notifications(&lead)
+            .into_iter()
+            .filter(|n| n.status == forkhive_core::TaskStatus::Killed)
+            .collect();
+        assert_eq!(
+            killed.len(),
+            1,
+            "the run returned before the killed notification"
+        );
+        assert_eq!(team.roster()[0].state, MemberState::Stopped);
+    }
 }
 
 /// The roster file deleted under a running team (its whole directory, as another session's

@@ -54,7 +54,8 @@ pub const LEAD: &str = "team-lead";
 /// A letter to teammate `to`, which has ended.
 fn gone(to: &str) -> Error {
     Error::Refused(format!(
-        "teammate `{to}` has shut down, so the message was not delivered"
+        "teammate `{to}` has stopped (it shut down, was stopped or failed), so the message was not \
+         delivered"
     ))
 }
 
@@ -134,6 +135,9 @@ struct Holds {
     early: Recent,
     /// The last state each teammate on a worker reported (its sequence number).
     last_state: HashMap<String, u64>,
+    /// Teammates being stopped (`TaskStop`): their promise stays held until they end, idle
+    /// or not, so the lead's run waits for the `killed` notification it was told of.
+    stopping: HashSet<String>,
 }
 
 impl Holds {
@@ -1285,7 +1289,10 @@ impl Team {
         // Idle on the roster before the lead's run may end on it; the file is written after,
         // outside the lock.
         let changed = self.mark(name, MemberState::Idle);
-        if let Some(p) = holds.running.get(name) {
+        // One being stopped keeps its lead waiting for its end.
+        if let Some(p) = holds.running.get(name)
+            && !holds.stopping.contains(name)
+        {
             p.set_down();
         }
         drop(holds);
@@ -1301,6 +1308,18 @@ impl Team {
             p.take_up();
         }
         self.set_state(name, MemberState::Running);
+    }
+
+    /// The teammate running as task `id` is being stopped: its lead's run waits for its end
+    /// (a teammate idle between prompts has set its promise down, and would not be waited
+    /// for, so the run could return before the `killed` notification it was told of).
+    pub(crate) fn await_end_of(&self, id: &TaskId) {
+        let Some(name) = self.name_of(id) else { return };
+        let mut holds = self.holds();
+        if let Some(promise) = holds.running.get(&name) {
+            promise.take_up();
+            holds.stopping.insert(name);
+        }
     }
 
     /// Teammate `name` has ended: stopped on the roster, and the letters it will never take
@@ -1327,6 +1346,7 @@ impl Team {
                 }
             }
             holds.last_state.remove(name);
+            holds.stopping.remove(name);
             (
                 holds.letters_to(name),
                 self.mark(name, MemberState::Stopped),
