@@ -1508,6 +1508,89 @@ async fn permission_modes_never_loosen_the_host_unless_trusted() {
     );
 }
 
+/// Denies `Look`, rewrites `Echo`'s input, allows the rest.
+#[derive(Debug)]
+struct Auditable;
+
+#[async_trait]
+impl PermissionPolicy for Auditable {
+    async fn check(&self, r: PermissionRequest<'_>) -> PermissionDecision {
+        match r.tool_name() {
+            "Look" => PermissionDecision::deny("not today"),
+            "Echo" => PermissionDecision::AllowWithInput(serde_json::json!({"rewritten": true})),
+            _ => PermissionDecision::Allow,
+        }
+    }
+}
+
+/// A host sees what its policy did: a denial or a rewrite is a `PermissionDecided` event (a
+/// denial also a headline), an allowed call none.
+#[tokio::test]
+async fn a_policys_denials_and_rewrites_are_events() {
+    let backend = Arc::new(ScriptedBackend::from_replies([
+        Ok(calls(&[
+            ("l", "Look", "{}"),
+            ("e", "Echo", "{}"),
+            ("p", "Peek", "{}"),
+        ])),
+        Ok(say("ok")),
+    ]));
+    let events = Arc::new(Events::default());
+    let mut agent = Agent::builder(backend)
+        .model("m")
+        .tools(
+            ToolPool::new([
+                TestTool::sleeper("Look", true, 0).arc(),
+                TestTool::sleeper("Echo", true, 0).arc(),
+                TestTool::sleeper("Peek", true, 0).arc(),
+            ])
+            .unwrap(),
+        )
+        .policy(Arc::new(Auditable))
+        .events(events.clone())
+        .build()
+        .await
+        .unwrap();
+    let _ = agent.run("x").await;
+    let decided: Vec<(String, bool, String)> = events
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::PermissionDecided {
+                name,
+                rewritten,
+                reason,
+                ..
+            } => Some((name.to_string(), *rewritten, reason.clone())),
+            _ => None,
+        })
+        .collect();
+    let mut decided = decided;
+    decided.sort();
+    assert_eq!(
+        decided,
+        [
+            ("Echo".to_owned(), true, String::new()),
+            ("Look".to_owned(), false, "not today".to_owned()),
+        ]
+    );
+    let headlines: Vec<String> = events
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e.headline())
+        .collect();
+    assert!(
+        headlines
+            .iter()
+            .any(|h| h.ends_with(": Look denied: not today")),
+        "{headlines:?}"
+    );
+}
+
 #[derive(Debug)]
 struct Panicky;
 

@@ -64,6 +64,20 @@ pub enum EventKind {
         /// The tool.
         name: Arc<str>,
     },
+    /// The permission policy did not let a call run as the model wrote it: it denied it
+    /// (`rewritten: false`, `reason` its reason, the policy's panic included) or rewrote its
+    /// input (`rewritten: true`, `reason` empty). A call the policy allows as written has no
+    /// such event: its `ToolCallFinished` follows its `ToolCallStarted`.
+    PermissionDecided {
+        /// The `tool_use` id.
+        id: Arc<str>,
+        /// The tool.
+        name: Arc<str>,
+        /// Whether the call ran, with a rewritten input.
+        rewritten: bool,
+        /// Why it was denied (empty for a rewrite).
+        reason: String,
+    },
     /// A tool call finished.
     ToolCallFinished {
         /// The `tool_use` id.
@@ -179,6 +193,12 @@ impl AgentEvent {
                 error: Some(error),
                 ..
             } => format!("{name} failed: {error}"),
+            EventKind::PermissionDecided {
+                name,
+                rewritten: false,
+                reason,
+                ..
+            } => format!("{name} denied: {reason}"),
             EventKind::Warning { message } => format!("warning: {message}"),
             EventKind::Stalled { quiet_for } => {
                 format!("stalled: no event for {}", format_duration(*quiet_for))

@@ -402,23 +402,35 @@ impl Round<'_> {
                 }
                 Err(panic) => Err(panic),
             };
+        // What the policy did to the call, for the host to audit (a denial otherwise looks
+        // like any failed call).
+        let decided = |rewritten: bool, reason: &str| {
+            self.emit.emit(EventKind::PermissionDecided {
+                id: Arc::clone(&call.id),
+                name: Arc::clone(&call.name),
+                rewritten,
+                reason: reason.to_owned(),
+            });
+        };
         let decision = match decision {
             Ok(d) => d,
             Err(panic) => {
-                return (
-                    ToolOutput::error(format!(
-                        "the permission policy panicked while checking `{}`: {}; the call did \
-                         not run",
-                        call.name,
-                        panic_message(panic.as_ref())
-                    )),
-                    false,
+                let reason = format!(
+                    "the permission policy panicked while checking `{}`: {}; the call did not \
+                     run",
+                    call.name,
+                    panic_message(panic.as_ref())
                 );
+                decided(false, &reason);
+                return (ToolOutput::error(reason), false);
             }
         };
         let input = match decision {
             PermissionDecision::Allow => input,
-            PermissionDecision::Deny { reason } => return (ToolOutput::error(reason), false),
+            PermissionDecision::Deny { reason } => {
+                decided(false, &reason);
+                return (ToolOutput::error(reason), false);
+            }
             PermissionDecision::AllowWithInput(rewritten) => {
                 if let Err(e) = self.pool.validate_at(at, &call.name, &rewritten) {
                     let problems = match e {
@@ -434,6 +446,7 @@ impl Round<'_> {
                         false,
                     );
                 }
+                decided(true, "");
                 rewritten
             }
         };
