@@ -39,15 +39,32 @@ pub struct OutputConfig {
 impl OutputConfig {
     /// Files under `<root>/<session>/tasks/`, capped at [`DEFAULT_OUTPUT_CAP`].
     ///
-    /// A session name that is not `[A-Za-z0-9_-]` (1 to 128 characters) is
-    /// [`Error::Config`] here, when the host sets the service up, not first when a child
-    /// starts (where the model would be the one told). The root must exist when the first
-    /// child starts; it is not created.
+    /// A session name that is not `[A-Za-z0-9_-]` (1 to 128 characters), or a root that is
+    /// not an existing directory, is [`Error::Config`] here, when the host sets the service
+    /// up, not first when a child starts (where the model would be the one told, and every
+    /// background spawn would fail). The root is not created; the directories below it are.
     pub fn new(root: impl Into<PathBuf>, session: impl Into<String>) -> Result<Self> {
         let session = session.into();
         check_session(&session)?;
+        let root = root.into();
+        match std::fs::metadata(&root) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(Error::Config(format!(
+                    "task output root {}: not a directory",
+                    root.display()
+                )));
+            }
+            Err(e) => {
+                return Err(Error::Config(format!(
+                    "task output root {}: {e}; create it before setting up the task service \
+                     (the directories below it are made as children start)",
+                    root.display()
+                )));
+            }
+        }
         Ok(Self {
-            root: root.into(),
+            root,
             session,
             cap: DEFAULT_OUTPUT_CAP,
         })
@@ -565,6 +582,25 @@ mod tests {
         let refused = "invalid agent configuration: session name \"../up\" may only hold A-Z, a-z, 0-9, '-' and '_' (1 to 128 characters)";
         let err = OutputConfig::new(dir.path(), "../up").unwrap_err();
         assert_eq!(err.to_string(), refused);
+        // A root that is missing, or a file, is the host's to hear of, at set-up.
+        let missing = dir.path().join("out");
+        assert_eq!(
+            OutputConfig::new(&missing, "s").unwrap_err().to_string(),
+            format!(
+                "invalid agent configuration: task output root {}: No such file or directory \
+                 (os error 2); create it before setting up the task service (the directories \
+                 below it are made as children start)",
+                missing.display()
+            )
+        );
+        std::fs::write(&missing, "").unwrap();
+        assert_eq!(
+            OutputConfig::new(&missing, "s").unwrap_err().to_string(),
+            format!(
+                "invalid agent configuration: task output root {}: not a directory",
+                missing.display()
+            )
+        );
         // Set by hand, past the constructor: refused when a child starts.
         let by_hand = OutputConfig {
             session: "../up".into(),
