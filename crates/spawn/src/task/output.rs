@@ -19,8 +19,14 @@ use crate::error::{Error, Result};
 /// The default cap: 5 GiB, as the shipped CLI uses.
 pub const DEFAULT_OUTPUT_CAP: u64 = 5 * 1024 * 1024 * 1024;
 
-/// How many appends may wait for the writer before further text is dropped (and counted).
+/// How many appends may wait for the writer in its queue; past them, text waits in one
+/// buffer of at most [`OUTPUT_BACKLOG`] bytes.
 pub const OUTPUT_QUEUE: usize = 4096;
+
+/// The most bytes that may wait for the writer beyond its queue (a fast model's many small
+/// deltas fill the queue long before they are many bytes); past them text is dropped and
+/// counted.
+pub const OUTPUT_BACKLOG: usize = 8 * 1024 * 1024;
 
 /// The most bytes the writer gathers into one write.
 const BATCH: usize = 64 * 1024;
@@ -102,15 +108,19 @@ enum Op {
 ///
 /// [`append`](Self::append) never blocks and never touches the file: it hands the text to a
 /// writer task through a bounded queue ([`OUTPUT_QUEUE`] appends), which gathers what is queued
-/// into one write. If the writer falls that far behind, further text is dropped and counted,
-/// and the file says so (`[N bytes of output dropped: the writer fell behind]`) — an agent's
-/// task is never blocked on a disk. [`flush`](Self::flush) waits until everything appended
+/// into one write; when the queue is full, text waits in order in a backlog of up to
+/// [`OUTPUT_BACKLOG`] bytes, which the writer takes once the queue is drained. If the writer
+/// falls further behind, further text is dropped and counted, and the file says so (`[N bytes
+/// of output dropped: the writer fell behind]`) — an agent's task is never blocked on a disk. [`flush`](Self::flush) waits until everything appended
 /// before it is written; a child's owner flushes before it notifies, so the notification's
 /// output file is complete. The writer ends when the last handle is dropped.
 pub struct OutputFile {
     path: PathBuf,
     cap: u64,
     tx: mpsc::Sender<Op>,
+    /// Text that found the queue full, in order: while it holds any, appends join it (so the
+    /// file keeps their order), and the writer takes it whole once its queue is empty.
+    backlog: Arc<std::sync::Mutex<String>>,
     dropped: Arc<AtomicU64>,
     truncated: Arc<AtomicBool>,
 }
@@ -144,7 +154,9 @@ impl OutputFile {
         let (tx, rx) = mpsc::channel(OUTPUT_QUEUE);
         let dropped = Arc::new(AtomicU64::new(0));
         let truncated = Arc::new(AtomicBool::new(false));
+        let backlog = Arc::new(std::sync::Mutex::new(String::new()));
         let writer = Writer {
+            backlog: Arc::clone(&backlog),
             file: tokio::fs::File::from_std(file),
             path: path.clone(),
             cap: config.cap,
@@ -158,6 +170,7 @@ impl OutputFile {
             path,
             cap: config.cap,
             tx,
+            backlog,
             dropped,
             truncated,
         })
@@ -185,12 +198,20 @@ impl OutputFile {
         if text.is_empty() || self.is_truncated() {
             return;
         }
-        match self.tx.try_send(Op::Text(text.to_owned())) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                self.dropped.fetch_add(text.len() as u64, Ordering::AcqRel);
+        // Under the backlog's lock, which the writer takes to empty it only with its queue
+        // empty: text goes to the queue only while the backlog is empty, so everything queued
+        // is older than everything in the backlog.
+        let mut backlog = self.backlog.lock().unwrap_or_else(|e| e.into_inner());
+        if backlog.is_empty() {
+            match self.tx.try_send(Op::Text(text.to_owned())) {
+                Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => return,
+                Err(mpsc::error::TrySendError::Full(_)) => {}
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+        if backlog.len() + text.len() <= OUTPUT_BACKLOG {
+            backlog.push_str(text);
+        } else {
+            self.dropped.fetch_add(text.len() as u64, Ordering::AcqRel);
         }
     }
 
@@ -214,6 +235,7 @@ impl std::fmt::Debug for OutputFile {
 
 /// The task that owns the file: the only code that writes it.
 struct Writer {
+    backlog: Arc<std::sync::Mutex<String>>,
     file: tokio::fs::File,
     path: PathBuf,
     cap: u64,
@@ -239,6 +261,20 @@ impl Writer {
                     next = rx.try_recv().ok();
                 }
             }
+            // The backlog, once the queue is empty (checked under its lock: nothing is queued
+            // while it holds text). A flush is answered only when nothing older than it can be
+            // left there: the backlog taken, or empty.
+            let settled = {
+                let mut backlog = self.backlog.lock().unwrap_or_else(|e| e.into_inner());
+                if rx.is_empty() {
+                    let text = std::mem::take(&mut *backlog);
+                    drop(backlog);
+                    self.take(&mut buf, &text);
+                    true
+                } else {
+                    backlog.is_empty()
+                }
+            };
             let dropped = self.dropped.swap(0, Ordering::AcqRel);
             if dropped > 0 {
                 let marker =
@@ -252,7 +288,7 @@ impl Writer {
                 self.fail(&e);
             }
             buf.clear();
-            if !acks.is_empty() {
+            if settled && !acks.is_empty() {
                 if let Err(e) = self.file.flush().await {
                     self.fail(&e);
                 }
@@ -260,6 +296,15 @@ impl Writer {
                     let _ = ack.send(());
                 }
             }
+        }
+        // Every handle is gone: what waits in the backlog is the last text.
+        let text = std::mem::take(&mut *self.backlog.lock().unwrap_or_else(|e| e.into_inner()));
+        self.take(&mut buf, &text);
+        if !buf.is_empty()
+            && !self.failed
+            && let Err(e) = self.file.write_all(&buf).await
+        {
+            self.fail(&e);
         }
         let _ = self.file.flush().await;
     }
@@ -633,9 +678,10 @@ mod tests {
         assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
     }
 
-    /// A writer that falls behind drops text and says how much; it never blocks `append`.
+    /// A full queue never blocks `append`: the text waits in the backlog (see below for a
+    /// flood past it).
     #[tokio::test]
-    async fn a_full_queue_drops_and_counts_instead_of_blocking() {
+    async fn a_full_queue_never_blocks_append() {
         let dir = tempfile::tempdir().unwrap();
         let id = TaskId::from_entropy(TaskKind::Agent, 3);
         let out = OutputFile::create(&OutputConfig::new(dir.path(), "s").unwrap(), &id)
@@ -647,16 +693,52 @@ mod tests {
         }
         out.flush().await;
         let text = std::fs::read_to_string(out.path()).unwrap();
-        assert!(
-            text.starts_with(&"ab".repeat(OUTPUT_QUEUE)),
-            "{}",
-            &text[..40]
+        assert_eq!(text, "ab".repeat(OUTPUT_QUEUE + 10));
+    }
+
+    /// A fast model's many small deltas fill the queue long before they are many bytes: they
+    /// wait in the backlog, in order, and none is dropped; past the backlog's bytes, text is
+    /// dropped and the file says how much.
+    #[tokio::test(flavor = "current_thread")]
+    async fn many_small_appends_wait_in_order_and_only_a_flood_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = TaskId::from_entropy(TaskKind::Agent, 5);
+        let out = OutputFile::create(&OutputConfig::new(dir.path(), "s").unwrap(), &id)
+            .await
+            .unwrap();
+        // No await between them: the writer cannot run meanwhile.
+        let n = OUTPUT_QUEUE * 3;
+        for i in 0..n {
+            out.append(&format!("{i:08}\n"));
+        }
+        out.flush().await;
+        let text = std::fs::read_to_string(out.path()).unwrap();
+        let got: Vec<usize> = text.lines().map(|l| l.parse().unwrap()).collect();
+        assert_eq!(got, (0..n).collect::<Vec<_>>());
+
+        let id = TaskId::from_entropy(TaskKind::Agent, 6);
+        let out = OutputFile::create(&OutputConfig::new(dir.path(), "s").unwrap(), &id)
+            .await
+            .unwrap();
+        // The queue filled with one-byte appends, then the backlog with 64 KiB ones and ten
+        // more than it holds.
+        for _ in 0..OUTPUT_QUEUE {
+            out.append("y");
+        }
+        let chunk = "x".repeat(64 * 1024);
+        let sent = OUTPUT_BACKLOG / chunk.len() + 10;
+        for _ in 0..sent {
+            out.append(&chunk);
+        }
+        out.flush().await;
+        let text = std::fs::read_to_string(out.path()).unwrap();
+        let marker = format!(
+            "[{} bytes of output dropped: the writer fell behind]",
+            10 * chunk.len()
         );
-        assert!(
-            text.ends_with("\n[20 bytes of output dropped: the writer fell behind]\n"),
-            "{}",
-            &text[text.len() - 80..]
-        );
+        assert!(text.contains(&marker), "{}", &text[text.len() - 200..]);
+        assert_eq!(text.matches('x').count(), (sent - 10) * chunk.len());
+        drop(out);
     }
 
     /// Everything appended before a flush is in the file after it, in order.
