@@ -161,7 +161,7 @@ pub mod prelude {
     pub use forkhive_spawn::definition::skills::Skills;
     #[doc(inline)]
     pub use forkhive_spawn::definition::{
-        AgentDefinition, AgentLoader, AgentRegistry, DefinitionSource,
+        AgentDefinition, AgentLoader, AgentRegistry, DefinitionSource, PermissionMode,
     };
     #[doc(inline)]
     pub use forkhive_spawn::hook::{CommandHook, Hook, HookEvent, HookInput, HookOutcome, Hooks};
@@ -183,8 +183,9 @@ pub mod prelude {
     pub use forkhive_spawn::tool::memory::MemoryRoots;
     #[doc(inline)]
     pub use forkhive_spawn::tool::{
-        AllowAll, FnTool, InBackground, PermissionDecision, PermissionPolicy, PermissionRequest,
-        Tool, ToolContext, ToolOutput, ToolPool,
+        AllowAll, Both, BubbleToParent, FnTool, InBackground, ListDir, PermissionDecision,
+        PermissionPolicy, PermissionRequest, ReadFile, ReadOnly, Tool, ToolAudience, ToolContext,
+        ToolFilter, ToolOutput, ToolPool,
     };
     #[doc(inline)]
     pub use forkhive_transport::simulator::PromptCacheSimulator;
