@@ -684,6 +684,60 @@ async fn a_restarted_lead_gets_its_teammates_on_the_pool_back() {
     w1.await.unwrap().unwrap();
 }
 
+/// A lead gone with its id: its teammates on the pool are orphans no new lead takes over.
+/// `Pool::teammates` finds them, and `Pool::cancel` frees their workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gone_leads_teammates_are_found_and_stopped() {
+    let Some(url) = redis_url() else { return };
+    let pool = Pool::new(&url, &key_prefix("orphans"), "crew", config()).unwrap();
+    let b = brain(|r| {
+        if !is_parent(r) {
+            return Plan::Reply(say("A done"));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[("a1", "Agent", &teammate("alice"))]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let (w1, stop) = worker(&pool, "w1", b.clone(), Vec::new());
+    let team = Arc::new(pool.team("review").unwrap());
+    let mut gone = Agent::builder(b.clone())
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(lead_tools(&pool))
+        .extension(Arc::clone(&team))
+        // Its process "dies": nothing it started is cancelled.
+        .cancel_children_on_drop(false)
+        .build()
+        .await
+        .unwrap();
+    let run = tokio::time::timeout(Duration::from_secs(30), gone.run("go"))
+        .await
+        .expect("the lead's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let alice = team.member("alice").unwrap().task;
+    drop(gone);
+    drop(team);
+    let found = pool.teammates("review").await.unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(
+        (found[0].name.as_str(), found[0].task, found[0].live),
+        ("alice", alice, true)
+    );
+    assert!(pool.cancel(&alice).await.unwrap() >= 1);
+    let asked = tokio::time::Instant::now();
+    while pool.teammates("review").await.unwrap()[0].live {
+        assert!(
+            asked.elapsed() < Duration::from_secs(10),
+            "alice still runs"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(pool.teammates("nobody").await.unwrap().is_empty());
+    stop.cancel();
+    w1.await.unwrap().unwrap();
+}
+
 // Orderings and failures that could leave a lead waiting forever or ending early.
 
 fn raw_text(r: &Request) -> String {

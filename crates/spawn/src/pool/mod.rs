@@ -236,6 +236,18 @@ impl Job {
     }
 }
 
+/// A teammate a team has on record on a pool ([`Pool::teammates`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PoolTeammate {
+    /// Its name in the team.
+    pub name: String,
+    /// Its task.
+    pub task: TaskId,
+    /// Whether it still runs or waits to: its inbox open, its job queued or under a lease.
+    pub live: bool,
+}
+
 /// A job the pool gave up on, as its dead-letter stream keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -508,6 +520,20 @@ impl Pool {
     /// tool round). Its parent hears `killed`. Returns how many tasks were marked.
     pub async fn cancel(&self, task: &TaskId) -> Result<u64> {
         self.cancel_all(std::slice::from_ref(task)).await
+    }
+
+    /// The teammates team `team` has on record on this pool, by name: each one's task, and
+    /// whether it is live (its inbox open and its job queued or running). For a host whose
+    /// lead is gone with its id and transcript — a new lead of another id does not take over
+    /// its teammates — to find them and stop the live ones with [`cancel`](Self::cancel).
+    pub async fn teammates(&self, team: &str) -> Result<Vec<PoolTeammate>> {
+        use crate::team::TeamLink;
+        let mut found = hosted::Link::new(self.clone()).members(team).await?;
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(found
+            .into_iter()
+            .map(|(name, task, live)| PoolTeammate { name, task, live })
+            .collect())
     }
 
     /// Cancels every task `parent` has on the pool that it was not told of yet, in one step
