@@ -1259,6 +1259,76 @@ async fn a_tool_name_cannot_forge_a_line_of_the_output_file() {
     );
 }
 
+/// A resumed parent whose transcript says it started a background child that never
+/// reported, with nothing waiting for it here (its process is gone, or it ran on a pool the
+/// resumed agent was not attached to), is warned at its first run; one whose children all
+/// reported is not.
+#[tokio::test]
+async fn a_resumed_parent_is_warned_of_children_nothing_waits_for() {
+    for reports in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let b = brain(move |r| {
+            if is_parent(r) {
+                return match r.all_messages().len() {
+                    1 => Plan::Reply(calls_owned(&[agent_call(
+                        "bg",
+                        serde_json::json!({"description": "scan", "prompt": "scan it", "subagent_type": "worker", "run_in_background": true}),
+                    )])),
+                    _ => Plan::Reply(say("waiting")),
+                };
+            }
+            if reports {
+                Plan::Reply(say("scanned"))
+            } else {
+                Plan::Hang
+            }
+        });
+        let tools = || {
+            let config = AgentToolConfig::default().with_registry(worker_registry());
+            ToolPool::new([AgentTool::new(config).unwrap().arc()]).unwrap()
+        };
+        let mut first = Agent::builder(b.clone())
+            .model("m")
+            .system_prompt("You are the parent.")
+            .tools(tools())
+            .transcript_dir(dir.path())
+            // A child that hangs: the run returns without waiting for it.
+            .detach_background(!reports)
+            .build()
+            .await
+            .unwrap();
+        assert_eq!(first.run("scan").await.stop, StopReason::Completed);
+        let path = first.transcript_path().unwrap().to_path_buf();
+        drop(first);
+        let events = Arc::new(Events::default());
+        let builder = Agent::builder(b.clone())
+            .tools(tools())
+            .events(events.clone());
+        let (mut resumed, _) = Agent::resume(builder, &path).await.unwrap();
+        let _ = resumed.continue_run().await;
+        let warned: Vec<String> = events
+            .warnings()
+            .into_iter()
+            .filter(|w| w.contains("have not reported"))
+            .collect();
+        if reports {
+            assert!(warned.is_empty(), "{warned:?}");
+        } else {
+            assert_eq!(warned.len(), 1, "{:?}", events.warnings());
+            assert!(
+                warned[0].starts_with(
+                    "this resumed agent started 1 background task(s) that have not reported (a"
+                ),
+                "{}",
+                warned[0]
+            );
+            assert!(
+                warned[0].ends_with("(`Delivery::attach(&pool, &agent)` before its first run)")
+            );
+        }
+    }
+}
+
 /// A background spawn that fails after its output file was made (here: the worktree it asked
 /// for cannot be made, the directory is no git repository) leaves no output file behind named
 /// after a task that never existed.

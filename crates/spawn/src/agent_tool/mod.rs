@@ -971,7 +971,8 @@ impl AgentTool {
                 ));
             }
             if background {
-                const STARTED: &str = "\" started in the background as task ";
+                // The words the resume reads the task id back from (`base::launched`).
+                const STARTED: &str = crate::base::launched::STARTED_IN_BACKGROUND;
                 const NOTIFIED: &str = "). You will be notified with its result when it finishes; \
                                     do not wait or poll for it.";
                 const OUTPUT: [&str; 2] = [" Its output is written to ", "."];

@@ -13,6 +13,7 @@ pub mod context;
 pub mod events;
 pub(crate) mod files;
 pub(crate) mod ids;
+pub(crate) mod launched;
 pub mod outcome;
 pub mod pending;
 pub mod state;

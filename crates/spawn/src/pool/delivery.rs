@@ -831,11 +831,15 @@ impl Tool for PoolAgentTool {
         }
         unsent.0 = None;
         delivery.submitted(job.task, &job.description);
+        // `agentId:` on a line of its own: the resume reads the task id back from it
+        // (`base::launched`).
         ToolOutput::text(format!(
-            "Async agent launched successfully on pool `{}`.\nagentId: {} (its notification \
-             carries this id)\nThe agent is working in the background. You will be notified \
+            "Async agent launched successfully on pool `{}`.{}{} (its notification carries \
+             this id)\nThe agent is working in the background. You will be notified \
              automatically when it completes.",
-            self.pool.name, job.task
+            self.pool.name,
+            crate::base::launched::POOL_AGENT_ID,
+            job.task
         ))
     }
 }

@@ -122,6 +122,10 @@ pub struct Agent {
 pub(super) struct Recorder {
     pub(super) writer: TranscriptWriter,
     pub(super) in_flight: Option<InFlight>,
+    /// A resumed agent's background children that its transcript says it started and that
+    /// have not reported: if nothing here waits for them at its first run, a warning says so.
+    /// (Here, not in the agent: only a resumed agent, which always has a transcript, has any.)
+    pub(super) unreported: Vec<forkhive_core::TaskId>,
 }
 
 impl Recorder {
@@ -129,6 +133,7 @@ impl Recorder {
         Box::new(Self {
             writer,
             in_flight: None,
+            unreported: Vec::new(),
         })
     }
 }

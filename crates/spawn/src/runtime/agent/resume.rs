@@ -85,7 +85,9 @@ impl Agent {
         }))
         .build()
         .await?;
-        agent.transcript = Some(super::Recorder::new(writer));
+        let mut recorder = super::Recorder::new(writer);
+        recorder.unreported = crate::base::launched::unreported(params.messages());
+        agent.transcript = Some(recorder);
         for text in ignored {
             tracing::warn!(path = %path.display(), "{text}");
             agent.warnings.push(text);

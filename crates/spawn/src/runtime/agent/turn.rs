@@ -154,11 +154,46 @@ impl Agent {
         Box::pin(cx.scope(self.run_loop(first, waiting).instrument(span))).await
     }
 
+    /// A resumed agent whose transcript says it started background children that have not
+    /// reported, with nothing here waiting for them (no promise on its queue, nothing queued):
+    /// they ran in a process that is gone, or on a worker pool this agent was not attached to
+    /// (`Delivery::attach`) — their notifications would never come, and the model still
+    /// expects them. Said once, at the first run.
+    fn warn_of_unreported(&mut self) {
+        let Some(unreported) = self
+            .transcript
+            .as_deref_mut()
+            .map(|r| std::mem::take(&mut r.unreported))
+        else {
+            return;
+        };
+        let pending = &self.shared.pending;
+        if unreported.is_empty() || pending.outstanding() > 0 || !pending.is_empty() {
+            return;
+        }
+        let shown: Vec<String> = unreported.iter().take(5).map(ToString::to_string).collect();
+        let more = match unreported.len() {
+            n if n > 5 => format!(" and {} more", n - 5),
+            _ => String::new(),
+        };
+        let message = format!(
+            "this resumed agent started {} background task(s) that have not reported ({}{more}), \
+             and nothing here waits for them: tasks of a process that is gone will never report; \
+             tasks on a worker pool report only once the agent is attached \
+             (`Delivery::attach(&pool, &agent)` before its first run)",
+            unreported.len(),
+            shown.join(", ")
+        );
+        tracing::warn!(agent = %self.shared.cx.id(), "{message}");
+        self.emit.emit(EventKind::Warning { message });
+    }
+
     async fn run_loop(&mut self, first: Option<Vec<ContentBlock>>, waiting: bool) -> AgentRun {
         let _live = self.shared.tree.enter();
         for message in std::mem::take(&mut self.warnings) {
             self.emit.emit(EventKind::Warning { message });
         }
+        self.warn_of_unreported();
         let mut run = self.run_state();
         // How many times in a row stop hooks sent the agent on.
         let mut stop_blocks = 0u32;
