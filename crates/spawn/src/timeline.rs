@@ -353,7 +353,8 @@ fn lane(t: &Transcript) -> Lane {
 fn names_given(t: &Transcript) -> Vec<(String, String)> {
     let mut asked: HashMap<&str, String> = HashMap::new();
     let mut out = Vec::new();
-    for m in &t.messages {
+    // Its own messages: a fork child's inherited ones are its parent's calls.
+    for m in t.messages.get(t.inherited..).unwrap_or_default() {
         for b in &m.content {
             match b {
                 ContentBlock::ToolUse { id, name, input } if name.as_str() == "Agent" => {
@@ -372,14 +373,16 @@ fn names_given(t: &Transcript) -> Vec<(String, String)> {
                     let Some(given) = asked.get(tool_use_id.as_str()) else {
                         continue;
                     };
+                    // A background start's words (in this process or on a pool), else a
+                    // teammate's (`… as task <id>.`); the last occurrence, as the model's
+                    // description comes before it.
                     let text = content.text();
-                    let task = text
-                        .split(" as task ")
-                        .nth(1)
-                        .and_then(|rest| rest.get(..9))
-                        .filter(|id| id.parse::<forkhive_core::TaskId>().is_ok());
+                    let task = crate::base::launched::background_task(&text).or_else(|| {
+                        let (_, rest) = text.rsplit_once(" as task ")?;
+                        rest.get(..forkhive_core::TaskId::LEN)?.parse().ok()
+                    });
                     if let Some(task) = task {
-                        out.push((task.to_owned(), given.clone()));
+                        out.push((task.to_string(), given.clone()));
                     }
                 }
                 _ => {}

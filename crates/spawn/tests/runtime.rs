@@ -1469,18 +1469,18 @@ async fn permission_modes_never_loosen_the_host_unless_trusted() {
     };
     // A loosening mode dropped is said, naming the definition's source.
     assert_eq!(
-        run_from(DefinitionSource::User, PermissionMode::AcceptEdits, false)
+        run_from(DefinitionSource::Flag, PermissionMode::AcceptEdits, false)
             .await
             .1,
         [
-            "agent `d` asks for `permissionMode: acceptEdits`, which is not honoured: it is a user \
-          definition, and this host does not trust the permission modes of definition files \
+            "agent `d` asks for `permissionMode: acceptEdits`, which is not honoured: it is a flag \
+          definition, and this host does not trust the permission modes of flag definitions \
           (`AgentBuilder::trust_permission_modes`); the host's policy decides"
         ]
     );
-    // The host's own definition (built in its code, or from its command line) is its word:
-    // honoured without trusting files, and nothing to warn of.
-    for source in [DefinitionSource::Host, DefinitionSource::Flag] {
+    // A trusted source's (the host's own, built in its code; the user's): honoured without
+    // the switch, as its hooks would run, and nothing to warn of.
+    for source in [DefinitionSource::Host, DefinitionSource::User] {
         assert_eq!(
             run_from(source, PermissionMode::BypassPermissions, false).await,
             ("Look {}".to_owned(), Vec::<String>::new()),
@@ -1508,7 +1508,7 @@ async fn permission_modes_never_loosen_the_host_unless_trusted() {
     );
 }
 
-/// Denies `Look`, rewrites `Echo`'s input, allows the rest.
+/// Denies `Look`, rewrites `Echo`'s input, rewrites `Peek`'s into one its schema refuses.
 #[derive(Debug)]
 struct Auditable;
 
@@ -1518,13 +1518,14 @@ impl PermissionPolicy for Auditable {
         match r.tool_name() {
             "Look" => PermissionDecision::deny("not today"),
             "Echo" => PermissionDecision::AllowWithInput(serde_json::json!({"rewritten": true})),
+            "Peek" => PermissionDecision::AllowWithInput(serde_json::json!(42)),
             _ => PermissionDecision::Allow,
         }
     }
 }
 
-/// A host sees what its policy did: a denial or a rewrite is a `PermissionDecided` event (a
-/// denial also a headline), an allowed call none.
+/// A host sees what its policy did: a denial or a rewrite is a `PermissionDecided` event, an
+/// allowed call none; a rewrite the schema refuses is a denial.
 #[tokio::test]
 async fn a_policys_denials_and_rewrites_are_events() {
     let backend = Arc::new(ScriptedBackend::from_replies([
@@ -1574,6 +1575,13 @@ async fn a_policys_denials_and_rewrites_are_events() {
         [
             ("Echo".to_owned(), true, String::new()),
             ("Look".to_owned(), false, "not today".to_owned()),
+            (
+                "Peek".to_owned(),
+                false,
+                "the permission policy rewrote the input of `Peek` into one that does not match \
+                 its schema:\nat /: 42 is not of type \"object\""
+                    .to_owned()
+            ),
         ]
     );
     let headlines: Vec<String> = events
@@ -1583,11 +1591,14 @@ async fn a_policys_denials_and_rewrites_are_events() {
         .iter()
         .filter_map(|e| e.headline())
         .collect();
-    assert!(
+    // One headline for the denied call: its `ToolCallFinished`.
+    assert_eq!(
         headlines
             .iter()
-            .any(|h| h.ends_with(": Look denied: not today")),
-        "{headlines:?}"
+            .filter(|h| h.contains("not today"))
+            .map(|h| h.split_once(": ").unwrap().1)
+            .collect::<Vec<_>>(),
+        ["Look failed: not today"]
     );
 }
 

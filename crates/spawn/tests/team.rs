@@ -343,30 +343,34 @@ async fn teammate_refusals_say_what_was_wrong() {
     assert!(team.roster().is_empty());
 }
 
-/// A teammate whose start is refused after it joined the roster (its name is taken by a plain
-/// worker of the lead's) leaves no `stopped` member behind: the name still reaches the worker,
-/// not "teammate `w` has stopped".
+/// A teammate whose name a plain worker of the lead's holds is refused and leaves no
+/// `stopped` member behind: the name still reaches the worker, not "teammate `w` has
+/// stopped". (The name check refuses it before it joins the roster; a start refused after
+/// it joined — two starts racing for the name — takes its join back: `Team::withdraw`,
+/// tested beside it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_teammate_start_leaves_the_roster_as_it_was() {
     let b = brain(|r| {
         let all = r.all_messages();
         if !is_parent(r) {
-            return Plan::Reply(say("done"));
+            // The worker is busy while the teammate is refused and the letter sent.
+            return match all.len() {
+                1 => Plan::Reply(calls(&[("l1", "Look", "{}")])),
+                _ => Plan::Reply(say("done")),
+            };
         }
         match all.len() {
-            1 => Plan::Reply(calls(&[
-                (
-                    "a1",
-                    "Agent",
-                    r#"{"description":"d","prompt":"p","subagent_type":"worker","name":"w","run_in_background":true}"#,
-                ),
-                (
-                    "a2",
-                    "Agent",
-                    r#"{"description":"d","prompt":"p","subagent_type":"worker","name":"w","team_name":"review"}"#,
-                ),
-            ])),
+            1 => Plan::Reply(calls(&[(
+                "a1",
+                "Agent",
+                r#"{"description":"d","prompt":"p","subagent_type":"worker","name":"w","run_in_background":true}"#,
+            )])),
             3 => Plan::Reply(calls(&[(
+                "a2",
+                "Agent",
+                r#"{"description":"d","prompt":"p","subagent_type":"worker","name":"w","team_name":"review"}"#,
+            )])),
+            5 => Plan::Reply(calls(&[(
                 "m1",
                 "SendMessage",
                 r#"{"to":"w","message":"more"}"#,
@@ -375,22 +379,22 @@ async fn a_refused_teammate_start_leaves_the_roster_as_it_was() {
         }
     });
     let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
-    let mut lead = lead_in(&team, b, lead_tools()).await;
+    let look = TestTool::sleeper("Look", true, 400).arc() as Arc<dyn Tool>;
+    let mut lead = lead_in(&team, b, lead_tools_with(vec![look])).await;
     let run = lead.run("go").await;
     assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
     let msgs = lead.params().messages().to_vec();
-    let started = message_results(&msgs[2]);
-    assert!(!started[0].2, "{started:?}");
+    let refused = message_results(&msgs[4]);
     assert!(
-        started[1]
+        refused[0]
             .1
             .starts_with("could not start the agent: the name `w` is taken by task "),
-        "{started:?}"
+        "{refused:?}"
     );
     assert!(team.roster().is_empty(), "{:?}", team.roster());
-    let sent = message_results(&msgs[4]);
+    let sent = message_results(&msgs[6]);
     assert!(
-        !sent[0].1.contains("has stopped"),
+        sent[0].1.starts_with("Sent to task "),
         "the name still reaches the worker: {sent:?}"
     );
 }

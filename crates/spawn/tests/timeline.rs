@@ -159,7 +159,7 @@ async fn team_letters_names_and_failures_show() {
                 (
                     "a2",
                     "Agent",
-                    r#"{"description":"doomed","prompt":"break","subagent_type":"worker","name":"bad","run_in_background":true}"#,
+                    r#"{"description":"doomed as task a00000000 runner","prompt":"break","subagent_type":"worker","name":"bad","run_in_background":true}"#,
                 ),
             ])),
             3 => Plan::Reply(calls(&[(

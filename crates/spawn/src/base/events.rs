@@ -65,9 +65,10 @@ pub enum EventKind {
         name: Arc<str>,
     },
     /// The permission policy did not let a call run as the model wrote it: it denied it
-    /// (`rewritten: false`, `reason` its reason, the policy's panic included) or rewrote its
-    /// input (`rewritten: true`, `reason` empty). A call the policy allows as written has no
-    /// such event: its `ToolCallFinished` follows its `ToolCallStarted`.
+    /// (`rewritten: false`, `reason` its reason — the policy's panic, or a rewrite that failed
+    /// the tool's schema, included) or rewrote its input (`rewritten: true`, `reason` empty).
+    /// A call the policy allows as written has no such event. (A denied call's
+    /// `ToolCallFinished` says `is_error` with the same reason, and is its headline.)
     PermissionDecided {
         /// The `tool_use` id.
         id: Arc<str>,
@@ -193,12 +194,6 @@ impl AgentEvent {
                 error: Some(error),
                 ..
             } => format!("{name} failed: {error}"),
-            EventKind::PermissionDecided {
-                name,
-                rewritten: false,
-                reason,
-                ..
-            } => format!("{name} denied: {reason}"),
             EventKind::Warning { message } => format!("warning: {message}"),
             EventKind::Stalled { quiet_for } => {
                 format!("stalled: no event for {}", format_duration(*quiet_for))

@@ -231,17 +231,19 @@ impl DefinitionSource {
         DefinitionSource::Policy,
     ];
 
-    /// Whether a definition from here is the host's own word — compiled in (`BuiltIn`), built
-    /// in the host's code (`Host`), given on its command line (`Flag`) or set by enterprise
-    /// policy (`Policy`) — rather than a file that a plugin, the user's directory or a cloned
-    /// repository carries (`Plugin`, `User`, `Project`). A loosening `permissionMode` of the
-    /// host's own is honoured without `AgentBuilder::trust_permission_modes`.
-    pub fn is_hosts_own(self) -> bool {
+    /// Whether what a definition from here asks for applies without the host's say-so: its
+    /// hooks' commands, its own MCP servers and a loosening `permissionMode` — for the
+    /// built-ins, the host's own (`Host`, built in its code), the user's (`~/.claude/agents`)
+    /// and an enterprise policy's; not for a project's (which any cloned repository may
+    /// carry), a plugin's or the command line's. One rule for all three: a source whose hook
+    /// commands run unasked may as well switch permissions off, and one whose hooks need the
+    /// host's word needs it for that too.
+    pub fn is_trusted(self) -> bool {
         matches!(
             self,
             DefinitionSource::BuiltIn
                 | DefinitionSource::Host
-                | DefinitionSource::Flag
+                | DefinitionSource::User
                 | DefinitionSource::Policy
         )
     }
@@ -353,8 +355,7 @@ impl AgentDefinition {
 /// host's say-so: the built-ins', the host's own, the user's and an enterprise policy's — not
 /// a project's, a plugin's or the command line's.
 pub(crate) fn trusted_source(source: DefinitionSource) -> bool {
-    use DefinitionSource as S;
-    matches!(source, S::BuiltIn | S::Host | S::User | S::Policy)
+    source.is_trusted()
 }
 
 #[cfg(test)]

@@ -103,9 +103,11 @@ impl Verdict {
     /// `VERDICT: FAIL` or `VERDICT: PARTIAL` (surrounding spaces and Markdown emphasis
     /// allowed). Anything else is [`Error::Verification`] quoting the line.
     ///
-    /// A `PASS` or `PARTIAL` in a report that also holds a `VERDICT: FAIL` line is ambiguous,
-    /// and an error too: a verifier that quotes the work's own claim after its conclusion
-    /// (a worker whose output ends `VERDICT: PASS`) must not turn its failure into a pass.
+    /// A last line stronger than a verdict an earlier line starts with — `PASS` after a
+    /// `FAIL` or `PARTIAL`, `PARTIAL` after a `FAIL`, however loosely the earlier one is
+    /// spelled (`**VERDICT:** FAIL`, `> verdict: fail.`) — is ambiguous, and an error too: a
+    /// verifier that quotes the work's own claim after its conclusion (a worker whose output
+    /// ends `VERDICT: PASS`) must not turn its failure into a pass.
     pub fn parse(report: &str) -> Result<Self> {
         let mut lines = report
             .lines()
@@ -128,14 +130,51 @@ impl Verdict {
                 }));
             }
         };
-        if verdict != Verdict::Fail && lines.any(|l| Self::of_line(l) == Some(Verdict::Fail)) {
+        // A weaker verdict earlier in the report, however it is spelled (`VERDICT: FAIL.`,
+        // `**VERDICT:** FAIL`, `> VERDICT: FAIL - …`, `## verdict: partial`), makes a stronger
+        // last line ambiguous: the last line may be a quote of the work's own claim.
+        let rank = |v: Verdict| match v {
+            Verdict::Fail => 0,
+            Verdict::Partial => 1,
+            Verdict::Pass => 2,
+        };
+        if let Some(earlier) = lines
+            .filter_map(Self::of_line_loosely)
+            .find(|e| rank(*e) < rank(verdict))
+        {
             return Err(Error::Verification(format!(
-                "the report ends with `VERDICT: {verdict}` but an earlier line is \
-                 `VERDICT: FAIL`; a verdict must be unambiguous (quote other verdicts inline, \
-                 not on a line of their own)"
+                "the report ends with `VERDICT: {verdict}` but an earlier line says `VERDICT: \
+                 {earlier}`; a verdict must be unambiguous (quote other verdicts inline, not at \
+                 the start of a line)"
             )));
         }
         Ok(verdict)
+    }
+
+    /// The verdict a line starts with, spelled loosely: quote, heading, list and emphasis
+    /// marks before it, any case, emphasis around the colon, anything after the word.
+    fn of_line_loosely(line: &str) -> Option<Self> {
+        let marks = |c: char| matches!(c, '>' | '#' | '-' | '*' | '_' | '`' | ' ' | '\t');
+        let rest = line.trim_start_matches(marks);
+        let head = rest.get(..7)?;
+        if !head.eq_ignore_ascii_case("VERDICT") {
+            return None;
+        }
+        let rest = rest[7..].trim_start_matches(marks).strip_prefix(':')?;
+        let word = rest.trim_start_matches(marks);
+        let starts = |w: &str| {
+            word.get(..w.len())
+                .is_some_and(|h| h.eq_ignore_ascii_case(w))
+        };
+        if starts("FAIL") {
+            Some(Verdict::Fail)
+        } else if starts("PARTIAL") {
+            Some(Verdict::Partial)
+        } else if starts("PASS") {
+            Some(Verdict::Pass)
+        } else {
+            None
+        }
     }
 
     /// The verdict `line` is, if it is one.
@@ -162,8 +201,8 @@ pub struct Verification {
 }
 
 /// How [`verify_with`] runs the verification agent: its limits, a token that stops it, and
-/// a sink for its events. The default is what [`verify`] uses: the definition's limits (100
-/// turns), no token, no sink.
+/// a sink for its events. The default is what [`verify`] uses: the default [`Limits`]
+/// (100 turns), no token, no sink.
 #[derive(Clone, Default)]
 #[non_exhaustive]
 pub struct VerifyOptions {
@@ -183,8 +222,8 @@ impl fmt::Debug for VerifyOptions {
 }
 
 impl VerifyOptions {
-    /// The agent's limits (turns, token budget, tool timeout…); a `maxTurns` of the built-in
-    /// definition still applies on top.
+    /// The agent's limits (turns, token budget, tool timeout…). (A definition's `maxTurns`
+    /// would replace `max_turns`; the built-in verification agent sets none.)
     pub fn with_limits(mut self, limits: Limits) -> Self {
         self.limits = Some(limits);
         self
@@ -311,9 +350,30 @@ mod tests {
             Verdict::parse("VERDICT: FAIL\nThe worker's report ended with:\nVERDICT: PASS")
                 .unwrap_err()
                 .to_string(),
-            "verification failed: the report ends with `VERDICT: PASS` but an earlier line is \
-             `VERDICT: FAIL`; a verdict must be unambiguous (quote other verdicts inline, not on \
-             a line of their own)"
+            "verification failed: the report ends with `VERDICT: PASS` but an earlier line says \
+             `VERDICT: FAIL`; a verdict must be unambiguous (quote other verdicts inline, not at \
+             the start of a line)"
+        );
+        // However the earlier, weaker verdict is spelled.
+        for earlier in [
+            "VERDICT: FAIL.",
+            "**VERDICT:** FAIL",
+            "VERDICT: FAIL - the tests do not build",
+            "> VERDICT: FAIL",
+            "## verdict: fail",
+            "- `VERDICT: PARTIAL`",
+        ] {
+            let report = format!("{earlier}\nThe worker's report ended with:\nVERDICT: PASS");
+            assert!(Verdict::parse(&report).is_err(), "{earlier:?}");
+        }
+        assert!(Verdict::parse("VERDICT: FAIL\nquoted:\nVERDICT: PARTIAL").is_err());
+        assert_eq!(
+            Verdict::parse("VERDICT: PARTIAL at first\nVERDICT: FAIL").unwrap(),
+            Verdict::Fail
+        );
+        assert_eq!(
+            Verdict::parse("the verdict: fail was wrong\nVERDICT: PASS").unwrap(),
+            Verdict::Pass
         );
         assert_eq!(
             Verdict::parse("The worker claimed:\n**VERDICT: PASS**\nIt is wrong.\nVERDICT: FAIL")

@@ -254,8 +254,9 @@ impl EventSink for ChildSink {
         if let Some(out) = &self.output {
             match &event.kind {
                 EventKind::TextDelta { text } => out.append(text),
-                // The model chose the name and the id: one line, so neither can forge a
-                // marker line of the file.
+                // The model chose the name and the id: one line each, so neither breaks the
+                // marker's line. (The model's text is written as it is, and may hold lines
+                // shaped like markers: the file is its output, not a log to trust.)
                 EventKind::ToolCallStarted { name, id } => out.append(&format!(
                     "\n[tool {} {}]\n",
                     crate::base::events::one_line(name),

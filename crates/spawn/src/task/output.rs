@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use forkhive_core::TaskId;
 use tokio::io::AsyncWriteExt;
@@ -49,6 +49,7 @@ impl OutputConfig {
     /// not an existing directory, is [`Error::Config`] here, when the host sets the service
     /// up, not first when a child starts (where the model would be the one told, and every
     /// background spawn would fail). The root is not created; the directories below it are.
+    /// (The check is one `stat` on the calling thread, at set-up.)
     pub fn new(root: impl Into<PathBuf>, session: impl Into<String>) -> Result<Self> {
         let session = session.into();
         check_session(&session)?;
@@ -61,10 +62,16 @@ impl OutputConfig {
                     root.display()
                 )));
             }
-            Err(e) => {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(Error::Config(format!(
                     "task output root {}: {e}; create it before setting up the task service \
                      (the directories below it are made as children start)",
+                    root.display()
+                )));
+            }
+            Err(e) => {
+                return Err(Error::Config(format!(
+                    "task output root {}: {e}",
                     root.display()
                 )));
             }
@@ -120,9 +127,54 @@ pub struct OutputFile {
     tx: mpsc::Sender<Op>,
     /// Text that found the queue full, in order: while it holds any, appends join it (so the
     /// file keeps their order), and the writer takes it whole once its queue is empty.
-    backlog: Arc<std::sync::Mutex<String>>,
-    dropped: Arc<AtomicU64>,
+    backlog: Arc<std::sync::Mutex<Backlog>>,
     truncated: Arc<AtomicBool>,
+}
+
+/// What waits for the writer beyond its queue: text, in order, with a marker where text was
+/// dropped because it would not fit.
+#[derive(Default)]
+struct Backlog {
+    text: String,
+    /// Bytes dropped since the last text that fit: their marker goes before the next text
+    /// that fits (or at the end), where they were lost.
+    dropped: u64,
+}
+
+impl Backlog {
+    fn is_empty(&self) -> bool {
+        self.text.is_empty() && self.dropped == 0
+    }
+
+    /// Adds `text` if it fits within [`OUTPUT_BACKLOG`] (after the marker of what was dropped
+    /// before it); counts it as dropped otherwise.
+    fn push(&mut self, text: &str) {
+        let marker = (self.dropped > 0).then(|| dropped_marker(self.dropped));
+        let needed = text.len() + marker.as_ref().map_or(0, String::len);
+        if self.text.len() + needed > OUTPUT_BACKLOG {
+            self.dropped += text.len() as u64;
+            return;
+        }
+        if let Some(marker) = marker {
+            self.text.push_str(&marker);
+            self.dropped = 0;
+        }
+        self.text.push_str(text);
+    }
+
+    /// All of it, the marker of what was dropped last included, leaving it empty.
+    fn take(&mut self) -> String {
+        let mut text = std::mem::take(&mut self.text);
+        if self.dropped > 0 {
+            text.push_str(&dropped_marker(std::mem::take(&mut self.dropped)));
+        }
+        text
+    }
+}
+
+/// The line that says `n` bytes were dropped there.
+fn dropped_marker(n: u64) -> String {
+    format!("\n[{n} bytes of output dropped: the writer fell behind]\n")
 }
 
 impl OutputFile {
@@ -152,16 +204,14 @@ impl OutputFile {
         })??;
         let path = unclaimed.claim();
         let (tx, rx) = mpsc::channel(OUTPUT_QUEUE);
-        let dropped = Arc::new(AtomicU64::new(0));
         let truncated = Arc::new(AtomicBool::new(false));
-        let backlog = Arc::new(std::sync::Mutex::new(String::new()));
+        let backlog = Arc::new(std::sync::Mutex::new(Backlog::default()));
         let writer = Writer {
             backlog: Arc::clone(&backlog),
             file: tokio::fs::File::from_std(file),
             path: path.clone(),
             cap: config.cap,
             written: 0,
-            dropped: Arc::clone(&dropped),
             truncated: Arc::clone(&truncated),
             failed: false,
         };
@@ -171,7 +221,6 @@ impl OutputFile {
             cap: config.cap,
             tx,
             backlog,
-            dropped,
             truncated,
         })
     }
@@ -208,11 +257,7 @@ impl OutputFile {
                 Err(mpsc::error::TrySendError::Full(_)) => {}
             }
         }
-        if backlog.len() + text.len() <= OUTPUT_BACKLOG {
-            backlog.push_str(text);
-        } else {
-            self.dropped.fetch_add(text.len() as u64, Ordering::AcqRel);
-        }
+        backlog.push(text);
     }
 
     /// Waits until everything appended so far is written to the file.
@@ -235,12 +280,11 @@ impl std::fmt::Debug for OutputFile {
 
 /// The task that owns the file: the only code that writes it.
 struct Writer {
-    backlog: Arc<std::sync::Mutex<String>>,
+    backlog: Arc<std::sync::Mutex<Backlog>>,
     file: tokio::fs::File,
     path: PathBuf,
     cap: u64,
     written: u64,
-    dropped: Arc<AtomicU64>,
     truncated: Arc<AtomicBool>,
     failed: bool,
 }
@@ -267,7 +311,7 @@ impl Writer {
             let settled = {
                 let mut backlog = self.backlog.lock().unwrap_or_else(|e| e.into_inner());
                 if rx.is_empty() {
-                    let text = std::mem::take(&mut *backlog);
+                    let text = backlog.take();
                     drop(backlog);
                     self.take(&mut buf, &text);
                     true
@@ -275,12 +319,6 @@ impl Writer {
                     backlog.is_empty()
                 }
             };
-            let dropped = self.dropped.swap(0, Ordering::AcqRel);
-            if dropped > 0 {
-                let marker =
-                    format!("\n[{dropped} bytes of output dropped: the writer fell behind]\n");
-                self.take(&mut buf, &marker);
-            }
             if !buf.is_empty()
                 && !self.failed
                 && let Err(e) = self.file.write_all(&buf).await
@@ -298,7 +336,11 @@ impl Writer {
             }
         }
         // Every handle is gone: what waits in the backlog is the last text.
-        let text = std::mem::take(&mut *self.backlog.lock().unwrap_or_else(|e| e.into_inner()));
+        let text = self
+            .backlog
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         self.take(&mut buf, &text);
         if !buf.is_empty()
             && !self.failed
@@ -720,24 +762,48 @@ mod tests {
         let out = OutputFile::create(&OutputConfig::new(dir.path(), "s").unwrap(), &id)
             .await
             .unwrap();
-        // The queue filled with one-byte appends, then the backlog with 64 KiB ones and ten
-        // more than it holds.
+        // The queue filled with one-byte appends, then the backlog with 64 KiB ones to one
+        // chunk short of full; then an append one byte too long for what is left (dropped),
+        // then a short one that fits: the marker stands where the text was lost, before it.
         for _ in 0..OUTPUT_QUEUE {
             out.append("y");
         }
         let chunk = "x".repeat(64 * 1024);
-        let sent = OUTPUT_BACKLOG / chunk.len() + 10;
-        for _ in 0..sent {
+        let fitting = OUTPUT_BACKLOG / chunk.len() - 1;
+        for _ in 0..fitting {
+            out.append(&chunk);
+        }
+        let too_long = format!("z{chunk}");
+        out.append(&too_long);
+        out.append("tail\n");
+        out.flush().await;
+        let text = std::fs::read_to_string(out.path()).unwrap();
+        let expected = format!(
+            "{}{}{}tail\n",
+            "y".repeat(OUTPUT_QUEUE),
+            chunk.repeat(fitting),
+            dropped_marker(too_long.len() as u64)
+        );
+        assert_eq!(text.len(), expected.len());
+        assert!(text == expected, "{}", &text[text.len() - 120..]);
+        // Dropped at the very end: the marker closes the file.
+        let id = TaskId::from_entropy(TaskKind::Agent, 8);
+        let out = OutputFile::create(&OutputConfig::new(dir.path(), "s").unwrap(), &id)
+            .await
+            .unwrap();
+        for _ in 0..OUTPUT_QUEUE {
+            out.append("y");
+        }
+        for _ in 0..OUTPUT_BACKLOG / chunk.len() + 2 {
             out.append(&chunk);
         }
         out.flush().await;
         let text = std::fs::read_to_string(out.path()).unwrap();
-        let marker = format!(
-            "[{} bytes of output dropped: the writer fell behind]",
-            10 * chunk.len()
+        assert!(
+            text.ends_with(&dropped_marker(2 * chunk.len() as u64)),
+            "{}",
+            &text[text.len() - 120..]
         );
-        assert!(text.contains(&marker), "{}", &text[text.len() - 200..]);
-        assert_eq!(text.matches('x').count(), (sent - 10) * chunk.len());
         drop(out);
     }
 

@@ -1314,8 +1314,10 @@ impl Team {
     /// (a teammate idle between prompts has set its promise down, and would not be waited
     /// for, so the run could return before the `killed` notification it was told of).
     pub(crate) fn await_end_of(&self, id: &TaskId) {
-        let Some(name) = self.name_of(id) else { return };
+        // Under the holds' lock, then the roster's (the order `rest` takes them): the name
+        // is still this task's when its promise is taken up.
         let mut holds = self.holds();
+        let Some(name) = self.name_of(id) else { return };
         if let Some(promise) = holds.running.get(&name) {
             promise.take_up();
             holds.stopping.insert(name);

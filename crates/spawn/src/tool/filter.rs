@@ -193,9 +193,10 @@ impl ToolFilter {
 
     /// Whether `name` survives the three layers for `audience`, given a definition's `tools`
     /// (`None`: no restriction) and `disallowed_tools`. List entries may be patterns (see the
-    /// module docs). Layer 2 judges by name alone, as for the crate's built-in tools; use
+    /// module docs). It judges by the name alone: layer 2 as for the crate's built-in tools,
+    /// and no alias is known (an entry `Task` does not name `Agent` here). Use
     /// [`pool`](Self::pool) to filter real tools, which declare their own
-    /// [`in_background`](super::Tool::in_background).
+    /// [`in_background`](super::Tool::in_background) and aliases.
     pub fn allows(
         &self,
         name: &str,
@@ -230,8 +231,13 @@ impl ToolFilter {
     ) -> Option<Unavailable> {
         // Aliases count in layer 3 only: a definition's lists are written in Claude Code's
         // words (`Task`); the filter's own lists name tools by their names.
-        let listed_by_definition =
-            |list: &[String]| listed(list, name) || aliases.iter().any(|a| listed(list, a));
+        // An alias counts only where an entry names it exactly: `Task*` means the tools whose
+        // names start with `Task` (`TaskStop`), not the `Agent` tool that answers to `Task`.
+        let names_alias = |list: &[String]| {
+            list.iter()
+                .any(|e| aliases.iter().any(|a| parse(e).0 == *a))
+        };
+        let listed_by_definition = |list: &[String]| listed(list, name) || names_alias(list);
         let mcp = is_mcp_tool(name);
         // Layers 1 and 2, which MCP tools always pass.
         if !mcp {
@@ -254,8 +260,7 @@ impl ToolFilter {
             }
         }
         // Layer 3: the definition's own lists; an explicit deny wins over everything.
-        if disallowed_tools.is_some_and(|d| denied(d, name) || aliases.iter().any(|a| denied(d, a)))
-        {
+        if disallowed_tools.is_some_and(|d| denied(d, name) || names_alias(d)) {
             return Some(Unavailable::DisallowedByDefinition);
         }
         match tools {
@@ -616,6 +621,15 @@ mod tests {
         assert!(
             f.unavailable(&pool, Foreground, &v(&["Task"]), Some(&v(&["Task"])))
                 == [("Task".to_owned(), Unavailable::DisallowedByDefinition)]
+        );
+        // A pattern does not reach an alias: `Task*` is the tools named `Task…`.
+        assert_eq!(
+            names(f.pool(&pool, Foreground, None, Some(&v(&["Task*"])))),
+            ["Read", "Agent"]
+        );
+        assert_eq!(
+            names(f.pool(&pool, Foreground, Some(&v(&["Read", "Task*"])), None)),
+            ["Read"]
         );
         // The filter's own lists go by name: `Task` there keeps nothing from `Agent`.
         let mut nesting = ToolFilter::none();

@@ -437,14 +437,14 @@ impl Round<'_> {
                         crate::Error::InvalidInput { problems, .. } => problems.join("\n"),
                         other => other.to_string(),
                     };
-                    return (
-                        ToolOutput::error(format!(
-                            "the permission policy rewrote the input of `{}` into one that does \
-                             not match its schema:\n{problems}",
-                            call.name
-                        )),
-                        false,
+                    let reason = format!(
+                        "the permission policy rewrote the input of `{}` into one that does not \
+                         match its schema:\n{problems}",
+                        call.name
                     );
+                    // Not run: as a denial.
+                    decided(false, &reason);
+                    return (ToolOutput::error(reason), false);
                 }
                 decided(true, "");
                 rewritten

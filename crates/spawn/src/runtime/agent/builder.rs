@@ -209,13 +209,14 @@ impl AgentBuilder {
         self
     }
 
-    /// Whether a definition file's loosening `permissionMode` (`acceptEdits`,
-    /// `bypassPermissions`) is honoured (default: no — the host's policy decides, and a
-    /// warning says so; tightening modes always apply). One switch for every file source
-    /// (plugin, user, project). A definition that is the host's own word
-    /// ([`DefinitionSource::is_hosts_own`](crate::definition::DefinitionSource::is_hosts_own))
-    /// is honoured without it. Children of this agent inherit the choice: set it on the main
-    /// agent, and the agent types its `Agent` tool starts honour their definitions' modes.
+    /// Whether the loosening `permissionMode` (`acceptEdits`, `bypassPermissions`) of a
+    /// definition from a source that is not trusted — a project's, a plugin's, the command
+    /// line's — is honoured (default: no — the host's policy decides, and a warning says so;
+    /// tightening modes always apply). One switch for all of them. A trusted source's
+    /// ([`DefinitionSource::is_trusted`](crate::definition::DefinitionSource::is_trusted): the
+    /// built-ins, the host's own, the user's, a policy's) is honoured without it. Children of
+    /// this agent inherit the choice: set it on the main agent, and the agent types its
+    /// `Agent` tool starts honour their definitions' modes.
     pub fn trust_permission_modes(mut self, trust: bool) -> Self {
         self.0.trust_modes = trust;
         self
@@ -719,7 +720,7 @@ impl AgentBuilder {
         }
         // A loosening mode is honoured when the host trusts definitions' modes, or the
         // definition is the host's own; otherwise it is dropped, and the author hears so.
-        let trusted = self.0.trust_modes || def.is_some_and(|d| d.source.is_hosts_own());
+        let trusted = self.0.trust_modes || def.is_some_and(|d| d.source.is_trusted());
         if let Some(d) = def
             && !trusted
             && fresh
@@ -730,9 +731,9 @@ impl AgentBuilder {
         {
             let text = format!(
                 "agent `{}` asks for `permissionMode: {mode}`, which is not honoured: it is a {} \
-                 definition, and this host does not trust the permission modes of definition \
-                 files (`AgentBuilder::trust_permission_modes`); the host's policy decides",
-                d.name, d.source
+                 definition, and this host does not trust the permission modes of {} \
+                 definitions (`AgentBuilder::trust_permission_modes`); the host's policy decides",
+                d.name, d.source, d.source
             );
             tracing::warn!(agent = %d.name, "{text}");
             warnings.push(text);
