@@ -720,15 +720,20 @@ mod tests {
         assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
     }
 
+    /// A fresh output file under `dir` (session `s`), for the task of `entropy`.
+    async fn output_file(dir: &Path, entropy: u64) -> OutputFile {
+        let id = TaskId::from_entropy(TaskKind::Agent, entropy);
+        OutputFile::create(&OutputConfig::new(dir, "s").unwrap(), &id)
+            .await
+            .unwrap()
+    }
+
     /// A full queue never blocks `append`: the text waits in the backlog (see below for a
     /// flood past it).
     #[tokio::test]
     async fn a_full_queue_never_blocks_append() {
         let dir = tempfile::tempdir().unwrap();
-        let id = TaskId::from_entropy(TaskKind::Agent, 3);
-        let out = OutputFile::create(&OutputConfig::new(dir.path(), "s").unwrap(), &id)
-            .await
-            .unwrap();
+        let out = output_file(dir.path(), 3).await;
         // The writer cannot run while this (current-thread) test does not yield.
         for _ in 0..OUTPUT_QUEUE + 10 {
             out.append("ab");
@@ -744,10 +749,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn many_small_appends_wait_in_order_and_only_a_flood_is_dropped() {
         let dir = tempfile::tempdir().unwrap();
-        let id = TaskId::from_entropy(TaskKind::Agent, 5);
-        let out = OutputFile::create(&OutputConfig::new(dir.path(), "s").unwrap(), &id)
-            .await
-            .unwrap();
+        let out = output_file(dir.path(), 5).await;
         // No await between them: the writer cannot run meanwhile.
         let n = OUTPUT_QUEUE * 3;
         for i in 0..n {
@@ -758,10 +760,7 @@ mod tests {
         let got: Vec<usize> = text.lines().map(|l| l.parse().unwrap()).collect();
         assert_eq!(got, (0..n).collect::<Vec<_>>());
 
-        let id = TaskId::from_entropy(TaskKind::Agent, 6);
-        let out = OutputFile::create(&OutputConfig::new(dir.path(), "s").unwrap(), &id)
-            .await
-            .unwrap();
+        let out = output_file(dir.path(), 6).await;
         // The queue filled with one-byte appends, then the backlog with 64 KiB ones to one
         // chunk short of full; then an append one byte too long for what is left (dropped),
         // then a short one that fits: the marker stands where the text was lost, before it.
@@ -787,10 +786,7 @@ mod tests {
         assert_eq!(text.len(), expected.len());
         assert!(text == expected, "{}", &text[text.len() - 120..]);
         // Dropped at the very end: the marker closes the file.
-        let id = TaskId::from_entropy(TaskKind::Agent, 8);
-        let out = OutputFile::create(&OutputConfig::new(dir.path(), "s").unwrap(), &id)
-            .await
-            .unwrap();
+        let out = output_file(dir.path(), 8).await;
         for _ in 0..OUTPUT_QUEUE {
             out.append("y");
         }
@@ -812,12 +808,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn appends_from_many_threads_past_the_queue_keep_each_ones_order() {
         let dir = tempfile::tempdir().unwrap();
-        let id = TaskId::from_entropy(TaskKind::Agent, 7);
-        let out = Arc::new(
-            OutputFile::create(&OutputConfig::new(dir.path(), "s").unwrap(), &id)
-                .await
-                .unwrap(),
-        );
+        let out = Arc::new(output_file(dir.path(), 7).await);
         let per = OUTPUT_QUEUE * 2;
         let threads: Vec<_> = (0..4)
             .map(|t| {
@@ -849,12 +840,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn appends_from_many_tasks_all_arrive_by_the_flush() {
         let dir = tempfile::tempdir().unwrap();
-        let id = TaskId::from_entropy(TaskKind::Agent, 4);
-        let out = Arc::new(
-            OutputFile::create(&OutputConfig::new(dir.path(), "s").unwrap(), &id)
-                .await
-                .unwrap(),
-        );
+        let out = Arc::new(output_file(dir.path(), 4).await);
         let tasks: Vec<_> = (0..4)
             .map(|t| {
                 let out = Arc::clone(&out);

@@ -386,6 +386,40 @@ mod tests {
     use super::*;
     use ToolAudience::*;
 
+    /// A tool that says how it runs unattended and what else it answers to.
+    #[derive(Debug)]
+    struct Shaped(
+        Arc<dyn crate::tool::Tool>,
+        InBackground,
+        &'static [&'static str],
+    );
+
+    #[async_trait::async_trait]
+    impl crate::tool::Tool for Shaped {
+        fn definition(&self) -> &forkhive_core::ToolDefinition {
+            self.0.definition()
+        }
+        fn aliases(&self) -> &[&str] {
+            self.2
+        }
+        fn is_concurrency_safe(&self, _: &serde_json::Value) -> bool {
+            true
+        }
+        fn is_read_only(&self) -> bool {
+            true
+        }
+        fn in_background(&self) -> InBackground {
+            self.1
+        }
+        async fn call(
+            &self,
+            _: serde_json::Value,
+            _: &crate::tool::ToolContext,
+        ) -> crate::tool::ToolOutput {
+            crate::tool::ToolOutput::text("")
+        }
+    }
+
     fn v(l: &[&str]) -> Vec<String> {
         l.iter().map(|s| (*s).to_owned()).collect()
     }
@@ -570,33 +604,13 @@ mod tests {
     #[test]
     fn entries_naming_an_alias_name_the_tool() {
         use crate::tool::test_tools::Fixed;
-        #[derive(Debug)]
-        struct Aliased(Arc<dyn crate::tool::Tool>);
-        #[async_trait::async_trait]
-        impl crate::tool::Tool for Aliased {
-            fn definition(&self) -> &forkhive_core::ToolDefinition {
-                self.0.definition()
-            }
-            fn aliases(&self) -> &[&str] {
-                &["Task"]
-            }
-            fn is_concurrency_safe(&self, _: &serde_json::Value) -> bool {
-                true
-            }
-            fn is_read_only(&self) -> bool {
-                true
-            }
-            async fn call(
-                &self,
-                _: serde_json::Value,
-                _: &crate::tool::ToolContext,
-            ) -> crate::tool::ToolOutput {
-                crate::tool::ToolOutput::text("")
-            }
-        }
         let pool = ToolPool::new([
             Fixed::arc("Read", ""),
-            Arc::new(Aliased(Fixed::arc("Agent", ""))) as Arc<dyn crate::tool::Tool>,
+            Arc::new(Shaped(
+                Fixed::arc("Agent", ""),
+                InBackground::Allowed,
+                &["Task"],
+            )) as Arc<dyn crate::tool::Tool>,
         ])
         .unwrap();
         let f = ToolFilter::none();
@@ -646,32 +660,8 @@ mod tests {
     #[test]
     fn pool_lets_each_tool_decide_layer_two() {
         use crate::tool::test_tools::Fixed;
-        #[derive(Debug)]
-        struct Declared(Arc<dyn crate::tool::Tool>, InBackground);
-        #[async_trait::async_trait]
-        impl crate::tool::Tool for Declared {
-            fn definition(&self) -> &forkhive_core::ToolDefinition {
-                self.0.definition()
-            }
-            fn is_concurrency_safe(&self, _: &serde_json::Value) -> bool {
-                true
-            }
-            fn is_read_only(&self) -> bool {
-                true
-            }
-            fn in_background(&self) -> InBackground {
-                self.1
-            }
-            async fn call(
-                &self,
-                _: serde_json::Value,
-                _: &crate::tool::ToolContext,
-            ) -> crate::tool::ToolOutput {
-                crate::tool::ToolOutput::text("")
-            }
-        }
         let declared = |name: &str, how| -> Arc<dyn crate::tool::Tool> {
-            Arc::new(Declared(Fixed::arc(name, ""), how))
+            Arc::new(Shaped(Fixed::arc(name, ""), how, &[]))
         };
         let pool = ToolPool::new([
             Fixed::arc("Custom", ""),
