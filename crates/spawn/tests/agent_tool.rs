@@ -1254,6 +1254,108 @@ async fn a_tool_name_cannot_forge_a_line_of_the_output_file() {
     );
 }
 
+/// A foreground child past its call's `foreground_timeout` is stopped by its owner, as at a
+/// deadline: the call's result carries the partial work and the transcript path, not only
+/// "did not finish".
+#[tokio::test]
+async fn a_foreground_child_past_its_timeout_reports_its_partial_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = brain(|r| {
+        if is_parent(r) {
+            return match r.all_messages().len() {
+                1 => Plan::Reply(calls_owned(&[agent_call(
+                    "fg",
+                    serde_json::json!({"description": "job", "prompt": "dig", "subagent_type": "worker"}),
+                )])),
+                _ => Plan::Reply(say("noted")),
+            };
+        }
+        let mut r = calls(&[("l1", "Look", "{}")]);
+        r.message
+            .content
+            .insert(0, ContentBlock::text("partial findings: X"));
+        Plan::Reply(r)
+    });
+    let config = AgentToolConfig::default()
+        .with_registry(worker_registry())
+        .with_foreground_timeout(Duration::from_millis(300));
+    let mut p = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(
+            ToolPool::new([
+                AgentTool::new(config).unwrap().arc(),
+                TestTool::sleeper("Look", true, 3_600_000).arc(),
+            ])
+            .unwrap(),
+        )
+        .transcript_dir(dir.path())
+        .build()
+        .await
+        .unwrap();
+    let run = p.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    let msgs = p.params().messages().to_vec();
+    let (_, text, is_error) = message_results(&msgs[2]).remove(0);
+    assert!(is_error, "{text}");
+    assert!(text.contains("partial findings: X"), "{text}");
+    assert!(text.contains("stopped by its 300ms deadline"), "{text}");
+    assert!(text.contains("transcript: "), "{text}");
+    assert_eq!(run.children()[0].status, Some(TaskStatus::Killed));
+}
+
+/// A child that panics cannot emit its own `Stopped` or write its own stop record: its owner
+/// does both — `Stopped` before `Notified`, as for any child — and the record says why.
+#[tokio::test]
+async fn a_panicked_childs_owner_says_it_stopped_and_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = one_scan(|_| Plan::Panic("child exploded"));
+    let events = Arc::new(Events::default());
+    let mut p = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(
+            ToolPool::new([AgentTool::new(
+                AgentToolConfig::default().with_registry(worker_registry()),
+            )
+            .unwrap()
+            .arc()])
+            .unwrap(),
+        )
+        .transcript_dir(dir.path())
+        .events(events.clone())
+        .build()
+        .await
+        .unwrap();
+    let run = p.run("scan").await;
+    assert_eq!(run.stop, StopReason::Completed);
+    let child = run.children()[0].id;
+    let seen: Vec<String> = events
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| e.agent == child)
+        .filter_map(|e| match &e.kind {
+            EventKind::Stopped { reason, .. } => Some(format!("stopped {reason}")),
+            EventKind::Notified { status, .. } => Some(format!("notified {status}")),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(seen, ["stopped failed", "notified failed"]);
+    let t = forkhive_spawn::transcript::read(&dir.path().join(format!("{child}.jsonl")))
+        .await
+        .unwrap();
+    let last = t.stops.last().unwrap();
+    assert_eq!(last.stop, StopReason::Failed);
+    assert!(
+        last.error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("it panicked: child exploded")),
+        "{last:?}"
+    );
+}
+
 /// A resumed parent whose transcript says it started a background child that never
 /// reported, with nothing waiting for it here (its process is gone, or it ran on a pool the
 /// resumed agent was not attached to), is warned at its first run; one whose children all

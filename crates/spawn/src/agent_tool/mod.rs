@@ -112,7 +112,9 @@ pub struct AgentToolConfig {
     pub subagent_user_context: Vec<(String, String)>,
     /// Limits of children.
     pub child_limits: Limits,
-    /// How long a foreground child may run.
+    /// How long a foreground child may run: its deadline (or its type's, if shorter). Past
+    /// it the child is stopped as at a deadline, and the call's result carries its partial
+    /// work and transcript path.
     pub foreground_timeout: Duration,
     /// Models the model may name for a child in the call's `model`, besides the ones always
     /// allowed: `inherit`, the caller's own model, and the definition's own model. Empty (the
@@ -930,13 +932,26 @@ impl AgentTool {
                         ledger: Some(caller.children.clone()),
                         parent_turn: turn.turn(),
                         worktree,
-                        // The host's deadline for the type, else the definition's own.
-                        deadline: self
-                            .config
-                            .deadlines
-                            .get(definition.map_or("fork", |d| d.name.as_str()))
-                            .copied()
-                            .or(definition.and_then(|d| d.deadline)),
+                        // The host's deadline for the type, else the definition's own; a
+                        // foreground child's is at most its call's `foreground_timeout`, so
+                        // its owner stops it — its partial work and transcript path in the
+                        // result — before the tool round's timeout would drop the call.
+                        deadline: {
+                            let own = self
+                                .config
+                                .deadlines
+                                .get(definition.map_or("fork", |d| d.name.as_str()))
+                                .copied()
+                                .or(definition.and_then(|d| d.deadline));
+                            match mode {
+                                Mode::Background => own,
+                                Mode::Foreground => {
+                                    Some(own.map_or(self.config.foreground_timeout, |d| {
+                                        d.min(self.config.foreground_timeout)
+                                    }))
+                                }
+                            }
+                        },
                         name: input.name.clone(),
                     },
                     mode,
@@ -1012,6 +1027,10 @@ impl AgentTool {
         }
     }
 }
+
+/// How long past a foreground child's `foreground_timeout` and cancel grace its call's own
+/// timeout waits (for the owner's kill grace, and then some) before it drops the call.
+const FOREGROUND_BACKSTOP: Duration = Duration::from_secs(30);
 
 /// Checks an agent's `name`: 1–64 of `[A-Za-z0-9_-]`, starting with a letter or digit, and
 /// neither `main` nor shaped like a task id (both mean something else to `SendMessage`).
@@ -1211,8 +1230,16 @@ impl Tool for AgentTool {
         crate::tool::InBackground::ByFilter
     }
 
+    /// A backstop: a foreground child is stopped at `foreground_timeout` by its owner (its
+    /// deadline), which then waits for it to finish its record; the round's timeout for the
+    /// call comes only after that wait's grace, and a little more.
     fn timeout(&self) -> Option<Duration> {
-        Some(self.config.foreground_timeout)
+        Some(
+            self.config
+                .foreground_timeout
+                .saturating_add(self.config.child_limits.cancel_grace)
+                .saturating_add(FOREGROUND_BACKSTOP),
+        )
     }
 
     async fn call(&self, input: serde_json::Value, cx: &ToolContext) -> ToolOutput {

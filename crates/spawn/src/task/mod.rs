@@ -602,13 +602,15 @@ impl Ended {
         }
     }
 
-    /// The stop record the child could not write itself (it wrote one whenever its run
-    /// returned).
-    fn unrecorded_stop(&self) -> Option<StopReason> {
+    /// The stop the child could not record itself (it wrote one whenever its run returned,
+    /// and said so with its `Stopped` event), with why it failed: a panic's message.
+    fn unrecorded_stop(&self) -> Option<(StopReason, Option<String>)> {
         match self {
             Ended::Ran(_) | Ended::Stopped { run: Some(_), .. } => None,
-            Ended::Panicked(_) => Some(StopReason::Failed),
-            Ended::Stopped { run: None, .. } => Some(StopReason::Cancelled),
+            Ended::Panicked(message) => {
+                Some((StopReason::Failed, Some(format!("it panicked: {message}"))))
+            }
+            Ended::Stopped { run: None, .. } => Some((StopReason::Cancelled, None)),
         }
     }
 }
@@ -924,6 +926,22 @@ impl Owned {
         usage
     }
 
+    /// The child's `Stopped` event, for a child that could not emit its own (it panicked, or
+    /// was dropped past its grace): a host that follows children from `ChildStarted` to
+    /// `Stopped` sees every one end, and `Notified` comes after it, as for any other.
+    fn stopped_event(&self, reason: StopReason) {
+        if let Some(sink) = &self.events {
+            sink.emit(AgentEvent {
+                agent: self.record.id,
+                turn: self.progress.turns(),
+                kind: EventKind::Stopped {
+                    reason,
+                    usage: self.progress.usage(),
+                },
+            });
+        }
+    }
+
     /// The steps after [`begin`](Self::begin) that wait (on git, the disk, the registry),
     /// each marked done in `state` as it ends; the caller delivers the end. A worktree's
     /// future (large, and rare) is boxed apart.
@@ -956,11 +974,19 @@ impl Owned {
         }
         self.worktree = None;
         state.done = Step::Worktree;
-        // 3. The stop record, when the child could not write its own.
-        if let (Some(path), Some(stop)) = (&self.record.transcript, state.ended.unrecorded_stop()) {
+        // 3. The stop record, when the child could not write its own; and its `Stopped`
+        // event, which it could not emit either.
+        let unrecorded = state.ended.unrecorded_stop();
+        if let Some((stop, _)) = &unrecorded {
+            self.stopped_event(stop.clone());
+        }
+        if let (Some(path), Some((stop, error))) = (&self.record.transcript, unrecorded) {
             let usage = self.progress.usage();
-            match tokio::time::timeout(DISK_LIMIT, transcript::append_stop_once(path, &stop, usage))
-                .await
+            match tokio::time::timeout(
+                DISK_LIMIT,
+                transcript::append_stop_once(path, &stop, usage, error),
+            )
+            .await
             {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => tracing::warn!(task = %id, "could not record the child's stop: {e}"),
@@ -1016,12 +1042,15 @@ impl Owned {
             );
         }
         if state.done < Step::StopRecord
-            && let (Some(path), Some(stop)) =
-                (&self.record.transcript, state.ended.unrecorded_stop())
-            && let Err(e) =
-                transcript::append_stop_once_blocking(path, &stop, self.progress.usage())
+            && let Some((stop, error)) = state.ended.unrecorded_stop()
         {
-            tracing::warn!(task = %id, "could not record the child's stop: {e}");
+            self.stopped_event(stop.clone());
+            if let Some(path) = &self.record.transcript
+                && let Err(e) =
+                    transcript::append_stop_once_blocking(path, &stop, self.progress.usage(), error)
+            {
+                tracing::warn!(task = %id, "could not record the child's stop: {e}");
+            }
         }
         let registry = Arc::clone(&self.service.registry);
         // A roll-up asked for and dropped unanswered may have landed: a second would count the

@@ -775,20 +775,32 @@ fn encode_line<T: Serialize>(out: &mut Vec<u8>, record: &T) -> serde_json::Resul
 /// created. The agent's own writer is waited for (its lock, up to [`WRITER_WAIT`]): a write it
 /// was handed before it was dropped lands first, and the stop record after it.
 pub async fn append_stop(path: &Path, stop: &StopReason, usage: Usage) -> Result<()> {
-    append_stop_async(path, stop, usage, false).await
+    append_stop_async(path, stop, usage, None, false).await
 }
 
 /// [`append_stop`], unless the transcript's last record is a stop record for the same reason
 /// already: an owner's end is told once, also when an owner cut short by a shutdown writes it
-/// again (on the spot) while its first write is still queued on the blocking pool.
-pub(crate) async fn append_stop_once(path: &Path, stop: &StopReason, usage: Usage) -> Result<()> {
-    append_stop_async(path, stop, usage, true).await
+/// again (on the spot) while its first write is still queued on the blocking pool. `error`:
+/// why it failed (a panic's message), for the record's `error`.
+pub(crate) async fn append_stop_once(
+    path: &Path,
+    stop: &StopReason,
+    usage: Usage,
+    error: Option<String>,
+) -> Result<()> {
+    append_stop_async(path, stop, usage, error, true).await
 }
 
-async fn append_stop_async(path: &Path, stop: &StopReason, usage: Usage, once: bool) -> Result<()> {
+async fn append_stop_async(
+    path: &Path,
+    stop: &StopReason,
+    usage: Usage,
+    error: Option<String>,
+    once: bool,
+) -> Result<()> {
     let owned = path.to_path_buf();
     let stop = stop.clone();
-    tokio::task::spawn_blocking(move || append_stop_on_thread(&owned, &stop, usage, once))
+    tokio::task::spawn_blocking(move || append_stop_on_thread(&owned, &stop, usage, error, once))
         .await
         .map_err(|e| Error::Io {
             action: "appending a stop record to transcript",
@@ -800,7 +812,7 @@ async fn append_stop_async(path: &Path, stop: &StopReason, usage: Usage, once: b
 /// [`append_stop`] on the calling thread (for code that cannot wait on a runtime: a
 /// supervisor dropped while the runtime shuts down).
 pub fn append_stop_blocking(path: &Path, stop: &StopReason, usage: Usage) -> Result<()> {
-    append_stop_on_thread(path, stop, usage, false)
+    append_stop_on_thread(path, stop, usage, None, false)
 }
 
 /// [`append_stop_once`] on the calling thread.
@@ -808,18 +820,25 @@ pub(crate) fn append_stop_once_blocking(
     path: &Path,
     stop: &StopReason,
     usage: Usage,
+    error: Option<String>,
 ) -> Result<()> {
-    append_stop_on_thread(path, stop, usage, true)
+    append_stop_on_thread(path, stop, usage, error, true)
 }
 
-fn append_stop_on_thread(path: &Path, stop: &StopReason, usage: Usage, once: bool) -> Result<()> {
+fn append_stop_on_thread(
+    path: &Path,
+    stop: &StopReason,
+    usage: Usage,
+    error: Option<String>,
+    once: bool,
+) -> Result<()> {
     let record = Tagged {
         kind: "stop",
         body: &StopLine {
             stop: stop.clone(),
             usage,
             at: Some(now_ms()),
-            error: None,
+            error,
         },
     };
     let mut line = Vec::new();
