@@ -523,7 +523,9 @@ impl Pool {
     }
 
     /// The teammates team `team` has on record on this pool, by name: each one's task, and
-    /// whether it is live (its inbox open and its job queued or running). For a host whose
+    /// whether it is live (its inbox open and its job queued or running). A teammate that
+    /// ended on its worker is taken off the record (it may show `live: false` a moment
+    /// first). For a host whose
     /// lead is gone with its id and transcript — a new lead of another id does not take over
     /// its teammates — to find them and stop the live ones with [`cancel`](Self::cancel).
     pub async fn teammates(&self, team: &str) -> Result<Vec<PoolTeammate>> {
