@@ -1029,8 +1029,10 @@ impl AgentTool {
 }
 
 /// How long past a foreground child's `foreground_timeout` and cancel grace its call's own
-/// timeout waits (for the owner's kill grace, and then some) before it drops the call.
-const FOREGROUND_BACKSTOP: Duration = Duration::from_secs(30);
+/// timeout waits before it drops the call: room for the owner's kill grace
+/// (`TaskConfig::kill_grace`, 2 s by default) and its finishing steps (the worktree, the stop
+/// record, the output file: each bounded at seconds), and then some.
+const FOREGROUND_BACKSTOP: Duration = Duration::from_secs(5 * 60);
 
 /// Checks an agent's `name`: 1–64 of `[A-Za-z0-9_-]`, starting with a letter or digit, and
 /// neither `main` nor shaped like a task id (both mean something else to `SendMessage`).

@@ -151,16 +151,32 @@ impl Verdict {
         Ok(verdict)
     }
 
-    /// The verdict a line starts with, spelled loosely: quote, heading, list and emphasis
-    /// marks before it, any case, emphasis around the colon, anything after the word.
+    /// The verdict a line starts with, spelled loosely: quote, heading, list (`-`, `+`, `•`,
+    /// `1.`, `2)`), table and emphasis marks or brackets before it, any case, `:` or a dash
+    /// after `VERDICT` (with emphasis around it), anything after the word.
     fn of_line_loosely(line: &str) -> Option<Self> {
-        let marks = |c: char| matches!(c, '>' | '#' | '-' | '*' | '_' | '`' | ' ' | '\t');
+        let marks = |c: char| {
+            matches!(
+                c,
+                '>' | '#' | '-' | '+' | '*' | '_' | '`' | '|' | '[' | '(' | '•' | '·' | ' ' | '\t'
+            )
+        };
         let rest = line.trim_start_matches(marks);
+        // A numbered list's number (`1.`, `12)`).
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        let rest = match rest[digits..].strip_prefix(['.', ')']) {
+            Some(after) if digits > 0 => after.trim_start_matches(marks),
+            _ => rest,
+        };
         let head = rest.get(..7)?;
         if !head.eq_ignore_ascii_case("VERDICT") {
             return None;
         }
-        let rest = rest[7..].trim_start_matches(marks).strip_prefix(':')?;
+        let spaced = |c: char| matches!(c, '*' | '_' | '`' | ' ' | '\t');
+        let rest = rest[7..].trim_start_matches(spaced);
+        let rest = rest
+            .strip_prefix(':')
+            .or_else(|| rest.strip_prefix(['-', '—', '–']))?;
         let word = rest.trim_start_matches(marks);
         let starts = |w: &str| {
             word.get(..w.len())
@@ -362,6 +378,13 @@ mod tests {
             "> VERDICT: FAIL",
             "## verdict: fail",
             "- `VERDICT: PARTIAL`",
+            "1. VERDICT: FAIL",
+            "+ VERDICT: FAIL",
+            "| VERDICT: FAIL |",
+            "• VERDICT: FAIL",
+            "[VERDICT: FAIL]",
+            "Verdict - FAIL",
+            "Verdict — FAIL",
         ] {
             let report = format!("{earlier}\nThe worker's report ended with:\nVERDICT: PASS");
             assert!(Verdict::parse(&report).is_err(), "{earlier:?}");

@@ -120,6 +120,10 @@ pub struct Progress {
     responding: AtomicBool,
     responded: Notify,
     turns: AtomicU32,
+    /// Its last run emitted its `Stopped` (set by that event, cleared by the next run's
+    /// first turn): a teammate dropped between runs, or after its run's end while it still
+    /// tells its lead, needs no `Stopped` from its owner.
+    stopped: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -139,6 +143,7 @@ impl Default for Progress {
             responding: AtomicBool::new(false),
             responded: Notify::new(),
             turns: AtomicU32::new(0),
+            stopped: AtomicBool::new(false),
         }
     }
 }
@@ -168,7 +173,9 @@ impl Progress {
             EventKind::ToolCallStarted { .. } => self.lock().tool_uses += 1,
             EventKind::TurnStarted => {
                 self.turns.fetch_add(1, Ordering::AcqRel);
+                self.stopped.store(false, Ordering::Release);
             }
+            EventKind::Stopped { .. } => self.stopped.store(true, Ordering::Release),
             _ => {}
         }
     }
@@ -930,6 +937,13 @@ impl Owned {
     /// was dropped past its grace): a host that follows children from `ChildStarted` to
     /// `Stopped` sees every one end, and `Notified` comes after it, as for any other.
     fn stopped_event(&self, reason: StopReason) {
+        // A run that ended before it was dropped (a teammate telling its lead) said so.
+        if self.progress.stopped.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(out) = &self.output {
+            out.append(&format!("\n[stopped: {reason}]\n"));
+        }
         if let Some(sink) = &self.events {
             sink.emit(AgentEvent {
                 agent: self.record.id,
@@ -2032,6 +2046,32 @@ mod tests {
             agent <= 208,
             "runtime::Agent grew to {agent} bytes (was 208)"
         );
+    }
+
+    /// Whether a child's last run said it stopped: set by its `Stopped`, cleared by the next
+    /// run's first turn (its owner then says it for a run dropped mid-way, and only then).
+    #[test]
+    fn progress_knows_whether_the_last_run_said_it_stopped() {
+        let p = Progress::default();
+        let agent = TaskId::generate(TaskKind::Agent);
+        let event = |kind| AgentEvent {
+            agent,
+            turn: 1,
+            kind,
+        };
+        assert!(!p.stopped.load(Ordering::Acquire));
+        p.observe(&event(EventKind::TurnStarted));
+        p.observe(&event(EventKind::Stopped {
+            reason: StopReason::Completed,
+            usage: Usage::default(),
+        }));
+        assert!(p.stopped.load(Ordering::Acquire));
+        p.observe(&event(EventKind::Warning {
+            message: "idle".into(),
+        }));
+        assert!(p.stopped.load(Ordering::Acquire));
+        p.observe(&event(EventKind::TurnStarted));
+        assert!(!p.stopped.load(Ordering::Acquire));
     }
 
     #[test]

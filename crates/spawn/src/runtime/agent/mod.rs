@@ -270,6 +270,7 @@ impl Agent {
         if self.left_a_record() {
             Box::pin(self.settle_recorded()).await;
         }
+        self.warn_of_unreported();
         if let Some(run) = self.cancelled_at_once().await {
             return run;
         }
@@ -386,6 +387,7 @@ impl Agent {
         if self.left_a_record() {
             Box::pin(self.settle_recorded()).await;
         }
+        self.warn_of_unreported();
         if let Some(run) = self.cancelled_at_once().await {
             return run;
         }
@@ -490,6 +492,7 @@ impl Agent {
         if self.left_a_record() {
             Box::pin(self.settle_recorded()).await;
         }
+        self.warn_of_unreported();
         match self.next_wake(true).await {
             None => {
                 let run = self.run_state();

@@ -158,8 +158,9 @@ impl Agent {
     /// reported, with nothing here waiting for them (no promise on its queue, nothing queued):
     /// they ran in a process that is gone, or on a worker pool this agent was not attached to
     /// (`Delivery::attach`) — their notifications would never come, and the model still
-    /// expects them. Said once, at the first run.
-    fn warn_of_unreported(&mut self) {
+    /// expects them. Said once, as the first run starts: before anything queued is taken
+    /// (a notification already queued is something here, not nothing).
+    pub(super) fn warn_of_unreported(&mut self) {
         let Some(unreported) = self
             .transcript
             .as_deref_mut()
@@ -193,7 +194,6 @@ impl Agent {
         for message in std::mem::take(&mut self.warnings) {
             self.emit.emit(EventKind::Warning { message });
         }
-        self.warn_of_unreported();
         let mut run = self.run_state();
         // How many times in a row stop hooks sent the agent on.
         let mut stop_blocks = 0u32;
