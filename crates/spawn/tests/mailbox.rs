@@ -591,3 +591,98 @@ async fn an_inbox_that_is_a_symlink_is_refused() {
     assert_eq!(his.len(), 1);
     assert_eq!(his[0].text, "for bob only");
 }
+
+/// A host's own mailbox, as a user would write one: letters per inbox behind an async lock
+/// (with an await inside, as a network would have), built with `Delivered::new`. `swap`: it
+/// hands the first two letters back swapped (a store that does not keep arrival order).
+#[derive(Debug, Clone, Default)]
+struct Own {
+    store: Arc<tokio::sync::Mutex<HashMap<String, Vec<forkhive_spawn::mailbox::Delivered>>>>,
+    next: Arc<std::sync::atomic::AtomicU64>,
+    swap: bool,
+}
+
+#[async_trait::async_trait]
+impl Mailbox for Own {
+    async fn send(&self, to: &Inbox, letter: Letter) -> forkhive_spawn::Result<String> {
+        let mut store = self.store.lock().await;
+        tokio::task::yield_now().await;
+        let letters = store.entry(to.to_string()).or_default();
+        let id = letter.id.clone().unwrap_or_else(|| {
+            let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            format!("own-{n}")
+        });
+        if !letters.iter().any(|d| d.id == id) {
+            letters.push(forkhive_spawn::mailbox::Delivered::new(
+                id.clone(),
+                letter,
+                forkhive_spawn::mailbox::timestamp_now(),
+            ));
+        }
+        Ok(id)
+    }
+    async fn receive(
+        &self,
+        inbox: &Inbox,
+    ) -> forkhive_spawn::Result<Vec<forkhive_spawn::mailbox::Delivered>> {
+        let store = self.store.lock().await;
+        let mut got = store.get(&inbox.to_string()).cloned().unwrap_or_default();
+        if self.swap && got.len() > 1 {
+            got.swap(0, 1);
+        }
+        Ok(got)
+    }
+    async fn ack(&self, inbox: &Inbox, ids: &[String]) -> forkhive_spawn::Result<()> {
+        let mut store = self.store.lock().await;
+        if let Some(letters) = store.get_mut(&inbox.to_string()) {
+            letters.retain(|d| !ids.contains(&d.id));
+        }
+        Ok(())
+    }
+    async fn stored(&self, inbox: &Inbox) -> forkhive_spawn::Result<usize> {
+        Ok(self
+            .store
+            .lock()
+            .await
+            .get(&inbox.to_string())
+            .map_or(0, Vec::len))
+    }
+}
+
+/// A host can write its own mailbox (`Delivered::new`); one that keeps no lead claims (the
+/// trait's default) fails the suite, saying why and what to do, and passes the suite made for
+/// a store one lead at most uses; one that loses the order letters were sent in across
+/// senders fails it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hosts_own_mailbox_is_held_to_the_suite() {
+    let own = Own::default();
+    let err = conformance::run(|| Arc::new(own.clone()) as Arc<dyn Mailbox>)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.ends_with(
+            "claim_lead keeps no claim (the trait's default): two leads of one team could share \
+             its inboxes and take each other's letters; implement claim_lead, or run \
+             conformance::run_without_lead_claims for a store one lead at most ever uses"
+        ),
+        "{err}"
+    );
+    let own = Own::default();
+    conformance::run_without_lead_claims(|| Arc::new(own.clone()) as Arc<dyn Mailbox>)
+        .await
+        .unwrap();
+    let swapped = Own {
+        swap: true,
+        ..Own::default()
+    };
+    let err =
+        conformance::run_without_lead_claims(|| Arc::new(swapped.clone()) as Arc<dyn Mailbox>)
+            .await
+            .unwrap_err()
+            .to_string();
+    assert!(
+        err.contains("letters sent one after another arrived as [\"b0\", \"a0\", \"a1\""),
+        "{err}"
+    );
+}

@@ -171,6 +171,21 @@ pub struct Delivered {
 }
 
 impl Delivered {
+    /// A letter as a store gives it back: the `id` it was stored under (a sender's own, from
+    /// [`Letter::with_id`], when it set one), and the sender, text, summary and colour of the
+    /// [`Letter`] it was sent as, stamped with `timestamp` (ISO 8601, UTC, milliseconds: see
+    /// [`timestamp_now`]). For a [`Mailbox`] of your own.
+    pub fn new(id: impl Into<String>, letter: Letter, timestamp: impl Into<String>) -> Self {
+        Self {
+            id: id.into(),
+            from: letter.from,
+            text: letter.text,
+            timestamp: timestamp.into(),
+            summary: letter.summary,
+            color: letter.color,
+        }
+    }
+
     /// The letter as it enters a conversation:
     /// `<teammate-message teammate_id="…" summary="…">…</teammate-message>`, every part
     /// escaped, so a teammate can forge neither another's message nor a notification.
@@ -300,7 +315,9 @@ pub trait Mailbox: Send + Sync + fmt::Debug + 'static {
     /// another claim of the team meanwhile — through this handle or another on the same store
     /// — is [`Error::TeamTaken`]. Two leads of one team would share
     /// its inboxes and take each other's letters. The default keeps no claim
-    /// ([`LeadClaim::unkept`]); the in-memory, file and Redis mailboxes keep one.
+    /// ([`LeadClaim::unkept`]), and [`conformance::run`] fails on it: implement it (the
+    /// in-memory, file and Redis mailboxes keep one), or run
+    /// [`conformance::run_without_lead_claims`] for a store one lead at most ever uses.
     async fn claim_lead(&self, team: &str) -> Result<LeadClaim> {
         let _ = team;
         Ok(LeadClaim::unkept())
@@ -318,6 +335,8 @@ pub trait Mailbox: Send + Sync + fmt::Debug + 'static {
     /// `timeout` passes; returns whether it does. The default looks every 50 ms; a backend
     /// that can be told of a new letter overrides it (the in-memory one wakes at once, the
     /// file one on the operating system's file events, and both cost nothing while they wait).
+    /// An override must not hold the store's lock while it waits: the letter it waits for is
+    /// sent through another handle, which would wait for that lock.
     async fn wait_beyond(
         &self,
         inbox: &Inbox,
@@ -343,8 +362,9 @@ pub(crate) fn beyond(letters: &[Delivered], known: &[String]) -> bool {
     letters.iter().any(|d| !known.contains(&d.id))
 }
 
-/// Now as ISO 8601 UTC with milliseconds (`2026-11-24T17:20:00.123Z`).
-pub(crate) fn timestamp_now() -> String {
+/// Now as ISO 8601 UTC with milliseconds (`2026-11-24T17:20:00.123Z`): a letter's timestamp
+/// ([`Delivered::new`]).
+pub fn timestamp_now() -> String {
     iso8601(crate::transcript::now_ms())
 }
 
