@@ -79,6 +79,80 @@ async fn a_lead_and_two_teammates_work_idle_wake_and_shut_down() {
     lead_and_two_teammates(Arc::new(MemoryMailbox::new())).await;
 }
 
+/// A mailbox whose every call waits a moment first, as a store across a network would.
+#[derive(Debug, Clone)]
+struct Slow(MemoryMailbox);
+
+#[async_trait::async_trait]
+impl forkhive_spawn::mailbox::Mailbox for Slow {
+    async fn send(
+        &self,
+        to: &forkhive_spawn::mailbox::Inbox,
+        letter: Letter,
+    ) -> forkhive_spawn::Result<String> {
+        tokio::time::sleep(std::time::Duration::from_micros(300)).await;
+        self.0.send(to, letter).await
+    }
+    async fn receive(
+        &self,
+        inbox: &forkhive_spawn::mailbox::Inbox,
+    ) -> forkhive_spawn::Result<Vec<forkhive_spawn::mailbox::Delivered>> {
+        tokio::time::sleep(std::time::Duration::from_micros(300)).await;
+        self.0.receive(inbox).await
+    }
+    async fn ack(
+        &self,
+        inbox: &forkhive_spawn::mailbox::Inbox,
+        ids: &[String],
+    ) -> forkhive_spawn::Result<()> {
+        tokio::time::sleep(std::time::Duration::from_micros(300)).await;
+        self.0.ack(inbox, ids).await
+    }
+    async fn stored(
+        &self,
+        inbox: &forkhive_spawn::mailbox::Inbox,
+    ) -> forkhive_spawn::Result<usize> {
+        self.0.stored(inbox).await
+    }
+    async fn claim_lead(
+        &self,
+        team: &str,
+    ) -> forkhive_spawn::Result<forkhive_spawn::mailbox::LeadClaim> {
+        self.0.claim_lead(team).await
+    }
+    async fn wait_beyond(
+        &self,
+        inbox: &forkhive_spawn::mailbox::Inbox,
+        known: &[String],
+        timeout: std::time::Duration,
+    ) -> forkhive_spawn::Result<bool> {
+        self.0.wait_beyond(inbox, known, timeout).await
+    }
+}
+
+/// On a mailbox slow to answer, the shutdown request a teammate acted on is acknowledged all
+/// the same (its relay ends with it while the store is answering): nothing is left in its
+/// inbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_mailbox_keeps_no_handled_letter() {
+    for _ in 0..5 {
+        let mail = Slow(MemoryMailbox::new());
+        lead_and_two_teammates(Arc::new(mail.clone())).await;
+        let alice = forkhive_spawn::mailbox::Inbox::new("review", "alice").unwrap();
+        let mut left = usize::MAX;
+        for _ in 0..100 {
+            left = forkhive_spawn::mailbox::Mailbox::stored(&mail, &alice)
+                .await
+                .unwrap();
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert_eq!(left, 0, "a handled letter stayed in alice's inbox");
+    }
+}
+
 /// The same team, its letters through a real Redis (`scripts/redis-server.sh start`): the
 /// lead, the relays and `SendMessage` work unchanged on another mailbox.
 #[cfg(feature = "redis")]

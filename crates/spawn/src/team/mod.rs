@@ -2162,7 +2162,19 @@ impl Relay {
     }
 
     async fn ack(&mut self, ids: &[String]) -> Result<()> {
-        self.mailbox.ack(&self.inbox, ids).await?;
+        // On a task of its own: a letter acted on at once (a shutdown request) may end this
+        // relay with its teammate while the store is still answering, and its
+        // acknowledgement must land all the same — or it stays in the inbox for good.
+        let (mailbox, inbox, owned) = (Arc::clone(&self.mailbox), self.inbox.clone(), ids.to_vec());
+        match tokio::spawn(async move { mailbox.ack(&inbox, &owned).await }).await {
+            Ok(acked) => acked?,
+            Err(e) => {
+                return Err(Error::Mailbox {
+                    inbox: self.inbox.to_string(),
+                    message: format!("acknowledging letters: the acknowledgement stopped: {e}"),
+                });
+            }
+        }
         self.seen
             .lock()
             .unwrap_or_else(|e| e.into_inner())
