@@ -1356,6 +1356,23 @@ async fn a_panicked_childs_owner_says_it_stopped_and_why() {
     );
 }
 
+/// The owner of a background child that panicked writes the `[stopped: …]` line its output
+/// file would have had from the child, once.
+#[tokio::test]
+async fn a_panicked_childs_output_file_says_it_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = one_scan(|_| Plan::Panic("child exploded"));
+    let config = AgentToolConfig::default().with_registry(worker_registry());
+    let (mut p, service) = parent_with_output_files(b, config, dir.path(), true).await;
+    assert_eq!(p.run("scan").await.stop, StopReason::Completed);
+    service.wait_idle().await;
+    let queued = p.pending().drain();
+    let n = forkhive_core::TaskNotification::parse(&queued[0].text).unwrap();
+    assert_eq!(n.status, TaskStatus::Failed);
+    let text = std::fs::read_to_string(n.output_file.unwrap()).unwrap();
+    assert_eq!(text, "\n[stopped: failed]\n");
+}
+
 /// A resumed parent whose transcript says it started a background child that never
 /// reported, with nothing waiting for it here (its process is gone, or it ran on a pool the
 /// resumed agent was not attached to), is warned at its first run; one whose children all

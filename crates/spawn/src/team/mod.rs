@@ -2165,9 +2165,21 @@ impl Relay {
         // On a task of its own: a letter acted on at once (a shutdown request) may end this
         // relay with its teammate while the store is still answering, and its
         // acknowledgement must land all the same — or it stays in the inbox for good.
+        // Bounded, so the task ends on its own against a store that never answers.
         let (mailbox, inbox, owned) = (Arc::clone(&self.mailbox), self.inbox.clone(), ids.to_vec());
-        match tokio::spawn(async move { mailbox.ack(&inbox, &owned).await }).await {
-            Ok(acked) => acked?,
+        let ack =
+            async move { tokio::time::timeout(CONFIRM_LIMIT, mailbox.ack(&inbox, &owned)).await };
+        match tokio::spawn(ack).await {
+            Ok(Ok(acked)) => acked?,
+            Ok(Err(_)) => {
+                return Err(Error::Mailbox {
+                    inbox: self.inbox.to_string(),
+                    message: format!(
+                        "acknowledging letters: the store did not answer within {}",
+                        crate::base::events::format_duration(CONFIRM_LIMIT)
+                    ),
+                });
+            }
             Err(e) => {
                 return Err(Error::Mailbox {
                     inbox: self.inbox.to_string(),

@@ -386,6 +386,11 @@ mod tests {
     use super::*;
     use ToolAudience::*;
 
+    /// The names of `p`, in order.
+    fn names(p: ToolPool) -> Vec<String> {
+        p.names().iter().map(|n| (*n).to_owned()).collect()
+    }
+
     /// A tool that says how it runs unattended and what else it answers to.
     #[derive(Debug)]
     struct Shaped(
@@ -614,12 +619,6 @@ mod tests {
         ])
         .unwrap();
         let f = ToolFilter::none();
-        let names = |p: ToolPool| {
-            p.names()
-                .iter()
-                .map(|n| (*n).to_owned())
-                .collect::<Vec<_>>()
-        };
         assert_eq!(
             names(f.pool(&pool, Foreground, None, Some(&v(&["Task"])))),
             ["Read"]
@@ -672,12 +671,6 @@ mod tests {
         ])
         .unwrap();
         let f = ToolFilter::default();
-        let names = |p: ToolPool| {
-            p.names()
-                .iter()
-                .map(|n| (*n).to_owned())
-                .collect::<Vec<_>>()
-        };
         assert_eq!(
             names(f.pool(&pool, Background, None, None)),
             ["Custom", "Read"]
