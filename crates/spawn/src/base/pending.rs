@@ -262,13 +262,6 @@ impl PendingQueue {
             .await
     }
 
-    /// Waits until nothing is queued (the agent took what was there).
-    pub(crate) async fn drained(&self) {
-        self.inner
-            .until(|st| st.queue.is_empty().then_some(()))
-            .await
-    }
-
     /// Waits until a message is queued (`true`) — leaving it queued, for the agent — or
     /// nothing is queued and nothing is expected any more (`false`).
     ///
@@ -1178,30 +1171,5 @@ mod tests {
         assert_eq!(q.outstanding(), 0);
         assert_eq!(q.len(), 8);
         assert!(handles.iter().all(|h| !h.take_up() && !h.is_held()));
-    }
-
-    /// A waiter for the queue to be drained wakes when the agent drains it, by `drain` or by
-    /// `wait_and_take`.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn drained_wakes_on_either_kind_of_drain() {
-        for by_wait in [false, true] {
-            let q = PendingQueue::new();
-            q.push(PendingMessage::new("a", "t"));
-            let waiter = {
-                let q = q.clone();
-                tokio::spawn(async move { q.drained().await })
-            };
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            assert!(!waiter.is_finished());
-            if by_wait {
-                assert!(matches!(q.wait_and_take().await, Wake::Messages(_)));
-            } else {
-                assert_eq!(q.drain().len(), 1);
-            }
-            tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
-                .await
-                .expect("woken")
-                .expect("no panic");
-        }
     }
 }

@@ -254,7 +254,7 @@ pub struct Team {
     shutdowns: Mutex<Shutdowns>,
     /// What the lead's relays have taken from its inbox, for the queue they took it into:
     /// a relay that serves the same queue again does not put a letter in twice.
-    lead_seen: Mutex<Option<(PendingQueue, Arc<Mutex<Recent>>)>>,
+    lead_seen: Mutex<Option<(PendingQueue, Arc<Taken>)>>,
     /// Notified when a teammate's state on the roster changes.
     roster_changed: tokio::sync::Notify,
 }
@@ -1893,7 +1893,7 @@ impl Team {
             match shared.as_ref() {
                 Some((q, seen)) if q.is(&lead) => Arc::clone(seen),
                 _ => {
-                    let seen = Arc::new(Mutex::new(Recent::default()));
+                    let seen = Arc::new(Taken::default());
                     *shared = Some((lead.clone(), Arc::clone(&seen)));
                     seen
                 }
@@ -1990,9 +1990,12 @@ impl Drop for Unsent<'_> {
 }
 
 /// Moves one inbox's letters into an agent's pending queue, at least once on the wire and once
-/// into the conversation: a letter is acknowledged only after the queue it was put in has been
-/// drained into the conversation, and an id is never put in twice. Letters acknowledged no
-/// longer hold the lead's run.
+/// into the conversation: a letter is acknowledged only once the conversation has recorded it
+/// (its message's [`Receipt`](crate::base::pending::Receipt) answered `true`: after the
+/// transcript has it, when the agent keeps one), and an id is never put in twice. A letter
+/// whose message is dropped unrecorded (a failed transcript write, an agent dropped with it
+/// queued) is forgotten and put in again from the inbox. Letters acknowledged no longer hold
+/// the lead's run.
 struct Relay {
     mailbox: Arc<dyn Mailbox>,
     inbox: Inbox,
@@ -2002,12 +2005,81 @@ struct Relay {
     teammate: Option<String>,
     /// Ids already taken — every one not yet acknowledged, and the most recent [`SEEN`] of
     /// those that are: a copy delivered again is not put in twice. Shared by the lead's relays
-    /// of one queue ([`Team::lead_seen`]).
-    seen: Arc<Mutex<Recent>>,
+    /// of one queue ([`Team::lead_seen`]), with what their conversation has recorded.
+    seen: Arc<Taken>,
     unacked: Vec<String>,
     /// On a worker: letters taken that its lead has not been told of yet (told again at each
     /// step until it is).
     untold: Vec<String>,
+}
+
+/// The letters relays of one queue have taken ([`Recent`]), and what became of each: the
+/// receipt of a letter's message answers here, and wakes whoever waits to acknowledge it.
+#[derive(Default)]
+struct Taken {
+    recent: Mutex<Recent>,
+    /// Woken (all waiters) whenever a receipt answers.
+    answered: tokio::sync::Notify,
+}
+
+/// What became of a letter taken into a queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// Its message waits in the queue, or is being recorded.
+    Waiting,
+    /// The conversation holds it (or it was acknowledged already): acknowledge it.
+    Recorded,
+    /// Its message was dropped unrecorded: forgotten, to be put in again from the inbox.
+    Dropped,
+}
+
+impl Taken {
+    fn recent(&self) -> std::sync::MutexGuard<'_, Recent> {
+        self.recent.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `message`, with a receipt that answers for letter `id` here.
+    fn tracked(self: &Arc<Self>, id: &str, mut message: PendingMessage) -> PendingMessage {
+        let (taken, id) = (Arc::clone(self), id.to_owned());
+        let earlier = message.receipt.take();
+        message.with_receipt(move |recorded| {
+            if let Some(r) = earlier {
+                r.answer(recorded);
+            }
+            taken.recent().answered(id, recorded);
+            taken.answered.notify_waiters();
+        })
+    }
+
+    /// `ids` split by fate: those recorded, and whether any still waits. Dropped ones are in
+    /// neither.
+    fn sort(&self, ids: &[String]) -> (Vec<String>, bool) {
+        let recent = self.recent();
+        let mut recorded = Vec::new();
+        let mut waiting = false;
+        for id in ids {
+            match recent.fate(id) {
+                Fate::Recorded => recorded.push(id.clone()),
+                Fate::Waiting => waiting = true,
+                Fate::Dropped => {}
+            }
+        }
+        (recorded, waiting)
+    }
+
+    /// Waits until none of `ids` waits any more; what was recorded of them.
+    async fn settled(&self, ids: &[String]) -> Vec<String> {
+        loop {
+            let answered = self.answered.notified();
+            tokio::pin!(answered);
+            answered.as_mut().enable();
+            let (recorded, waiting) = self.sort(ids);
+            if !waiting {
+                return recorded;
+            }
+            answered.await;
+        }
+    }
 }
 
 /// How many acknowledged letter ids a relay remembers (for a copy delivered again).
@@ -2022,6 +2094,8 @@ struct Recent {
     set: HashSet<String>,
     order: std::collections::VecDeque<String>,
     live: HashSet<String>,
+    /// Live ones the conversation has recorded (their receipt answered `true`).
+    recorded: HashSet<String>,
 }
 
 impl Recent {
@@ -2050,8 +2124,34 @@ impl Recent {
     fn settled(&mut self, ids: &[String]) {
         for id in ids {
             self.live.remove(id);
+            self.recorded.remove(id);
         }
         self.trim();
+    }
+
+    /// The receipt of live letter `id`'s message answered: recorded, or dropped (forgotten,
+    /// so the next look at the inbox takes it again).
+    fn answered(&mut self, id: String, recorded: bool) {
+        if !self.live.contains(&id) {
+            return;
+        }
+        if recorded {
+            self.recorded.insert(id);
+        } else {
+            self.live.remove(&id);
+            self.set.remove(&id);
+        }
+    }
+
+    /// What became of letter `id`.
+    fn fate(&self, id: &str) -> Fate {
+        if !self.set.contains(id) {
+            Fate::Dropped
+        } else if !self.live.contains(id) || self.recorded.contains(id) {
+            Fate::Recorded
+        } else {
+            Fate::Waiting
+        }
     }
 
     fn trim(&mut self) {
@@ -2093,7 +2193,7 @@ impl Relay {
     /// Whether `id` is new to the relays sharing [`seen`](Self::seen), marking it seen: one
     /// step, so two relays of one queue never both take a letter.
     fn first_sight(&self, id: &str) -> bool {
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = self.seen.recent();
         if seen.contains(id) {
             return false;
         }
@@ -2104,9 +2204,12 @@ impl Relay {
     /// Ends the relay for good: the letters in the inbox now are put in the queue (through
     /// `intercept`, as [`step`](Self::step) puts them), so the conversation has them at its
     /// next run. They and those put in before are acknowledged once the conversation has
-    /// taken them — by a task that waits for the queue to drain, or for `until` (the lead's
-    /// token): a lead that ends first leaves them in the inbox, and a lead restarted from its
-    /// transcript gets them again (letters to a restarted lead are at least once).
+    /// recorded them — by a task that waits for their receipts, or for `until` (the lead's
+    /// token): a lead that ends first, or is dropped with them queued, leaves them in the
+    /// inbox, and a lead restarted from its transcript gets them again (letters to a
+    /// restarted lead are at least once). The task holds no queue: once every receipt has
+    /// answered (a dropped message answers `false`) or `until` fires, it ends, its
+    /// acknowledgement bounded by [`CONFIRM_LIMIT`].
     async fn give_up(
         &mut self,
         mut intercept: impl FnMut(&crate::mailbox::Delivered) -> Intercept,
@@ -2120,10 +2223,15 @@ impl Relay {
                         continue;
                     }
                     match intercept(&d) {
-                        Intercept::Show => self
-                            .queue
-                            .push(PendingMessage::new(d.to_message(), MAILBOX_ORIGIN)),
-                        Intercept::Instead(message) => self.queue.push(message),
+                        Intercept::Show => {
+                            self.queue.push(self.seen.tracked(
+                                &d.id,
+                                PendingMessage::new(d.to_message(), MAILBOX_ORIGIN),
+                            ))
+                        }
+                        Intercept::Instead(message) => {
+                            self.queue.push(self.seen.tracked(&d.id, message));
+                        }
                         // The team's own bookkeeping, taken as the relay takes it.
                         Intercept::Take | Intercept::TakeToWork => {}
                     }
@@ -2135,30 +2243,57 @@ impl Relay {
         if rest.is_empty() {
             return;
         }
-        let (mailbox, inbox, queue, team, seen) = (
+        let (mailbox, inbox, team, seen) = (
             Arc::clone(&self.mailbox),
             self.inbox.clone(),
-            self.queue.clone(),
             self.team.clone(),
             Arc::clone(&self.seen),
         );
         drop(tokio::spawn(async move {
-            tokio::select! {
+            let recorded = tokio::select! {
                 biased;
-                () = until.cancelled() => {}
-                () = queue.drained() => match mailbox.ack(&inbox, &rest).await {
-                    Ok(()) => {
-                        seen.lock().unwrap_or_else(|e| e.into_inner()).settled(&rest);
-                        if let Some(team) = team.upgrade() {
-                            team.taken(LEAD, &rest);
-                        }
+                () = until.cancelled() => return,
+                recorded = seen.settled(&rest) => recorded,
+            };
+            if recorded.is_empty() {
+                return;
+            }
+            match tokio::time::timeout(CONFIRM_LIMIT, mailbox.ack(&inbox, &recorded)).await {
+                Ok(Ok(())) => {
+                    seen.recent().settled(&recorded);
+                    if let Some(team) = team.upgrade() {
+                        team.taken(LEAD, &recorded);
                     }
-                    Err(e) => tracing::warn!(
-                        "could not acknowledge the lead's last letters: {e}; they stay in its inbox"
-                    ),
-                },
+                }
+                Ok(Err(e)) => tracing::warn!(
+                    "could not acknowledge the lead's last letters: {e}; they stay in its inbox"
+                ),
+                Err(_) => tracing::warn!(
+                    "the store did not acknowledge the lead's last letters within {}; they stay \
+                     in its inbox",
+                    crate::base::events::format_duration(CONFIRM_LIMIT)
+                ),
             }
         }));
+    }
+
+    /// Acknowledges the letters waiting for it that the conversation has recorded, and lets
+    /// go of those whose message was dropped unrecorded (the next look at the inbox takes them
+    /// again); whether any was either. An error leaves the recorded ones to be tried again.
+    async fn settle_answered(&mut self) -> Result<bool> {
+        let (recorded, _) = self.seen.sort(&self.unacked);
+        let before = self.unacked.len();
+        {
+            let recent = self.seen.recent();
+            self.unacked.retain(|id| recent.fate(id) != Fate::Dropped);
+        }
+        let dropped = self.unacked.len() != before;
+        if recorded.is_empty() {
+            return Ok(dropped);
+        }
+        self.ack(&recorded).await?;
+        self.unacked.retain(|id| !recorded.contains(id));
+        Ok(true)
     }
 
     async fn ack(&mut self, ids: &[String]) -> Result<()> {
@@ -2187,10 +2322,7 @@ impl Relay {
                 });
             }
         }
-        self.seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .settled(ids);
+        self.seen.recent().settled(ids);
         if let Some(team) = self.team.upgrade() {
             team.taken(self.teammate.as_deref().unwrap_or(LEAD), ids);
             // A teammate on a worker tells its lead (in another process) what it took: until
@@ -2235,14 +2367,19 @@ impl Relay {
                 .wait(&self.inbox, Duration::from_secs(3600))
                 .await?
         } else {
-            // Until the conversation has taken what was put in its queue (the queue says when
-            // it is drained: no polling) — or a new letter comes, which may be one to act on
-            // now (a shutdown request for a teammate busy with a long tool).
+            // Until the conversation has recorded what was put in its queue (each message's
+            // receipt says when: no polling) — or a new letter comes, which may be one to act
+            // on now (a shutdown request for a teammate busy with a long tool).
+            let seen = Arc::clone(&self.seen);
+            let answered = seen.answered.notified();
+            tokio::pin!(answered);
+            answered.as_mut().enable();
+            if self.settle_answered().await? {
+                return Ok(());
+            }
             tokio::select! {
-                () = self.queue.drained() => {
-                    let done = self.unacked.clone();
-                    self.ack(&done).await?;
-                    self.unacked.clear();
+                () = answered => {
+                    self.settle_answered().await?;
                     return Ok(());
                 }
                 new = self.mailbox.wait_beyond(
@@ -2282,6 +2419,7 @@ impl Relay {
                 }
                 Intercept::Instead(message) => {
                     // Acknowledged once the conversation has it, like a letter shown.
+                    let message = self.seen.tracked(&d.id, message);
                     match (&self.teammate, self.team.upgrade()) {
                         (Some(name), Some(team)) => team.deliver_to(name, &self.queue, message),
                         _ => self.queue.push(message),
@@ -2290,7 +2428,9 @@ impl Relay {
                     continue;
                 }
             }
-            let message = PendingMessage::new(d.to_message(), MAILBOX_ORIGIN);
+            let message = self
+                .seen
+                .tracked(&d.id, PendingMessage::new(d.to_message(), MAILBOX_ORIGIN));
             match (&self.teammate, self.team.upgrade()) {
                 (Some(name), Some(team)) => team.deliver_to(name, &self.queue, message),
                 _ => self.queue.push(message),
@@ -2772,6 +2912,7 @@ mod tests {
         fail_acks: AtomicUsize,
         fail_sends: AtomicBool,
         hang_sends: AtomicBool,
+        hang_acks: AtomicBool,
         receives: AtomicUsize,
     }
 
@@ -2794,6 +2935,9 @@ mod tests {
             self.inner.receive(inbox).await
         }
         async fn ack(&self, inbox: &Inbox, ids: &[String]) -> Result<()> {
+            if self.hang_acks.load(Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
             if self
                 .fail_acks
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -2841,6 +2985,17 @@ mod tests {
             .unwrap()
             .as_ref()
             .is_some_and(|r| r.task.is_finished())
+    }
+
+    /// What a run takes from `queue` and records: drained, each receipt answered `true`.
+    fn recorded(queue: &PendingQueue) -> Vec<PendingMessage> {
+        let taken = queue.drain();
+        for m in &taken {
+            if let Some(r) = &m.receipt {
+                r.answer(true);
+            }
+        }
+        taken
     }
 
     async fn until(what: &str, mut ok: impl FnMut() -> bool) {
@@ -2909,8 +3064,7 @@ mod tests {
             .await
             .unwrap();
         until("the letter reached the second lead", || {
-            second
-                .drain()
+            recorded(&second)
                 .iter()
                 .any(|m| m.text.contains("to the second"))
         })
@@ -2937,7 +3091,9 @@ mod tests {
         let third = PendingQueue::new();
         team.serve_lead(third.clone(), tokio_util::sync::CancellationToken::new());
         until("the waiting letter reached the third lead", || {
-            third.drain().iter().any(|m| m.text.contains("to nobody"))
+            recorded(&third)
+                .iter()
+                .any(|m| m.text.contains("to nobody"))
         })
         .await;
     }
@@ -3048,7 +3204,7 @@ mod tests {
         let letter = Letter::new("alice", "done").with_id("l1");
         team.send(LEAD, letter.clone()).await.unwrap();
         until("the letter reached the lead's queue", || lead.len() == 1).await;
-        assert_eq!(lead.drain().len(), 1);
+        assert_eq!(recorded(&lead).len(), 1);
         until("the hold was released after the ack was retried", || {
             lead.outstanding() == 0
         })
@@ -3081,8 +3237,8 @@ mod tests {
         until("the new letter reached the queue", || lead.len() > n).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(lead.len(), n + 1, "each letter put in once");
-        lead.drain();
-        until("acknowledged once drained", || lead.outstanding() == 0).await;
+        recorded(&lead);
+        until("acknowledged once recorded", || lead.outstanding() == 0).await;
         assert_eq!(mail.stored(&team.inbox(LEAD).unwrap()).await.unwrap(), 0);
     }
 
@@ -3129,8 +3285,81 @@ mod tests {
         let before = mail.receives.load(Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(mail.receives.load(Ordering::SeqCst), before);
-        lead.drain();
-        until("acknowledged once drained", || lead.outstanding() == 0).await;
+        recorded(&lead);
+        until("acknowledged once recorded", || lead.outstanding() == 0).await;
+    }
+
+    /// A letter whose message the conversation drops unrecorded (a failed transcript write,
+    /// a run dropped with it queued) is not acknowledged: the relay puts it in again, and
+    /// acknowledges it once a run has recorded it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_letter_dropped_unrecorded_is_put_in_again() {
+        let mail = Arc::new(Flaky::default());
+        let (team, lead) = team(&mail);
+        team.send(LEAD, Letter::new("alice", "keep me"))
+            .await
+            .unwrap();
+        until("the letter reached the lead's queue", || lead.len() == 1).await;
+        // Taken, then dropped unrecorded: its receipt answers `false`.
+        let dropped = lead.drain();
+        assert_eq!(dropped.len(), 1);
+        drop(dropped);
+        until("the letter was put in again", || lead.len() == 1).await;
+        let inbox = team.inbox(LEAD).unwrap();
+        assert_eq!(mail.stored(&inbox).await.unwrap(), 1, "still in the inbox");
+        let again = recorded(&lead);
+        assert!(again[0].text.contains("keep me"), "{:?}", again[0].text);
+        until("acknowledged once recorded", || lead.outstanding() == 0).await;
+        assert_eq!(mail.stored(&inbox).await.unwrap(), 0);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(lead.is_empty(), "recorded once, put in once more only");
+    }
+
+    /// The acknowledgement a given-up relay leaves on a task of its own ends on its own: at
+    /// [`CONFIRM_LIMIT`] against a store that never answers (the letter stays in the inbox),
+    /// and at once when its lead is dropped with the letters queued — a lead built with
+    /// `cancel_children_on_drop(false)`, whose token nobody cancels.
+    #[tokio::test(start_paused = true)]
+    async fn a_given_up_relays_acknowledgement_ends_on_its_own() {
+        // The store never answers the acknowledgement.
+        let mail = Arc::new(Flaky::default());
+        let (team, lead) = team(&mail);
+        team.send(LEAD, Letter::new("alice", "last words"))
+            .await
+            .unwrap();
+        until("the letter reached the lead's queue", || lead.len() == 1).await;
+        mail.hang_acks.store(true, Ordering::SeqCst);
+        team.give_up().await;
+        assert_eq!(recorded(&lead).len(), 1);
+        drop(team);
+        tokio::time::sleep(CONFIRM_LIMIT + Duration::from_secs(1)).await;
+        assert_eq!(Arc::strong_count(&mail), 1, "the acknowledgement ended");
+        mail.hang_acks.store(false, Ordering::SeqCst);
+        let inbox = Inbox::new("t", LEAD).unwrap();
+        assert_eq!(mail.stored(&inbox).await.unwrap(), 1, "left in the inbox");
+
+        // The lead is dropped, its letter queued and its token never cancelled.
+        let mail = Arc::new(Flaky::default());
+        let team = Arc::new(Team::new("t", Arc::clone(&mail) as Arc<dyn Mailbox>).unwrap());
+        let lead = Agent::builder(Arc::new(forkhive_transport::ScriptedBackend::from_replies(
+            [],
+        )))
+        .model("m")
+        .cancel_children_on_drop(false)
+        .build()
+        .await
+        .unwrap();
+        team.serve(&lead);
+        let queue = lead.pending();
+        team.send(LEAD, Letter::new("alice", "last words"))
+            .await
+            .unwrap();
+        until("the letter reached the lead's queue", || queue.len() == 1).await;
+        team.give_up().await;
+        drop((queue, lead, team));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(Arc::strong_count(&mail), 1, "the acknowledgement ended");
+        assert_eq!(mail.stored(&inbox).await.unwrap(), 1, "left in the inbox");
     }
 
     /// A join taken back (its teammate's start was refused) leaves the roster as it was: the
