@@ -809,3 +809,71 @@ async fn a_resumed_worker_keeps_its_definitions_hooks() {
     );
     assert!(!seen.iter().any(|(t, _)| t == "wrote"), "{seen:?}");
 }
+
+/// A hook that only lets things through, on the prompt events.
+#[derive(Debug)]
+struct PassPrompts;
+
+#[async_trait]
+impl Hook for PassPrompts {
+    fn matches(&self, event: HookEvent, _: Option<&str>) -> bool {
+        matches!(
+            event,
+            HookEvent::UserPromptSubmit | HookEvent::SubagentStart
+        )
+    }
+    async fn run(&self, _: &HookInput) -> HookOutcome {
+        HookOutcome::Continue
+    }
+}
+
+/// A child cancelled before its first run keeps its prompt in its transcript even with a
+/// `SubagentStart` hook (the hook's cancel branch ended the run before the prompt was
+/// recorded); a main agent's prompt that its `UserPromptSubmit` hooks have not passed is not
+/// recorded — they might have blocked it.
+#[tokio::test]
+async fn a_cancelled_childs_prompt_hook_does_not_cost_it_its_prompt() {
+    use forkhive_core::{TaskId, TaskKind};
+    use forkhive_spawn::runtime::{AgentKind, QuerySource};
+    let mut recorded = Vec::new();
+    for child in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let parent = Agent::builder(brain(|_| Plan::Reply(say("never asked"))))
+            .model("m")
+            .hooks(hooks(vec![Arc::new(PassPrompts)]))
+            .build()
+            .await
+            .unwrap();
+        let mut b = Agent::builder(brain(|_| Plan::Reply(say("never asked"))))
+            .model("m")
+            .transcript_dir(dir.path())
+            .hooks(hooks(vec![Arc::new(PassPrompts)]));
+        if child {
+            // A child's token is its parent's child: stopped before its first run.
+            parent.cancellation().cancel();
+            b = b.child_of(parent.child_seed(
+                TaskId::generate(TaskKind::Agent),
+                AgentKind::Subagent,
+                QuerySource::builtin("Explore"),
+            ));
+        } else {
+            let token = tokio_util::sync::CancellationToken::new();
+            token.cancel();
+            b = b.cancellation(token);
+        }
+        let mut agent = b.build().await.unwrap();
+        let run = agent.run("the task").await;
+        assert_eq!(run.stop, StopReason::Cancelled, "child: {child}");
+        let path = agent.transcript_path().unwrap().to_path_buf();
+        let t = forkhive_spawn::transcript::read(&path).await.unwrap();
+        recorded.push((
+            child,
+            t.messages.iter().map(|m| m.text()).collect::<Vec<_>>(),
+        ));
+    }
+    assert_eq!(
+        recorded,
+        vec![(true, vec!["the task".to_owned()]), (false, vec![])],
+        "a child keeps its prompt; a main agent's unpassed prompt is not kept"
+    );
+}

@@ -310,6 +310,8 @@ impl Agent {
             input.prompt = Some(prompt.to_owned());
             let d = tokio::select! {
                 biased;
+                // Not recorded: a prompt these hooks have not passed may be one they would
+                // block (a secret pasted by mistake), and a transcript keeps what it is given.
                 () = self.shared.cancel.cancelled() => {
                     let run = self.run_state();
                     return Err(Box::new(self.finish(run, StopReason::Cancelled).await));
@@ -337,10 +339,11 @@ impl Agent {
         {
             let d = tokio::select! {
                 biased;
-                () = self.shared.cancel.cancelled() => {
-                    let run = self.run_state();
-                    return Err(Box::new(self.finish(run, StopReason::Cancelled).await));
-                }
+                // A child cancelled before its hooks have run: its prompt is recorded all the
+                // same (the run sees the cancel after recording it), as a child without hooks
+                // keeps its task for a message that revives it. The hooks' context is not
+                // added: they never answered.
+                () = self.shared.cancel.cancelled() => return Ok(extra),
                 d = self.shared.hooks.run(self.hook_input(HookEvent::SubagentStart)) => d,
             };
             for message in d.warnings {
@@ -416,7 +419,9 @@ impl Agent {
     ///
     /// An agent cancelled before its first run still records that run's prompt: a child
     /// stopped before its first turn keeps its task in its transcript, for a message that
-    /// revives it.
+    /// revives it (its `SubagentStart` hooks too, if any, do not stand in the way). A main
+    /// agent's prompt is recorded only once its `UserPromptSubmit` hooks have passed it: one
+    /// cancelled before they answered is not recorded.
     async fn cancelled_at_once(&mut self) -> Option<AgentRun> {
         if !(self.stopped_cancelled && self.shared.cancel.is_cancelled()) {
             return None;
