@@ -877,3 +877,55 @@ async fn a_cancelled_childs_prompt_hook_does_not_cost_it_its_prompt() {
         "a child keeps its prompt; a main agent's unpassed prompt is not kept"
     );
 }
+
+/// A `Stop` hook that would send the agent on, but takes an hour first.
+#[derive(Debug)]
+struct SlowStop(Arc<std::sync::atomic::AtomicUsize>);
+
+#[async_trait]
+impl Hook for SlowStop {
+    fn matches(&self, event: HookEvent, _: Option<&str>) -> bool {
+        event == HookEvent::Stop
+    }
+    async fn run(&self, _: &HookInput) -> HookOutcome {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+        HookOutcome::Block {
+            reason: "keep going".into(),
+        }
+    }
+}
+
+/// An agent cancelled while its `Stop` hooks run does not wait for them: the run ends
+/// `Cancelled` at once, and the model is not asked again (their answer never comes).
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_agent_does_not_wait_for_its_stop_hooks() {
+    let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&asked);
+    let model = brain(move |_| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        Plan::Reply(say("done"))
+    });
+    let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut agent = Agent::builder(model)
+        .model("m")
+        .hooks(hooks(vec![Arc::new(SlowStop(Arc::clone(&started)))]))
+        .build()
+        .await
+        .unwrap();
+    let token = agent.cancellation().clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        token.cancel();
+    });
+    let begun = tokio::time::Instant::now();
+    let run = agent.run("go").await;
+    assert_eq!(run.stop, StopReason::Cancelled);
+    assert_eq!(started.load(Ordering::SeqCst), 1, "the hook was running");
+    assert_eq!(asked.load(Ordering::SeqCst), 1, "not sent on");
+    assert!(
+        begun.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        begun.elapsed()
+    );
+}

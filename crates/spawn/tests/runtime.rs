@@ -957,6 +957,92 @@ async fn a_run_dropped_in_the_notification_window_loses_no_message() {
     );
 }
 
+/// The notification window ends each of its three ways: every promise settled (one request
+/// carrying both messages, at once), the window passing (a request at its end with the one
+/// that came), or the agent cancelled in it (the run ends `Cancelled` without asking the model
+/// again, and what came is in its conversation).
+#[tokio::test(start_paused = true)]
+async fn the_notification_window_ends_each_of_its_three_ways() {
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Way {
+        Settled,
+        Passed,
+        Cancelled,
+    }
+    for way in [Way::Settled, Way::Passed, Way::Cancelled] {
+        let start = tokio::time::Instant::now();
+        let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = Arc::clone(&asked);
+        let backend = brain(move |r| {
+            let mut asked = seen.lock().unwrap();
+            asked.push((start.elapsed(), r.all_messages().last().map(Message::text)));
+            Plan::Reply(say(if asked.len() == 1 {
+                "waiting"
+            } else {
+                "got it"
+            }))
+        });
+        let limits = Limits::default().with_notification_window(Duration::from_secs(10));
+        let mut agent = agent_with(backend, vec![], limits).await;
+        let (queue, token) = (agent.pending(), agent.cancellation().clone());
+        let (first, second) = (queue.expect(), queue.expect());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            first.deliver(PendingMessage::new("the first result", "test"));
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            match way {
+                Way::Settled => second.deliver(PendingMessage::new("the second result", "test")),
+                Way::Passed => {
+                    tokio::time::sleep(Duration::from_secs(27)).await;
+                    drop(second);
+                }
+                Way::Cancelled => {
+                    token.cancel();
+                    drop(second);
+                }
+            }
+        });
+        let run = agent.run("go").await;
+        let asked = asked.lock().unwrap().clone();
+        let second_at = asked.get(1).map(|(at, _)| at.as_secs());
+        match way {
+            Way::Settled => {
+                assert_eq!(run.stop, StopReason::Completed);
+                assert_eq!(second_at, Some(3), "asked as soon as both came");
+                let text = asked[1].1.clone().unwrap_or_default();
+                assert!(
+                    text.contains("the first result") && text.contains("the second result"),
+                    "{text}"
+                );
+            }
+            Way::Passed => {
+                assert_eq!(run.stop, StopReason::Completed);
+                assert_eq!(second_at, Some(11), "asked when the window passed");
+                assert_eq!(asked[1].1.as_deref(), Some("the first result"));
+            }
+            Way::Cancelled => {
+                assert_eq!(run.stop, StopReason::Cancelled);
+                assert_eq!(asked.len(), 1, "the model was not asked again: {asked:?}");
+                assert!(
+                    start.elapsed() < Duration::from_secs(4),
+                    "{:?}",
+                    start.elapsed()
+                );
+                let texts: Vec<String> = agent
+                    .params()
+                    .messages()
+                    .iter()
+                    .map(Message::text)
+                    .collect();
+                assert!(
+                    texts.iter().any(|t| t.contains("the first result")),
+                    "what came is in its conversation: {texts:?}"
+                );
+            }
+        }
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn cancellation_answers_a_lone_call_that_had_not_finished() {
     // One call (run without a stream), and an unsafe one after a safe one (a batch of one).

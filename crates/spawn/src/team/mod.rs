@@ -3360,6 +3360,26 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(Arc::strong_count(&mail), 1, "the acknowledgement ended");
         assert_eq!(mail.stored(&inbox).await.unwrap(), 1, "left in the inbox");
+
+        // The lead's token is cancelled, its letter still queued: it ends too.
+        let mail = Arc::new(Flaky::default());
+        let team = Arc::new(Team::new("t", Arc::clone(&mail) as Arc<dyn Mailbox>).unwrap());
+        let (lead, token) = (
+            PendingQueue::new(),
+            tokio_util::sync::CancellationToken::new(),
+        );
+        team.serve_lead(lead.clone(), token.clone());
+        team.send(LEAD, Letter::new("alice", "last words"))
+            .await
+            .unwrap();
+        until("the letter reached the lead's queue", || lead.len() == 1).await;
+        team.give_up().await;
+        token.cancel();
+        drop(team);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(Arc::strong_count(&mail), 1, "the acknowledgement ended");
+        assert_eq!(lead.len(), 1, "the letter is still queued");
+        assert_eq!(mail.stored(&inbox).await.unwrap(), 1, "left in the inbox");
     }
 
     /// A join taken back (its teammate's start was refused) leaves the roster as it was: the
