@@ -433,9 +433,20 @@ impl Team {
         if matches!(self.side, Side::Member(_)) {
             return Ok(());
         }
+        // Held across the claim, so one claim is made; bounded, so a store that never answers
+        // fails each caller in turn rather than hold every later one for good.
         let mut held = self.lead_claim.lock().await;
         if held.is_none() {
-            *held = Some(self.mailbox.claim_lead(&self.name).await?);
+            let claim = tokio::time::timeout(CLAIM_LIMIT, self.mailbox.claim_lead(&self.name))
+                .await
+                .map_err(|_| Error::Mailbox {
+                    inbox: format!("{}/{LEAD}", self.name),
+                    message: format!(
+                        "claiming the team's lead: the store did not answer within {}",
+                        crate::base::events::format_duration(CLAIM_LIMIT)
+                    ),
+                })??;
+            *held = Some(claim);
         }
         Ok(())
     }
@@ -2482,6 +2493,11 @@ pub const SHUT_DOWN_MARGIN: Duration = Duration::from_secs(10);
 /// run was cancelled.
 const CONFIRM_LIMIT: Duration = Duration::from_secs(10);
 
+/// How long a lead's claim on its mailbox may take ([`Team::claim_lead`]): longer than a
+/// networked store's own retries of one command, so only a store that has stopped answering
+/// fails it.
+const CLAIM_LIMIT: Duration = Duration::from_secs(30);
+
 /// Aborts a task when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -2913,6 +2929,7 @@ mod tests {
         fail_sends: AtomicBool,
         hang_sends: AtomicBool,
         hang_acks: AtomicBool,
+        hang_claims: AtomicBool,
         receives: AtomicUsize,
     }
 
@@ -2933,6 +2950,12 @@ mod tests {
         async fn receive(&self, inbox: &Inbox) -> Result<Vec<Delivered>> {
             self.receives.fetch_add(1, Ordering::SeqCst);
             self.inner.receive(inbox).await
+        }
+        async fn claim_lead(&self, team: &str) -> Result<crate::mailbox::LeadClaim> {
+            if self.hang_claims.load(Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
+            self.inner.claim_lead(team).await
         }
         async fn ack(&self, inbox: &Inbox, ids: &[String]) -> Result<()> {
             if self.hang_acks.load(Ordering::SeqCst) {
@@ -3287,6 +3310,28 @@ mod tests {
         assert_eq!(mail.receives.load(Ordering::SeqCst), before);
         recorded(&lead);
         until("acknowledged once recorded", || lead.outstanding() == 0).await;
+    }
+
+    /// A lead claim the store never answers fails each caller within [`CLAIM_LIMIT`] of its
+    /// turn (the claim is made under a lock, so one at a time), saying what was wrong; the
+    /// next claim, once the store answers, succeeds.
+    #[tokio::test(start_paused = true)]
+    async fn a_lead_claim_the_store_never_answers_fails_in_bounded_time() {
+        let mail = Arc::new(Flaky::default());
+        let team = Arc::new(Team::new("t", Arc::clone(&mail) as Arc<dyn Mailbox>).unwrap());
+        mail.hang_claims.store(true, Ordering::SeqCst);
+        let begun = tokio::time::Instant::now();
+        let (a, b) = tokio::join!(team.claim_lead(), team.claim_lead());
+        for r in [a, b] {
+            assert_eq!(
+                r.unwrap_err().to_string(),
+                "mailbox t/team-lead: claiming the team's lead: the store did not \
+                 answer within 30s"
+            );
+        }
+        assert_eq!(begun.elapsed(), CLAIM_LIMIT * 2, "one after the other");
+        mail.hang_claims.store(false, Ordering::SeqCst);
+        team.claim_lead().await.unwrap();
     }
 
     /// A letter whose message the conversation drops unrecorded (a failed transcript write,
