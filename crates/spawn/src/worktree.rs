@@ -743,6 +743,9 @@ async fn git_in(admin: &Path, path: &Path, args: &[&str]) -> std::result::Result
     run_git(cmd).await
 }
 
+/// How long one git command may take.
+const GIT_LIMIT: Duration = Duration::from_secs(300);
+
 async fn run_git(mut cmd: tokio::process::Command) -> std::result::Result<String, String> {
     // The repository is named by the arguments alone: a host run from inside a git hook has
     // these set for its own repository, and git would take them over `-C` and `--git-dir`.
@@ -759,13 +762,32 @@ async fn run_git(mut cmd: tokio::process::Command) -> std::result::Result<String
     }
     // Git's messages in English whatever the host's locale: what a failure was (a lock held,
     // a branch already there) is read from them.
-    let out = cmd
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .env("LC_ALL", "C")
-        .kill_on_drop(true)
-        .output()
-        .await
-        .map_err(|e| format!("could not run git: {e}"))?;
+    let what = cmd
+        .as_std()
+        .get_args()
+        .map(|a| a.to_string_lossy())
+        .filter(|a| !a.starts_with('-') && !a.contains('/') && !a.contains('='))
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(" ");
+    // Bounded: worktrees are made one at a time (under a lock), and one git that never ends
+    // (a hook waiting on input, a file system that stopped answering) would hold every later
+    // one. The child is killed when its future goes.
+    let out = tokio::time::timeout(
+        GIT_LIMIT,
+        cmd.env("GIT_TERMINAL_PROMPT", "0")
+            .env("LC_ALL", "C")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .map_err(|_| {
+        format!(
+            "`git {what}` did not finish within {}; it was stopped",
+            crate::base::events::format_duration(GIT_LIMIT)
+        )
+    })?
+    .map_err(|e| format!("could not run git: {e}"))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
@@ -901,5 +923,19 @@ mod tests {
             ))
         );
         assert_eq!(check_slug(&"a".repeat(MAX_SLUG)), Ok(()));
+    }
+
+    /// A git that never ends is stopped at [`GIT_LIMIT`], and the error names the command.
+    #[tokio::test(start_paused = true)]
+    async fn a_git_that_never_ends_is_stopped() {
+        let mut cmd = tokio::process::Command::new("sh");
+        cmd.args(["-c", "sleep 3600", "worktree", "add"]);
+        let begun = tokio::time::Instant::now();
+        let err = run_git(cmd).await.unwrap_err();
+        assert_eq!(
+            err,
+            "`git sleep 3600 worktree` did not finish within 5m; it was stopped"
+        );
+        assert_eq!(begun.elapsed(), GIT_LIMIT);
     }
 }
