@@ -9,7 +9,7 @@
 //!
 //! [`McpHub::close`]: super::McpHub::close
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -129,8 +129,11 @@ pub(super) struct Endpoint {
     /// A definition's own server (stopped when the last agent holding it ends).
     own: bool,
     live: Mutex<Option<Arc<Link>>>,
-    /// Serializes (re)connecting.
-    connecting: tokio::sync::Mutex<()>,
+    /// Serializes (re)connecting; holds how many attempts have failed, and the last one's
+    /// error.
+    connecting: tokio::sync::Mutex<(u64, String)>,
+    /// How many attempts have failed (read without the lock, before waiting for it).
+    failures: AtomicU64,
     holders: AtomicUsize,
     /// Closed by the host: calls fail instead of reconnecting.
     closed: AtomicBool,
@@ -186,11 +189,25 @@ impl Endpoint {
                 self.server.name()
             ));
         }
-        let _one = self.connecting.lock().await;
+        let before = self.failures.load(Ordering::SeqCst);
+        let mut one = self.connecting.lock().await;
         if let Some(link) = self.link() {
             return Ok(link);
         }
-        let (link, _) = open(&self.server).await?;
+        // An attempt failed while this call waited for its turn: its answer is this call's
+        // too. Otherwise each call queued behind a dead server would wait out a connect
+        // timeout of its own, one after another.
+        if one.0 != before {
+            return Err(one.1.clone());
+        }
+        let (link, _) = match open(&self.server).await {
+            Ok(opened) => opened,
+            Err(e) => {
+                *one = (one.0 + 1, e.clone());
+                self.failures.store(one.0, Ordering::SeqCst);
+                return Err(e);
+            }
+        };
         let link = Arc::new(link);
         self.set(Some(Arc::clone(&link)));
         Ok(link)
@@ -458,7 +475,8 @@ pub(super) async fn connect(server: &McpServer, own: bool) -> Result<Connected, 
         server: server.clone(),
         own,
         live: Mutex::new(Some(Arc::new(link))),
-        connecting: tokio::sync::Mutex::new(()),
+        connecting: tokio::sync::Mutex::new((0, String::new())),
+        failures: AtomicU64::new(0),
         holders: AtomicUsize::new(0),
         closed: AtomicBool::new(false),
     });
@@ -835,5 +853,34 @@ mod tests {
     fn cut_counts_characters() {
         assert_eq!(cut("héllo", 2), "hé");
         assert_eq!(cut("hi", 5), "hi");
+    }
+
+    /// Calls queued behind an own server that cannot start wait out one connect timeout
+    /// between them, not one each: the attempt that failed while they waited answers them.
+    #[tokio::test(start_paused = true)]
+    async fn calls_queued_behind_a_failing_connect_share_its_answer() {
+        let timeout = Duration::from_secs(5);
+        let endpoint = Arc::new(Endpoint {
+            server: McpServer::stdio("slow", "sleep")
+                .arg("600")
+                .connect_timeout(timeout),
+            own: true,
+            live: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new((0, String::new())),
+            failures: AtomicU64::new(0),
+            holders: AtomicUsize::new(1),
+            closed: AtomicBool::new(false),
+        });
+        let begun = tokio::time::Instant::now();
+        let all = futures::future::join_all((0..4).map(|_| endpoint.ensure())).await;
+        assert_eq!(begun.elapsed(), timeout, "one attempt for all four");
+        let errors: Vec<String> = all.into_iter().filter_map(Result::err).collect();
+        assert_eq!(errors.len(), 4);
+        assert!(errors.iter().all(|e| *e == errors[0]), "{errors:?}");
+        // A later call tries again.
+        let begun = tokio::time::Instant::now();
+        assert!(endpoint.ensure().await.is_err());
+        assert_eq!(begun.elapsed(), timeout);
+        assert_eq!(endpoint.failures.load(Ordering::SeqCst), 2);
     }
 }
