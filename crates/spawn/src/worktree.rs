@@ -783,8 +783,8 @@ async fn run_git(mut cmd: tokio::process::Command) -> std::result::Result<String
     .await
     .map_err(|_| {
         format!(
-            "`git {what}` did not finish within {}; it was stopped",
-            crate::base::events::format_duration(GIT_LIMIT)
+            "`git {what}` did not finish within {} minutes; it was stopped",
+            GIT_LIMIT.as_secs() / 60
         )
     })?
     .map_err(|e| format!("could not run git: {e}"))?;
@@ -934,7 +934,7 @@ mod tests {
         let err = run_git(cmd).await.unwrap_err();
         assert_eq!(
             err,
-            "`git sleep 3600 worktree` did not finish within 5m; it was stopped"
+            "`git sleep 3600 worktree` did not finish within 5 minutes; it was stopped"
         );
         assert_eq!(begun.elapsed(), GIT_LIMIT);
     }

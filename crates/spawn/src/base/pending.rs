@@ -187,6 +187,28 @@ impl PendingQueue {
     pub(crate) fn is(&self, other: &PendingQueue) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
+
+    /// A reference to this queue that does not keep it (or what it holds) alive.
+    pub(crate) fn downgrade(&self) -> WeakQueue {
+        WeakQueue(Arc::downgrade(&self.inner))
+    }
+}
+
+/// A [`PendingQueue`] held weakly: it tells whether it is still that queue while the queue
+/// lives, and nothing once it is gone.
+#[derive(Clone, Default)]
+pub(crate) struct WeakQueue(std::sync::Weak<Inner>);
+
+impl WeakQueue {
+    /// Whether `queue` is the queue this refers to (false once that one is gone).
+    pub(crate) fn is(&self, queue: &PendingQueue) -> bool {
+        std::ptr::eq(self.0.as_ptr(), Arc::as_ptr(&queue.inner)) && self.0.strong_count() > 0
+    }
+
+    /// Whether the queue is gone.
+    pub(crate) fn is_gone(&self) -> bool {
+        self.0.strong_count() == 0
+    }
 }
 
 /// What [`PendingQueue::wait_and_take`] found.

@@ -252,9 +252,10 @@ pub struct Team {
     /// teammate joins, and one whose run starts meanwhile is cancelled at the same deadline as
     /// those asked. A leaf lock: nothing is locked while it is held.
     shutdowns: Mutex<Shutdowns>,
-    /// What the lead's relays have taken from its inbox, for the queue they took it into:
-    /// a relay that serves the same queue again does not put a letter in twice.
-    lead_seen: Mutex<Option<(PendingQueue, Arc<Taken>)>>,
+    /// What the lead's relays have taken from its inbox, for each queue they took it into
+    /// that still lives: a relay that serves the same queue again — after another lead's, too
+    /// — does not put a letter in twice. Held weakly: a lead's queue is not kept alive here.
+    lead_seen: Mutex<Vec<(crate::base::pending::WeakQueue, Arc<Taken>)>>,
     /// Notified when a teammate's state on the roster changes.
     roster_changed: tokio::sync::Notify,
 }
@@ -1901,11 +1902,12 @@ impl Team {
         // and gets the letters the old one had not acknowledged.
         let seen = {
             let mut shared = self.lead_seen.lock().unwrap_or_else(|e| e.into_inner());
-            match shared.as_ref() {
-                Some((q, seen)) if q.is(&lead) => Arc::clone(seen),
-                _ => {
+            shared.retain(|(q, _)| !q.is_gone());
+            match shared.iter().find(|(q, _)| q.is(&lead)) {
+                Some((_, seen)) => Arc::clone(seen),
+                None => {
                     let seen = Arc::new(Taken::default());
-                    *shared = Some((lead.clone(), Arc::clone(&seen)));
+                    shared.push((lead.downgrade(), Arc::clone(&seen)));
                     seen
                 }
             }
@@ -2062,6 +2064,15 @@ impl Taken {
         })
     }
 
+    /// Letter `id` was taken without a message (acted on, or the team's bookkeeping): nothing
+    /// is to wait for, it is acknowledged as it is.
+    fn taken_as_is(&self, id: &str) {
+        let mut recent = self.recent();
+        if recent.live.contains(id) {
+            recent.recorded.insert(id.to_owned());
+        }
+    }
+
     /// `ids` split by fate: those recorded, and whether any still waits. Dropped ones are in
     /// neither.
     fn sort(&self, ids: &[String]) -> (Vec<String>, bool) {
@@ -2149,8 +2160,10 @@ impl Recent {
         if recorded {
             self.recorded.insert(id);
         } else {
+            // Forgotten outright, its place in the order too: taken again, it is as new.
             self.live.remove(&id);
             self.set.remove(&id);
+            self.order.retain(|o| *o != id);
         }
     }
 
@@ -2244,7 +2257,7 @@ impl Relay {
                             self.queue.push(self.seen.tracked(&d.id, message));
                         }
                         // The team's own bookkeeping, taken as the relay takes it.
-                        Intercept::Take | Intercept::TakeToWork => {}
+                        Intercept::Take | Intercept::TakeToWork => self.seen.taken_as_is(&d.id),
                     }
                     rest.push(d.id);
                 }
@@ -2420,10 +2433,12 @@ impl Relay {
             match intercept(&d) {
                 Intercept::Show => {}
                 Intercept::Take => {
+                    self.seen.taken_as_is(&d.id);
                     taken.push(d.id);
                     continue;
                 }
                 Intercept::TakeToWork => {
+                    self.seen.taken_as_is(&d.id);
                     working = true;
                     taken.push(d.id);
                     continue;
@@ -3332,6 +3347,156 @@ mod tests {
         assert_eq!(begun.elapsed(), CLAIM_LIMIT * 2, "one after the other");
         mail.hang_claims.store(false, Ordering::SeqCst);
         team.claim_lead().await.unwrap();
+    }
+
+    /// `inbox`'s depth once it is `want`, or what it is after three seconds of looking.
+    async fn stored_becomes(mail: &Flaky, inbox: &Inbox, want: usize) -> usize {
+        let mut n = mail.stored(inbox).await.unwrap();
+        for _ in 0..300 {
+            if n == want {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            n = mail.stored(inbox).await.unwrap();
+        }
+        n
+    }
+
+    /// A letter the relay takes without showing it (a control letter acted on), whose
+    /// acknowledgement failed once, is acknowledged at the next look: it has no message, so
+    /// no receipt to wait for (it waited for good, its hold keeping the lead's run).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_letter_taken_as_is_whose_ack_failed_is_acknowledged_later() {
+        let mail = Arc::new(Flaky::default());
+        let (team, lead) = team(&mail);
+        team.send("alice", Letter::new(LEAD, "a control letter"))
+            .await
+            .unwrap();
+        assert_eq!(lead.outstanding(), 1, "held");
+        mail.fail_acks.store(1, Ordering::SeqCst);
+        let mut relay = Relay::new(
+            Arc::clone(&mail) as Arc<dyn Mailbox>,
+            team.inbox("alice").unwrap(),
+            PendingQueue::new(),
+            Arc::downgrade(&team),
+            Some("alice".into()),
+        );
+        let relay = tokio::spawn(async move {
+            loop {
+                if relay.step(|_| Intercept::TakeToWork).await.is_err() {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        });
+        let inbox = team.inbox("alice").unwrap();
+        let left = stored_becomes(&mail, &inbox, 0).await;
+        until("the hold was released", || lead.outstanding() == 0).await;
+        relay.abort();
+        assert_eq!(left, 0);
+    }
+
+    /// A given-up lead relay whose last letters include the team's own bookkeeping (taken, not
+    /// shown) acknowledges them all once the conversation recorded the rest: it waited for a
+    /// receipt the note never has.
+    #[tokio::test]
+    async fn a_given_up_relay_with_a_note_among_its_last_letters_acknowledges_them() {
+        let mail = Arc::new(Flaky::default());
+        let (team, lead) = team(&mail);
+        team.send(LEAD, Letter::new("alice", "last words"))
+            .await
+            .unwrap();
+        until("the letter reached the lead's queue", || lead.len() == 1).await;
+        let inbox = team.inbox(LEAD).unwrap();
+        mail.inner
+            .send(
+                &inbox,
+                Letter::new(
+                    "alice",
+                    r#"{"type":"forkhive_team_bookkeeping","op":"state","task":"x"}"#,
+                ),
+            )
+            .await
+            .unwrap();
+        team.give_up().await;
+        assert_eq!(
+            recorded(&lead).len(),
+            1,
+            "the lead's run recorded its letter"
+        );
+        assert_eq!(stored_becomes(&mail, &inbox, 0).await, 0);
+    }
+
+    /// An id dropped unrecorded, taken again and acknowledged counts among the most recent
+    /// acknowledged ones: its first place in the order does not forget it early.
+    #[test]
+    fn a_dropped_then_retaken_id_is_remembered_as_recent() {
+        let mut r = Recent::default();
+        r.take("x".into());
+        r.answered("x".into(), false);
+        assert!(!r.contains("x"), "forgotten");
+        for i in 0..SEEN - 1 {
+            r.insert(format!("e{i}"));
+        }
+        r.take("x".into());
+        r.settled(&["x".to_owned()]);
+        r.insert("f".into());
+        assert!(
+            r.contains("x") && !r.contains("e0"),
+            "the oldest goes first"
+        );
+        assert_eq!(r.order.len(), r.set.len(), "no stale places in the order");
+    }
+
+    /// A lead's queue served again after another lead's relay (A, then B, then A) does not
+    /// get a letter it already holds a second time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lead_served_again_after_another_does_not_get_a_letter_twice() {
+        let mail = Arc::new(Flaky::default());
+        let (team, a) = team(&mail);
+        team.send(LEAD, Letter::new("alice", "once")).await.unwrap();
+        until("the letter reached lead a", || a.len() == 1).await;
+        let b = PendingQueue::new();
+        team.serve_lead(b.clone(), tokio_util::sync::CancellationToken::new());
+        until("the unacknowledged letter reached lead b", || b.len() == 1).await;
+        team.serve_lead_unless_served(a.clone(), tokio_util::sync::CancellationToken::new());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(recorded(&a).len(), 1, "once");
+    }
+
+    /// After a given-up lead is dropped with its letters queued, the team kept for a next
+    /// lead, the acknowledgement task ends when that next lead is served (the old queue,
+    /// which only the team still held, goes).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_given_up_relays_acknowledgement_ends_when_a_next_lead_is_served() {
+        let mail = Arc::new(Flaky::default());
+        let team = Arc::new(Team::new("t", Arc::clone(&mail) as Arc<dyn Mailbox>).unwrap());
+        let lead = Agent::builder(Arc::new(forkhive_transport::ScriptedBackend::from_replies(
+            [],
+        )))
+        .model("m")
+        .cancel_children_on_drop(false)
+        .build()
+        .await
+        .unwrap();
+        team.serve(&lead);
+        let queue = lead.pending();
+        team.send(LEAD, Letter::new("alice", "last words"))
+            .await
+            .unwrap();
+        until("the letter reached the lead's queue", || queue.len() == 1).await;
+        team.give_up().await;
+        drop((queue, lead));
+        let next = PendingQueue::new();
+        team.serve_lead(next.clone(), tokio_util::sync::CancellationToken::new());
+        until("the letter reached the next lead", || next.len() == 1).await;
+        // The team's relay for the next lead holds the mailbox, and the team: two more.
+        until("the old acknowledgement ended", || {
+            Arc::strong_count(&mail) == 3
+        })
+        .await;
+        assert_eq!(recorded(&next).len(), 1);
+        let inbox = team.inbox(LEAD).unwrap();
+        assert_eq!(stored_becomes(&mail, &inbox, 0).await, 0);
     }
 
     /// A letter whose message the conversation drops unrecorded (a failed transcript write,
