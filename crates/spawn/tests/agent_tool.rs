@@ -2094,3 +2094,78 @@ async fn untrusted_definition_hooks_are_a_build_warning() {
     drop(p.run("hi").await);
     assert!(events.warnings().is_empty());
 }
+
+/// A tool that holds a session's resource (only to keep it alive).
+#[derive(Debug)]
+struct Holds(forkhive_core::ToolDefinition, #[allow(dead_code)] Arc<()>);
+
+#[async_trait]
+impl Tool for Holds {
+    fn definition(&self) -> &forkhive_core::ToolDefinition {
+        &self.0
+    }
+    fn is_concurrency_safe(&self, _input: &serde_json::Value) -> bool {
+        true
+    }
+    fn is_read_only(&self) -> bool {
+        true
+    }
+    async fn call(
+        &self,
+        _input: serde_json::Value,
+        _cx: &forkhive_spawn::tool::ToolContext,
+    ) -> forkhive_spawn::tool::ToolOutput {
+        forkhive_spawn::tool::ToolOutput::text("ok")
+    }
+}
+
+/// With nesting on, an `Agent` tool built per session, once it has started a child, no
+/// longer keeps its pool (and what the pool's tools hold) alive after the session: its head
+/// cache held the child's pool, which holds the Agent tool itself — a cycle, one per session.
+#[tokio::test]
+async fn a_nesting_agent_tool_does_not_keep_its_pool_alive() {
+    let mut held = Vec::new();
+    for background in [false, true, false] {
+        let resource = Arc::new(());
+        held.push(Arc::downgrade(&resource));
+        let mut filter = forkhive_spawn::tool::ToolFilter::default();
+        filter.global_disallow.retain(|t| t != "Agent");
+        filter.background_allow.push("Agent".into());
+        let config = AgentToolConfig::default().with_filter(filter);
+        let holder = Holds(
+            forkhive_core::ToolDefinition::new("Holder", "holds", r#"{"type":"object"}"#).unwrap(),
+            resource,
+        );
+        let tools =
+            ToolPool::new([AgentTool::new(config).unwrap().arc(), Arc::new(holder)]).unwrap();
+        let b = brain(move |r| {
+            let main = AgentContext::current().is_some_and(|c| c.depth() == 0);
+            if main && !has_tool_result(r) {
+                return Plan::Reply(calls_owned(&[agent_call(
+                    "a",
+                    serde_json::json!({"description": "c", "prompt": "p",
+                        "run_in_background": background}),
+                )]));
+            }
+            Plan::Reply(say("done"))
+        });
+        let mut agent = Agent::builder(b)
+            .model("m")
+            .tools(tools)
+            .build()
+            .await
+            .unwrap();
+        let run = agent.run("go").await;
+        assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+        drop(agent);
+    }
+    // The background child's end may still be settling.
+    for _ in 0..200 {
+        if held.iter().all(|w| w.strong_count() == 0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let alive: Vec<usize> = held.iter().map(std::sync::Weak::strong_count).collect();
+    assert_eq!(alive, [0, 0, 0], "each session's pool let go");
+}

@@ -89,9 +89,37 @@ impl HeadKeyRef<'_> {
 #[derive(Debug, Clone)]
 struct Head {
     params: CacheSafeParams,
-    pool: ToolPool,
+    pool: HeadPool,
     /// Reserves the source pool's identity (weakly: the pool may hold this very Agent tool).
     _source: crate::tool::pool::PoolIdentity,
+}
+
+/// A head's filtered tool pool: held weakly when it holds an `Agent` tool (nesting), which
+/// may be the very tool whose cache holds the head — a cycle that kept every pool built with
+/// it (and what its host tools hold) alive for good. The weak head serves while a child
+/// built from it keeps the pool; after that, the next child renders a head again.
+#[derive(Debug, Clone)]
+enum HeadPool {
+    Held(ToolPool),
+    Weak(crate::tool::pool::WeakPool),
+}
+
+impl HeadPool {
+    fn of(pool: &ToolPool) -> Self {
+        // The Agent tool's name (the tool itself is a layer above this one).
+        if pool.iter().any(|t| t.definition().name == "Agent") {
+            Self::Weak(pool.downgrade())
+        } else {
+            Self::Held(pool.clone())
+        }
+    }
+
+    fn get(&self) -> Option<ToolPool> {
+        match self {
+            Self::Held(p) => Some(p.clone()),
+            Self::Weak(w) => w.upgrade(),
+        }
+    }
 }
 
 impl HeadCache {
@@ -114,12 +142,13 @@ impl HeadCache {
         self.heads.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn get(&self, key: HeadKeyRef<'_>) -> Option<Head> {
+    /// The head for `key` and its pool, unless there is none or its pool is gone.
+    fn get(&self, key: HeadKeyRef<'_>) -> Option<(Head, ToolPool)> {
         let heads = self.lock();
         heads
             .iter()
             .find(|(k, _)| key.matches(k))
-            .map(|(_, h)| h.clone())
+            .and_then(|(_, h)| Some((h.clone(), h.pool.get()?)))
     }
 
     fn put(&self, key: HeadKey, head: Head) {
@@ -422,7 +451,7 @@ impl SpawnStrategy for Subagent {
             .child_of(seed)
             .events(sink(&cx));
         match &cached {
-            Some(head) => b = b.params(head.params.clone()).tools(head.pool.clone()),
+            Some((head, pool)) => b = b.params(head.params.clone()).tools(pool.clone()),
             None => {
                 b = b.tools(source.clone());
                 for (k, v) in cx.user_context {
@@ -442,7 +471,7 @@ impl SpawnStrategy for Subagent {
                 key,
                 Head {
                     params: agent.params().clone(),
-                    pool: agent.tools().clone(),
+                    pool: HeadPool::of(agent.tools()),
                     _source: source.identity_guard(),
                 },
             );
@@ -596,7 +625,7 @@ mod tests {
     fn head(model: &str, pool: &ToolPool) -> Head {
         Head {
             params: CacheSafeParams::builder(model).build(),
-            pool: pool.clone(),
+            pool: HeadPool::of(pool),
             _source: pool.identity_guard(),
         }
     }
@@ -619,7 +648,10 @@ mod tests {
         assert!(cache.get(k).is_none());
         cache.put(k.owned(), head("m1", &pool));
         assert_eq!(
-            cache.get(k).map(|h| h.params.model().to_owned()).as_deref(),
+            cache
+                .get(k)
+                .map(|h| h.0.params.model().to_owned())
+                .as_deref(),
             Some("m1")
         );
         for differs in [
@@ -657,7 +689,7 @@ mod tests {
         assert_eq!(cache.len(), HEAD_CACHE_LIMIT);
         let got = cache
             .get(key("d0", "m", &pool))
-            .map(|h| h.params.model().to_owned());
+            .map(|h| h.0.params.model().to_owned());
         assert_eq!(got.as_deref(), Some("m2"));
         // A new key past the limit: it starts again with that one.
         cache.put(key("new", "m", &pool).owned(), head("m", &pool));

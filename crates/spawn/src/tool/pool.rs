@@ -47,6 +47,30 @@ impl NameIndex {
     }
 }
 
+/// A [`ToolPool`] held weakly ([`ToolPool::downgrade`]): the pool again while something else
+/// keeps it, nothing once it is gone.
+#[derive(Clone)]
+pub(crate) struct WeakPool {
+    entries: std::sync::Weak<[Arc<Entry>]>,
+    index: NameIndex,
+}
+
+impl WeakPool {
+    /// The pool, if it is still alive.
+    pub(crate) fn upgrade(&self) -> Option<ToolPool> {
+        Some(ToolPool {
+            entries: self.entries.upgrade()?,
+            index: self.index.clone(),
+        })
+    }
+}
+
+impl std::fmt::Debug for WeakPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WeakPool")
+    }
+}
+
 /// Keeps a pool's identity from being reused (a weak reference holds the allocation) while
 /// letting its tools go: a cache keyed by identity holds no cycle through the pool's tools.
 #[derive(Debug, Clone)]
@@ -136,6 +160,14 @@ impl ToolPool {
     /// Reserves this pool's [`identity`](Self::identity) without keeping its tools alive.
     pub(crate) fn identity_guard(&self) -> PoolIdentity {
         PoolIdentity(Arc::downgrade(&self.entries))
+    }
+
+    /// This pool, held without keeping its tools alive.
+    pub(crate) fn downgrade(&self) -> WeakPool {
+        WeakPool {
+            entries: Arc::downgrade(&self.entries),
+            index: self.index.clone(),
+        }
     }
 
     /// The tools, in pool order.
