@@ -3349,6 +3349,29 @@ mod tests {
         team.claim_lead().await.unwrap();
     }
 
+    /// A team given up ([`Team::give_up`]) with a letter in its lead's queue; the lead built
+    /// with `cancel_children_on_drop(false)`, so dropping it cancels nothing.
+    async fn given_up_kept_lead() -> (Arc<Flaky>, Arc<Team>, Agent, PendingQueue) {
+        let mail = Arc::new(Flaky::default());
+        let team = Arc::new(Team::new("t", Arc::clone(&mail) as Arc<dyn Mailbox>).unwrap());
+        let lead = Agent::builder(Arc::new(forkhive_transport::ScriptedBackend::from_replies(
+            [],
+        )))
+        .model("m")
+        .cancel_children_on_drop(false)
+        .build()
+        .await
+        .unwrap();
+        team.serve(&lead);
+        let queue = lead.pending();
+        team.send(LEAD, Letter::new("alice", "last words"))
+            .await
+            .unwrap();
+        until("the letter reached the lead's queue", || queue.len() == 1).await;
+        team.give_up().await;
+        (mail, team, lead, queue)
+    }
+
     /// `inbox`'s depth once it is `want`, or what it is after three seconds of looking.
     async fn stored_becomes(mail: &Flaky, inbox: &Inbox, want: usize) -> usize {
         let mut n = mail.stored(inbox).await.unwrap();
@@ -3468,23 +3491,7 @@ mod tests {
     /// which only the team still held, goes).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_given_up_relays_acknowledgement_ends_when_a_next_lead_is_served() {
-        let mail = Arc::new(Flaky::default());
-        let team = Arc::new(Team::new("t", Arc::clone(&mail) as Arc<dyn Mailbox>).unwrap());
-        let lead = Agent::builder(Arc::new(forkhive_transport::ScriptedBackend::from_replies(
-            [],
-        )))
-        .model("m")
-        .cancel_children_on_drop(false)
-        .build()
-        .await
-        .unwrap();
-        team.serve(&lead);
-        let queue = lead.pending();
-        team.send(LEAD, Letter::new("alice", "last words"))
-            .await
-            .unwrap();
-        until("the letter reached the lead's queue", || queue.len() == 1).await;
-        team.give_up().await;
+        let (mail, team, lead, queue) = given_up_kept_lead().await;
         drop((queue, lead));
         let next = PendingQueue::new();
         team.serve_lead(next.clone(), tokio_util::sync::CancellationToken::new());
@@ -3549,23 +3556,7 @@ mod tests {
         assert_eq!(mail.stored(&inbox).await.unwrap(), 1, "left in the inbox");
 
         // The lead is dropped, its letter queued and its token never cancelled.
-        let mail = Arc::new(Flaky::default());
-        let team = Arc::new(Team::new("t", Arc::clone(&mail) as Arc<dyn Mailbox>).unwrap());
-        let lead = Agent::builder(Arc::new(forkhive_transport::ScriptedBackend::from_replies(
-            [],
-        )))
-        .model("m")
-        .cancel_children_on_drop(false)
-        .build()
-        .await
-        .unwrap();
-        team.serve(&lead);
-        let queue = lead.pending();
-        team.send(LEAD, Letter::new("alice", "last words"))
-            .await
-            .unwrap();
-        until("the letter reached the lead's queue", || queue.len() == 1).await;
-        team.give_up().await;
+        let (mail, team, lead, queue) = given_up_kept_lead().await;
         drop((queue, lead, team));
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(Arc::strong_count(&mail), 1, "the acknowledgement ended");
