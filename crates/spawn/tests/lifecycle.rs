@@ -847,7 +847,8 @@ async fn a_child_cancelled_from_outside_that_ignores_it_is_dropped_after_its_gra
 }
 
 /// The runtime shuts down under a running child: its owner still ends its record, writes its
-/// stop record and notifies, without a runtime to wait on.
+/// stop record and notifies, without a runtime to wait on; and its output file, whose writer
+/// task went with the runtime, still gets its `[stopped: …]` line.
 #[test]
 fn a_child_whose_runtime_shuts_down_is_still_finished() {
     let dir = tempfile::tempdir().unwrap();
@@ -857,7 +858,7 @@ fn a_child_whose_runtime_shuts_down_is_still_finished() {
         .enable_all()
         .build()
         .unwrap();
-    let (id, path) = rt.block_on(async {
+    let (id, path, output) = rt.block_on(async {
         let service = TaskService::new(Arc::clone(&registry) as _, no_deadline());
         let child = Agent::builder(brain(|_| Plan::Hang))
             .model("m")
@@ -866,9 +867,26 @@ fn a_child_whose_runtime_shuts_down_is_still_finished() {
             .await
             .unwrap();
         let path = child.transcript_path().unwrap().to_path_buf();
-        let id = start_child(&service, child, &queue, Start::bare()).await;
+        let output = Arc::new(
+            forkhive_spawn::task::OutputFile::create(
+                &forkhive_spawn::task::OutputConfig::new(dir.path(), "s").unwrap(),
+                child.id(),
+            )
+            .await
+            .unwrap(),
+        );
+        let id = start_child(
+            &service,
+            child,
+            &queue,
+            Start {
+                output: Some(Arc::clone(&output)),
+                ..Start::bare()
+            },
+        )
+        .await;
         tokio::time::sleep(Duration::from_millis(20)).await;
-        (id, path)
+        (id, path, output)
     });
     drop(rt);
     let record = futures::executor::block_on(registry.get(&id)).unwrap();
@@ -885,6 +903,10 @@ fn a_child_whose_runtime_shuts_down_is_still_finished() {
             .as_deref()
             .map(|s| s.starts_with("stopped: its supervisor was dropped")),
         Some(true)
+    );
+    assert_eq!(
+        std::fs::read_to_string(output.path()).unwrap(),
+        "\n[stopped: cancelled]\n"
     );
 }
 

@@ -129,6 +129,9 @@ pub struct OutputFile {
     /// file keeps their order), and the writer takes it whole once its queue is empty.
     backlog: Arc<std::sync::Mutex<Backlog>>,
     truncated: Arc<AtomicBool>,
+    /// The file, once the writer's task was dropped while handles were left (the runtime
+    /// shut down under a running child): appends then write it themselves, at once.
+    tail: Arc<std::sync::Mutex<Option<Tail>>>,
 }
 
 /// What waits for the writer beyond its queue: text, in order, with a marker where text was
@@ -136,6 +139,8 @@ pub struct OutputFile {
 #[derive(Default)]
 struct Backlog {
     text: String,
+    /// The writer's task is gone (see [`Tail`]): appends go to the tail, never to the queue.
+    orphaned: bool,
     /// Bytes dropped since the last text that fit: their marker goes before the next text
     /// that fits (or at the end), where they were lost.
     dropped: u64,
@@ -206,22 +211,31 @@ impl OutputFile {
         let (tx, rx) = mpsc::channel(OUTPUT_QUEUE);
         let truncated = Arc::new(AtomicBool::new(false));
         let backlog = Arc::new(std::sync::Mutex::new(Backlog::default()));
+        let tail = Arc::new(std::sync::Mutex::new(None));
         let writer = Writer {
+            rx,
             backlog: Arc::clone(&backlog),
-            file: tokio::fs::File::from_std(file),
+            tail: Arc::clone(&tail),
+            file: Some(tokio::fs::File::from_std(file)),
             path: path.clone(),
-            cap: config.cap,
-            written: 0,
+            budget: Budget {
+                cap: config.cap,
+                written: 0,
+            },
             truncated: Arc::clone(&truncated),
             failed: false,
+            buf: Vec::new(),
+            handed: 0,
+            ended: false,
         };
-        tokio::spawn(writer.run(rx));
+        tokio::spawn(writer.run());
         Ok(Self {
             path,
             cap: config.cap,
             tx,
             backlog,
             truncated,
+            tail,
         })
     }
 
@@ -251,13 +265,27 @@ impl OutputFile {
         // empty: text goes to the queue only while the backlog is empty, so everything queued
         // is older than everything in the backlog.
         let mut backlog = self.backlog.lock().unwrap_or_else(|e| e.into_inner());
-        if backlog.is_empty() {
+        if !backlog.orphaned {
+            if !backlog.is_empty() {
+                backlog.push(text);
+                return;
+            }
             match self.tx.try_send(Op::Text(text.to_owned())) {
-                Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => return,
-                Err(mpsc::error::TrySendError::Full(_)) => {}
+                Ok(()) => return,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    backlog.push(text);
+                    return;
+                }
+                // Not while a handle is left, unless the writer's task is gone.
+                Err(mpsc::error::TrySendError::Closed(_)) => {}
             }
         }
-        backlog.push(text);
+        drop(backlog);
+        // The writer's task is gone: written here, after everything it left (which its drop
+        // wrote holding this lock).
+        if let Some(tail) = self.tail.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            tail.write(text, &self.truncated);
+        }
     }
 
     /// Waits until everything appended so far is written to the file.
@@ -278,31 +306,40 @@ impl std::fmt::Debug for OutputFile {
     }
 }
 
-/// The task that owns the file: the only code that writes it.
+/// The task that owns the file: the only code that writes it while it runs. Dropped before
+/// the handles are (its runtime shut down under a running child), it writes what it was
+/// given and had not written, and hands the file to the handles as their [`Tail`]: the
+/// `[stopped: …]` line its child's owner appends then still reaches the file.
 struct Writer {
+    rx: mpsc::Receiver<Op>,
     backlog: Arc<std::sync::Mutex<Backlog>>,
-    file: tokio::fs::File,
+    tail: Arc<std::sync::Mutex<Option<Tail>>>,
+    /// Taken when it is handed on.
+    file: Option<tokio::fs::File>,
     path: PathBuf,
-    cap: u64,
-    written: u64,
+    budget: Budget,
     truncated: Arc<AtomicBool>,
     failed: bool,
+    /// The write under way, of which `handed` bytes are the file's already.
+    buf: Vec<u8>,
+    handed: usize,
+    /// Every handle is gone and everything is written: nothing for its drop to do.
+    ended: bool,
 }
 
 impl Writer {
-    async fn run(mut self, mut rx: mpsc::Receiver<Op>) {
-        let mut buf = Vec::new();
+    async fn run(mut self) {
         let mut acks = Vec::new();
-        while let Some(first) = rx.recv().await {
+        while let Some(first) = self.rx.recv().await {
             // Gather what is already queued into one write.
             let mut next = Some(first);
             while let Some(op) = next.take() {
                 match op {
-                    Op::Text(t) => self.take(&mut buf, &t),
+                    Op::Text(t) => self.take(&t),
                     Op::Flush(ack) => acks.push(ack),
                 }
-                if buf.len() < BATCH {
-                    next = rx.try_recv().ok();
+                if self.buf.len() < BATCH {
+                    next = self.rx.try_recv().ok();
                 }
             }
             // The backlog, once the queue is empty (checked under its lock: nothing is queued
@@ -310,24 +347,20 @@ impl Writer {
             // left there: the backlog taken, or empty.
             let settled = {
                 let mut backlog = self.backlog.lock().unwrap_or_else(|e| e.into_inner());
-                if rx.is_empty() {
+                if self.rx.is_empty() {
                     let text = backlog.take();
                     drop(backlog);
-                    self.take(&mut buf, &text);
+                    self.take(&text);
                     true
                 } else {
                     backlog.is_empty()
                 }
             };
-            if !buf.is_empty()
-                && !self.failed
-                && let Err(e) = self.file.write_all(&buf).await
-            {
-                self.fail(&e);
-            }
-            buf.clear();
+            self.write().await;
             if settled && !acks.is_empty() {
-                if let Err(e) = self.file.flush().await {
+                if let Some(file) = self.file.as_mut()
+                    && let Err(e) = file.flush().await
+                {
                     self.fail(&e);
                 }
                 for ack in acks.drain(..) {
@@ -341,20 +374,184 @@ impl Writer {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        self.take(&mut buf, &text);
-        if !buf.is_empty()
-            && !self.failed
-            && let Err(e) = self.file.write_all(&buf).await
-        {
-            self.fail(&e);
+        self.take(&text);
+        self.write().await;
+        if let Some(file) = self.file.as_mut() {
+            let _ = file.flush().await;
         }
-        let _ = self.file.flush().await;
+        self.ended = true;
     }
 
-    /// Adds `text` to the pending write, within the cap (cut on a character boundary, then
-    /// the marker line once).
-    fn take(&mut self, buf: &mut Vec<u8>, text: &str) {
-        if self.truncated.load(Ordering::Acquire) {
+    /// Writes `buf`, counting what the file has taken, so a drop midway writes only the rest.
+    async fn write(&mut self) {
+        while self.handed < self.buf.len() && !self.failed {
+            let Some(file) = self.file.as_mut() else {
+                break;
+            };
+            match file.write(&self.buf[self.handed..]).await {
+                Ok(0) => {
+                    self.fail(&std::io::Error::from(std::io::ErrorKind::WriteZero));
+                }
+                Ok(n) => self.handed += n,
+                // tokio refuses file work once its runtime is shutting down ("background task
+                // failed"), and this task is about to be dropped: the same bytes written here,
+                // blocking, tell that apart from a failing disk, once per file at most.
+                Err(e) => match write_blocking(file, &self.buf[self.handed..]) {
+                    Ok(()) => self.handed = self.buf.len(),
+                    Err(_) => self.fail(&e),
+                },
+            }
+        }
+        self.buf.clear();
+        self.handed = 0;
+    }
+
+    /// Adds `text` to the pending write, within the cap.
+    fn take(&mut self, text: &str) {
+        self.budget.take(&mut self.buf, text, &self.truncated);
+    }
+
+    fn fail(&mut self, e: &std::io::Error) {
+        tracing::warn!(path = %self.path.display(), "task output write failed: {e}");
+        self.failed = true;
+        self.truncated.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        // Its task was dropped with handles left: the runtime is shutting down (or has shut
+        // down) under a running child. What it was given is written now, and the file is the
+        // handles' from here, so the child's owner can still close it with its `[stopped: …]`
+        // line. The tail's lock is held throughout: an append that finds the writer gone
+        // waits for it, and its text comes after.
+        let (tail, backlog) = (Arc::clone(&self.tail), Arc::clone(&self.backlog));
+        let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
+        {
+            let mut backlog = backlog.lock().unwrap_or_else(|e| e.into_inner());
+            backlog.orphaned = true;
+            self.rx.close();
+            while let Ok(op) = self.rx.try_recv() {
+                if let Op::Text(t) = op {
+                    self.take(&t);
+                }
+            }
+            let text = backlog.take();
+            drop(backlog);
+            self.take(&text);
+        }
+        let Some(file) = self.file.take().and_then(|f| into_std(f, &self.path)) else {
+            return;
+        };
+        let mut handed_on = Tail {
+            file,
+            path: std::mem::take(&mut self.path),
+            budget: self.budget,
+            failed: self.failed,
+        };
+        handed_on.write_bytes(&self.buf[self.handed..], &self.truncated);
+        *tail = Some(handed_on);
+    }
+}
+
+/// Writes all of `bytes` to `file` on this thread, around tokio (see [`Writer::write`]).
+fn write_blocking(file: &tokio::fs::File, bytes: &[u8]) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsFd;
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            match rustix::io::write(file.as_fd(), rest) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => rest = &rest[n..],
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (file, bytes);
+        Err(std::io::Error::other("no blocking write here"))
+    }
+}
+
+/// The file as a blocking one, for a writer whose task is gone. A write the task handed to
+/// tokio's blocking pool may still be under way (tokio finishes those even at shutdown):
+/// waited for up to 100 ms, so what follows lands after it; past that the file is written
+/// through a duplicate of its descriptor.
+fn into_std(file: tokio::fs::File, path: &Path) -> Option<std::fs::File> {
+    let mut file = file;
+    for _ in 0..100 {
+        match file.try_into_std() {
+            Ok(std) => return Some(std),
+            Err(busy) => file = busy,
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsFd;
+        match file.as_fd().try_clone_to_owned() {
+            Ok(fd) => Some(std::fs::File::from(fd)),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), "task output: the rest could not be written: {e}");
+                None
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        tracing::warn!(path = %path.display(), "task output: a write was still under way at shutdown; the rest was not written");
+        None
+    }
+}
+
+/// An output file whose writer's task is gone, written by the handles themselves, blocking
+/// (at most a few lines: what a child's owner appends as it finishes it).
+struct Tail {
+    file: std::fs::File,
+    path: PathBuf,
+    budget: Budget,
+    failed: bool,
+}
+
+impl Tail {
+    fn write(&mut self, text: &str, truncated: &AtomicBool) {
+        let mut buf = Vec::new();
+        self.budget.take(&mut buf, text, truncated);
+        self.write_bytes(&buf, truncated);
+    }
+
+    fn write_bytes(&mut self, bytes: &[u8], truncated: &AtomicBool) {
+        use std::io::Write;
+        if bytes.is_empty() || self.failed {
+            return;
+        }
+        if let Err(e) = self.file.write_all(bytes) {
+            tracing::warn!(path = %self.path.display(), "task output write failed: {e}");
+            self.failed = true;
+            truncated.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// How much of its cap a file has used.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    cap: u64,
+    written: u64,
+}
+
+impl Budget {
+    /// Adds `text` to `buf`, within the cap (cut on a character boundary, then the marker
+    /// line once, which sets `truncated`).
+    fn take(&mut self, buf: &mut Vec<u8>, text: &str, truncated: &AtomicBool) {
+        if truncated.load(Ordering::Acquire) {
             return;
         }
         let room = self.cap.saturating_sub(self.written);
@@ -377,13 +574,7 @@ impl Writer {
             )
             .as_bytes(),
         );
-        self.truncated.store(true, Ordering::Release);
-    }
-
-    fn fail(&mut self, e: &std::io::Error) {
-        tracing::warn!(path = %self.path.display(), "task output write failed: {e}");
-        self.failed = true;
-        self.truncated.store(true, Ordering::Release);
+        truncated.store(true, Ordering::Release);
     }
 }
 
@@ -801,6 +992,102 @@ mod tests {
             &text[text.len() - 120..]
         );
         drop(out);
+    }
+
+    /// A runtime shut down with the writer's task in it (never polled here) hands the file to
+    /// the handles: what was queued and what waited in the backlog is written, in order, and
+    /// what is appended after — a child's owner's `[stopped: …]` line — is written at once,
+    /// within the cap.
+    #[test]
+    fn a_writer_dropped_with_its_runtime_hands_the_file_to_its_handles() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let out = rt.block_on(async {
+            let out = output_file(dir.path(), 9).await;
+            // The writer cannot run before the runtime goes: the queue fills, one more waits
+            // in the backlog.
+            for _ in 0..OUTPUT_QUEUE {
+                out.append("q");
+            }
+            out.append("b");
+            out
+        });
+        drop(rt);
+        out.append("\n[stopped: cancelled]\n");
+        futures::executor::block_on(out.flush());
+        let text = std::fs::read_to_string(out.path()).unwrap();
+        assert_eq!(
+            text,
+            format!("{}b\n[stopped: cancelled]\n", "q".repeat(OUTPUT_QUEUE))
+        );
+        assert!(!out.is_truncated());
+
+        // The cap still holds once the handles write.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let out = rt.block_on(async {
+            let cfg = OutputConfig::new(dir.path(), "s").unwrap().with_cap(10);
+            let out = OutputFile::create(&cfg, &TaskId::from_entropy(TaskKind::Agent, 10))
+                .await
+                .unwrap();
+            out.append("hello");
+            out
+        });
+        drop(rt);
+        out.append("world and more");
+        out.append("never written");
+        assert!(out.is_truncated());
+        let text = std::fs::read_to_string(out.path()).unwrap();
+        assert_eq!(
+            text,
+            "helloworld\n[output truncated: the 10-byte cap was reached]\n"
+        );
+    }
+
+    /// Four threads append while the runtime running the writer shuts down: every thread's
+    /// lines arrive whole and in its order, none lost, across the hand-over.
+    #[test]
+    fn appends_across_the_writers_runtime_shutting_down_keep_each_ones_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let out = Arc::new(rt.block_on(output_file(dir.path(), 11)));
+        let per = OUTPUT_QUEUE;
+        let go = Arc::new(std::sync::Barrier::new(5));
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let (out, go) = (Arc::clone(&out), Arc::clone(&go));
+                std::thread::spawn(move || {
+                    go.wait();
+                    for i in 0..per {
+                        out.append(&format!("{t}:{i}\n"));
+                    }
+                })
+            })
+            .collect();
+        go.wait();
+        drop(rt);
+        for t in threads {
+            t.join().unwrap();
+        }
+        let text = std::fs::read_to_string(out.path()).unwrap();
+        assert!(!text.contains("dropped"));
+        for t in 0..4 {
+            let mine: Vec<usize> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix(&format!("{t}:")))
+                .map(|n| n.parse().unwrap())
+                .collect();
+            assert_eq!(mine, (0..per).collect::<Vec<_>>(), "thread {t}");
+        }
     }
 
     /// Appending from four threads at once, far past the queue: each thread's lines arrive
