@@ -356,6 +356,122 @@ async fn a_long_task_on_a_live_worker_keeps_its_lease() {
     }
 }
 
+/// A TCP proxy to Redis that can be cut: while it is cut nothing passes either way (a network
+/// partition: connections stay open, in silence), and what was sent meanwhile passes once it
+/// heals.
+struct Partition {
+    url: String,
+    cut: tokio::sync::watch::Sender<bool>,
+}
+
+impl Partition {
+    async fn to(url: &str) -> Self {
+        let rest = url.strip_prefix("redis://").unwrap();
+        let authority = rest.split('/').next().unwrap();
+        let target = authority.rsplit('@').next().unwrap().to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (cut, open) = tokio::sync::watch::channel(false);
+        let to = target.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&to).await else {
+                    continue;
+                };
+                let ((cr, cw), (sr, sw)) = (client.into_split(), server.into_split());
+                tokio::spawn(pipe(cr, sw, open.clone()));
+                tokio::spawn(pipe(sr, cw, open.clone()));
+            }
+        });
+        Self {
+            url: url.replacen(&target, &format!("127.0.0.1:{port}"), 1),
+            cut,
+        }
+    }
+
+    fn cut(&self, cut: bool) {
+        self.cut.send_replace(cut);
+    }
+}
+
+/// Copies `from` to `to` while the partition is open; holds what it read while it is cut.
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut cut: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        if cut.wait_for(|c| !*c).await.is_err() {
+            return;
+        }
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if cut.wait_for(|c| !*c).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A worker cut off from Redis mid-task (its connections open, in silence) stops the run once
+/// its lease may have lapsed, unreported (`lost_leases`); the worker that takes the entry over
+/// reports it `killed`, once — and still once after the partition heals and the first worker
+/// can reach Redis again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_cut_off_from_redis_stops_its_run_and_the_task_is_reported_once() {
+    let Some(url) = url() else { return };
+    let p = prefix("partition");
+    let pool = Pool::new(&url, &p, "p", fast()).unwrap();
+    let net = Partition::to(&url).await;
+    let far = Pool::new(&net.url, &p, "p", fast()).unwrap();
+    let (w1, s1) = start_worker(&far, "w1", answering(Duration::from_secs(30)));
+    let dad = parent();
+    let job = Job::new(dad, "long", "take your time");
+    pool.submit(&job).await.unwrap();
+    // Until it runs on w1 (its lease is set).
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let lease = format!("{p}:{{p}}:lease:{}", job.task);
+    for _ in 0..200 {
+        let held: i64 = redis::cmd("EXISTS")
+            .arg(&lease)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        if held == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    net.cut(true);
+    let (w2, s2) = start_worker(&pool, "w2", answering(Duration::ZERO));
+    let got = pending_n(&pool, &dad, 1).await;
+    assert_eq!(
+        (got[0].task_id, got[0].status),
+        (job.task, TaskStatus::Killed)
+    );
+    assert!(
+        got[0]
+            .note
+            .as_deref()
+            .is_some_and(|n| n.starts_with("its worker (w1) stopped answering")),
+        "{:?}",
+        got[0].note
+    );
+    net.cut(false);
+    // A while longer, the first worker back in touch: it does not report the run it stopped.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(pool.queue().pending(&dad).await.unwrap().len(), 1);
+    s1.cancel();
+    s2.cancel();
+    let (r1, r2) = (w1.await.unwrap().unwrap(), w2.await.unwrap().unwrap());
+    assert_eq!((r1.ran, r1.lost_leases, r1.reported), (1, 1, 0), "{r1:?}");
+    assert_eq!((r2.reclaimed_killed, r2.reported), (1, 1), "{r2:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cancel_reaches_a_running_task_on_another_worker() {
     let Some(url) = url() else { return };

@@ -429,7 +429,132 @@ async fn drop_entry(pool: &Pool, parent: &TaskId, entry: &str) -> crate::Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::PoolConfig;
     use forkhive_core::TaskKind;
+
+    /// A tool that is not read-only, to ask about.
+    #[derive(Debug)]
+    struct Writes(ToolDefinition);
+
+    #[async_trait]
+    impl Tool for Writes {
+        fn definition(&self) -> &ToolDefinition {
+            &self.0
+        }
+        fn is_concurrency_safe(&self, _input: &serde_json::Value) -> bool {
+            false
+        }
+        fn is_read_only(&self) -> bool {
+            false
+        }
+        async fn call(&self, _input: serde_json::Value, _cx: &ToolContext) -> ToolOutput {
+            ToolOutput::text("written")
+        }
+    }
+
+    /// The requests waiting in `parent`'s stream.
+    async fn asked(pool: &Pool, parent: &TaskId) -> Vec<redis::streams::StreamId> {
+        let mut conn = pool.conn().await.unwrap();
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(pool.task_key("asks", parent))
+            .arg("-")
+            .arg("+")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        reply.ids
+    }
+
+    /// A worker's request that nobody answers is denied once its time is up, saying so, and
+    /// withdrawn from the parent's stream; one whose task is cancelled while it waits is
+    /// denied at once, saying so, and withdrawn too; and the coordinator, deciding a withdrawn
+    /// request late, gives no answer (none is ever left for a later asker). Needs a Redis
+    /// (`FORKHIVE_REDIS_URL`); says it was skipped without one.
+    #[tokio::test]
+    async fn a_request_given_up_is_denied_withdrawn_and_never_answered() {
+        let Some(url) = crate::task::redis::test_redis_url() else {
+            return;
+        };
+        let prefix = format!("ask{}", std::process::id());
+        let pool = Pool::new(&url, &prefix, "p", PoolConfig::default()).unwrap();
+        let (task, parent) = (
+            TaskId::generate(TaskKind::Agent),
+            TaskId::generate(TaskKind::Agent),
+        );
+        let tool = Writes(ToolDefinition::new("Write", "writes", r#"{"type":"object"}"#).unwrap());
+        let input = serde_json::json!({"path": "a.txt"});
+        let cx = AgentContext::new(task, AgentKind::Subagent, QuerySource::default_agent())
+            .with_lineage(Some(parent), 1);
+        let request = || PermissionRequest {
+            tool: &tool,
+            input: &input,
+            agent: &cx,
+            tool_use_id: "toolu_1",
+        };
+
+        // Nobody answers within its second.
+        let ask = RemoteAsk::new(
+            pool.clone(),
+            task,
+            parent,
+            CancellationToken::new(),
+            Duration::from_secs(1),
+        );
+        assert_eq!(
+            ask.check(request()).await,
+            PermissionDecision::deny(
+                "permission for Write was asked of the coordinator and not given: no answer \
+                 from the coordinator's process within 1 s"
+            )
+        );
+        assert!(asked(&pool, &parent).await.is_empty(), "withdrawn");
+
+        // Its task is cancelled while it waits (with the whole default time to wait).
+        let cancel = CancellationToken::new();
+        let ask = RemoteAsk::new(pool.clone(), task, parent, cancel.clone(), ASK_TIMEOUT);
+        let cancelling = async {
+            loop {
+                if let Some(entry) = asked(&pool, &parent).await.pop() {
+                    cancel.cancel();
+                    return entry;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        let (decision, entry) = tokio::join!(ask.check(request()), cancelling);
+        assert_eq!(
+            decision,
+            PermissionDecision::deny(
+                "permission for Write was asked of the coordinator and not given: the task was \
+                 cancelled while it waited"
+            )
+        );
+        assert!(asked(&pool, &parent).await.is_empty(), "withdrawn");
+
+        // The coordinator decides it anyway (it read the request before it was withdrawn):
+        // the task is one of its parent's, and still no answer is given.
+        let mut conn = pool.conn().await.unwrap();
+        let kids = pool.task_key("kids", &parent);
+        let _: i64 = redis::cmd("SADD")
+            .arg(&kids)
+            .arg(task.to_string())
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        answer(&pool, &parent, &crate::tool::AllowAll, &entry).await;
+        let answered: i64 = redis::cmd("EXISTS")
+            .arg(answer_key(&pool, &parent, &entry.id))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(answered, 0, "no answer for a withdrawn request");
+        let _: i64 = redis::cmd("DEL")
+            .arg(&kids)
+            .arg(pool.task_key("asks", &parent))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
 
     fn fields(pairs: &[(&str, &str)]) -> impl Fn(&str) -> String {
         let map: std::collections::HashMap<String, String> = pairs
