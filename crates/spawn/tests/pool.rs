@@ -418,8 +418,8 @@ async fn pipe(
 
 /// A worker cut off from Redis mid-task (its connections open, in silence) stops the run once
 /// its lease may have lapsed, unreported (`lost_leases`); the worker that takes the entry over
-/// reports it `killed`, once — and still once after the partition heals and the first worker
-/// can reach Redis again.
+/// reports it `killed`, with what it had used by its last renewal, once — and still once
+/// after the partition heals and the first worker can reach Redis again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_worker_cut_off_from_redis_stops_its_run_and_the_task_is_reported_once() {
     let Some(url) = url() else { return };
@@ -427,7 +427,23 @@ async fn a_worker_cut_off_from_redis_stops_its_run_and_the_task_is_reported_once
     let pool = Pool::new(&url, &p, "p", fast()).unwrap();
     let net = Partition::to(&url).await;
     let far = Pool::new(&net.url, &p, "p", fast()).unwrap();
-    let (w1, s1) = start_worker(&far, "w1", answering(Duration::from_secs(30)));
+    // One turn that calls a tool (15 tokens), then a model that never answers.
+    let model: Arc<dyn Backend> =
+        Arc::new(ScriptedBackend::from_async_fn(|r: Request| async move {
+            if r.all_messages().len() == 1 {
+                return Ok(
+                    Response::tool_calls([("Look", serde_json::json!({}))]).with_usage(
+                        forkhive_core::Usage {
+                            input_tokens: 10,
+                            output_tokens: 5,
+                            ..Default::default()
+                        },
+                    ),
+                );
+            }
+            futures::future::pending().await
+        }));
+    let (w1, s1) = start_worker(&far, "w1", model);
     let dad = parent();
     let job = Job::new(dad, "long", "take your time");
     pool.submit(&job).await.unwrap();
@@ -442,6 +458,19 @@ async fn a_worker_cut_off_from_redis_stops_its_run_and_the_task_is_reported_once
             .await
             .unwrap();
         if held == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // And until a renewal has carried its first turn's usage.
+    let used = format!("{p}:{{p}}:used:{}", job.task);
+    for _ in 0..200 {
+        let u: Option<String> = redis::cmd("GET")
+            .arg(&used)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        if u.is_some_and(|u| u.contains(r#""tool_uses":1"#)) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -461,6 +490,16 @@ async fn a_worker_cut_off_from_redis_stops_its_run_and_the_task_is_reported_once
         "{:?}",
         got[0].note
     );
+    let u = &got[0].usage;
+    assert_eq!((u.total_tokens, u.tool_uses), (15, 1), "{u:?}");
+    assert!(u.duration_ms > 0, "{u:?}");
+    // Reported: the renewal's usage is not kept.
+    let left: i64 = redis::cmd("EXISTS")
+        .arg(&used)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
     net.cut(false);
     // A while longer, the first worker back in touch: it does not report the run it stopped.
     tokio::time::sleep(Duration::from_millis(1500)).await;

@@ -107,20 +107,23 @@ if started then return {'rerun', n, started} end
 return {'run', n, ''}
 ";
 
-/// KEYS: lease, jobs, out, cancel. ARGV: me, group, entry, lease ms, output, output ttl ms,
-/// consumer. 0: the lease is lost; 1: renewed; 2: renewed, and the task is cancelled.
+/// KEYS: lease, jobs, out, cancel, used. ARGV: me, group, entry, lease ms, output, output ttl
+/// ms, consumer, usage JSON. 0: the lease is lost; 1: renewed; 2: renewed, and the task is
+/// cancelled. The output and the usage so far are what a reclaimer reports if this worker
+/// stops answering.
 const RENEW: &str = r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 redis.call('XCLAIM', KEYS[2], ARGV[2], ARGV[7], 0, ARGV[3], 'JUSTID')
 if ARGV[5] ~= '' then redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[6]) end
+redis.call('SET', KEYS[5], ARGV[8], 'PX', ARGV[6])
 if redis.call('EXISTS', KEYS[4]) == 1 then return 2 end
 return 1
 ";
 
-/// KEYS: lease, jobs, run, out, notify stream, notify ids, notify done, dead. ARGV: me (or ''
-/// for a report that needs no lease), group, entry, notification id, notification JSON,
-/// output ttl ms, dead-letter reason ('' for none), job JSON, consumer.
+/// KEYS: lease, jobs, run, out, notify stream, notify ids, notify done, dead, used. ARGV: me
+/// (or '' for a report that needs no lease), group, entry, notification id, notification
+/// JSON, output ttl ms, dead-letter reason ('' for none), job JSON, consumer.
 ///
 /// The report and the acknowledgement in one step: the parent's notification is stored
 /// (unless that id is pending or delivered already), the entry acknowledged and deleted, the
@@ -157,6 +160,7 @@ if ARGV[4] ~= '' then
   redis.call('PEXPIRE', KEYS[3], ARGV[6])
 end
 redis.call('PEXPIRE', KEYS[4], ARGV[6])
+redis.call('DEL', KEYS[9])
 return pushed
 ";
 
@@ -763,12 +767,16 @@ impl Worker {
                 report.reported += u64::from(r == Some(true));
             }
             "killed" => {
-                let partial: Option<String> = redis::cmd("GET")
+                // What it had streamed and used by its last renewal (one slot: both keys are
+                // the task's).
+                let (partial, used): (Option<String>, Option<String>) = redis::cmd("MGET")
                     .arg(self.pool.task_key("out", &job.task))
+                    .arg(self.pool.task_key("used", &job.task))
                     .query_async(&mut conn)
                     .await
                     .unwrap_or_default();
                 let partial = partial.filter(|p| !p.is_empty());
+                let used = used.and_then(|u| serde_json::from_str::<forkhive_core::Usage>(&u).ok());
                 let what = if partial.is_some() {
                     "the result is the output it had streamed by its last renewal"
                 } else {
@@ -779,7 +787,7 @@ impl Worker {
                         job.task,
                         TaskStatus::Killed,
                         format!("Agent \"{d}\" was stopped"),
-                        Default::default(),
+                        used.map(|u| u.to_notification()).unwrap_or_default(),
                     ),
                     format!(
                         "its worker ({}) stopped answering (it died, or could not reach Redis): \
@@ -792,7 +800,7 @@ impl Worker {
                     n = n.with_result(crate::task::cap_answer(p, None));
                 }
                 let r = self
-                    .report_task(&mut conn, "", &entry.id, &job, (n, None), &none, ("", ""))
+                    .report_task(&mut conn, "", &entry.id, &job, (n, used), &none, ("", ""))
                     .await;
                 if r == Some(true) {
                     report.reported += 1;
@@ -902,12 +910,19 @@ impl Worker {
                         return;
                     }
                     let text = progress.last_text();
+                    // What it has used so far, as its report would count it.
+                    let mut used = progress.usage();
+                    used.tool_uses = progress.tool_uses();
+                    used.duration_ms =
+                        u64::try_from(progress.elapsed().as_millis()).unwrap_or(u64::MAX);
+                    let used = serde_json::to_string(&used).unwrap_or_default();
                     let script = redis::Script::new(RENEW);
                     let mut invocation = script.key(pool.task_key("lease", &task));
                     let call = invocation
                         .key(pool.key("jobs"))
                         .key(pool.task_key("out", &task))
                         .key(pool.task_key("cancel", &task))
+                        .key(pool.task_key("used", &task))
                         .arg(&me)
                         .arg(GROUP)
                         .arg(&entry)
@@ -915,6 +930,7 @@ impl Worker {
                         .arg(tail(&text, PARTIAL_OUTPUT_BYTES))
                         .arg(OUTPUT_TTL.as_millis().to_string())
                         .arg(&consumer)
+                        .arg(&used)
                         .invoke_async::<i64>(&mut conn);
                     match tokio::time::timeout((lease / 3).min(left), call).await {
                         Ok(Ok(1)) => valid = sent,
@@ -1347,6 +1363,7 @@ impl Worker {
                 .key(&ni)
                 .key(&nd)
                 .key(self.pool.key("dead"))
+                .key(task_key("used"))
                 .arg(me)
                 .arg(GROUP)
                 .arg(entry)
