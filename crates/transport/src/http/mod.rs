@@ -205,15 +205,10 @@ impl HttpBackend {
     }
 
     /// Anthropic Messages configured from `ANTHROPIC_API_KEY` and `ANTHROPIC_BASE_URL`
-    /// (default `https://api.anthropic.com`).
+    /// (default `https://api.anthropic.com`). A variable set to nothing (or only spaces) counts
+    /// as unset: an empty key is [`Error::Config`], an empty base URL is the default.
     pub fn anthropic_from_env() -> Result<Self> {
-        let base = std::env::var("ANTHROPIC_BASE_URL")
-            .unwrap_or_else(|_| "https://api.anthropic.com".to_owned());
-        let key = std::env::var("ANTHROPIC_API_KEY")
-            .ok()
-            .filter(|k| !k.trim().is_empty())
-            .ok_or_else(|| Error::Config("ANTHROPIC_API_KEY is not set, or empty".to_owned()))?;
-        Self::anthropic(HttpConfig::new(base).with_api_key(key))
+        Self::anthropic(anthropic_config(env_var)?)
     }
 
     /// OpenAI-compatible Chat Completions at `{base}/v1/chat/completions`, with a bearer key.
@@ -222,15 +217,11 @@ impl HttpBackend {
     }
 
     /// OpenAI-compatible Chat Completions configured from `OPENAI_API_KEY` (optional for
-    /// local servers) and `OPENAI_BASE_URL` (default `https://api.openai.com/v1`).
+    /// local servers) and `OPENAI_BASE_URL` (default `https://api.openai.com/v1`). A variable
+    /// set to nothing (or only spaces) counts as unset: no key is sent rather than an empty
+    /// one, and an empty base URL is the default.
     pub fn openai_from_env() -> Result<Self> {
-        let base = std::env::var("OPENAI_BASE_URL")
-            .unwrap_or_else(|_| "https://api.openai.com/v1".to_owned());
-        let mut config = HttpConfig::new(base);
-        if let Ok(key) = std::env::var("OPENAI_API_KEY") {
-            config = config.with_api_key(key);
-        }
-        Self::openai(config)
+        Self::openai(openai_config(env_var))
     }
 
     /// A backend for `codec`'s wire format (its encoded prefixes are remembered per backend).
@@ -791,9 +782,96 @@ fn not_an_event_stream(headers: &HeaderMap) -> Option<String> {
     (media.ends_with("json") || media == "text/html").then(|| kind.to_owned())
 }
 
+/// An environment variable's value (`None` when it is unset or not Unicode).
+fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// `name`'s value from `var`, `None` when it is blank (`export ANTHROPIC_BASE_URL=` unsets
+/// it, as far as this library is concerned).
+fn set_var(var: &impl Fn(&str) -> Option<String>, name: &str) -> Option<String> {
+    var(name).filter(|v| !v.trim().is_empty())
+}
+
+/// [`HttpBackend::anthropic_from_env`]'s configuration, from `var`.
+fn anthropic_config(var: impl Fn(&str) -> Option<String>) -> Result<HttpConfig> {
+    let base = set_var(&var, "ANTHROPIC_BASE_URL")
+        .unwrap_or_else(|| "https://api.anthropic.com".to_owned());
+    let key = set_var(&var, "ANTHROPIC_API_KEY")
+        .ok_or_else(|| Error::Config("ANTHROPIC_API_KEY is not set, or empty".to_owned()))?;
+    Ok(HttpConfig::new(base).with_api_key(key))
+}
+
+/// [`HttpBackend::openai_from_env`]'s configuration, from `var`.
+fn openai_config(var: impl Fn(&str) -> Option<String>) -> HttpConfig {
+    let base =
+        set_var(&var, "OPENAI_BASE_URL").unwrap_or_else(|| "https://api.openai.com/v1".to_owned());
+    let config = HttpConfig::new(base);
+    match set_var(&var, "OPENAI_API_KEY") {
+        Some(key) => config.with_api_key(key),
+        None => config,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lookup over `pairs`, standing in for the process's environment.
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |name| {
+            pairs
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        }
+    }
+
+    /// An empty or blank variable counts as unset: an empty Anthropic key is refused, saying
+    /// so; an empty base URL is the default; an empty OpenAI key sends none.
+    #[test]
+    fn blank_environment_variables_count_as_unset() {
+        for key in [None, Some(""), Some("  ")] {
+            let env: Vec<(&str, &str)> =
+                key.map(|k| ("ANTHROPIC_API_KEY", k)).into_iter().collect();
+            assert_eq!(
+                anthropic_config(vars(&env))
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                Err("backend configuration: ANTHROPIC_API_KEY is not set, or empty".to_owned()),
+                "{key:?}"
+            );
+        }
+        let c = anthropic_config(vars(&[
+            ("ANTHROPIC_API_KEY", "k1"),
+            ("ANTHROPIC_BASE_URL", ""),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (
+                c.base_url.as_str(),
+                c.api_key.as_ref().map(|k| k.0.as_str())
+            ),
+            ("https://api.anthropic.com", Some("k1"))
+        );
+        let c = anthropic_config(vars(&[
+            ("ANTHROPIC_API_KEY", "k1"),
+            ("ANTHROPIC_BASE_URL", "http://127.0.0.1:8080"),
+        ]))
+        .unwrap();
+        assert_eq!(c.base_url, "http://127.0.0.1:8080");
+        let c = openai_config(vars(&[("OPENAI_API_KEY", ""), ("OPENAI_BASE_URL", " ")]));
+        assert_eq!(
+            (c.base_url.as_str(), c.api_key.is_none()),
+            ("https://api.openai.com/v1", true)
+        );
+        let c = openai_config(vars(&[("OPENAI_API_KEY", "sk-1")]));
+        assert_eq!(c.api_key.as_ref().map(|k| k.0.as_str()), Some("sk-1"));
+    }
 
     #[test]
     fn an_answer_is_an_event_stream_unless_its_content_type_says_otherwise() {
