@@ -356,66 +356,6 @@ async fn a_long_task_on_a_live_worker_keeps_its_lease() {
     }
 }
 
-/// A TCP proxy to Redis that can be cut: while it is cut nothing passes either way (a network
-/// partition: connections stay open, in silence), and what was sent meanwhile passes once it
-/// heals.
-struct Partition {
-    url: String,
-    cut: tokio::sync::watch::Sender<bool>,
-}
-
-impl Partition {
-    async fn to(url: &str) -> Self {
-        let rest = url.strip_prefix("redis://").unwrap();
-        let authority = rest.split('/').next().unwrap();
-        let target = authority.rsplit('@').next().unwrap().to_owned();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (cut, open) = tokio::sync::watch::channel(false);
-        let to = target.clone();
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = tokio::net::TcpStream::connect(&to).await else {
-                    continue;
-                };
-                let ((cr, cw), (sr, sw)) = (client.into_split(), server.into_split());
-                tokio::spawn(pipe(cr, sw, open.clone()));
-                tokio::spawn(pipe(sr, cw, open.clone()));
-            }
-        });
-        Self {
-            url: url.replacen(&target, &format!("127.0.0.1:{port}"), 1),
-            cut,
-        }
-    }
-
-    fn cut(&self, cut: bool) {
-        self.cut.send_replace(cut);
-    }
-}
-
-/// Copies `from` to `to` while the partition is open; holds what it read while it is cut.
-async fn pipe(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut cut: tokio::sync::watch::Receiver<bool>,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        if cut.wait_for(|c| !*c).await.is_err() {
-            return;
-        }
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        if cut.wait_for(|c| !*c).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
-    }
-}
-
 /// A worker cut off from Redis mid-task (its connections open, in silence) stops the run once
 /// its lease may have lapsed, unreported (`lost_leases`); the worker that takes the entry over
 /// reports it `killed`, with what it had used by its last renewal, once — and still once
@@ -425,7 +365,7 @@ async fn a_worker_cut_off_from_redis_stops_its_run_and_the_task_is_reported_once
     let Some(url) = url() else { return };
     let p = prefix("partition");
     let pool = Pool::new(&url, &p, "p", fast()).unwrap();
-    let net = Partition::to(&url).await;
+    let net = support::Partition::to(&url).await;
     let far = Pool::new(&net.url, &p, "p", fast()).unwrap();
     // One turn that calls a tool (15 tokens), then a model that never answers.
     let model: Arc<dyn Backend> =

@@ -147,6 +147,33 @@ async fn a_team_is_led_from_one_host_at_a_time() {
     assert!(again.unwrap().is_kept());
 }
 
+/// A lead claim whose caller stopped waiting while the store was out of reach (a partition:
+/// the claim's `SET` stuck on the way) is given up after it: once the partition heals and the
+/// late `SET` lands, the team can be claimed again at once — not `TeamTaken` until the late
+/// claim's TTL (15 s) runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_given_up_while_the_store_was_out_of_reach_does_not_hold_the_team() {
+    let Some(url) = url() else { return };
+    let p = prefix("lateclaim");
+    let net = support::Partition::to(&url).await;
+    let far = RedisMailbox::with_prefix(&net.url, &p).unwrap();
+    // Connected (and a claim taken and given up) before the partition.
+    far.claim_lead("warm").await.unwrap().release().await;
+    net.cut(true);
+    let waited = tokio::time::timeout(Duration::from_millis(300), far.claim_lead("review")).await;
+    assert!(waited.is_err(), "no answer through the partition");
+    net.cut(false);
+    // The late `SET`, and the give-up behind it on the same connection, land.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let here = RedisMailbox::with_prefix(&url, &p).unwrap();
+    let claim = here.claim_lead("review").await;
+    assert!(
+        claim.is_ok(),
+        "{}",
+        claim.err().map(|e| e.to_string()).unwrap_or_default()
+    );
+}
+
 /// `LeadClaim::release` returns once Redis has dropped the claim: a host that awaits it before
 /// it exits leaves no claim to lapse, and another host may lead the team at once.
 #[tokio::test]

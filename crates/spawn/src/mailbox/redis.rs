@@ -99,29 +99,70 @@ struct RedisLead {
 impl Drop for RedisLead {
     fn drop(&mut self) {
         self.renew.abort();
-        // Given up at once where a runtime can still send it; else it lapses within its TTL.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (mut conn, key, holder, done) = (
-                self.conn.clone(),
+        give_up(
+            &self.conn,
+            std::mem::take(&mut self.key),
+            std::mem::take(&mut self.holder),
+            self.released.take(),
+        );
+    }
+}
+
+/// A lead claim being taken. Dropped before it is kept — the caller gave up waiting (a
+/// `Team` waits 30 s for the store), or the store failed in the
+/// middle — it gives the claim up as a kept one is given up: a `SET` that lands late is
+/// deleted right after it, on the same connection, instead of holding the team for its TTL.
+struct Taking {
+    conn: Option<ConnectionManager>,
+    key: String,
+    holder: String,
+}
+
+impl Taking {
+    /// Taken (or definitely not): nothing to give up.
+    fn settle(mut self) {
+        self.conn = None;
+    }
+}
+
+impl Drop for Taking {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            give_up(
+                &conn,
                 std::mem::take(&mut self.key),
                 std::mem::take(&mut self.holder),
-                self.released.take(),
+                None,
             );
-            drop(rt.spawn(async move {
-                let released = redis::Script::new(RELEASE_CLAIM)
-                    .key(&key)
-                    .arg(&holder)
-                    .invoke_async::<i64>(&mut conn)
-                    .await;
-                if let Err(e) = released {
-                    tracing::warn!("could not give up the team claim {key}: {e}");
-                }
-                if let Some(done) = done {
-                    let _ = done.send(());
-                }
-            }));
         }
     }
+}
+
+/// Deletes the claim at `key` if `holder` holds it, on a task of its own (at once where a
+/// runtime can still run it; else the claim lapses within its TTL), then answers `done`.
+fn give_up(
+    conn: &ConnectionManager,
+    key: String,
+    holder: String,
+    done: Option<tokio::sync::oneshot::Sender<()>>,
+) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let mut conn = conn.clone();
+    drop(rt.spawn(async move {
+        let released = redis::Script::new(RELEASE_CLAIM)
+            .key(&key)
+            .arg(&holder)
+            .invoke_async::<i64>(&mut conn)
+            .await;
+        if let Err(e) = released {
+            tracing::warn!("could not give up the team claim {key}: {e}");
+        }
+        if let Some(done) = done {
+            let _ = done.send(());
+        }
+    }));
 }
 
 /// The shared, reconnecting connection of a handle (mailboxes and the task registry): gives
@@ -539,6 +580,11 @@ impl Mailbox for RedisMailbox {
         let holder = format!("{} ({})", super::claim_holder(), new_id());
         let ttl = u64::try_from(LEAD_CLAIM_TTL.as_millis()).unwrap_or(u64::MAX);
         let mut conn = self.conn(&lead).await?;
+        let taking = Taking {
+            conn: Some(conn.clone()),
+            key: key.clone(),
+            holder: holder.clone(),
+        };
         // A claim of this process given up a moment ago is deleted by a task of its own: it
         // is waited for, a little.
         let mut tries = 0;
@@ -548,6 +594,7 @@ impl Mailbox for RedisMailbox {
                 .await
                 .map_err(|e| self.fail(&lead, "SET", e))?;
             if set.is_some() {
+                taking.settle();
                 break;
             }
             let held: Option<String> = conn
@@ -561,6 +608,8 @@ impl Mailbox for RedisMailbox {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
+            // Held by another: none of this call's claims landed.
+            taking.settle();
             return Err(Error::TeamTaken {
                 team: team.to_owned(),
                 holder: format!(

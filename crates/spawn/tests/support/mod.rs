@@ -599,3 +599,66 @@ pub(crate) fn lead_of_alice(answer: &'static str) -> Arc<Brain> {
         Plan::Reply(say("ok"))
     })
 }
+
+/// A TCP proxy to Redis that can be cut: while it is cut nothing passes either way (a network
+/// partition: connections stay open, in silence), and what was sent meanwhile passes once it
+/// heals.
+pub(crate) struct Partition {
+    /// The proxy's URL: the Redis URL with the proxy's address.
+    pub(crate) url: String,
+    cut: tokio::sync::watch::Sender<bool>,
+}
+
+impl Partition {
+    /// A proxy to the Redis at `url`, open.
+    pub(crate) async fn to(url: &str) -> Self {
+        let rest = url.strip_prefix("redis://").unwrap();
+        let authority = rest.split('/').next().unwrap();
+        let target = authority.rsplit('@').next().unwrap().to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (cut, open) = tokio::sync::watch::channel(false);
+        let to = target.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&to).await else {
+                    continue;
+                };
+                let ((cr, cw), (sr, sw)) = (client.into_split(), server.into_split());
+                tokio::spawn(pipe(cr, sw, open.clone()));
+                tokio::spawn(pipe(sr, cw, open.clone()));
+            }
+        });
+        Self {
+            url: url.replacen(&target, &format!("127.0.0.1:{port}"), 1),
+            cut,
+        }
+    }
+
+    /// Cuts it (`true`) or heals it (`false`).
+    pub(crate) fn cut(&self, cut: bool) {
+        self.cut.send_replace(cut);
+    }
+}
+
+/// Copies `from` to `to` while the partition is open; holds what it read while it is cut.
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut cut: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        if cut.wait_for(|c| !*c).await.is_err() {
+            return;
+        }
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if cut.wait_for(|c| !*c).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
