@@ -226,6 +226,7 @@ impl OutputFile {
             failed: false,
             buf: Vec::new(),
             handed: 0,
+            acks: Vec::new(),
             ended: false,
         };
         tokio::spawn(writer.run());
@@ -323,20 +324,21 @@ struct Writer {
     /// The write under way, of which `handed` bytes are the file's already.
     buf: Vec<u8>,
     handed: usize,
+    /// Flushes waiting for the write under way; a drop answers them once it has written.
+    acks: Vec<oneshot::Sender<()>>,
     /// Every handle is gone and everything is written: nothing for its drop to do.
     ended: bool,
 }
 
 impl Writer {
     async fn run(mut self) {
-        let mut acks = Vec::new();
         while let Some(first) = self.rx.recv().await {
             // Gather what is already queued into one write.
             let mut next = Some(first);
             while let Some(op) = next.take() {
                 match op {
                     Op::Text(t) => self.take(&t),
-                    Op::Flush(ack) => acks.push(ack),
+                    Op::Flush(ack) => self.acks.push(ack),
                 }
                 if self.buf.len() < BATCH {
                     next = self.rx.try_recv().ok();
@@ -357,13 +359,13 @@ impl Writer {
                 }
             };
             self.write().await;
-            if settled && !acks.is_empty() {
+            if settled && !self.acks.is_empty() {
                 if let Some(file) = self.file.as_mut()
                     && let Err(e) = file.flush().await
                 {
                     self.fail(&e);
                 }
-                for ack in acks.drain(..) {
+                for ack in self.acks.drain(..) {
                     let _ = ack.send(());
                 }
             }
@@ -394,12 +396,19 @@ impl Writer {
                 }
                 Ok(n) => self.handed += n,
                 // tokio refuses file work once its runtime is shutting down ("background task
-                // failed"), and this task is about to be dropped: the same bytes written here,
-                // blocking, tell that apart from a failing disk, once per file at most.
-                Err(e) => match write_blocking(file, &self.buf[self.handed..]) {
-                    Ok(()) => self.handed = self.buf.len(),
-                    Err(_) => self.fail(&e),
-                },
+                // failed": these bytes were not taken), and this task is about to be dropped:
+                // they are written here, blocking. Any other error — a disk that failed, this
+                // write's or the one before it, whose bytes tokio had taken — ends the file.
+                Err(e) => {
+                    if shutting_down().await {
+                        match write_blocking(file, &self.buf[self.handed..]) {
+                            Ok(()) => self.handed = self.buf.len(),
+                            Err(e) => self.fail(&e),
+                        }
+                    } else {
+                        self.fail(&e);
+                    }
+                }
             }
         }
         self.buf.clear();
@@ -435,26 +444,39 @@ impl Drop for Writer {
             backlog.orphaned = true;
             self.rx.close();
             while let Ok(op) = self.rx.try_recv() {
-                if let Op::Text(t) = op {
-                    self.take(&t);
+                match op {
+                    Op::Text(t) => self.take(&t),
+                    Op::Flush(ack) => self.acks.push(ack),
                 }
             }
             let text = backlog.take();
             drop(backlog);
             self.take(&text);
         }
-        let Some(file) = self.file.take().and_then(|f| into_std(f, &self.path)) else {
-            return;
-        };
-        let mut handed_on = Tail {
-            file,
-            path: std::mem::take(&mut self.path),
-            budget: self.budget,
-            failed: self.failed,
-        };
-        handed_on.write_bytes(&self.buf[self.handed..], &self.truncated);
-        *tail = Some(handed_on);
+        match self.file.take().and_then(|f| into_std(f, &self.path)) {
+            Some(file) => {
+                let mut handed_on = Tail {
+                    file,
+                    path: std::mem::take(&mut self.path),
+                    budget: self.budget,
+                    failed: self.failed,
+                };
+                handed_on.write_bytes(&self.buf[self.handed..], &self.truncated);
+                *tail = Some(handed_on);
+            }
+            // Nothing more reaches the file, and it says so as a failed one does.
+            None => self.truncated.store(true, Ordering::Release),
+        }
+        // Flushes are answered once what came before them is written (or lost, said above).
+        for ack in self.acks.drain(..) {
+            let _ = ack.send(());
+        }
     }
+}
+
+/// Whether this runtime refuses blocking work: it is shutting down.
+async fn shutting_down() -> bool {
+    matches!(tokio::task::spawn_blocking(|| ()).await, Err(e) if e.is_cancelled())
 }
 
 /// Writes all of `bytes` to `file` on this thread, around tokio (see [`Writer::write`]).
@@ -481,35 +503,33 @@ fn write_blocking(file: &tokio::fs::File, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// The file as a blocking one, for a writer whose task is gone. A write the task handed to
-/// tokio's blocking pool may still be under way (tokio finishes those even at shutdown):
-/// waited for up to 100 ms, so what follows lands after it; past that the file is written
-/// through a duplicate of its descriptor.
+/// tokio's blocking pool may still be under way or queued (tokio runs those even at
+/// shutdown): it is waited for, up to [`HANDOVER_WAIT`], so what follows lands after it. Past
+/// that (the pool's threads stuck elsewhere) the rest is not written: out of order, it would
+/// put text after the `[stopped: …]` line.
 fn into_std(file: tokio::fs::File, path: &Path) -> Option<std::fs::File> {
+    let waited = std::time::Instant::now();
     let mut file = file;
-    for _ in 0..100 {
+    loop {
         match file.try_into_std() {
             Ok(std) => return Some(std),
             Err(busy) => file = busy,
         }
+        if waited.elapsed() >= HANDOVER_WAIT {
+            tracing::warn!(
+                path = %path.display(),
+                "task output: a write was still under way {} ms after the runtime shut down; \
+                 the rest of the output was not written",
+                HANDOVER_WAIT.as_millis()
+            );
+            return None;
+        }
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
-    #[cfg(unix)]
-    {
-        use std::os::fd::AsFd;
-        match file.as_fd().try_clone_to_owned() {
-            Ok(fd) => Some(std::fs::File::from(fd)),
-            Err(e) => {
-                tracing::warn!(path = %path.display(), "task output: the rest could not be written: {e}");
-                None
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        tracing::warn!(path = %path.display(), "task output: a write was still under way at shutdown; the rest was not written");
-        None
-    }
 }
+
+/// How long a writer dropped with its runtime waits for a write tokio still has under way.
+const HANDOVER_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// An output file whose writer's task is gone, written by the handles themselves, blocking
 /// (at most a few lines: what a child's owner appends as it finishes it).
@@ -1088,6 +1108,112 @@ mod tests {
                 .collect();
             assert_eq!(mine, (0..per).collect::<Vec<_>>(), "thread {t}");
         }
+    }
+
+    /// A write tokio still has queued when the runtime shuts down (the blocking pool's one
+    /// thread busy elsewhere) is waited for: what follows lands after it, in order.
+    #[test]
+    fn a_write_still_under_way_at_shutdown_lands_before_what_follows() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .max_blocking_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let out = rt.block_on(async {
+            let out = output_file(dir.path(), 21).await;
+            // The pool's one thread is busy (a slow disk, or other blocking work).
+            drop(tokio::task::spawn_blocking(|| {
+                std::thread::sleep(std::time::Duration::from_millis(400))
+            }));
+            out.append("first\n");
+            for _ in 0..4 {
+                tokio::task::yield_now().await;
+            }
+            out.append("second\n");
+            for _ in 0..4 {
+                tokio::task::yield_now().await;
+            }
+            out
+        });
+        drop(rt);
+        out.append("[stopped: cancelled]\n");
+        let text = std::fs::read_to_string(out.path()).unwrap();
+        assert_eq!(text, "first\nsecond\n[stopped: cancelled]\n");
+    }
+
+    /// A write that fails in tokio's background is reported at the next write: the file is
+    /// then failed and truncated (its bytes are lost), never quietly written around.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_failed_background_write_ends_the_file() {
+        use std::io::Read;
+        use std::os::fd::{AsFd, OwnedFd};
+        let (mut r, w) = std::io::pipe().unwrap();
+        let w: OwnedFd = w.into();
+        let flags = rustix::fs::fcntl_getfl(w.as_fd()).unwrap();
+        rustix::fs::fcntl_setfl(w.as_fd(), flags | rustix::fs::OFlags::NONBLOCK).unwrap();
+        // A full pipe: the next write fails (EAGAIN), as a full disk or a flaky mount would.
+        let mut filled = 0usize;
+        while let Ok(n) = rustix::io::write(w.as_fd(), &[b'.'; 4096]) {
+            filled += n;
+        }
+        let (_tx, rx) = mpsc::channel(1);
+        let truncated = Arc::new(AtomicBool::new(false));
+        let mut writer = Writer {
+            rx,
+            backlog: Arc::default(),
+            tail: Arc::new(std::sync::Mutex::new(None)),
+            file: Some(tokio::fs::File::from_std(std::fs::File::from(w))),
+            path: PathBuf::from("pipe"),
+            budget: Budget {
+                cap: u64::MAX,
+                written: 0,
+            },
+            truncated: Arc::clone(&truncated),
+            failed: false,
+            buf: b"lost\n".to_vec(),
+            handed: 0,
+            acks: Vec::new(),
+            ended: true,
+        };
+        // tokio takes it; its write in the background fails.
+        writer.write().await;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        // The condition clears before the next write.
+        let mut drain = vec![0u8; filled];
+        r.read_exact(&mut drain).unwrap();
+        writer.buf = b"next\n".to_vec();
+        writer.write().await;
+        assert!(writer.failed && truncated.load(Ordering::Acquire));
+    }
+
+    /// A flush waiting in the queue when the runtime shuts down returns once the text
+    /// appended before it is in the file.
+    #[test]
+    fn a_flush_waiting_at_shutdown_returns_once_its_text_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let big = "x".repeat(OUTPUT_BACKLOG);
+        let out = Arc::new(rt.block_on(async {
+            let out = output_file(dir.path(), 22).await;
+            out.append(&big);
+            out
+        }));
+        let flushing = Arc::clone(&out);
+        let seen = std::thread::spawn(move || {
+            futures::executor::block_on(flushing.flush());
+            std::fs::metadata(flushing.path()).unwrap().len()
+        });
+        // Until the flush waits in the queue behind the text.
+        while out.tx.capacity() > OUTPUT_QUEUE - 2 {
+            std::thread::yield_now();
+        }
+        drop(rt);
+        assert_eq!(seen.join().unwrap(), big.len() as u64);
     }
 
     /// Appending from four threads at once, far past the queue: each thread's lines arrive
