@@ -245,6 +245,18 @@ impl Worktree {
             Ok(a) => a,
             Err(e) => return Finished::Kept(Keep::Unknown(e)),
         };
+        // Another git holds its index (still running there, or died there): what it is in the
+        // middle of is not in the status yet, and `worktree remove` would delete the lock
+        // with the tree. Kept, saying so (a tree removed after an `index.lock` failure is how
+        // users of other tools have lost work).
+        let lock = admin.join("index.lock");
+        if tokio::fs::symlink_metadata(&lock).await.is_ok() {
+            return Finished::Kept(Keep::Unknown(format!(
+                "its index is locked ({}): another git is working in it, or one died there; \
+                 remove the lock if no git is running there, then finish it again",
+                lock.display()
+            )));
+        }
         // Ignored files count too: `worktree remove` would delete them (a `.env`, a log).
         let status = match git_in(
             &admin,

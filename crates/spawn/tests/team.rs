@@ -697,6 +697,85 @@ async fn a_letter_to_a_name_no_teammate_has_is_refused_and_makes_no_inbox() {
     );
 }
 
+/// A teammate's own `SendMessage` to a peer that has shut down comes back to it as an error
+/// saying so — not reported sent into an inbox nobody will read again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_teammates_letter_to_a_peer_that_shut_down_is_an_error_to_it() {
+    let seen: Arc<std::sync::Mutex<Vec<(String, bool)>>> = Arc::default();
+    let seen_by_alice = Arc::clone(&seen);
+    let b = brain(move |r| {
+        let text = text_of(r);
+        if !is_parent(r) {
+            if who(r) != "alice" {
+                return Plan::Reply(say("B done"));
+            }
+            let answered = results(r);
+            if let Some((_, t, e)) = answered.first() {
+                seen_by_alice.lock().unwrap().push((t.clone(), *e));
+                return Plan::Reply(say("told the lead"));
+            }
+            if last_texts(r).join("\n").contains("tell bob hello") {
+                return Plan::Reply(calls(&[(
+                    "s1",
+                    "SendMessage",
+                    r#"{"to":"bob","message":"hello"}"#,
+                )]));
+            }
+            return Plan::Reply(say("A done"));
+        }
+        let bob_asked = called(r, r#"{"to":"bob","message":{"type":"shutdown_request"#) > 0;
+        let bob_gone = text.contains(r#"teammate_id=\"bob\" summary=\"shutdown_approved\""#);
+        let alice_told = called(r, "tell bob hello") > 0;
+        let alice_asked = called(r, r#"{"to":"alice","message":{"type":"shutdown_request"#) > 0;
+        // Idle notices (the start results mention them too).
+        let idles = text.matches("idleReason").count();
+        match r.all_messages().len() {
+            1 => Plan::Reply(calls(&[
+                ("a1", "Agent", &teammate("alice")),
+                ("a2", "Agent", &teammate("bob")),
+            ])),
+            _ if idles >= 2 && !bob_asked => Plan::Reply(calls(&[(
+                "x1",
+                "SendMessage",
+                r#"{"to":"bob","message":{"type":"shutdown_request"}}"#,
+            )])),
+            _ if bob_gone && !alice_told => Plan::Reply(calls(&[(
+                "m1",
+                "SendMessage",
+                r#"{"to":"alice","message":"tell bob hello"}"#,
+            )])),
+            _ if alice_told && idles >= 3 && !alice_asked => Plan::Reply(calls(&[(
+                "x2",
+                "SendMessage",
+                r#"{"to":"alice","message":{"type":"shutdown_request"}}"#,
+            )])),
+            _ => Plan::Reply(say("waiting")),
+        }
+    });
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let mut lead = lead_in(&team, b, lead_tools()).await;
+    let run = tokio::time::timeout(std::time::Duration::from_secs(30), lead.run("go"))
+        .await
+        .expect("the team finished");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [(
+            "teammate `bob` has stopped (it shut down, was stopped or failed), so the message \
+             was not delivered"
+                .to_owned(),
+            true
+        )]
+    );
+    assert!(
+        team.roster()
+            .iter()
+            .all(|m| m.state == MemberState::Stopped),
+        "{:?}",
+        team.roster()
+    );
+}
+
 /// The last `requestId` of a plan request in the lead's conversation.
 fn last_plan_request(text: &str) -> Option<String> {
     let at = text.rfind("plan_approval_request")?;
@@ -1229,6 +1308,57 @@ async fn a_teammate_cannot_write_to_itself() {
         ]
     );
     team.shut_down(None).await.unwrap();
+}
+
+/// Two teams on one file mailbox: one team's teammate starting, stopping and its lead's
+/// `shut_down` leave the other team's files alone — its roster and a letter waiting in its
+/// inbox (one session's cleanup does not take another's team with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_teams_shutdown_leaves_another_teams_files_alone() {
+    use forkhive_spawn::mailbox::{FileMailbox, Inbox, Mailbox};
+    let dir = tempfile::tempdir().unwrap();
+    let mailbox = Arc::new(FileMailbox::new(dir.path()));
+    // The other team: a roster on disk and a letter for its teammate.
+    let other_roster = dir.path().join("teams/ops/config.json");
+    std::fs::create_dir_all(other_roster.parent().unwrap()).unwrap();
+    let roster_bytes = r#"{"name":"ops","leadAgentId":"team-lead@ops","members":[]}"#;
+    std::fs::write(&other_roster, roster_bytes).unwrap();
+    let other = Team::new("ops", Arc::clone(&mailbox) as _)
+        .unwrap()
+        .with_roster_file(&other_roster)
+        .unwrap();
+    let waiting = Inbox::new("ops", "bob").unwrap();
+    mailbox
+        .send(
+            &waiting,
+            Letter::new("team-lead", "when you start: check the logs"),
+        )
+        .await
+        .unwrap();
+    let team = Arc::new(
+        Team::new("review", Arc::clone(&mailbox) as _)
+            .unwrap()
+            .with_roster_file(dir.path().join("teams/review/config.json"))
+            .unwrap(),
+    );
+    let mut lead = lead_in(&team, lead_of_alice("A done"), lead_tools()).await;
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+        .await
+        .expect("the lead's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    team.shut_down(None).await.unwrap();
+    drop(lead);
+    drop(team);
+    assert_eq!(
+        std::fs::read_to_string(&other_roster).unwrap(),
+        roster_bytes
+    );
+    let letters = mailbox.receive(&waiting).await.unwrap();
+    assert_eq!(
+        letters.iter().map(|l| l.text.as_str()).collect::<Vec<_>>(),
+        ["when you start: check the logs"]
+    );
+    drop(other);
 }
 
 /// Exact refusals of `shutdown_response`, straight on the team.

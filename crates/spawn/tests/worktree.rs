@@ -436,6 +436,52 @@ async fn an_unreadable_status_keeps_the_tree() {
     assert!(cut.path().join("lib.rs").exists());
 }
 
+/// A tree whose index another git holds (`index.lock`: a git still running there, or one
+/// that died) is never removed under the lock, with a change in it or without: it is kept,
+/// saying why; once the lock is gone, an untouched tree is removed as any is.
+#[tokio::test]
+async fn a_tree_whose_index_is_locked_is_never_removed_under_the_lock() {
+    let repo = repo();
+    let lock_of = |wt: &Worktree| {
+        let index = git(
+            wt.path(),
+            &["rev-parse", "--path-format=absolute", "--git-path", "index"],
+        );
+        std::path::PathBuf::from(format!("{}.lock", index.trim()))
+    };
+    let locked = |finished: Finished, lock: &Path| match finished {
+        Finished::Kept(Keep::Unknown(why)) => assert_eq!(
+            why,
+            format!(
+                "its index is locked ({}): another git is working in it, or one died there; \
+                 remove the lock if no git is running there, then finish it again",
+                lock.display()
+            )
+        ),
+        other => panic!("{other:?}"),
+    };
+    // Work in it, and the index locked.
+    let busy = Worktree::create(repo.path(), "busy", None).await.unwrap();
+    std::fs::write(busy.path().join("lib.rs"), "changed\n").unwrap();
+    let lock = lock_of(&busy);
+    std::fs::write(&lock, "").unwrap();
+    locked(busy.finish().await, &lock);
+    assert_eq!(
+        std::fs::read_to_string(busy.path().join("lib.rs")).unwrap(),
+        "changed\n"
+    );
+    // Nothing in it (to the status), the index locked: kept too.
+    let idle = Worktree::create(repo.path(), "idle", None).await.unwrap();
+    let lock = lock_of(&idle);
+    std::fs::write(&lock, "").unwrap();
+    locked(idle.finish().await, &lock);
+    assert!(idle.path().join("lib.rs").exists());
+    // The lock gone: removed.
+    std::fs::remove_file(&lock).unwrap();
+    assert!(matches!(idle.finish().await, Finished::Removed));
+    assert!(!idle.path().exists());
+}
+
 /// A worker that rewrites its tree's `.git` file to lead to a repository of its own, whose
 /// config names a file system monitor, does not get git to run it in the owner's process when
 /// its tree is finished or pruned: git is pointed at the tree's admin directory, not led by
