@@ -532,6 +532,11 @@ async fn teammate_refusals_on_a_pool_say_what_was_wrong() {
             r#""team_name":"review","mode":"bypassPermissions""#,
         ),
         teammate("team-lead"),
+        // Worktree isolation is not something a pool offers: refused, not ignored.
+        teammate("alice").replace(
+            r#""team_name":"review""#,
+            r#""team_name":"review","isolation":"worktree""#,
+        ),
     ]);
     assert_eq!(
         results_of(lead(&pool, &team, b).await).await,
@@ -557,6 +562,12 @@ async fn teammate_refusals_on_a_pool_say_what_was_wrong() {
             ),
             (
                 "`team-lead` is the lead's name in a team (in any case); give the teammate another"
+                    .to_owned(),
+                true
+            ),
+            (
+                "invalid input for tool `Agent`:\nat /: Additional properties are not allowed \
+                 ('isolation' was unexpected)"
                     .to_owned(),
                 true
             ),
