@@ -3709,6 +3709,42 @@ mod tests {
         assert_eq!(*link.cancelled.lock().unwrap(), [alice]);
     }
 
+    /// A teammate on a worker woken, then told idle out of order (an idle note written before
+    /// the wake arriving after it, as a store may deliver them) stays running on the roster:
+    /// only a newer state counts, so the lead never takes a working teammate for an idle one
+    /// (and starts another in its place).
+    #[tokio::test]
+    async fn a_stale_idle_note_after_a_wake_leaves_the_teammate_running() {
+        let link = Arc::new(SlowLink::default());
+        let (team, alice) = slow_team_with_alice(&link, Duration::ZERO);
+        let state = |busy: bool, seq: u64| {
+            let mut note = Bookkeeping::new(BookOp::State, &alice);
+            note.busy = busy;
+            note.seq = seq;
+            note
+        };
+        let now = |team: &Team| team.member("alice").map(|m| m.state);
+        team.book("alice", state(false, 1));
+        assert_eq!(now(&team), Some(MemberState::Idle));
+        team.book("alice", state(true, 3));
+        assert_eq!(now(&team), Some(MemberState::Running));
+        // The idle note written before the wake, late.
+        team.book("alice", state(false, 2));
+        assert_eq!(now(&team), Some(MemberState::Running));
+        // A newer idle counts.
+        team.book("alice", state(false, 4));
+        assert_eq!(now(&team), Some(MemberState::Idle));
+        // Another task's note under her name (an earlier alice's) changes nothing.
+        let mut other = Bookkeeping::new(
+            BookOp::State,
+            &TaskId::generate(forkhive_core::TaskKind::Agent),
+        );
+        other.busy = true;
+        other.seq = 9;
+        team.book("alice", other);
+        assert_eq!(now(&team), Some(MemberState::Idle));
+    }
+
     /// A team on `link` with a shutdown grace of `grace` and `alice` idle on the pool.
     fn slow_team_with_alice(link: &Arc<SlowLink>, grace: Duration) -> (Team, TaskId) {
         let team = Team::new("t", Arc::new(MemoryMailbox::new()) as Arc<dyn Mailbox>)
