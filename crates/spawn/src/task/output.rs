@@ -931,6 +931,19 @@ mod tests {
         assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
     }
 
+    /// Asserts that `text` holds the lines `w:0` to `w:{per - 1}` of each of `writers`
+    /// writers, each writer's in its order, none missing.
+    fn each_in_order(text: &str, writers: usize, per: usize) {
+        for w in 0..writers {
+            let mine: Vec<usize> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix(&format!("{w}:")))
+                .map(|n| n.parse().unwrap())
+                .collect();
+            assert_eq!(mine, (0..per).collect::<Vec<_>>(), "writer {w}");
+        }
+    }
+
     /// A fresh output file under `dir` (session `s`), for the task of `entropy`.
     async fn output_file(dir: &Path, entropy: u64) -> OutputFile {
         let id = TaskId::from_entropy(TaskKind::Agent, entropy);
@@ -1100,14 +1113,7 @@ mod tests {
         }
         let text = std::fs::read_to_string(out.path()).unwrap();
         assert!(!text.contains("dropped"));
-        for t in 0..4 {
-            let mine: Vec<usize> = text
-                .lines()
-                .filter_map(|l| l.strip_prefix(&format!("{t}:")))
-                .map(|n| n.parse().unwrap())
-                .collect();
-            assert_eq!(mine, (0..per).collect::<Vec<_>>(), "thread {t}");
-        }
+        each_in_order(&text, 4, per);
     }
 
     /// A write tokio still has queued when the runtime shuts down (the blocking pool's one
@@ -1239,14 +1245,7 @@ mod tests {
         out.flush().await;
         let text = std::fs::read_to_string(out.path()).unwrap();
         assert!(!text.contains("dropped"));
-        for t in 0..4 {
-            let mine: Vec<usize> = text
-                .lines()
-                .filter_map(|l| l.strip_prefix(&format!("{t}:")))
-                .map(|n| n.parse().unwrap())
-                .collect();
-            assert_eq!(mine, (0..per).collect::<Vec<_>>(), "thread {t}");
-        }
+        each_in_order(&text, 4, per);
     }
 
     /// Everything appended before a flush is in the file after it, in order.
@@ -1272,13 +1271,6 @@ mod tests {
         }
         out.flush().await;
         let text = std::fs::read_to_string(out.path()).unwrap();
-        for t in 0..4 {
-            let mine: Vec<usize> = text
-                .lines()
-                .filter_map(|l| l.strip_prefix(&format!("{t}:")))
-                .map(|n| n.parse().unwrap())
-                .collect();
-            assert_eq!(mine, (0..500).collect::<Vec<_>>(), "writer {t}: order kept");
-        }
+        each_in_order(&text, 4, 500);
     }
 }
