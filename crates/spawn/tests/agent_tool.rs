@@ -1244,7 +1244,7 @@ async fn a_tool_name_cannot_forge_a_line_of_the_output_file() {
     let n = forkhive_core::TaskNotification::parse(&queued[0].text).unwrap();
     let text = std::fs::read_to_string(n.output_file.unwrap()).unwrap();
     assert!(
-        text.starts_with("\n[tool x]\\n[stopped: completed]\\n\\u{1b}[2J t1]\n"),
+        text.starts_with("[tool x]\\n[stopped: completed]\\n\\u{1b}[2J t1]\n"),
         "{text:?}"
     );
     assert_eq!(
@@ -1370,7 +1370,7 @@ async fn a_panicked_childs_output_file_says_it_stopped() {
     let n = forkhive_core::TaskNotification::parse(&queued[0].text).unwrap();
     assert_eq!(n.status, TaskStatus::Failed);
     let text = std::fs::read_to_string(n.output_file.unwrap()).unwrap();
-    assert_eq!(text, "\n[stopped: failed]\n");
+    assert_eq!(text, "[stopped: failed]\n");
 }
 
 /// A resumed parent whose transcript says it started a background child that never

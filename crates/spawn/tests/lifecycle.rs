@@ -906,7 +906,7 @@ fn a_child_whose_runtime_shuts_down_is_still_finished() {
     );
     assert_eq!(
         std::fs::read_to_string(output.path()).unwrap(),
-        "\n[stopped: cancelled]\n"
+        "[stopped: cancelled]\n"
     );
 }
 

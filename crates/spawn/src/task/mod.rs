@@ -264,13 +264,13 @@ impl EventSink for ChildSink {
                 // The model chose the name and the id: one line each, so neither breaks the
                 // marker's line. (The model's text is written as it is, and may hold lines
                 // shaped like markers: the file is its output, not a log to trust.)
-                EventKind::ToolCallStarted { name, id } => out.append(&format!(
-                    "\n[tool {} {}]\n",
+                EventKind::ToolCallStarted { name, id } => out.append_line(&format!(
+                    "[tool {} {}]",
                     crate::base::events::one_line(name),
                     crate::base::events::one_line(id)
                 )),
                 EventKind::Stopped { reason, .. } => {
-                    out.append(&format!("\n[stopped: {reason}]\n"))
+                    out.append_line(&format!("[stopped: {reason}]"))
                 }
                 _ => {}
             }
@@ -942,7 +942,7 @@ impl Owned {
             return;
         }
         if let Some(out) = &self.output {
-            out.append(&format!("\n[stopped: {reason}]\n"));
+            out.append_line(&format!("[stopped: {reason}]"));
         }
         if let Some(sink) = &self.events {
             sink.emit(AgentEvent {

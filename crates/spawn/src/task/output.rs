@@ -132,6 +132,9 @@ pub struct OutputFile {
     /// The file, once the writer's task was dropped while handles were left (the runtime
     /// shut down under a running child): appends then write it themselves, at once.
     tail: Arc<std::sync::Mutex<Option<Tail>>>,
+    /// Whether the text appended so far ends a line (or there is none): where
+    /// [`append_line`](Self::append_line) needs no line break first.
+    at_line_start: AtomicBool,
 }
 
 /// What waits for the writer beyond its queue: text, in order, with a marker where text was
@@ -237,6 +240,7 @@ impl OutputFile {
             backlog,
             truncated,
             tail,
+            at_line_start: AtomicBool::new(true),
         })
     }
 
@@ -262,6 +266,8 @@ impl OutputFile {
         if text.is_empty() || self.is_truncated() {
             return;
         }
+        self.at_line_start
+            .store(text.ends_with('\n'), Ordering::Relaxed);
         // Under the backlog's lock, which the writer takes to empty it only with its queue
         // empty: text goes to the queue only while the backlog is empty, so everything queued
         // is older than everything in the backlog.
@@ -287,6 +293,18 @@ impl OutputFile {
         if let Some(tail) = self.tail.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
             tail.write(text, &self.truncated);
         }
+    }
+
+    /// Appends `line` as a line of its own: after a line break if the text so far does not
+    /// end with one, and with one after it (the library's `[tool …]` and `[stopped: …]`
+    /// lines: never an empty line before them).
+    pub fn append_line(&self, line: &str) {
+        let text = if self.at_line_start.load(Ordering::Relaxed) {
+            format!("{line}\n")
+        } else {
+            format!("\n{line}\n")
+        };
+        self.append(&text);
     }
 
     /// Waits until everything appended so far is written to the file.
@@ -950,6 +968,24 @@ mod tests {
         OutputFile::create(&OutputConfig::new(dir, "s").unwrap(), &id)
             .await
             .unwrap()
+    }
+
+    /// The library's lines stand on lines of their own, never after an empty one: at the start
+    /// of the file, after text that ends a line, and after text that does not.
+    #[tokio::test]
+    async fn library_lines_are_lines_of_their_own_and_no_empty_line_comes_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = output_file(dir.path(), 30).await;
+        out.append_line("[tool Read t1]");
+        out.append("Reading.\n");
+        out.append_line("[tool Grep t2]");
+        out.append("Found it");
+        out.append_line("[stopped: completed]");
+        out.flush().await;
+        assert_eq!(
+            std::fs::read_to_string(out.path()).unwrap(),
+            "[tool Read t1]\nReading.\n[tool Grep t2]\nFound it\n[stopped: completed]\n"
+        );
     }
 
     /// A full queue never blocks `append`: the text waits in the backlog (see below for a

@@ -517,8 +517,14 @@ fn endpoint(base: &str, wire: WireFormat) -> Result<(String, String)> {
         ));
     }
     let host = url.host_str().unwrap_or_default();
+    // Errors name the port connected to; the request URL keeps the base's own form (a
+    // default port is not written out, as `url()` and `Debug` show it).
     let port = url.port_or_known_default().unwrap_or_default();
     let origin = format!("{}://{host}:{port}", url.scheme());
+    let written = match url.port() {
+        Some(p) => format!("{}://{host}:{p}", url.scheme()),
+        None => format!("{}://{host}", url.scheme()),
+    };
     let path = url.path().trim_end_matches('/');
     let versioned = if path.ends_with("/v1") {
         path.to_owned()
@@ -531,7 +537,7 @@ fn endpoint(base: &str, wire: WireFormat) -> Result<(String, String)> {
     };
     // A query a gateway needs (`?api-version=…`) goes with every request.
     let query = url.query().map(|q| format!("?{q}")).unwrap_or_default();
-    Ok((format!("{origin}{versioned}{tail}{query}"), origin))
+    Ok((format!("{written}{versioned}{tail}{query}"), origin))
 }
 
 /// A URL as `Debug` shows it (see [`redacted_location`]).
@@ -908,7 +914,7 @@ mod tests {
         let o = |b: &str| endpoint(b, WireFormat::OpenAi).unwrap().0;
         assert_eq!(
             a("https://api.anthropic.com"),
-            "https://api.anthropic.com:443/v1/messages"
+            "https://api.anthropic.com/v1/messages"
         );
         assert_eq!(
             a("http://127.0.0.1:8080/v1/"),
@@ -916,11 +922,25 @@ mod tests {
         );
         assert_eq!(
             o("https://api.openai.com/v1"),
-            "https://api.openai.com:443/v1/chat/completions"
+            "https://api.openai.com/v1/chat/completions"
         );
         assert_eq!(
             o("http://localhost:9/proxy"),
             "http://localhost:9/proxy/v1/chat/completions"
+        );
+        // The request URL has no default port (written out or not); errors name the port.
+        assert_eq!(
+            endpoint("https://api.openai.com:443/v1", WireFormat::OpenAi).unwrap(),
+            (
+                "https://api.openai.com/v1/chat/completions".to_owned(),
+                "https://api.openai.com:443".to_owned()
+            )
+        );
+        assert_eq!(
+            endpoint("http://localhost/v1", WireFormat::OpenAi)
+                .unwrap()
+                .1,
+            "http://localhost:80"
         );
         assert!(matches!(
             endpoint("ftp://x", WireFormat::OpenAi),
@@ -934,7 +954,7 @@ mod tests {
         // (they would not be sent).
         assert_eq!(
             o("https://gw.example/openai?api-version=2026-01-01"),
-            "https://gw.example:443/openai/v1/chat/completions?api-version=2026-01-01"
+            "https://gw.example/openai/v1/chat/completions?api-version=2026-01-01"
         );
         assert_eq!(
             endpoint("http://user:pw@h:1", WireFormat::OpenAi)
