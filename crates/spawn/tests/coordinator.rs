@@ -217,7 +217,7 @@ async fn a_coordinators_teammate_keeps_send_message_and_its_workers_do_not() {
                 ),
             ]));
         }
-        if text.contains("idle_notification") && called(r, "shutdown_request") == 0 {
+        if idle_notices(&text) > 0 && called(r, "shutdown_request") == 0 {
             return Plan::Reply(calls(&[(
                 "x",
                 "SendMessage",

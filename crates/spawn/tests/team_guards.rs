@@ -109,7 +109,7 @@ async fn plan_mode_holds_a_teammate_whose_definition_bubbles() {
         if r.all_messages().len() == 1 {
             return start_alice(Some("plan"));
         }
-        if text_of(r).contains("idle_notification") && called(r, "shutdown_request") == 0 {
+        if idle_notices(&text_of(r)) > 0 && called(r, "shutdown_request") == 0 {
             return Plan::Reply(calls(&[(
                 "x1",
                 "SendMessage",
@@ -194,6 +194,136 @@ async fn a_letter_before_a_shutdown_is_read_or_reported() {
         ) && n.contains("also check src/db.rs")),
         "the letter sent before the shutdown was neither read by alice nor reported to the \
          lead: {notes:?}"
+    );
+}
+
+/// A mailbox whose acknowledgements hang (never answer) while `hang` is set.
+#[derive(Debug, Default)]
+struct AckGate {
+    inner: MemoryMailbox,
+    hang: AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl forkhive_spawn::mailbox::Mailbox for AckGate {
+    async fn send(
+        &self,
+        to: &forkhive_spawn::mailbox::Inbox,
+        letter: Letter,
+    ) -> forkhive_spawn::Result<String> {
+        self.inner.send(to, letter).await
+    }
+    async fn receive(
+        &self,
+        inbox: &forkhive_spawn::mailbox::Inbox,
+    ) -> forkhive_spawn::Result<Vec<forkhive_spawn::mailbox::Delivered>> {
+        self.inner.receive(inbox).await
+    }
+    async fn ack(
+        &self,
+        inbox: &forkhive_spawn::mailbox::Inbox,
+        ids: &[String],
+    ) -> forkhive_spawn::Result<()> {
+        if self.hang.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        self.inner.ack(inbox, ids).await
+    }
+    async fn stored(
+        &self,
+        inbox: &forkhive_spawn::mailbox::Inbox,
+    ) -> forkhive_spawn::Result<usize> {
+        self.inner.stored(inbox).await
+    }
+    async fn claim_lead(
+        &self,
+        team: &str,
+    ) -> forkhive_spawn::Result<forkhive_spawn::mailbox::LeadClaim> {
+        self.inner.claim_lead(team).await
+    }
+    async fn wait_beyond(
+        &self,
+        inbox: &forkhive_spawn::mailbox::Inbox,
+        known: &[String],
+        timeout: std::time::Duration,
+    ) -> forkhive_spawn::Result<bool> {
+        self.inner.wait_beyond(inbox, known, timeout).await
+    }
+}
+
+/// A letter `alice` read (her conversation recorded it) whose acknowledgement her relay had
+/// not got done when she ended (the store slow to answer, then she was stopped) is
+/// acknowledged as she ends: it does not stay in her inbox, to reach the next `alice` as
+/// unread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_letter_read_just_before_a_teammate_ends_is_acknowledged() {
+    let alice_saw = Arc::new(AtomicBool::new(false));
+    let saw = Arc::clone(&alice_saw);
+    let b = brain(move |r| {
+        if !is_parent(r) {
+            if text_of(r).contains("also check src/db.rs") {
+                saw.store(true, Ordering::SeqCst);
+                return Plan::Reply(say("checked"));
+            }
+            return Plan::Reply(say("ready"));
+        }
+        if r.all_messages().len() == 1 {
+            return start_alice(None);
+        }
+        Plan::Reply(say("ok"))
+    });
+    let mail = Arc::new(AckGate::default());
+    let team = Arc::new(Team::new("review", Arc::clone(&mail) as _).unwrap());
+    let mut lead = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(tools_for(worker(), vec![]))
+        .extension(Arc::clone(&team))
+        .build()
+        .await
+        .unwrap();
+    let run = lead.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Idle);
+    // The store stops answering acknowledgements; alice reads a letter and goes idle again.
+    mail.hang.store(true, Ordering::SeqCst);
+    team.send("alice", Letter::new("team-lead", "also check src/db.rs"))
+        .await
+        .unwrap();
+    let inbox = forkhive_spawn::mailbox::Inbox::new("review", "alice").unwrap();
+    for _ in 0..500 {
+        if alice_saw.load(Ordering::SeqCst)
+            && team.member("alice").unwrap().state == MemberState::Idle
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(alice_saw.load(Ordering::SeqCst));
+    // Her relay's acknowledgement hangs; the store answers again; she is stopped.
+    mail.hang.store(false, Ordering::SeqCst);
+    assert_eq!(
+        forkhive_spawn::mailbox::Mailbox::stored(&*mail, &inbox)
+            .await
+            .unwrap(),
+        1
+    );
+    let service = lead
+        .tree()
+        .extensions()
+        .get::<forkhive_spawn::task::TaskService>()
+        .unwrap();
+    assert!(service.cancel(&team.member("alice").unwrap().task));
+    tokio::time::timeout(std::time::Duration::from_secs(5), service.wait_idle())
+        .await
+        .expect("alice ended");
+    assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
+    assert_eq!(
+        forkhive_spawn::mailbox::Mailbox::stored(&*mail, &inbox)
+            .await
+            .unwrap(),
+        0,
+        "the letter she read stayed in her inbox"
     );
 }
 
@@ -346,7 +476,7 @@ async fn a_lead_subagent_cannot_send_as_the_lead() {
         if r.all_messages().len() == 1 {
             return start_alice(None);
         }
-        if text_of(r).contains("idle_notification") && called(r, "task for helper") == 0 {
+        if idle_notices(&text_of(r)) > 0 && called(r, "task for helper") == 0 {
             return Plan::Reply(calls(&[(
                 "a2",
                 "Agent",

@@ -2142,6 +2142,18 @@ impl Recent {
         }
     }
 
+    /// The live letters the conversation has recorded: acknowledged next.
+    fn recorded_live(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .recorded
+            .iter()
+            .filter(|id| self.live.contains(*id))
+            .cloned()
+            .collect();
+        ids.sort();
+        ids
+    }
+
     /// `ids` are acknowledged: gone from the inbox, forgotten once [`SEEN`] newer ones are.
     fn settled(&mut self, ids: &[String]) {
         for id in ids {
@@ -2574,67 +2586,75 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                 Ok(inbox) => {
                     let mut relay = Relay::new(
                         Arc::clone(team.mailbox()),
-                        inbox,
+                        inbox.clone(),
                         queue.clone(),
                         Arc::downgrade(&team),
                         Some(name.clone()),
                     );
+                    let last = LastAcks {
+                        seen: Arc::clone(&relay.seen),
+                        mailbox: Arc::clone(team.mailbox()),
+                        inbox,
+                    };
                     let (team, name, token) = (Arc::clone(&team), name.clone(), token.clone());
-                    Some(AbortOnDrop(tokio::spawn(async move {
-                        loop {
-                            let mut state_asked = false;
-                            let r = relay
-                                .step(|d| {
-                                    // The team's own bookkeeping is taken, never shown; a
-                                    // restarted lead's `ask` is answered with its state.
-                                    if Bookkeeping::claimed(&d.text) {
-                                        state_asked |= d.from == LEAD
-                                            && Bookkeeping::parse(&d.text)
-                                                .is_some_and(|n| n.op == BookOp::Ask);
-                                        return Intercept::Take;
-                                    }
-                                    match Protocol::parse(&d.text) {
-                                        // Control letters meant for an earlier teammate of this
-                                        // name are taken and not acted on.
-                                        Some(
-                                            Protocol::ShutdownRequest { .. }
-                                            | Protocol::PlanApprovalResponse { .. },
-                                        ) if team.stale(&name, d) => Intercept::Take,
-                                        // Only the lead may stop a teammate. Acted on before
-                                        // its letter is acknowledged: beside its lead, its
-                                        // promise is up before the letter's hold goes; on a
-                                        // worker, it says it is busy first.
-                                        Some(request @ Protocol::ShutdownRequest { .. })
-                                            if d.from == LEAD =>
-                                        {
-                                            team.shutdown_asked(&name, &request, d);
-                                            Intercept::TakeToWork
+                    Some((
+                        AbortOnDrop(tokio::spawn(async move {
+                            loop {
+                                let mut state_asked = false;
+                                let r = relay
+                                    .step(|d| {
+                                        // The team's own bookkeeping is taken, never shown; a
+                                        // restarted lead's `ask` is answered with its state.
+                                        if Bookkeeping::claimed(&d.text) {
+                                            state_asked |= d.from == LEAD
+                                                && Bookkeeping::parse(&d.text)
+                                                    .is_some_and(|n| n.op == BookOp::Ask);
+                                            return Intercept::Take;
                                         }
-                                        // Plan answers go through the teammate's gate: the
-                                        // lead's only, once each.
-                                        Some(Protocol::PlanApprovalResponse { .. }) => {
-                                            match team.answer_plan(&name, d) {
-                                                Some(text) => {
-                                                    Intercept::Instead(PendingMessage::new(
-                                                        text,
-                                                        MAILBOX_CONTROL_ORIGIN,
-                                                    ))
-                                                }
-                                                None => Intercept::Take,
+                                        match Protocol::parse(&d.text) {
+                                            // Control letters meant for an earlier teammate of this
+                                            // name are taken and not acted on.
+                                            Some(
+                                                Protocol::ShutdownRequest { .. }
+                                                | Protocol::PlanApprovalResponse { .. },
+                                            ) if team.stale(&name, d) => Intercept::Take,
+                                            // Only the lead may stop a teammate. Acted on before
+                                            // its letter is acknowledged: beside its lead, its
+                                            // promise is up before the letter's hold goes; on a
+                                            // worker, it says it is busy first.
+                                            Some(request @ Protocol::ShutdownRequest { .. })
+                                                if d.from == LEAD =>
+                                            {
+                                                team.shutdown_asked(&name, &request, d);
+                                                Intercept::TakeToWork
                                             }
+                                            // Plan answers go through the teammate's gate: the
+                                            // lead's only, once each.
+                                            Some(Protocol::PlanApprovalResponse { .. }) => {
+                                                match team.answer_plan(&name, d) {
+                                                    Some(text) => {
+                                                        Intercept::Instead(PendingMessage::new(
+                                                            text,
+                                                            MAILBOX_CONTROL_ORIGIN,
+                                                        ))
+                                                    }
+                                                    None => Intercept::Take,
+                                                }
+                                            }
+                                            _ => Intercept::Show,
                                         }
-                                        _ => Intercept::Show,
-                                    }
-                                })
-                                .await;
-                            if state_asked {
-                                team.report_current_state(&name, &token).await;
+                                    })
+                                    .await;
+                                if state_asked {
+                                    team.report_current_state(&name, &token).await;
+                                }
+                                if r.is_err() {
+                                    tokio::time::sleep(Duration::from_millis(200)).await;
+                                }
                             }
-                            if r.is_err() {
-                                tokio::time::sleep(Duration::from_millis(200)).await;
-                            }
-                        }
-                    })))
+                        })),
+                        last,
+                    ))
                 }
                 Err(e) => {
                     tracing::warn!("teammate `{name}` has no inbox: {e}");
@@ -2762,11 +2782,61 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                     tracing::warn!("teammate `{name}` could not confirm its shutdown: {e}");
                 }
             }
-            drop(relay);
+            if let Some((relay, last)) = relay {
+                drop(relay);
+                last.acknowledge(&team, &name).await;
+            }
             drop(stop_on_drop);
             run
         })
     })
+}
+
+/// What a teammate's relay leaves when it ends with its teammate: letters the conversation
+/// recorded that the relay had not acknowledged yet (it acknowledges between steps, and the
+/// teammate may end first — asked to shut down right after a letter). Left unacknowledged,
+/// they would stay in the inbox and reach the next teammate of the name as unread.
+struct LastAcks {
+    seen: Arc<Taken>,
+    mailbox: Arc<dyn Mailbox>,
+    inbox: Inbox,
+}
+
+impl LastAcks {
+    /// Acknowledges them, on a task of its own (a dropped run does not cut it short), bounded
+    /// by [`CONFIRM_LIMIT`].
+    async fn acknowledge(self, team: &Arc<Team>, name: &str) {
+        let recorded = self.seen.recent().recorded_live();
+        if recorded.is_empty() {
+            return;
+        }
+        let LastAcks {
+            seen,
+            mailbox,
+            inbox,
+        } = self;
+        let (team, name) = (Arc::downgrade(team), name.to_owned());
+        let acked = tokio::spawn(async move {
+            match tokio::time::timeout(CONFIRM_LIMIT, mailbox.ack(&inbox, &recorded)).await {
+                Ok(Ok(())) => {
+                    seen.recent().settled(&recorded);
+                    if let Some(team) = team.upgrade() {
+                        team.taken(&name, &recorded);
+                    }
+                }
+                Ok(Err(e)) => tracing::warn!(
+                    "teammate `{name}` could not acknowledge its last letters: {e}; they stay \
+                     in its inbox"
+                ),
+                Err(_) => tracing::warn!(
+                    "the store did not acknowledge teammate `{name}`'s last letters within {}; \
+                     they stay in its inbox",
+                    crate::base::events::format_duration(CONFIRM_LIMIT)
+                ),
+            }
+        });
+        let _ = acked.await;
+    }
 }
 
 /// What ended an idle teammate's wait for work.

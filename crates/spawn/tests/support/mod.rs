@@ -486,6 +486,12 @@ pub(crate) fn text_of(r: &Request) -> String {
         .join("\n")
 }
 
+/// How many teammates' idle notices `text` (a request's [`text_of`]) holds. Counted by a field
+/// only a notice has: a teammate's start result mentions `idle_notification` too.
+pub(crate) fn idle_notices(text: &str) -> usize {
+    text.matches("idleReason").count()
+}
+
 /// How many of the assistant's tool calls so far have `needle` in their input (what the agent
 /// has asked, as opposed to what it was told).
 #[allow(dead_code)]
