@@ -750,6 +750,10 @@ async fn git_in(admin: &Path, path: &Path, args: &[&str]) -> std::result::Result
         .arg(admin)
         .arg("--work-tree")
         .arg(path)
+        // A status takes the index's lock to refresh it, unless told not to: one killed at
+        // its time limit (or dropped) would leave the lock, and the tree would be kept for it
+        // from then on (see `finish`).
+        .arg("--no-optional-locks")
         .args(["-c", "core.fsmonitor=false"])
         .args(args);
     run_git(cmd).await

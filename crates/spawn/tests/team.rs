@@ -1877,6 +1877,16 @@ async fn an_idle_teammate_that_is_cancelled_ends_killed_not_completed() {
         forkhive_spawn::task::TaskState::Killed,
         "{record:?}"
     );
+    // Her record ends before her notification is delivered (an idle teammate holds no
+    // promise of the lead's): until it is queued.
+    let queue = lead.pending();
+    tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while queue.is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("alice's notification reached the lead's queue");
     let run = tokio::time::timeout(std::time::Duration::from_secs(10), lead.run_pending())
         .await
         .expect("the lead took alice's notification");

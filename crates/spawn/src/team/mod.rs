@@ -2784,7 +2784,7 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
             }
             if let Some((relay, last)) = relay {
                 drop(relay);
-                last.acknowledge(&team, &name).await;
+                last.acknowledge(&team, &name);
             }
             drop(stop_on_drop);
             run
@@ -2803,9 +2803,9 @@ struct LastAcks {
 }
 
 impl LastAcks {
-    /// Acknowledges them, on a task of its own (a dropped run does not cut it short), bounded
-    /// by [`CONFIRM_LIMIT`].
-    async fn acknowledge(self, team: &Arc<Team>, name: &str) {
+    /// Acknowledges them on a task of its own, bounded by [`CONFIRM_LIMIT`]: the teammate's
+    /// end (its place on the roster, a shutdown waiting for it) does not wait for the store.
+    fn acknowledge(self, team: &Arc<Team>, name: &str) {
         let recorded = self.seen.recent().recorded_live();
         if recorded.is_empty() {
             return;
@@ -2816,7 +2816,7 @@ impl LastAcks {
             inbox,
         } = self;
         let (team, name) = (Arc::downgrade(team), name.to_owned());
-        let acked = tokio::spawn(async move {
+        drop(tokio::spawn(async move {
             match tokio::time::timeout(CONFIRM_LIMIT, mailbox.ack(&inbox, &recorded)).await {
                 Ok(Ok(())) => {
                     seen.recent().settled(&recorded);
@@ -2830,12 +2830,11 @@ impl LastAcks {
                 ),
                 Err(_) => tracing::warn!(
                     "the store did not acknowledge teammate `{name}`'s last letters within {}; \
-                     they stay in its inbox",
+                     they may stay in its inbox",
                     crate::base::events::format_duration(CONFIRM_LIMIT)
                 ),
             }
-        });
-        let _ = acked.await;
+        }));
     }
 }
 
