@@ -2591,70 +2591,72 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                         Arc::downgrade(&team),
                         Some(name.clone()),
                     );
-                    let last = LastAcks {
+                    let mut end = RelayEnd {
+                        relay: None,
                         seen: Arc::clone(&relay.seen),
                         mailbox: Arc::clone(team.mailbox()),
                         inbox,
+                        team: Arc::downgrade(&team),
+                        name: name.clone(),
                     };
                     let (team, name, token) = (Arc::clone(&team), name.clone(), token.clone());
-                    Some((
-                        AbortOnDrop(tokio::spawn(async move {
-                            loop {
-                                let mut state_asked = false;
-                                let r = relay
-                                    .step(|d| {
-                                        // The team's own bookkeeping is taken, never shown; a
-                                        // restarted lead's `ask` is answered with its state.
-                                        if Bookkeeping::claimed(&d.text) {
-                                            state_asked |= d.from == LEAD
-                                                && Bookkeeping::parse(&d.text)
-                                                    .is_some_and(|n| n.op == BookOp::Ask);
-                                            return Intercept::Take;
+                    let task = AbortOnDrop(tokio::spawn(async move {
+                        loop {
+                            let mut state_asked = false;
+                            let r = relay
+                                .step(|d| {
+                                    // The team's own bookkeeping is taken, never shown; a
+                                    // restarted lead's `ask` is answered with its state.
+                                    if Bookkeeping::claimed(&d.text) {
+                                        state_asked |= d.from == LEAD
+                                            && Bookkeeping::parse(&d.text)
+                                                .is_some_and(|n| n.op == BookOp::Ask);
+                                        return Intercept::Take;
+                                    }
+                                    match Protocol::parse(&d.text) {
+                                        // Control letters meant for an earlier teammate of this
+                                        // name are taken and not acted on.
+                                        Some(
+                                            Protocol::ShutdownRequest { .. }
+                                            | Protocol::PlanApprovalResponse { .. },
+                                        ) if team.stale(&name, d) => Intercept::Take,
+                                        // Only the lead may stop a teammate. Acted on before
+                                        // its letter is acknowledged: beside its lead, its
+                                        // promise is up before the letter's hold goes; on a
+                                        // worker, it says it is busy first.
+                                        Some(request @ Protocol::ShutdownRequest { .. })
+                                            if d.from == LEAD =>
+                                        {
+                                            team.shutdown_asked(&name, &request, d);
+                                            Intercept::TakeToWork
                                         }
-                                        match Protocol::parse(&d.text) {
-                                            // Control letters meant for an earlier teammate of this
-                                            // name are taken and not acted on.
-                                            Some(
-                                                Protocol::ShutdownRequest { .. }
-                                                | Protocol::PlanApprovalResponse { .. },
-                                            ) if team.stale(&name, d) => Intercept::Take,
-                                            // Only the lead may stop a teammate. Acted on before
-                                            // its letter is acknowledged: beside its lead, its
-                                            // promise is up before the letter's hold goes; on a
-                                            // worker, it says it is busy first.
-                                            Some(request @ Protocol::ShutdownRequest { .. })
-                                                if d.from == LEAD =>
-                                            {
-                                                team.shutdown_asked(&name, &request, d);
-                                                Intercept::TakeToWork
-                                            }
-                                            // Plan answers go through the teammate's gate: the
-                                            // lead's only, once each.
-                                            Some(Protocol::PlanApprovalResponse { .. }) => {
-                                                match team.answer_plan(&name, d) {
-                                                    Some(text) => {
-                                                        Intercept::Instead(PendingMessage::new(
-                                                            text,
-                                                            MAILBOX_CONTROL_ORIGIN,
-                                                        ))
-                                                    }
-                                                    None => Intercept::Take,
+                                        // Plan answers go through the teammate's gate: the
+                                        // lead's only, once each.
+                                        Some(Protocol::PlanApprovalResponse { .. }) => {
+                                            match team.answer_plan(&name, d) {
+                                                Some(text) => {
+                                                    Intercept::Instead(PendingMessage::new(
+                                                        text,
+                                                        MAILBOX_CONTROL_ORIGIN,
+                                                    ))
                                                 }
+                                                None => Intercept::Take,
                                             }
-                                            _ => Intercept::Show,
                                         }
-                                    })
-                                    .await;
-                                if state_asked {
-                                    team.report_current_state(&name, &token).await;
-                                }
-                                if r.is_err() {
-                                    tokio::time::sleep(Duration::from_millis(200)).await;
-                                }
+                                        _ => Intercept::Show,
+                                    }
+                                })
+                                .await;
+                            if state_asked {
+                                team.report_current_state(&name, &token).await;
                             }
-                        })),
-                        last,
-                    ))
+                            if r.is_err() {
+                                tokio::time::sleep(Duration::from_millis(200)).await;
+                            }
+                        }
+                    }));
+                    end.relay = Some(task);
+                    Some(end)
                 }
                 Err(e) => {
                     tracing::warn!("teammate `{name}` has no inbox: {e}");
@@ -2782,41 +2784,47 @@ pub(crate) fn teammate_run(team: Arc<Team>, name: String, prompt: String) -> Cus
                     tracing::warn!("teammate `{name}` could not confirm its shutdown: {e}");
                 }
             }
-            if let Some((relay, last)) = relay {
-                drop(relay);
-                last.acknowledge(&team, &name);
-            }
+            drop(relay);
             drop(stop_on_drop);
             run
         })
     })
 }
 
-/// What a teammate's relay leaves when it ends with its teammate: letters the conversation
-/// recorded that the relay had not acknowledged yet (it acknowledges between steps, and the
-/// teammate may end first — asked to shut down right after a letter). Left unacknowledged,
+/// A teammate's relay, ended when this is dropped — its run returned, or its future was
+/// dropped: the relay stops, and the letters the conversation recorded that it had not
+/// acknowledged yet (it acknowledges between steps, and the teammate may end first — asked to
+/// shut down right after a letter) are acknowledged on a task of their own, bounded by
+/// [`CONFIRM_LIMIT`]; the teammate's end does not wait for the store. Left unacknowledged,
 /// they would stay in the inbox and reach the next teammate of the name as unread.
-struct LastAcks {
+struct RelayEnd {
+    relay: Option<AbortOnDrop>,
     seen: Arc<Taken>,
     mailbox: Arc<dyn Mailbox>,
     inbox: Inbox,
+    team: Weak<Team>,
+    name: String,
 }
 
-impl LastAcks {
-    /// Acknowledges them on a task of its own, bounded by [`CONFIRM_LIMIT`]: the teammate's
-    /// end (its place on the roster, a shutdown waiting for it) does not wait for the store.
-    fn acknowledge(self, team: &Arc<Team>, name: &str) {
+impl Drop for RelayEnd {
+    fn drop(&mut self) {
+        drop(self.relay.take());
         let recorded = self.seen.recent().recorded_live();
         if recorded.is_empty() {
             return;
         }
-        let LastAcks {
-            seen,
-            mailbox,
-            inbox,
-        } = self;
-        let (team, name) = (Arc::downgrade(team), name.to_owned());
-        drop(tokio::spawn(async move {
+        // With no runtime left (it shut down), they stay in the inbox.
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (seen, mailbox, inbox, team, name) = (
+            Arc::clone(&self.seen),
+            Arc::clone(&self.mailbox),
+            self.inbox.clone(),
+            self.team.clone(),
+            std::mem::take(&mut self.name),
+        );
+        drop(rt.spawn(async move {
             match tokio::time::timeout(CONFIRM_LIMIT, mailbox.ack(&inbox, &recorded)).await {
                 Ok(Ok(())) => {
                     seen.recent().settled(&recorded);
