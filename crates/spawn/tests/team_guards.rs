@@ -42,16 +42,26 @@ async fn team_and_lead(
     extra: Vec<Arc<dyn Tool>>,
 ) -> (Arc<Team>, Agent) {
     let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
-    let lead = Agent::builder(b)
+    let lead = lead_of(&team, b, worker, extra).await;
+    (team, lead)
+}
+
+/// A lead of `team` on `b`, whose `Agent` tool starts `worker`s (and `extra` tools).
+async fn lead_of(
+    team: &Arc<Team>,
+    b: Arc<Brain>,
+    worker: AgentDefinition,
+    extra: Vec<Arc<dyn Tool>>,
+) -> Agent {
+    Agent::builder(b)
         .model("m")
         .system_prompt("You are the parent.")
         .tools(tools_for(worker, extra))
-        .extension(Arc::clone(&team))
+        .extension(Arc::clone(team))
         .limits(forkhive_spawn::runtime::Limits::default().with_max_turns(Some(20)))
         .build()
         .await
-        .unwrap();
-    (team, lead)
+        .unwrap()
 }
 
 /// The lead's first answer: start teammate `alice` in team `review` (in `mode`, if any).
@@ -274,14 +284,7 @@ async fn a_letter_read_just_before_a_teammate_ends_is_acknowledged() {
     });
     let mail = Arc::new(AckGate::default());
     let team = Arc::new(Team::new("review", Arc::clone(&mail) as _).unwrap());
-    let mut lead = Agent::builder(b)
-        .model("m")
-        .system_prompt("You are the parent.")
-        .tools(tools_for(worker(), vec![]))
-        .extension(Arc::clone(&team))
-        .build()
-        .await
-        .unwrap();
+    let mut lead = lead_of(&team, b, worker(), vec![]).await;
     let run = lead.run("go").await;
     assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
     assert_eq!(team.member("alice").unwrap().state, MemberState::Idle);
@@ -319,17 +322,11 @@ async fn a_letter_read_just_before_a_teammate_ends_is_acknowledged() {
         .expect("alice ended");
     assert_eq!(team.member("alice").unwrap().state, MemberState::Stopped);
     // Acknowledged on a task of its own, right after her end.
-    let mut left = usize::MAX;
-    for _ in 0..200 {
-        left = forkhive_spawn::mailbox::Mailbox::stored(&*mail, &inbox)
-            .await
-            .unwrap();
-        if left == 0 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    assert_eq!(left, 0, "the letter she read stayed in her inbox");
+    assert_eq!(
+        stored_once_drained(&*mail, &inbox).await,
+        0,
+        "the letter she read stayed in her inbox"
+    );
 }
 
 /// A lead in team `review` keeping its roster in `file`, after a run that started `alice`.
@@ -349,14 +346,7 @@ async fn alice_started_on_the_roster(file: &std::path::Path) -> (Arc<Team>, Agen
             .with_roster_file(file)
             .unwrap(),
     );
-    let mut lead = Agent::builder(b)
-        .model("m")
-        .system_prompt("You are the parent.")
-        .tools(tools_for(worker(), vec![]))
-        .extension(Arc::clone(&team))
-        .build()
-        .await
-        .unwrap();
+    let mut lead = lead_of(&team, b, worker(), vec![]).await;
     let run = lead.run("go").await;
     assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
     (team, lead)

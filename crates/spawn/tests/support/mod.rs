@@ -668,3 +668,20 @@ async fn pipe(
         }
     }
 }
+
+/// How many letters `inbox` of `mail` holds once it is empty, or after 2 s (acknowledgements
+/// land on tasks of their own, a moment after what they follow).
+pub(crate) async fn stored_once_drained(
+    mail: &dyn forkhive_spawn::mailbox::Mailbox,
+    inbox: &forkhive_spawn::mailbox::Inbox,
+) -> usize {
+    let mut left = usize::MAX;
+    for _ in 0..100 {
+        left = mail.stored(inbox).await.unwrap();
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    left
+}
