@@ -109,9 +109,9 @@ impl Drop for RedisLead {
 }
 
 /// A lead claim being taken. Dropped before it is kept — the caller gave up waiting (a
-/// `Team` waits 30 s for the store), or the store failed in the
-/// middle — it gives the claim up as a kept one is given up: a `SET` that lands late is
-/// deleted right after it, on the same connection, instead of holding the team for its TTL.
+/// `Team` waits 30 s for the store), or the store failed in the middle — it gives the claim
+/// up as a kept one is given up: a `SET` that lands late is deleted right after it, on the
+/// same connection, instead of holding the team for its TTL.
 struct Taking {
     conn: Option<ConnectionManager>,
     key: String,
