@@ -38,8 +38,11 @@ pub const LOCK_ATTEMPTS: u32 = 10;
 const STALE_LOCK: Duration = Duration::from_secs(10);
 
 /// How often a reader whose directory is watched looks at its file anyway (a lost event, a
-/// directory removed and made again).
+/// directory removed and made again). Shorter in the unit tests, which test that look.
+#[cfg(not(test))]
 const WATCHED_LOOK: Duration = Duration::from_secs(30);
+#[cfg(test)]
+const WATCHED_LOOK: Duration = Duration::from_millis(300);
 
 /// How often a reader whose directory cannot be watched looks at its file.
 const POLL: Duration = Duration::from_millis(50);
@@ -836,6 +839,47 @@ impl Mailbox for FileMailbox {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// A reader waiting on a watched inbox whose directory is removed and made again (a
+    /// cleanup, a restore: the watch on it is gone) still finds the next letter, at its next
+    /// look at the file ([`WATCHED_LOOK`]).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reader_finds_a_letter_after_its_directory_is_made_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let mail = FileMailbox::new(dir.path());
+        let inbox = Inbox::new("t", "alice").unwrap();
+        let first = mail
+            .send(&inbox, Letter::new("lead", "first"))
+            .await
+            .unwrap();
+        mail.ack(&inbox, &[first]).await.unwrap();
+        let wait = |mail: FileMailbox, inbox: Inbox| {
+            tokio::spawn(async move {
+                mail.wait_beyond(&inbox, &[], Duration::from_secs(30))
+                    .await
+                    .unwrap()
+            })
+        };
+        let waiting = wait(mail.clone(), inbox.clone());
+        // Until the reader watches the directory.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let inboxes = mail.path(&inbox).parent().unwrap().to_path_buf();
+        std::fs::remove_dir_all(&inboxes).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        mail.send(&inbox, Letter::new("lead", "second"))
+            .await
+            .unwrap();
+        let woke = tokio::time::timeout(WATCHED_LOOK * 10, waiting)
+            .await
+            .expect("the reader found the letter at its next look")
+            .unwrap();
+        assert!(woke);
+        let got = mail.receive(&inbox).await.unwrap();
+        assert_eq!(
+            got.iter().map(|d| d.text.as_str()).collect::<Vec<_>>(),
+            ["second"]
+        );
+    }
 
     /// Entries that are not letters are told of once per number of them: every read finds
     /// them, and only a new number (more, fewer, again after none) is news; two inboxes are
