@@ -167,6 +167,83 @@ async fn every_task_reports_once_into_the_coordinators_conversation() {
     assert_eq!(pool.backlog().await.unwrap(), 0);
 }
 
+/// The network is cut from the coordinator (its connections open, in silence) while its tasks
+/// run and report, for longer than a command may take (10 s): its delivery retries, the
+/// reports wait in Redis, and once the network heals every one reaches its conversation
+/// exactly once, and is acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_coordinator_cut_off_from_redis_gets_each_notification_once_when_it_heals() {
+    let Some(url) = url() else { return };
+    let p = prefix("cutcoord");
+    let pool = Pool::new(&url, &p, "p", fast()).unwrap();
+    let net = support::Partition::to(&url).await;
+    let far = Pool::new(&net.url, &p, "p", fast()).unwrap();
+    let (w1, s1) = start_worker(&pool, "w1", answering(Duration::from_millis(300)));
+    let calls: Vec<_> = (0..5)
+        .map(|i| {
+            (
+                "Agent",
+                serde_json::json!({"description": format!("job {i}"), "prompt": format!("task {i}")}),
+            )
+        })
+        .collect();
+    let turn = AtomicUsize::new(0);
+    let coordinator = ScriptedBackend::from_fn(move |_r| {
+        Ok(match turn.fetch_add(1, Ordering::SeqCst) {
+            0 => Response::tool_calls(calls.clone()),
+            _ => Response::say("noted"),
+        })
+    });
+    let mut agent = Agent::builder(Arc::new(coordinator))
+        .model("m")
+        .tools(
+            ToolPool::new([Arc::new(PoolAgentTool::new(far.clone()).unwrap()) as Arc<dyn Tool>])
+                .unwrap(),
+        )
+        .build()
+        .await
+        .unwrap();
+    let me = *agent.id();
+    let running = tokio::spawn(async move {
+        let run = agent.run("go").await;
+        (agent, run)
+    });
+    // Once its five tasks are submitted, the coordinator is cut off.
+    for _ in 0..200 {
+        if pool.outstanding(&me).await.unwrap().len() == 5 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    net.cut(true);
+    // The reports land in Redis meanwhile.
+    pending_n(&pool, &me, 5).await;
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    net.cut(false);
+    let (agent, run) = tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("the coordinator's run ended once the network healed")
+        .unwrap();
+    assert_eq!(run.stop, forkhive_spawn::runtime::StopReason::Completed);
+    let got = notifications(&agent);
+    let mut by_task: HashMap<TaskId, usize> = HashMap::new();
+    for n in &got {
+        *by_task.entry(n.task_id).or_default() += 1;
+        assert_eq!(n.status, TaskStatus::Completed, "{n:?}");
+    }
+    assert_eq!(got.len(), 5, "{got:?}");
+    assert!(by_task.values().all(|&c| c == 1), "{by_task:?}");
+    for _ in 0..100 {
+        if pool.queue().pending(&me).await.unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(pool.queue().pending(&me).await.unwrap().is_empty());
+    s1.cancel();
+    w1.await.unwrap().unwrap();
+}
+
 /// A worker named `ghost` (that will never run again) reads up to `count` new jobs of pool
 /// `p` under `prefix`: they stay pending under its name.
 async fn ghost_reads(c: &mut redis::aio::MultiplexedConnection, prefix: &str, count: usize) {
