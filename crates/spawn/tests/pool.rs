@@ -101,13 +101,10 @@ fn parent() -> TaskId {
     TaskId::generate(TaskKind::Agent)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn every_task_reports_once_into_the_coordinators_conversation() {
-    let Some(url) = url() else { return };
-    let pool = Pool::new(&url, &prefix("once"), "p", fast()).unwrap();
-    let (w1, s1) = start_worker(&pool, "w1", answering(Duration::from_millis(20)));
-    let (w2, s2) = start_worker(&pool, "w2", answering(Duration::from_millis(5)));
-    let calls: Vec<_> = (0..20)
+/// A coordinator whose first answer starts `n` tasks on `pool` (`job i`: `task i`), and which
+/// then says "noted"; and how many requests its model has had.
+async fn coordinator_of(pool: &Pool, n: usize) -> (Agent, Arc<AtomicUsize>) {
+    let calls: Vec<_> = (0..n)
         .map(|i| {
             (
                 "Agent",
@@ -115,14 +112,15 @@ async fn every_task_reports_once_into_the_coordinators_conversation() {
             )
         })
         .collect();
-    let turn = AtomicUsize::new(0);
+    let asked = Arc::new(AtomicUsize::new(0));
+    let turn = Arc::clone(&asked);
     let coordinator = ScriptedBackend::from_fn(move |_r| {
         Ok(match turn.fetch_add(1, Ordering::SeqCst) {
             0 => Response::tool_calls(calls.clone()),
             _ => Response::say("noted"),
         })
     });
-    let mut agent = Agent::builder(Arc::new(coordinator))
+    let agent = Agent::builder(Arc::new(coordinator))
         .model("m")
         .tools(
             ToolPool::new([Arc::new(PoolAgentTool::new(pool.clone()).unwrap()) as Arc<dyn Tool>])
@@ -131,6 +129,16 @@ async fn every_task_reports_once_into_the_coordinators_conversation() {
         .build()
         .await
         .unwrap();
+    (agent, asked)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_task_reports_once_into_the_coordinators_conversation() {
+    let Some(url) = url() else { return };
+    let pool = Pool::new(&url, &prefix("once"), "p", fast()).unwrap();
+    let (w1, s1) = start_worker(&pool, "w1", answering(Duration::from_millis(20)));
+    let (w2, s2) = start_worker(&pool, "w2", answering(Duration::from_millis(5)));
+    let (mut agent, _) = coordinator_of(&pool, 20).await;
     let run = tokio::time::timeout(Duration::from_secs(60), agent.run("go"))
         .await
         .unwrap();
@@ -179,42 +187,22 @@ async fn a_coordinator_cut_off_from_redis_gets_each_notification_once_when_it_he
     let net = support::Partition::to(&url).await;
     let far = Pool::new(&net.url, &p, "p", fast()).unwrap();
     let (w1, s1) = start_worker(&pool, "w1", answering(Duration::from_millis(300)));
-    let calls: Vec<_> = (0..5)
-        .map(|i| {
-            (
-                "Agent",
-                serde_json::json!({"description": format!("job {i}"), "prompt": format!("task {i}")}),
-            )
-        })
-        .collect();
-    let turn = AtomicUsize::new(0);
-    let coordinator = ScriptedBackend::from_fn(move |_r| {
-        Ok(match turn.fetch_add(1, Ordering::SeqCst) {
-            0 => Response::tool_calls(calls.clone()),
-            _ => Response::say("noted"),
-        })
-    });
-    let mut agent = Agent::builder(Arc::new(coordinator))
-        .model("m")
-        .tools(
-            ToolPool::new([Arc::new(PoolAgentTool::new(far.clone()).unwrap()) as Arc<dyn Tool>])
-                .unwrap(),
-        )
-        .build()
-        .await
-        .unwrap();
+    let (mut agent, asked) = coordinator_of(&far, 5).await;
     let me = *agent.id();
     let running = tokio::spawn(async move {
         let run = agent.run("go").await;
         (agent, run)
     });
-    // Once its five tasks are submitted, the coordinator is cut off.
-    for _ in 0..200 {
-        if pool.outstanding(&me).await.unwrap().len() == 5 {
+    // Once its five tasks are submitted and their submissions answered (its model is asked
+    // again), the coordinator is cut off. (Cut while an answer is on its way, a submission
+    // would time out: an error result for that call, its task run all the same.)
+    for _ in 0..500 {
+        if asked.load(Ordering::SeqCst) >= 2 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    assert_eq!(pool.outstanding(&me).await.unwrap().len(), 5);
     net.cut(true);
     // The reports land in Redis meanwhile.
     pending_n(&pool, &me, 5).await;
