@@ -2294,22 +2294,7 @@ impl Relay {
             if recorded.is_empty() {
                 return;
             }
-            match tokio::time::timeout(CONFIRM_LIMIT, mailbox.ack(&inbox, &recorded)).await {
-                Ok(Ok(())) => {
-                    seen.recent().settled(&recorded);
-                    if let Some(team) = team.upgrade() {
-                        team.taken(LEAD, &recorded);
-                    }
-                }
-                Ok(Err(e)) => tracing::warn!(
-                    "could not acknowledge the lead's last letters: {e}; they stay in its inbox"
-                ),
-                Err(_) => tracing::warn!(
-                    "the store did not acknowledge the lead's last letters within {}; they stay \
-                     in its inbox",
-                    crate::base::events::format_duration(CONFIRM_LIMIT)
-                ),
-            }
+            ack_last(&*mailbox, &inbox, &seen, &team, LEAD, &recorded).await;
         }));
     }
 
@@ -2825,24 +2810,37 @@ impl Drop for RelayEnd {
             std::mem::take(&mut self.name),
         );
         drop(rt.spawn(async move {
-            match tokio::time::timeout(CONFIRM_LIMIT, mailbox.ack(&inbox, &recorded)).await {
-                Ok(Ok(())) => {
-                    seen.recent().settled(&recorded);
-                    if let Some(team) = team.upgrade() {
-                        team.taken(&name, &recorded);
-                    }
-                }
-                Ok(Err(e)) => tracing::warn!(
-                    "teammate `{name}` could not acknowledge its last letters: {e}; they stay \
-                     in its inbox"
-                ),
-                Err(_) => tracing::warn!(
-                    "the store did not acknowledge teammate `{name}`'s last letters within {}; \
-                     they may stay in its inbox",
-                    crate::base::events::format_duration(CONFIRM_LIMIT)
-                ),
-            }
+            ack_last(&*mailbox, &inbox, &seen, &team, &name, &recorded).await;
         }));
+    }
+}
+
+/// Acknowledges `recorded`, the last letters a relay of `recipient`'s inbox leaves (it ended:
+/// the lead gave its team up, or the teammate ended), bounded by [`CONFIRM_LIMIT`]; a store that
+/// fails or does not answer leaves them in the inbox, said in the log.
+async fn ack_last(
+    mailbox: &dyn Mailbox,
+    inbox: &Inbox,
+    seen: &Taken,
+    team: &Weak<Team>,
+    recipient: &str,
+    recorded: &[String],
+) {
+    match tokio::time::timeout(CONFIRM_LIMIT, mailbox.ack(inbox, recorded)).await {
+        Ok(Ok(())) => {
+            seen.recent().settled(recorded);
+            if let Some(team) = team.upgrade() {
+                team.taken(recipient, recorded);
+            }
+        }
+        Ok(Err(e)) => tracing::warn!(
+            "could not acknowledge the last letters of `{inbox}`: {e}; they stay in its inbox"
+        ),
+        Err(_) => tracing::warn!(
+            "the store did not acknowledge the last letters of `{inbox}` within {}; they may \
+             stay in its inbox",
+            crate::base::events::format_duration(CONFIRM_LIMIT)
+        ),
     }
 }
 
