@@ -732,10 +732,14 @@ async fn a_worker_in_a_worktree_sees_it_and_its_owner_keeps_or_removes_it() {
     let repo = repo();
     // Something only the main checkout has: the worktrees' own directory appears there.
     let root = repo.path().to_path_buf();
+    // The children's user context: the host's `cwd` entry names a directory they do not work in.
+    let contexts: Arc<std::sync::Mutex<Vec<Vec<(String, String)>>>> = Arc::default();
+    let seen = Arc::clone(&contexts);
     let b = brain(move |r| {
         if !is_parent(r) {
             let me = AgentContext::current().unwrap();
             if r.all_messages().len() == 1 {
+                seen.lock().unwrap().push(r.prefix.user_context().to_vec());
                 return Plan::Reply(calls(&[("l1", "LS", "{}")]));
             }
             let (_, listing, is_error) = results(r).pop().unwrap();
@@ -789,7 +793,8 @@ async fn a_worker_in_a_worktree_sees_it_and_its_owner_keeps_or_removes_it() {
     let config = AgentToolConfig::default()
         .with_registry(AgentRegistry::from_definitions([w]))
         .with_isolation_enabled(true)
-        .with_worktree_repo(Some(repo.path().to_path_buf()));
+        .with_worktree_repo(Some(repo.path().to_path_buf()))
+        .with_subagent_user_context(vec![("cwd".to_owned(), "/the/host/dir".to_owned())]);
     let tools = ToolPool::new([
         AgentTool::new(config).unwrap().arc(),
         Arc::new(ListDir::new(repo.path()).await.unwrap()) as Arc<dyn Tool>,
@@ -848,6 +853,12 @@ async fn a_worker_in_a_worktree_sees_it_and_its_owner_keeps_or_removes_it() {
     assert!(!fg.contains("[worktree kept:"), "said once: {fg}");
     assert!(all.contains(&format!("+ {branch}")), "{all} / {fg}");
     assert_eq!(all.lines().count(), 2, "{all}");
+    let contexts = contexts.lock().unwrap();
+    assert_eq!(contexts.len(), 3);
+    for context in contexts.iter() {
+        let keys: Vec<&str> = context.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["worktree"], "{context:?}");
+    }
 }
 
 /// Teammates started with `isolation: "worktree"` each work in a worktree of their own, not

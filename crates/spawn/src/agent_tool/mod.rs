@@ -128,6 +128,12 @@ pub struct AgentToolConfig {
     /// The git repository workers started with `isolation: "worktree"` get their worktrees
     /// in (needs [`isolation_enabled`](Self::isolation_enabled)).
     pub worktree_repo: Option<std::path::PathBuf>,
+    /// The directory a call's `cwd` may name a directory in (`None`, the default: the model
+    /// sees no `cwd`). A child started with `cwd` works there: its tools are moved to it as to
+    /// a worktree ([`Tool::rooted`]), and it is told its working directory. The directory
+    /// must exist, be one, and lie in this one once links are resolved; a fork, or a worker
+    /// that gets a worktree, cannot have one.
+    pub cwd_root: Option<std::path::PathBuf>,
 }
 
 setters!(AgentToolConfig {
@@ -152,6 +158,7 @@ setters!(AgentToolConfig {
     with_allowed_models => allowed_models: Vec<String>,
     with_deadlines => deadlines: std::collections::BTreeMap<String, Duration>,
     with_worktree_repo => worktree_repo: Option<std::path::PathBuf>,
+    with_cwd_root => cwd_root: Option<std::path::PathBuf>,
 });
 
 impl Default for AgentToolConfig {
@@ -178,6 +185,7 @@ impl Default for AgentToolConfig {
             allowed_models: Vec::new(),
             deadlines: std::collections::BTreeMap::new(),
             worktree_repo: None,
+            cwd_root: None,
         }
     }
 }
@@ -250,6 +258,12 @@ impl AgentToolConfig {
             props.insert(
                 "isolation".into(),
                 serde_json::json!({"type": "string", "enum": ["worktree", "none"], "description": "worktree: run in an isolated git worktree; none: in the shared directory (the default for agents that only read)"}),
+            );
+        }
+        if self.cwd_root.is_some() {
+            props.insert(
+                "cwd".into(),
+                serde_json::json!({"type": "string", "description": "A directory to run the agent in, relative to the project directory (or absolute, inside it); its file tools work there"}),
             );
         }
         serde_json::json!({
@@ -407,6 +421,36 @@ impl AgentTool {
     /// coordinator's workers) joined by the caller's MCP tools — MCP tools are always
     /// available (Agent definitions, §9.5 layer 3; Chapter 20: workers get
     /// `assembleToolPool(…, appState.mcp.tools)`).
+    /// The tools a fresh child of `definition` gets before they move to its own directory:
+    /// its definition's, through the filter's layers for its audience, and a teammate's with
+    /// `SendMessage` whatever its definition lists.
+    fn child_tools(
+        &self,
+        caller: &ToolPool,
+        teammate: bool,
+        background: bool,
+        definition: Option<&crate::definition::AgentDefinition>,
+    ) -> std::result::Result<ToolPool, String> {
+        let audience = if teammate {
+            crate::tool::ToolAudience::Teammate
+        } else if background {
+            crate::tool::ToolAudience::Background
+        } else {
+            crate::tool::ToolAudience::Foreground
+        };
+        let base = self.filter.pool(
+            &self.subagent_base(caller),
+            audience,
+            definition.and_then(|d| d.tools.as_deref()),
+            definition.and_then(|d| d.disallowed_tools.as_deref()),
+        );
+        if teammate {
+            with_team_tool(base, caller)
+        } else {
+            Ok(base)
+        }
+    }
+
     fn subagent_base(&self, caller: &ToolPool) -> ToolPool {
         let Some(tools) = &self.config.subagent_tools else {
             return caller.clone();
@@ -689,6 +733,27 @@ impl AgentTool {
                         .iter()
                         .any(|n| base.get(n).is_some_and(|t| !t.is_read_only()))
             });
+            // A directory of its own, asked for by the call (Claude Code's `cwd`): checked before
+            // anything is made for the child.
+            let cwd = match &input.cwd {
+                None => None,
+                Some(asked_dir) => {
+                    let Some(root) = &self.config.cwd_root else {
+                        return Err("`cwd` is not available on this host".to_owned());
+                    };
+                    if fork {
+                        return Err(
+                            "a fork shares its parent's directory and tools (and prompt cache); \
+                             name a `subagent_type` to start an agent in `cwd`"
+                                .to_owned(),
+                        );
+                    }
+                    if isolate {
+                        return Err(cwd_with_worktree(asked, definition.map(|d| &**d)));
+                    }
+                    Some(Box::pin(resolve_cwd(root, asked_dir)).await?)
+                }
+            };
             let definition_background = definition.is_none_or(|d| d.background);
             let background = team.is_some()
                 || should_run_async(AsyncInputs {
@@ -749,25 +814,12 @@ impl AgentTool {
                             .map_err(|e| chain(&e))?,
                     );
                     // The tools it will have (its definition's, through the layers), moved there.
-                    let base = &self.subagent_base(&caller.pool);
-                    let audience = if team.is_some() {
-                        crate::tool::ToolAudience::Teammate
-                    } else if background {
-                        crate::tool::ToolAudience::Background
-                    } else {
-                        crate::tool::ToolAudience::Foreground
-                    };
-                    let base = self.filter.pool(
-                        base,
-                        audience,
-                        definition.and_then(|d| d.tools.as_deref()),
-                        definition.and_then(|d| d.disallowed_tools.as_deref()),
-                    );
-                    // A teammate keeps `SendMessage` whatever its definition lists.
-                    let base = match &team {
-                        Some(_) => with_team_tool(base, &caller.pool)?,
-                        None => base,
-                    };
+                    let base = self.child_tools(
+                        &caller.pool,
+                        team.is_some(),
+                        background,
+                        definition.map(|d| &**d),
+                    )?;
                     let path = wt.get().map(|w| w.path().to_path_buf()).unwrap_or_default();
                     match base.rooted(&path).await {
                         Ok(pool) => (Some(wt), Some(pool)),
@@ -810,13 +862,40 @@ impl AgentTool {
                         }
                     }
                 }
+                // `cwd` excludes a worktree (checked above): its tools, moved there. One that
+                // cannot move is an error, as for a worktree asked for: the call asked for it.
+                (_, _) if let Some(dir) = &cwd => {
+                    let base = self.child_tools(
+                        &caller.pool,
+                        team.is_some(),
+                        background,
+                        definition.map(|d| &**d),
+                    )?;
+                    match base.rooted(dir).await {
+                        Ok(pool) => (None, Some(pool)),
+                        Err(e) => {
+                            return Err(format!(
+                                "cannot start the agent in `{}`: {}",
+                                dir.display(),
+                                chain(&e)
+                            ));
+                        }
+                    }
+                }
                 _ => (None, None),
             };
-            // A worker in a worktree is told where it works, and where to commit.
+            // A worker in a worktree is told where it works, and where to commit; one started in
+            // a `cwd`, its directory (over any `cwd` entry of the host's, which is not its).
             let with_tree;
-            let user_context = match worktree.as_ref().and_then(|w| w.get()) {
-                Some(wt) => {
-                    let mut uc = self.config.subagent_user_context.clone();
+            let user_context = match (worktree.as_ref().and_then(|w| w.get()), &cwd) {
+                (None, Some(dir)) => {
+                    let mut uc = without_cwd(&self.config.subagent_user_context);
+                    uc.push(("cwd".to_owned(), dir.display().to_string()));
+                    with_tree = uc;
+                    &with_tree
+                }
+                (Some(wt), _) => {
+                    let mut uc = without_cwd(&self.config.subagent_user_context);
                     uc.push((
                     "worktree".to_owned(),
                     format!(
@@ -829,7 +908,7 @@ impl AgentTool {
                     with_tree = uc;
                     &with_tree
                 }
-                None => &self.config.subagent_user_context,
+                (None, None) => &self.config.subagent_user_context,
             };
             let subagent_base = self
                 .config
@@ -1303,6 +1382,104 @@ fn config_warnings(config: &AgentToolConfig) -> Vec<String> {
 }
 
 /// `base` with `SendMessage`, the lead's own, when it lacks one: a teammate's tools.
+/// Why `cwd` cannot be had with the worktree this child gets: the call asked for both (`asked`
+/// is `Some(true)`), its type asks for one, or coordinator mode gives it one.
+fn cwd_with_worktree(
+    asked: Option<bool>,
+    definition: Option<&crate::definition::AgentDefinition>,
+) -> String {
+    if asked == Some(true) {
+        return "`cwd` and `isolation: \"worktree\"` cannot be combined: a worktree is a \
+                directory of its own; drop one of them"
+            .to_owned();
+    }
+    let why = match definition {
+        Some(d) if d.isolation.as_deref() == Some("worktree") => format!(
+            "agent type `{}` works in a worktree of its own (`isolation: worktree`)",
+            d.name
+        ),
+        _ => "in coordinator mode a worker that can write gets a worktree of its own".to_owned(),
+    };
+    format!(
+        "{why}, which `cwd` cannot be combined with; pass `\"isolation\": \"none\"` to run it \
+         in `cwd` instead"
+    )
+}
+
+/// The host's user context without its `cwd` entry, for a child that works elsewhere.
+fn without_cwd(entries: &[(String, String)]) -> Vec<(String, String)> {
+    entries
+        .iter()
+        .filter(|(k, _)| k != "cwd")
+        .cloned()
+        .collect()
+}
+
+/// The directory `asked` (a call's `cwd`) names: relative to `root` or absolute, with every
+/// link resolved, and inside `root` — or why not, in words the model can act on.
+///
+/// A path that leaves `root` on its face (`..`, another absolute path) is refused before the
+/// file system is asked, so a call learns nothing of what lies outside; one that leaves it
+/// through a link is refused once the link is resolved.
+async fn resolve_cwd(
+    root: &std::path::Path,
+    asked: &str,
+) -> std::result::Result<std::path::PathBuf, String> {
+    use std::path::{Component, PathBuf};
+    let real_root = tokio::fs::canonicalize(root).await.map_err(|e| {
+        format!(
+            "`cwd` is not available: the directory agents may be started in, {}, cannot be \
+             read: {e}",
+            root.display()
+        )
+    })?;
+    let outside = || {
+        format!(
+            "`cwd` `{asked}` is outside {}, the directory agents may be started in",
+            real_root.display()
+        )
+    };
+    if asked.trim().is_empty() {
+        return Err(format!(
+            "`cwd` is empty: name a directory in {}",
+            real_root.display()
+        ));
+    }
+    // On its face: `..` and `.` taken away by their names alone.
+    let mut lexical = PathBuf::new();
+    for part in real_root.join(asked).components() {
+        match part {
+            Component::ParentDir => {
+                lexical.pop();
+            }
+            Component::CurDir => {}
+            other => lexical.push(other),
+        }
+    }
+    let configured = std::path::absolute(root).unwrap_or_else(|_| real_root.clone());
+    if !lexical.starts_with(&real_root) && !lexical.starts_with(&configured) {
+        return Err(outside());
+    }
+    let real = match tokio::fs::canonicalize(&lexical).await {
+        Ok(p) => p,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(format!(
+                "`cwd` `{asked}`: no such directory in {}",
+                real_root.display()
+            ));
+        }
+        Err(e) => return Err(format!("`cwd` `{asked}`: {e}")),
+    };
+    if !real.starts_with(&real_root) {
+        return Err(outside());
+    }
+    match tokio::fs::metadata(&real).await {
+        Ok(m) if m.is_dir() => Ok(real),
+        Ok(_) => Err(format!("`cwd` `{asked}` is not a directory")),
+        Err(e) => Err(format!("`cwd` `{asked}`: {e}")),
+    }
+}
+
 fn with_team_tool(base: ToolPool, lead: &ToolPool) -> std::result::Result<ToolPool, String> {
     if base.get(SEND_MESSAGE).is_some() {
         return Ok(base);

@@ -192,6 +192,9 @@ pub struct AgentInput {
     /// `worktree` isolation.
     #[serde(default)]
     pub isolation: Option<String>,
+    /// A directory to run the agent in (see [`AgentToolConfig::cwd_root`](crate::agent_tool::AgentToolConfig::cwd_root)).
+    #[serde(default)]
+    pub cwd: Option<String>,
 }
 
 /// How a fork child's message is laid out.

@@ -1,0 +1,309 @@
+//! An agent started in a directory of its own (the `Agent` tool's `cwd`): it works there, is
+//! told so, and a `cwd` that leaves the host's directory, names no directory, or comes with a
+//! fork or a tool that cannot move is refused with a reason the model can act on (the peers'
+//! missing per-agent working directory, cx#23095).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use forkhive_spawn::agent_tool::{AgentTool, AgentToolConfig};
+use forkhive_spawn::definition::{AgentDefinition, AgentRegistry, DefinitionSource};
+use forkhive_spawn::runtime::{Agent, AgentContext, StopReason};
+use forkhive_spawn::tool::{ListDir, Tool, ToolPool};
+use support::*;
+
+/// The results of the parent's one round of `Agent` calls, each `(text, is_error)`, in order;
+/// every child lists its directory with `LS` and answers with the listing and its `cwd` entry.
+async fn round(config: AgentToolConfig, root: &Path, inputs: &[&str]) -> Vec<(String, bool)> {
+    let inputs: Vec<String> = inputs.iter().map(|s| (*s).to_owned()).collect();
+    let seen: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
+    let out = Arc::clone(&seen);
+    let b = brain(move |r| {
+        if AgentContext::current().is_some_and(|c| c.depth() > 0) {
+            if !has_tool_result(r) {
+                return Plan::Reply(calls(&[("l1", "LS", "{}")]));
+            }
+            let (_, listing, is_error) = results(r).pop().unwrap();
+            let cwd = r
+                .prefix
+                .user_context()
+                .iter()
+                .filter(|(k, _)| k == "cwd")
+                .map(|(_, v)| v.clone())
+                .collect::<Vec<_>>()
+                .join("|");
+            return Plan::Reply(say(&format!("ls {is_error}: {listing} / cwd: {cwd}")));
+        }
+        if has_tool_result(r) {
+            out.lock()
+                .unwrap()
+                .extend(results(r).into_iter().map(|(_, t, e)| (t, e)));
+            return Plan::Reply(say("parent done"));
+        }
+        let ids: Vec<String> = (0..inputs.len()).map(|i| format!("a{i}")).collect();
+        let list: Vec<(&str, &str, &str)> = ids
+            .iter()
+            .zip(&inputs)
+            .map(|(id, input)| (id.as_str(), "Agent", input.as_str()))
+            .collect();
+        Plan::Reply(calls(&list))
+    });
+    let tools = ToolPool::new([
+        AgentTool::new(config).unwrap().arc(),
+        Arc::new(ListDir::new(root).await.unwrap()) as Arc<dyn Tool>,
+    ])
+    .unwrap();
+    let mut parent = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(tools)
+        .build()
+        .await
+        .unwrap();
+    let run = parent.run("go").await;
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    seen.lock().unwrap().clone()
+}
+
+fn worker() -> AgentRegistry {
+    let mut w = AgentDefinition::new("worker", "does one job", DefinitionSource::Project);
+    w.system_prompt = "You are a worker.".into();
+    AgentRegistry::from_definitions([w])
+}
+
+fn call(cwd: &str) -> String {
+    format!(
+        r#"{{"description":"look","prompt":"look around","subagent_type":"worker","cwd":{cwd:?}}}"#
+    )
+}
+
+/// A child started with `cwd` lists its own directory, not the parent's, and its user context
+/// says where it works (over the host's own `cwd` entry); relative and absolute forms name the
+/// same directory.
+#[tokio::test]
+async fn an_agent_started_in_a_cwd_works_there_and_is_told_so() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("app")).unwrap();
+    std::fs::write(root.path().join("app/app.txt"), "a").unwrap();
+    std::fs::write(root.path().join("top.txt"), "t").unwrap();
+    let real_app = std::fs::canonicalize(root.path().join("app")).unwrap();
+    let config = AgentToolConfig::default()
+        .with_registry(worker())
+        .with_cwd_root(Some(root.path().to_path_buf()))
+        .with_subagent_user_context(vec![
+            ("claudeMd".to_owned(), "house rules".to_owned()),
+            ("cwd".to_owned(), "/the/host/dir".to_owned()),
+        ]);
+    let absolute = root.path().join("app").display().to_string();
+    let got = round(
+        config,
+        root.path(),
+        &[&call("app"), &call(&absolute), &call("./app/../app/")],
+    )
+    .await;
+    assert_eq!(got.len(), 3);
+    for (text, is_error) in &got {
+        assert!(!is_error, "{text}");
+        assert!(text.contains("ls false:"), "{text}");
+        assert!(text.contains("app.txt"), "{text}");
+        assert!(
+            !text.contains("top.txt"),
+            "the child listed its parent's: {text}"
+        );
+        assert!(
+            text.contains(&format!("/ cwd: {}", real_app.display())),
+            "one cwd entry, the child's: {text}"
+        );
+    }
+    // Without `cwd`, a child works where its parent's tools do.
+    let config = AgentToolConfig::default()
+        .with_registry(worker())
+        .with_cwd_root(Some(root.path().to_path_buf()));
+    let plain = r#"{"description":"look","prompt":"look around","subagent_type":"worker"}"#;
+    let got = round(config, root.path(), &[plain]).await;
+    assert!(got[0].0.contains("top.txt"), "{:?}", got[0]);
+}
+
+/// A `cwd` outside the host's directory — on its face or through a link — missing, not a
+/// directory, or empty is refused, and so is one with a fork, with a worktree, or on a host
+/// that offers none: each an error result saying what to do, and no child starts.
+#[tokio::test]
+async fn a_cwd_that_is_not_a_directory_inside_the_root_is_refused_with_why() {
+    let root = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("app")).unwrap();
+    std::fs::write(root.path().join("file.txt"), "f").unwrap();
+    std::fs::write(outside.path().join("secret.txt"), "s").unwrap();
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(outside.path(), root.path().join("link")).unwrap();
+    let real = std::fs::canonicalize(root.path()).unwrap();
+    let real = real.display();
+    let config = AgentToolConfig::default()
+        .with_registry(worker())
+        .with_cwd_root(Some(root.path().to_path_buf()));
+    let elsewhere = outside.path().display().to_string();
+    let got = round(
+        config,
+        root.path(),
+        &[
+            &call("../x"),
+            &call(&elsewhere),
+            &call("link"),
+            &call("missing"),
+            &call("file.txt"),
+            &call(""),
+        ],
+    )
+    .await;
+    let want = vec![
+        (
+            format!("`cwd` `../x` is outside {real}, the directory agents may be started in"),
+            true,
+        ),
+        (
+            format!(
+                "`cwd` `{elsewhere}` is outside {real}, the directory agents may be started in"
+            ),
+            true,
+        ),
+        (
+            format!("`cwd` `link` is outside {real}, the directory agents may be started in"),
+            true,
+        ),
+        (
+            format!("`cwd` `missing`: no such directory in {real}"),
+            true,
+        ),
+        ("`cwd` `file.txt` is not a directory".to_owned(), true),
+        (format!("`cwd` is empty: name a directory in {real}"), true),
+    ];
+    assert_eq!(got, want);
+
+    // A worktree is a directory of its own: asked for by the call or by the agent type, it
+    // cannot come with `cwd` (refused before git is asked for one).
+    let mut registry = worker();
+    let mut isolated = AgentDefinition::new("isolated", "writes", DefinitionSource::Project);
+    isolated.isolation = Some("worktree".to_owned());
+    registry.insert(isolated);
+    let config = AgentToolConfig::default()
+        .with_registry(registry)
+        .with_isolation_enabled(true)
+        .with_worktree_repo(Some(root.path().to_path_buf()))
+        .with_cwd_root(Some(root.path().to_path_buf()));
+    let got = round(
+        config,
+        root.path(),
+        &[
+            r#"{"description":"both","prompt":"p","subagent_type":"worker","cwd":"app","isolation":"worktree"}"#,
+            r#"{"description":"typed","prompt":"p","subagent_type":"isolated","cwd":"app"}"#,
+        ],
+    )
+    .await;
+    assert_eq!(
+        got,
+        vec![
+            (
+                "`cwd` and `isolation: \"worktree\"` cannot be combined: a worktree is a \
+                 directory of its own; drop one of them"
+                    .to_owned(),
+                true
+            ),
+            (
+                "agent type `isolated` works in a worktree of its own (`isolation: worktree`), \
+                 which `cwd` cannot be combined with; pass `\"isolation\": \"none\"` to run \
+                 it in `cwd` instead"
+                    .to_owned(),
+                true
+            ),
+        ]
+    );
+
+    // A fork shares its parent's directory: refused. So is a host that offers no `cwd`.
+    let config = AgentToolConfig::default()
+        .with_registry(worker())
+        .with_fork_enabled(true)
+        .with_cwd_root(Some(root.path().to_path_buf()));
+    let got = round(
+        config,
+        root.path(),
+        &[r#"{"description":"fork","prompt":"p","cwd":"app"}"#],
+    )
+    .await;
+    assert_eq!(
+        got,
+        vec![(
+            "a fork shares its parent's directory and tools (and prompt cache); name a \
+             `subagent_type` to start an agent in `cwd`"
+                .to_owned(),
+            true
+        )]
+    );
+    // A `cwd_root` that is gone: said, for the host to mend.
+    let gone = root.path().join("gone");
+    let got = round(
+        AgentToolConfig::default()
+            .with_registry(worker())
+            .with_cwd_root(Some(gone.clone())),
+        root.path(),
+        &[&call("app")],
+    )
+    .await;
+    assert_eq!(
+        got,
+        vec![(
+            format!(
+                "`cwd` is not available: the directory agents may be started in, {}, cannot be \
+                 read: No such file or directory (os error 2)",
+                gone.display()
+            ),
+            true
+        )]
+    );
+    let got = round(
+        AgentToolConfig::default().with_registry(worker()),
+        root.path(),
+        &[&call("app")],
+    )
+    .await;
+    assert_eq!(
+        got,
+        vec![(
+            "invalid input for tool `Agent`:\nat /: Additional properties are not allowed \
+             ('cwd' was unexpected)"
+                .to_owned(),
+            true
+        )]
+    );
+}
+
+/// A tool that changes things but cannot work elsewhere would write in the parent's
+/// directory while the child seemed to work in its own: the start is refused, naming it.
+#[tokio::test]
+async fn a_cwd_whose_writer_tool_cannot_move_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("app")).unwrap();
+    let writer: Arc<dyn Tool> = Arc::new(TestTool::new("Write", OBJECT, false, |_, _| async {
+        forkhive_spawn::tool::ToolOutput::text("written")
+    }));
+    let config = AgentToolConfig::default()
+        .with_registry(worker())
+        .with_cwd_root(Some(root.path().to_path_buf()))
+        .with_subagent_tools(Some(ToolPool::new([writer]).unwrap()));
+    let got = round(config, root.path(), &[&call("app")]).await;
+    let app = std::fs::canonicalize(root.path().join("app")).unwrap();
+    assert_eq!(
+        got,
+        vec![(
+            format!(
+                "cannot start the agent in `{}`: tool \"Write\": it changes things but cannot \
+                 work in a worktree (it does not implement `Tool::rooted`)",
+                app.display()
+            ),
+            true
+        )]
+    );
+}
