@@ -157,7 +157,13 @@ fn give_up(
             .invoke_async::<i64>(&mut conn)
             .await;
         if let Err(e) = released {
-            tracing::warn!("could not give up the team claim {key}: {e}");
+            // Not "could not": a release that timed out in a partition is still queued behind
+            // the claim on the connection and may run once the store is reached again.
+            tracing::warn!(
+                "no answer yet to giving up the team claim {key} ({e}): it is given up if the \
+                 store gets the release later, else it lapses within {} s",
+                LEAD_CLAIM_TTL.as_secs()
+            );
         }
         if let Some(done) = done {
             let _ = done.send(());

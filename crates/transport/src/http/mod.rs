@@ -793,10 +793,14 @@ fn env_var(name: &str) -> Option<String> {
     std::env::var(name).ok()
 }
 
-/// `name`'s value from `var`, `None` when it is blank (`export ANTHROPIC_BASE_URL=` unsets
-/// it, as far as this library is concerned).
+/// `name`'s value from `var` without the white space around it (a key read with
+/// `$(cat key.txt)` or pasted with a line break ends in one, which a header cannot carry),
+/// `None` when nothing is left (`export ANTHROPIC_BASE_URL=` unsets it, as far as this
+/// library is concerned).
 fn set_var(var: &impl Fn(&str) -> Option<String>, name: &str) -> Option<String> {
-    var(name).filter(|v| !v.trim().is_empty())
+    var(name)
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
 }
 
 /// [`HttpBackend::anthropic_from_env`]'s configuration, from `var`.
@@ -877,6 +881,30 @@ mod tests {
         );
         let c = openai_config(vars(&[("OPENAI_API_KEY", "sk-1")]));
         assert_eq!(c.api_key.as_ref().map(|k| k.0.as_str()), Some("sk-1"));
+    }
+
+    /// White space around a key or a base URL (a key file's last line break) is not theirs:
+    /// the key is sent without it, where it would have been refused as no header value.
+    #[test]
+    fn white_space_around_environment_values_is_dropped() {
+        let c = anthropic_config(vars(&[
+            ("ANTHROPIC_API_KEY", " sk-ant-1\n"),
+            ("ANTHROPIC_BASE_URL", "\thttp://127.0.0.1:8080 \n"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (
+                c.base_url.as_str(),
+                c.api_key.as_ref().map(|k| k.0.as_str())
+            ),
+            ("http://127.0.0.1:8080", Some("sk-ant-1"))
+        );
+        let c = openai_config(vars(&[("OPENAI_API_KEY", "sk-2\r\n")]));
+        assert_eq!(c.api_key.as_ref().map(|k| k.0.as_str()), Some("sk-2"));
+        assert!(
+            secret_header("sk-2\n").is_err(),
+            "untrimmed, it was refused"
+        );
     }
 
     #[test]
