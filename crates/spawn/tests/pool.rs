@@ -232,6 +232,61 @@ async fn a_coordinator_cut_off_from_redis_gets_each_notification_once_when_it_he
     w1.await.unwrap().unwrap();
 }
 
+/// A submission sent while its host is cut off from Redis gets no answer in time: the pool
+/// sends it again, and once the network heals the task is added once — the tries held in
+/// the network land too — and runs and is reported once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_submission_whose_answer_was_lost_is_sent_again_and_added_once() {
+    let Some(url) = url() else { return };
+    let p = prefix("lostsubmit");
+    let pool = Pool::new(&url, &p, "p", fast()).unwrap();
+    let net = support::Partition::to(&url).await;
+    let far = Pool::new(&net.url, &p, "p", fast()).unwrap();
+    let me = parent();
+    // Connected before the cut, as a running coordinator is.
+    assert!(far.outstanding(&me).await.unwrap().is_empty());
+    net.cut(true);
+    let job = Job::new(me, "lost", "do it");
+    let submitting = tokio::spawn({
+        let (far, job) = (far.clone(), job.clone());
+        async move { far.submit(&job).await }
+    });
+    // Past the 10 s a command may take: the first try has failed, the second is on its way.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert!(!submitting.is_finished(), "the error was not the last word");
+    net.cut(false);
+    let entry = tokio::time::timeout(Duration::from_secs(30), submitting)
+        .await
+        .expect("submitted once the network healed")
+        .unwrap()
+        .unwrap();
+    let mut c = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let jobs: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
+        .arg(format!("{p}:{{p}}:jobs"))
+        .arg("-")
+        .arg("+")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let ids: Vec<&str> = jobs.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [entry.as_str()],
+        "one entry for the task, whatever the tries"
+    );
+    let (w1, s1) = start_worker(&pool, "w1", answering(Duration::from_millis(10)));
+    let got = pending_n(&pool, &me, 1).await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].task_id, job.task);
+    assert_eq!(got[0].status, TaskStatus::Completed);
+    s1.cancel();
+    w1.await.unwrap().unwrap();
+}
+
 /// A worker named `ghost` (that will never run again) reads up to `count` new jobs of pool
 /// `p` under `prefix`: they stay pending under its name.
 async fn ghost_reads(c: &mut redis::aio::MultiplexedConnection, prefix: &str, count: usize) {

@@ -733,7 +733,8 @@ async fn a_worker_in_a_worktree_sees_it_and_its_owner_keeps_or_removes_it() {
     // Something only the main checkout has: the worktrees' own directory appears there.
     let root = repo.path().to_path_buf();
     // The children's user context: the host's `cwd` entry names a directory they do not work in.
-    let contexts: Arc<std::sync::Mutex<Vec<Vec<(String, String)>>>> = Arc::default();
+    type Contexts = Arc<std::sync::Mutex<Vec<Vec<(String, String)>>>>;
+    let contexts: Contexts = Arc::default();
     let seen = Arc::clone(&contexts);
     let b = brain(move |r| {
         if !is_parent(r) {

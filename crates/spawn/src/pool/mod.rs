@@ -68,6 +68,15 @@ pub const GROUP: &str = "workers";
 /// The largest job a coordinator may submit (its JSON): a prompt is text, not a payload.
 pub const MAX_JOB_BYTES: usize = 1024 * 1024;
 
+/// How many times [`Pool::submit`] sends a submission whose answer does not come.
+pub const SUBMIT_TRIES: u32 = 3;
+
+/// Whether `e` leaves unknown what the store did with a command: it may have been sent and
+/// run, and only its answer lost.
+fn unanswered(e: &redis::RedisError) -> bool {
+    e.is_timeout() || e.is_connection_dropped() || e.is_io_error()
+}
+
 /// How much of a task's latest output is kept for its parent should its worker die (the last
 /// this many bytes, cut at a character boundary).
 pub const PARTIAL_OUTPUT_BYTES: usize = 64 * 1024;
@@ -478,6 +487,11 @@ impl Pool {
     /// notification once. Returns the job stream's entry id. Submitting the same task again
     /// (a retry after an error whose outcome was unknown) within a day returns the first entry
     /// and adds nothing.
+    ///
+    /// It retries so itself: a submission whose answer did not come (a timeout, a dropped
+    /// connection: a network partition, a store failing over) is sent again up to
+    /// [`SUBMIT_TRIES`] times in all, half a second apart and then twice as long each time.
+    /// Past the last, the error says that whether the pool got it is unknown.
     pub async fn submit(&self, job: &Job) -> Result<String> {
         let json = serde_json::to_string(job).map_err(|e| Error::Task {
             id: job.task,
@@ -501,17 +515,52 @@ impl Pool {
                 tracing::warn!(task = %job.task, "recording the pool task: {e}");
             }
         }
-        let mut conn = self.conn().await?;
-        redis::Script::new(SUBMIT)
-            .key(self.key("jobs"))
-            .key(self.task_key("kids", &job.parent))
-            .key(self.task_key("sub", &job.task))
-            .arg(job.task.to_string())
-            .arg(&json)
-            .arg(CANCEL_TTL.as_millis().to_string())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.fail("submit", e))
+        let mut wait = Duration::from_millis(500);
+        let mut tries = 1;
+        loop {
+            let mut conn = self.conn().await?;
+            let sent = redis::Script::new(SUBMIT)
+                .key(self.key("jobs"))
+                .key(self.task_key("kids", &job.parent))
+                .key(self.task_key("sub", &job.task))
+                .arg(job.task.to_string())
+                .arg(&json)
+                .arg(CANCEL_TTL.as_millis().to_string())
+                .invoke_async(&mut conn)
+                .await;
+            match sent {
+                Ok(entry) => return Ok(entry),
+                // Sent, perhaps, with its answer lost: the model told "could not start" would
+                // start it again while it ran. The script is idempotent by task id, so asking
+                // again is safe, and the answer tells.
+                Err(e) if unanswered(&e) && tries < SUBMIT_TRIES => {
+                    tracing::warn!(
+                        task = %job.task,
+                        "submitting to pool `{}`: {e}; sending it again (try {} of \
+                         {SUBMIT_TRIES}; a task is added once, whatever the tries)",
+                        self.name,
+                        tries + 1
+                    );
+                    tokio::time::sleep(wait).await;
+                    wait *= 2;
+                    tries += 1;
+                }
+                Err(e) if unanswered(&e) => return Err(self.unknown_submission(job.task, &e)),
+                Err(e) => return Err(self.fail("submit", e)),
+            }
+        }
+    }
+
+    /// The error of a submission whose every try went unanswered.
+    fn unknown_submission(&self, task: TaskId, e: &redis::RedisError) -> Error {
+        Error::Pool {
+            message: format!(
+                "`{}` at {}: submit: no answer in {SUBMIT_TRIES} tries ({e}); whether the pool \
+                 got task {task} is unknown: if it did, a worker runs it and its parent is \
+                 notified of it once",
+                self.name, self.h.shown
+            ),
+        }
     }
 
     /// Cancels `task` and every descendant the pool ran for it, wherever they run: each is
@@ -824,6 +873,38 @@ fn now_ms() -> u64 {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// A timeout or a dropped connection leaves a submission's fate unknown (sent again); an
+    /// answer the store gave is not. The last try's error names the task and says so.
+    #[test]
+    fn an_unanswered_submission_is_sent_again_and_its_last_error_says_it_is_unknown() {
+        use std::io::{Error as Io, ErrorKind as K};
+        for kind in [
+            K::TimedOut,
+            K::ConnectionReset,
+            K::BrokenPipe,
+            K::UnexpectedEof,
+        ] {
+            let e = redis::RedisError::from(Io::new(kind, "lost"));
+            assert!(unanswered(&e), "{kind:?}");
+        }
+        let answered = redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "the script answered something else",
+        ));
+        assert!(!unanswered(&answered));
+        let pool = Pool::new("redis://127.0.0.1:1/", "t", "p", PoolConfig::default()).unwrap();
+        let task: TaskId = "a01234567".parse().unwrap();
+        let e = redis::RedisError::from(Io::new(K::TimedOut, "timed out"));
+        assert_eq!(
+            pool.unknown_submission(task, &e).to_string(),
+            format!(
+                "pool `p` at redis://127.0.0.1:1/: submit: no answer in 3 tries (timed out); \
+                 whether the pool got task {task} is unknown: if it did, a worker runs it and \
+                 its parent is notified of it once"
+            )
+        );
+    }
 
     /// A cancel's reason reads back as it was stored; what an older pool stores (`1`), or
     /// anything this version does not know, is a plain cancel.
