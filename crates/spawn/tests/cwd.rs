@@ -16,12 +16,22 @@ use forkhive_spawn::runtime::{Agent, AgentContext, StopReason};
 use forkhive_spawn::tool::{ListDir, Tool, ToolPool};
 use support::*;
 
-/// The results of the parent's one round of `Agent` calls, each `(text, is_error)`, in order;
-/// every child lists its directory with `LS` and answers with the listing and its `cwd` entry.
+/// The results of the parent's one round of `Agent` calls, each `(text, is_error)`, in order.
 async fn round(config: AgentToolConfig, root: &Path, inputs: &[&str]) -> Vec<(String, bool)> {
+    round_and_answers(config, root, inputs).await.0
+}
+
+/// [`round`], and what the children answered (in the order they answered): every child lists
+/// its directory with `LS` and answers with the listing and its `cwd` entry.
+async fn round_and_answers(
+    config: AgentToolConfig,
+    root: &Path,
+    inputs: &[&str],
+) -> (Vec<(String, bool)>, Vec<String>) {
     let inputs: Vec<String> = inputs.iter().map(|s| (*s).to_owned()).collect();
     let seen: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
-    let out = Arc::clone(&seen);
+    let answers: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (out, said) = (Arc::clone(&seen), Arc::clone(&answers));
     let b = brain(move |r| {
         if AgentContext::current().is_some_and(|c| c.depth() > 0) {
             if !has_tool_result(r) {
@@ -36,7 +46,13 @@ async fn round(config: AgentToolConfig, root: &Path, inputs: &[&str]) -> Vec<(St
                 .map(|(_, v)| v.clone())
                 .collect::<Vec<_>>()
                 .join("|");
-            return Plan::Reply(say(&format!("ls {is_error}: {listing} / cwd: {cwd}")));
+            let answer = format!("ls {is_error}: {listing} / cwd: {cwd}");
+            said.lock().unwrap().push(answer.clone());
+            return Plan::Reply(say(&answer));
+        }
+        // Later turns (a background child's notification) have nothing more to start.
+        if !out.lock().unwrap().is_empty() {
+            return Plan::Reply(say("parent done"));
         }
         if has_tool_result(r) {
             out.lock()
@@ -66,7 +82,9 @@ async fn round(config: AgentToolConfig, root: &Path, inputs: &[&str]) -> Vec<(St
         .unwrap();
     let run = parent.run("go").await;
     assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
-    seen.lock().unwrap().clone()
+    let results = seen.lock().unwrap().clone();
+    let answers = answers.lock().unwrap().clone();
+    (results, answers)
 }
 
 fn worker() -> AgentRegistry {
@@ -99,15 +117,27 @@ async fn an_agent_started_in_a_cwd_works_there_and_is_told_so() {
             ("cwd".to_owned(), "/the/host/dir".to_owned()),
         ]);
     let absolute = root.path().join("app").display().to_string();
-    let got = round(
+    let (got, answers) = round_and_answers(
         config,
         root.path(),
-        &[&call("app"), &call(&absolute), &call("./app/../app/")],
+        &[
+            &call("app"),
+            &call(&absolute),
+            &call("./app/"),
+            r#"{"description":"bg","prompt":"look around","subagent_type":"worker","cwd":"app","run_in_background":true}"#,
+        ],
     )
     .await;
-    assert_eq!(got.len(), 3);
-    for (text, is_error) in &got {
-        assert!(!is_error, "{text}");
+    assert_eq!(got.len(), 4, "{got:?}");
+    assert!(got.iter().all(|(_, is_error)| !is_error), "{got:?}");
+    assert!(
+        got[3].0.contains("started in the background"),
+        "{:?}",
+        got[3]
+    );
+    // Four children: three in the foreground, one in the background.
+    assert_eq!(answers.len(), 4, "{answers:?}");
+    for text in &answers {
         assert!(text.contains("ls false:"), "{text}");
         assert!(text.contains("app.txt"), "{text}");
         assert!(
@@ -137,6 +167,7 @@ async fn a_cwd_that_is_not_a_directory_inside_the_root_is_refused_with_why() {
     let outside = tempfile::tempdir().unwrap();
     std::fs::create_dir(root.path().join("app")).unwrap();
     std::fs::write(root.path().join("file.txt"), "f").unwrap();
+    std::fs::create_dir_all(root.path().join(".git/objects")).unwrap();
     std::fs::write(outside.path().join("secret.txt"), "s").unwrap();
     #[cfg(unix)]
     std::os::unix::fs::symlink(outside.path(), root.path().join("link")).unwrap();
@@ -151,40 +182,65 @@ async fn a_cwd_that_is_not_a_directory_inside_the_root_is_refused_with_why() {
         root.path(),
         &[
             &call("../x"),
+            &call("app/../app"),
             &call(&elsewhere),
             &call("link"),
+            &call("link/nope"),
+            &call("link/secret.txt"),
             &call("missing"),
             &call("file.txt"),
+            &call("file.txt/x"),
             &call(""),
+            &call(".git/objects"),
         ],
     )
     .await;
-    let want = vec![
-        (
-            format!("`cwd` `../x` is outside {real}, the directory agents may be started in"),
-            true,
-        ),
+    let dotdot = |asked: &str| {
         (
             format!(
-                "`cwd` `{elsewhere}` is outside {real}, the directory agents may be started in"
+                "`cwd` `{asked}` has a `..` segment, which is never followed (wherever it \
+                 leads): name the directory without it"
             ),
             true,
-        ),
+        )
+    };
+    let outside = |asked: &str| {
         (
-            format!("`cwd` `link` is outside {real}, the directory agents may be started in"),
+            format!("`cwd` `{asked}` is outside {real}, the directory agents may be started in"),
             true,
-        ),
+        )
+    };
+    let want = vec![
+        dotdot("../x"),
+        dotdot("app/../app"),
+        outside(&elsewhere),
+        outside("link"),
+        // Beyond a link that leads out, nothing is asked about: the same answer whether the
+        // path exists there or not.
+        outside("link/nope"),
+        outside("link/secret.txt"),
         (
             format!("`cwd` `missing`: no such directory in {real}"),
             true,
         ),
         ("`cwd` `file.txt` is not a directory".to_owned(), true),
+        (
+            "`cwd` `file.txt/x`: Not a directory (os error 20)".to_owned(),
+            true,
+        ),
         (format!("`cwd` is empty: name a directory in {real}"), true),
+        (
+            "`cwd` `.git/objects` is inside a git directory (`.git`), which is git's, not a \
+             place to work"
+                .to_owned(),
+            true,
+        ),
     ];
     assert_eq!(got, want);
 
     // A worktree is a directory of its own: asked for by the call or by the agent type, it
     // cannot come with `cwd` (refused before git is asked for one).
+    std::fs::create_dir_all(root.path().join(".forkhive/worktrees/agent-a1")).unwrap();
     let mut registry = worker();
     let mut isolated = AgentDefinition::new("isolated", "writes", DefinitionSource::Project);
     isolated.isolation = Some("worktree".to_owned());
@@ -200,9 +256,11 @@ async fn a_cwd_that_is_not_a_directory_inside_the_root_is_refused_with_why() {
         &[
             r#"{"description":"both","prompt":"p","subagent_type":"worker","cwd":"app","isolation":"worktree"}"#,
             r#"{"description":"typed","prompt":"p","subagent_type":"isolated","cwd":"app"}"#,
+            r#"{"description":"in","prompt":"p","subagent_type":"worker","cwd":".forkhive/worktrees/agent-a1","isolation":"none"}"#,
         ],
     )
     .await;
+    let trees = std::fs::canonicalize(root.path().join(".forkhive/worktrees")).unwrap();
     assert_eq!(
         got,
         vec![
@@ -217,6 +275,14 @@ async fn a_cwd_that_is_not_a_directory_inside_the_root_is_refused_with_why() {
                  which `cwd` cannot be combined with; pass `\"isolation\": \"none\"` to run \
                  it in `cwd` instead"
                     .to_owned(),
+                true
+            ),
+            (
+                format!(
+                    "`cwd` `.forkhive/worktrees/agent-a1` is inside {}, where other agents have \
+                     their worktrees; name a directory of the main checkout",
+                    trees.display()
+                ),
                 true
             ),
         ]
@@ -299,8 +365,8 @@ async fn a_cwd_whose_writer_tool_cannot_move_is_refused() {
         got,
         vec![(
             format!(
-                "cannot start the agent in `{}`: tool \"Write\": it changes things but cannot \
-                 work in a worktree (it does not implement `Tool::rooted`)",
+                "cannot start the agent in `{}`: its tool \"Write\" changes things but cannot \
+                 work in another directory (it does not implement `Tool::rooted`)",
                 app.display()
             ),
             true

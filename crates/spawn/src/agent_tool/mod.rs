@@ -260,10 +260,10 @@ impl AgentToolConfig {
                 serde_json::json!({"type": "string", "enum": ["worktree", "none"], "description": "worktree: run in an isolated git worktree; none: in the shared directory (the default for agents that only read)"}),
             );
         }
-        if self.cwd_root.is_some() {
+        if let Some(root) = &self.cwd_root {
             props.insert(
                 "cwd".into(),
-                serde_json::json!({"type": "string", "description": "A directory to run the agent in, relative to the project directory (or absolute, inside it); its file tools work there"}),
+                serde_json::json!({"type": "string", "description": format!("A directory to run the agent in: relative to {}, or absolute inside it. Its tools that work in a directory work there", root.display())}),
             );
         }
         serde_json::json!({
@@ -417,10 +417,6 @@ impl AgentTool {
         Ok(pool)
     }
 
-    /// The pool a child's tools are drawn from: the caller's, or `subagent_tools` (a
-    /// coordinator's workers) joined by the caller's MCP tools — MCP tools are always
-    /// available (Agent definitions, §9.5 layer 3; Chapter 20: workers get
-    /// `assembleToolPool(…, appState.mcp.tools)`).
     /// The tools a fresh child of `definition` gets before they move to its own directory:
     /// its definition's, through the filter's layers for its audience, and a teammate's with
     /// `SendMessage` whatever its definition lists.
@@ -451,6 +447,51 @@ impl AgentTool {
         }
     }
 
+    /// The tools of a child started in `dir` (a resolved `cwd`), moved there, or why it cannot
+    /// start: a tool that changes things and cannot move would work elsewhere while the child
+    /// was told it works in `dir`.
+    async fn tools_in_cwd(
+        &self,
+        dir: &std::path::Path,
+        caller: &ToolPool,
+        teammate: bool,
+        background: bool,
+        definition: Option<&crate::definition::AgentDefinition>,
+    ) -> std::result::Result<ToolPool, String> {
+        let base = self.child_tools(caller, teammate, background, definition)?;
+        let tools = match base.rooted(dir).await {
+            Ok(tools) => tools,
+            Err(crate::Error::Tool { name, .. }) => {
+                return Err(format!(
+                    "cannot start the agent in `{}`: its tool {name:?} changes things but cannot \
+                     work in another directory (it does not implement `Tool::rooted`)",
+                    dir.display()
+                ));
+            }
+            Err(e) => {
+                return Err(format!(
+                    "cannot start the agent in `{}`: {}",
+                    dir.display(),
+                    chain(&e)
+                ));
+            }
+        };
+        // Each tool resolved `dir` again as it moved: swapped for a link meanwhile (or
+        // removed), it is not where the tools now work.
+        match tokio::fs::canonicalize(dir).await {
+            Ok(again) if again == dir => Ok(tools),
+            _ => Err(format!(
+                "cannot start the agent in `{}`: the directory changed while the agent's tools \
+                 moved there; try again",
+                dir.display()
+            )),
+        }
+    }
+
+    /// The pool a child's tools are drawn from: the caller's, or `subagent_tools` (a
+    /// coordinator's workers) joined by the caller's MCP tools — MCP tools are always
+    /// available (Agent definitions, §9.5 layer 3; Chapter 20: workers get
+    /// `assembleToolPool(…, appState.mcp.tools)`).
     fn subagent_base(&self, caller: &ToolPool) -> ToolPool {
         let Some(tools) = &self.config.subagent_tools else {
             return caller.clone();
@@ -751,7 +792,12 @@ impl AgentTool {
                     if isolate {
                         return Err(cwd_with_worktree(asked, definition.map(|d| &**d)));
                     }
-                    Some(Box::pin(resolve_cwd(root, asked_dir)).await?)
+                    let trees = self
+                        .config
+                        .worktree_repo
+                        .as_ref()
+                        .map(|r| r.join(crate::worktree::DEFAULT_ROOT));
+                    Some(Box::pin(resolve_cwd(root, asked_dir, trees.as_deref())).await?)
                 }
             };
             let definition_background = definition.is_none_or(|d| d.background);
@@ -769,6 +815,22 @@ impl AgentTool {
                     proactive_active: self.config.proactive_active,
                     background_disabled: self.config.background_disabled,
                 });
+            // A child in a `cwd` gets its tools there before anything is made for it (a slot, an
+            // output file): one that changes things and cannot move refuses the start, as for
+            // a worktree asked for, since the call asked for the directory.
+            let cwd_tools = match &cwd {
+                Some(dir) => Some(
+                    Box::pin(self.tools_in_cwd(
+                        dir,
+                        &caller.pool,
+                        team.is_some(),
+                        background,
+                        definition.map(|d| &**d),
+                    ))
+                    .await?,
+                ),
+                None => None,
+            };
             // The tree's one service: the host's (`AgentBuilder::tasks` or inserted), else one
             // with the defaults. Its `TaskConfig` is the only one there is.
             let service = caller.tree.extensions().get_or_insert_with(|| {
@@ -862,27 +924,8 @@ impl AgentTool {
                         }
                     }
                 }
-                // `cwd` excludes a worktree (checked above): its tools, moved there. One that
-                // cannot move is an error, as for a worktree asked for: the call asked for it.
-                (_, _) if let Some(dir) = &cwd => {
-                    let base = self.child_tools(
-                        &caller.pool,
-                        team.is_some(),
-                        background,
-                        definition.map(|d| &**d),
-                    )?;
-                    match base.rooted(dir).await {
-                        Ok(pool) => (None, Some(pool)),
-                        Err(e) => {
-                            return Err(format!(
-                                "cannot start the agent in `{}`: {}",
-                                dir.display(),
-                                chain(&e)
-                            ));
-                        }
-                    }
-                }
-                _ => (None, None),
+                // `cwd` excludes a worktree (checked above).
+                _ => (None, cwd_tools),
             };
             // A worker in a worktree is told where it works, and where to commit; one started in
             // a `cwd`, its directory (over any `cwd` entry of the host's, which is not its).
@@ -1381,7 +1424,6 @@ fn config_warnings(config: &AgentToolConfig) -> Vec<String> {
     warnings
 }
 
-/// `base` with `SendMessage`, the lead's own, when it lacks one: a teammate's tools.
 /// Why `cwd` cannot be had with the worktree this child gets: the call asked for both (`asked`
 /// is `Some(true)`), its type asks for one, or coordinator mode gives it one.
 fn cwd_with_worktree(
@@ -1418,14 +1460,17 @@ fn without_cwd(entries: &[(String, String)]) -> Vec<(String, String)> {
 /// The directory `asked` (a call's `cwd`) names: relative to `root` or absolute, with every
 /// link resolved, and inside `root` — or why not, in words the model can act on.
 ///
-/// A path that leaves `root` on its face (`..`, another absolute path) is refused before the
-/// file system is asked, so a call learns nothing of what lies outside; one that leaves it
-/// through a link is refused once the link is resolved.
+/// A path that leaves `root` on its face (another absolute path) or has a `..` segment is
+/// refused before the file system is asked. The rest is resolved a segment at a time, and a
+/// link that leads out of `root` is refused where it is met, before anything beyond it is
+/// asked about: the answer never tells whether a path outside exists. A git directory and
+/// the worktrees of other agents (`trees`) are no place to work either.
 async fn resolve_cwd(
     root: &std::path::Path,
     asked: &str,
+    trees: Option<&std::path::Path>,
 ) -> std::result::Result<std::path::PathBuf, String> {
-    use std::path::{Component, PathBuf};
+    use std::path::{Component, Path};
     let real_root = tokio::fs::canonicalize(root).await.map_err(|e| {
         format!(
             "`cwd` is not available: the directory agents may be started in, {}, cannot be \
@@ -1445,41 +1490,77 @@ async fn resolve_cwd(
             real_root.display()
         ));
     }
-    // On its face: `..` and `.` taken away by their names alone.
-    let mut lexical = PathBuf::new();
-    for part in real_root.join(asked).components() {
+    let path = Path::new(asked);
+    let relative = if path.is_absolute() {
+        let configured = std::path::absolute(root).unwrap_or_else(|_| real_root.clone());
+        match path
+            .strip_prefix(&real_root)
+            .or_else(|_| path.strip_prefix(&configured))
+        {
+            Ok(rest) => rest,
+            Err(_) => return Err(outside()),
+        }
+    } else {
+        path
+    };
+    if relative
+        .components()
+        .any(|c| matches!(c, Component::ParentDir))
+    {
+        return Err(format!(
+            "`cwd` `{asked}` has a `..` segment, which is never followed (wherever it leads): \
+             name the directory without it"
+        ));
+    }
+    let mut at = real_root.clone();
+    for part in relative.components() {
         match part {
-            Component::ParentDir => {
-                lexical.pop();
+            Component::Normal(name) => {
+                at = match tokio::fs::canonicalize(at.join(name)).await {
+                    Ok(next) => next,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        return Err(format!(
+                            "`cwd` `{asked}`: no such directory in {}",
+                            real_root.display()
+                        ));
+                    }
+                    Err(e) => return Err(format!("`cwd` `{asked}`: {e}")),
+                };
+                if !at.starts_with(&real_root) {
+                    return Err(outside());
+                }
             }
             Component::CurDir => {}
-            other => lexical.push(other),
+            // A root or a prefix inside a relative path: nothing a directory in `root` has.
+            _ => return Err(outside()),
         }
     }
-    let configured = std::path::absolute(root).unwrap_or_else(|_| real_root.clone());
-    if !lexical.starts_with(&real_root) && !lexical.starts_with(&configured) {
-        return Err(outside());
-    }
-    let real = match tokio::fs::canonicalize(&lexical).await {
-        Ok(p) => p,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(format!(
-                "`cwd` `{asked}`: no such directory in {}",
-                real_root.display()
-            ));
-        }
+    match tokio::fs::metadata(&at).await {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(format!("`cwd` `{asked}` is not a directory")),
         Err(e) => return Err(format!("`cwd` `{asked}`: {e}")),
-    };
-    if !real.starts_with(&real_root) {
-        return Err(outside());
     }
-    match tokio::fs::metadata(&real).await {
-        Ok(m) if m.is_dir() => Ok(real),
-        Ok(_) => Err(format!("`cwd` `{asked}` is not a directory")),
-        Err(e) => Err(format!("`cwd` `{asked}`: {e}")),
+    let inside = at.strip_prefix(&real_root).unwrap_or(&at);
+    if inside.components().any(|c| c.as_os_str() == ".git") {
+        return Err(format!(
+            "`cwd` `{asked}` is inside a git directory (`.git`), which is git's, not a place to \
+             work"
+        ));
     }
+    if let Some(trees) = trees
+        && let Ok(trees) = tokio::fs::canonicalize(trees).await
+        && at.starts_with(&trees)
+    {
+        return Err(format!(
+            "`cwd` `{asked}` is inside {}, where other agents have their worktrees; name a \
+             directory of the main checkout",
+            trees.display()
+        ));
+    }
+    Ok(at)
 }
 
+/// `base` with `SendMessage`, the lead's own, when it lacks one: a teammate's tools.
 fn with_team_tool(base: ToolPool, lead: &ToolPool) -> std::result::Result<ToolPool, String> {
     if base.get(SEND_MESSAGE).is_some() {
         return Ok(base);
@@ -1500,6 +1581,32 @@ fn no_team_tool() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Why `cwd` cannot come with the worktree a child gets: the call asked for both, its
+    /// type asks for one, or coordinator mode gives its writers one.
+    #[test]
+    fn cwd_with_a_worktree_is_refused_saying_where_the_worktree_came_from() {
+        use crate::definition::{AgentDefinition, DefinitionSource};
+        let mut typed = AgentDefinition::new("isolated", "writes", DefinitionSource::Project);
+        typed.isolation = Some("worktree".to_owned());
+        let plain = AgentDefinition::new("worker", "writes", DefinitionSource::Project);
+        assert_eq!(
+            cwd_with_worktree(Some(true), Some(&plain)),
+            "`cwd` and `isolation: \"worktree\"` cannot be combined: a worktree is a directory \
+             of its own; drop one of them"
+        );
+        assert_eq!(
+            cwd_with_worktree(None, Some(&typed)),
+            "agent type `isolated` works in a worktree of its own (`isolation: worktree`), which \
+             `cwd` cannot be combined with; pass `\"isolation\": \"none\"` to run it in `cwd` \
+             instead"
+        );
+        assert_eq!(
+            cwd_with_worktree(None, Some(&plain)),
+            "in coordinator mode a worker that can write gets a worktree of its own, which `cwd` \
+             cannot be combined with; pass `\"isolation\": \"none\"` to run it in `cwd` instead"
+        );
+    }
 
     /// Every reason alone sends a spawn to the background; the veto overrides each of them;
     /// nothing set means the foreground.
