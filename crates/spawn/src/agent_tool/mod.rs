@@ -1512,29 +1512,17 @@ async fn resolve_cwd(
              name the directory without it"
         ));
     }
-    let mut at = real_root.clone();
-    for part in relative.components() {
-        match part {
-            Component::Normal(name) => {
-                at = match tokio::fs::canonicalize(at.join(name)).await {
-                    Ok(next) => next,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                        return Err(format!(
-                            "`cwd` `{asked}`: no such directory in {}",
-                            real_root.display()
-                        ));
-                    }
-                    Err(e) => return Err(format!("`cwd` `{asked}`: {e}")),
-                };
-                if !at.starts_with(&real_root) {
-                    return Err(outside());
-                }
-            }
-            Component::CurDir => {}
-            // A root or a prefix inside a relative path: nothing a directory in `root` has.
-            _ => return Err(outside()),
+    let at = match crate::tool::fs::walk_under(real_root.clone(), relative.to_path_buf()).await {
+        Ok(at) => at,
+        Err(crate::tool::fs::Walk::Outside) => return Err(outside()),
+        Err(crate::tool::fs::Walk::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(format!(
+                "`cwd` `{asked}`: no such directory in {}",
+                real_root.display()
+            ));
         }
-    }
+        Err(crate::tool::fs::Walk::Io(e)) => return Err(format!("`cwd` `{asked}`: {e}")),
+    };
     match tokio::fs::metadata(&at).await {
         Ok(m) if m.is_dir() => {}
         Ok(_) => return Err(format!("`cwd` `{asked}` is not a directory")),

@@ -8,7 +8,10 @@
 //! never follows ``), and the first two are
 //! decided from the text of the path alone, before the filesystem is touched, so that a
 //! refusal never tells whether something outside the root exists. An absolute path must be spelled under the root's
-//! canonical form (symlinks in the root's own path resolved).
+//! canonical form (symlinks in the root's own path resolved). The rest is followed a segment
+//! at a time: a symlink that leads out is refused where it is met, and
+//! nothing beyond it is asked about, so `link/x` gets the same answer whether `x` exists out
+//! there or not.
 //!
 //! `Read` also narrows the race between resolving a path and opening it: once the file is
 //! open, the path is resolved again and must name the same place, and (on unix) the opened
@@ -66,14 +69,55 @@ async fn resolve(root: &Path, requested: &str) -> std::result::Result<PathBuf, S
         }
         return Err(outside(requested));
     }
-    let real = tokio::fs::canonicalize(root.join(path))
-        .await
-        .map_err(|e| format!("cannot open `{requested}`: {e}"))?;
-    // Then the real place: a symlink inside may point outside.
-    if !real.starts_with(root) {
-        return Err(outside(requested));
+    // Then the real place, a segment at a time: a symlink inside may point outside.
+    let relative = path.strip_prefix(root).unwrap_or(path).to_path_buf();
+    match walk_under(root.to_path_buf(), relative).await {
+        Ok(real) => Ok(real),
+        Err(Walk::Outside) => Err(outside(requested)),
+        Err(Walk::Io(e)) => Err(format!("cannot open `{requested}`: {e}")),
     }
-    Ok(real)
+}
+
+/// Why [`walk_under`] stopped.
+#[derive(Debug)]
+pub(crate) enum Walk {
+    /// A link led out of the root (or the path had a segment no directory has: a root, a
+    /// prefix, `..`).
+    Outside,
+    /// A segment could not be resolved (it does not exist, a file in the middle, no
+    /// permission).
+    Io(std::io::Error),
+}
+
+/// Follows `relative` from `root` (canonical) a segment at a time, each link resolved where it
+/// is met, in one trip to the blocking pool. A link that leads out of `root` ends the walk
+/// there: nothing beyond it is asked about, so what the caller is told never depends on
+/// whether a path outside exists (resolved whole, `link/x` would be "outside" where `x`
+/// exists out there and "not found" where it does not).
+pub(crate) async fn walk_under(
+    root: PathBuf,
+    relative: PathBuf,
+) -> std::result::Result<PathBuf, Walk> {
+    let walk = move || {
+        let mut at = root.clone();
+        for part in relative.components() {
+            match part {
+                Component::Normal(name) => {
+                    at = std::fs::canonicalize(at.join(name)).map_err(Walk::Io)?;
+                    if !at.starts_with(&root) {
+                        return Err(Walk::Outside);
+                    }
+                }
+                Component::CurDir => {}
+                _ => return Err(Walk::Outside),
+            }
+        }
+        Ok(at)
+    };
+    match tokio::task::spawn_blocking(walk).await {
+        Ok(walked) => walked,
+        Err(e) => Err(Walk::Io(std::io::Error::other(e))),
+    }
 }
 
 /// Whether two metadata describe the same file (device and inode); `true` where that cannot
@@ -451,8 +495,20 @@ mod tests {
         let cx = cx();
         assert_eq!(read(&tool, &cx, "link").await, refused("link"));
         assert_eq!(read(&tool, &cx, "dir/secret").await, refused("dir/secret"));
+        // Beyond a link that leads out nothing is asked about: a path there that does not
+        // exist gets the same answer as one that does, so the tools tell nothing of what
+        // exists outside.
+        assert_eq!(read(&tool, &cx, "dir/nope").await, refused("dir/nope"));
+        assert_eq!(
+            read(&tool, &cx, "dir/secret/x").await,
+            refused("dir/secret/x")
+        );
         let listed = ls.call(serde_json::json!({ "path": "dir" }), &cx).await;
         assert_eq!(listed, refused("dir"));
+        let listed = ls
+            .call(serde_json::json!({ "path": "dir/nope" }), &cx)
+            .await;
+        assert_eq!(listed, refused("dir/nope"));
         // A symlink that stays inside is followed.
         assert_eq!(read(&tool, &cx, "ok").await, ToolOutput::text("inside"));
     }
