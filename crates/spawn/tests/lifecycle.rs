@@ -1212,6 +1212,62 @@ async fn a_start_the_registry_refuses_half_way_ends_the_record() {
     assert_eq!(service.live(), 0);
 }
 
+/// A registry that does not answer a child's start (a store in trouble, here 10 min away)
+/// holds the parent's `Agent` call only for `TaskConfig::registry_timeout`: the call says
+/// why, the slot is freed, and the record is ended once the registry answers (cx#25426:
+/// spawns hung for hours).
+#[tokio::test(start_paused = true)]
+async fn a_start_the_registry_does_not_answer_fails_after_the_registry_timeout() {
+    let rows = [
+        (
+            "making its record",
+            SlowRegistry {
+                create: Duration::from_secs(600),
+                ..SlowRegistry::default()
+            },
+        ),
+        (
+            "moving its record to running",
+            SlowRegistry {
+                running: Duration::from_secs(600),
+                ..SlowRegistry::default()
+            },
+        ),
+    ];
+    for (what, registry) in rows {
+        let registry = Arc::new(registry);
+        let service = TaskService::new(
+            Arc::clone(&registry) as _,
+            no_deadline().with_registry_timeout(Duration::from_secs(5)),
+        );
+        let mut parent = parent_over_service(starts_one_worker(), &service).await;
+        let started = tokio::time::Instant::now();
+        let run = parent.run("go").await;
+        assert_eq!(run.stop, StopReason::Completed, "{what}: {:?}", run.error);
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{what}: the call waited {:?}",
+            started.elapsed()
+        );
+        let said = parent.params().messages()[2].clone();
+        let (_, text, is_error) = message_results(&said).remove(0);
+        assert!(is_error, "{text}");
+        assert!(
+            text.contains(&format!(
+                "the task registry did not answer within 5s ({what}), so the child was not \
+                 started; its record is ended once the registry answers"
+            )),
+            "{what}: {text}"
+        );
+        assert_eq!(service.live(), 0, "{what}: the slot is freed");
+        // Once the registry answers, the record is ended.
+        tokio::time::sleep(Duration::from_secs(700)).await;
+        let records = registry.children(parent.id()).await;
+        assert_eq!(records.len(), 1, "{what}");
+        assert_eq!(records[0].state, TaskState::Killed, "{what}");
+    }
+}
+
 /// The runtime shuts down while a child's owner is finishing it (its run has returned; the
 /// owner waits 5 s on the registry's roll-up): the owner's guard does the rest on the spot —
 /// the record ends, and the one notification reaches the parent's queue.

@@ -83,6 +83,12 @@ pub struct TaskConfig {
     /// Most ended background children kept ready to be resumed with a message (see
     /// `SendMessage`); past that the oldest is forgotten (0: none is).
     pub max_resumable: usize,
+    /// How long a child's start waits for the task registry to record it (its record made,
+    /// then moved to `running`). Past it the start fails, saying so, and the record is ended
+    /// when the registry answers: a registry that hangs (a networked store in trouble)
+    /// cannot hold the parent's `Agent` call for the tool call's whole timeout. A registry
+    /// that answers at once (in memory) pays for no timer.
+    pub registry_timeout: Duration,
 }
 
 setters!(TaskConfig {
@@ -93,6 +99,7 @@ setters!(TaskConfig {
     with_max_children_per_agent => max_children_per_agent: usize,
     with_max_children_per_tree => max_children_per_tree: usize,
     with_max_resumable => max_resumable: usize,
+    with_registry_timeout => registry_timeout: Duration,
 });
 
 impl Default for TaskConfig {
@@ -105,6 +112,7 @@ impl Default for TaskConfig {
             max_children_per_agent: 32,
             max_children_per_tree: 256,
             max_resumable: 64,
+            registry_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -516,6 +524,33 @@ impl Drop for Claim<'_> {
         if self.recorded {
             end_unstarted(&self.service.registry, id);
         }
+    }
+}
+
+/// `op`, a registry call on a child's start, bounded by `limit` ([`TaskConfig::registry_timeout`]):
+/// its answer, or (the outer `Err`) the error saying it did not come. Polled once first: a
+/// registry that answers at once (in memory) pays for no timer.
+async fn bounded<T>(
+    limit: Duration,
+    id: &TaskId,
+    what: &str,
+    op: impl Future<Output = Result<T>>,
+) -> std::result::Result<Result<T>, Error> {
+    use futures::FutureExt;
+    let mut op = std::pin::pin!(op);
+    if let Some(out) = op.as_mut().now_or_never() {
+        return Ok(out);
+    }
+    match tokio::time::timeout(limit, op).await {
+        Ok(out) => Ok(out),
+        Err(_) => Err(Error::Task {
+            id: *id,
+            message: format!(
+                "the task registry did not answer within {} ({what}), so the child was not \
+                 started; its record is ended once the registry answers",
+                crate::base::events::format_duration(limit)
+            ),
+        }),
     }
 }
 
@@ -1508,17 +1543,22 @@ impl TaskService {
                 false => {
                     // From here a dropped start ends the record (its write may land unanswered).
                     claim.recorded = true;
-                    match self.registry.create(record.clone()).await {
-                        Ok(()) => self
-                            .registry
-                            .transition(&id, TaskState::Running)
-                            .await
-                            .map(|_| ()),
-                        Err(e) => {
+                    let limit = self.config.registry_timeout;
+                    let create = self.registry.create(record.clone());
+                    match bounded(limit, &id, "making its record", create).await {
+                        Ok(Ok(())) => {
+                            let running = self.registry.transition(&id, TaskState::Running);
+                            bounded(limit, &id, "moving its record to running", running)
+                                .await
+                                .and_then(|moved| moved.map(|_| ()))
+                        }
+                        Ok(Err(e)) => {
                             // Not made: nothing to end.
                             claim.recorded = false;
                             Err(e)
                         }
+                        // Unanswered: it may have been made, and is ended as a dropped start's.
+                        Err(e) => Err(e),
                     }
                 }
             };
