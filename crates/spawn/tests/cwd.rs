@@ -260,7 +260,6 @@ async fn a_cwd_that_is_not_a_directory_inside_the_root_is_refused_with_why() {
         ],
     )
     .await;
-    let trees = std::fs::canonicalize(root.path().join(".forkhive/worktrees")).unwrap();
     assert_eq!(
         got,
         vec![
@@ -278,11 +277,9 @@ async fn a_cwd_that_is_not_a_directory_inside_the_root_is_refused_with_why() {
                 true
             ),
             (
-                format!(
-                    "`cwd` `.forkhive/worktrees/agent-a1` is inside {}, where other agents have \
-                     their worktrees; name a directory of the main checkout",
-                    trees.display()
-                ),
+                "`cwd` `.forkhive/worktrees/agent-a1` is inside `.forkhive/worktrees`, where \
+                 agents have their worktrees; name a directory of the main checkout"
+                    .to_owned(),
                 true
             ),
         ]

@@ -158,6 +158,9 @@ async fn memory_is_kept_per_type_confined_and_in_the_first_message() {
             assert!(text.contains("- the user likes tests"), "{text}");
             return Plan::Reply(calls(&[
                 ("r", "MemoryRead", r#"{"path":"out"}"#),
+                // Beyond the link, nothing is asked about: the same answer for a path that
+                // does not exist out there.
+                ("r2", "MemoryRead", r#"{"path":"out/nope.md"}"#),
                 ("w", "MemoryWrite", r#"{"path":"out/x.md","content":"x"}"#),
             ]));
         }
@@ -177,6 +180,10 @@ async fn memory_is_kept_per_type_confined_and_in_the_first_message() {
             [
                 (
                     "path `out` is outside your memory directory".to_owned(),
+                    true
+                ),
+                (
+                    "path `out/nope.md` is outside your memory directory".to_owned(),
                     true
                 ),
                 (

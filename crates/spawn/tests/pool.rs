@@ -287,6 +287,79 @@ async fn a_submission_whose_answer_was_lost_is_sent_again_and_added_once() {
     w1.await.unwrap().unwrap();
 }
 
+/// A coordinator cut off from Redis for longer than a submission's three tries: the `Agent`
+/// call says the start was not confirmed and names the task (not "could not start", which
+/// would have the model start it again), and the coordinator keeps waiting for it. Once the
+/// network heals it hears of the task exactly once: its result had a try landed, or (as
+/// here, the tries lost with their connections) `killed` once the store has not listed it
+/// for `lost_after`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_start_the_pool_never_confirmed_is_waited_for_and_reported_once() {
+    let Some(url) = url() else { return };
+    let p = prefix("unconfirmed");
+    let pool = Pool::new(&url, &p, "p", fast()).unwrap();
+    let net = support::Partition::to(&url).await;
+    let far = Pool::new(
+        &net.url,
+        &p,
+        "p",
+        fast().with_lost_after(Duration::from_secs(3)),
+    )
+    .unwrap();
+    let (w1, s1) = start_worker(&pool, "w1", answering(Duration::from_millis(20)));
+    let (mut agent, asked) = coordinator_of(&far, 1).await;
+    let me = *agent.id();
+    // Connected before the cut, as a running coordinator is.
+    assert!(far.outstanding(&me).await.unwrap().is_empty());
+    net.cut(true);
+    let running = tokio::spawn(async move {
+        let run = agent.run("go").await;
+        (agent, run)
+    });
+    // Three tries of 10 s each, 1.5 s apart; then the model is asked again.
+    for _ in 0..600 {
+        if asked.load(Ordering::SeqCst) >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(asked.load(Ordering::SeqCst) >= 2, "the call answered");
+    net.cut(false);
+    for i in 0..20 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        eprintln!(
+            "DIAG {i}: far outstanding {:?}; pool outstanding {:?}; pending {:?}",
+            far.outstanding(&me).await.map(|v| v.len()),
+            pool.outstanding(&me).await.map(|v| v.len()),
+            pool.queue().pending(&me).await.map(|v| v.len())
+        );
+    }
+    let (agent, run) = tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("the coordinator's run ended once the network healed")
+        .unwrap();
+    assert_eq!(run.stop, forkhive_spawn::runtime::StopReason::Completed);
+    let got = notifications(&agent);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(
+        matches!(got[0].status, TaskStatus::Completed | TaskStatus::Killed),
+        "{:?}",
+        got[0]
+    );
+    let said = support::result_texts(&agent.params().messages()[2]);
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(!said[0].1, "not an error: the model is not to try again");
+    let said = &said[0].0;
+    assert!(
+        said.starts_with("The pool did not confirm that this agent started")
+            && said.contains(&format!("agentId: {}", got[0].task_id))
+            && said.contains("whether the pool got task"),
+        "{said:?}"
+    );
+    s1.cancel();
+    w1.await.unwrap().unwrap();
+}
+
 /// A worker named `ghost` (that will never run again) reads up to `count` new jobs of pool
 /// `p` under `prefix`: they stay pending under its name.
 async fn ghost_reads(c: &mut redis::aio::MultiplexedConnection, prefix: &str, count: usize) {

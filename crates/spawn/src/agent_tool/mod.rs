@@ -792,12 +792,7 @@ impl AgentTool {
                     if isolate {
                         return Err(cwd_with_worktree(asked, definition.map(|d| &**d)));
                     }
-                    let trees = self
-                        .config
-                        .worktree_repo
-                        .as_ref()
-                        .map(|r| r.join(crate::worktree::DEFAULT_ROOT));
-                    Some(Box::pin(resolve_cwd(root, asked_dir, trees.as_deref())).await?)
+                    Some(Box::pin(resolve_cwd(root, asked_dir)).await?)
                 }
             };
             let definition_background = definition.is_none_or(|d| d.background);
@@ -1464,11 +1459,10 @@ fn without_cwd(entries: &[(String, String)]) -> Vec<(String, String)> {
 /// refused before the file system is asked. The rest is resolved a segment at a time, and a
 /// link that leads out of `root` is refused where it is met, before anything beyond it is
 /// asked about: the answer never tells whether a path outside exists. A git directory and
-/// the worktrees of other agents (`trees`) are no place to work either.
+/// the worktrees of agents (any `.forkhive/worktrees`) are no place to work either.
 async fn resolve_cwd(
     root: &std::path::Path,
     asked: &str,
-    trees: Option<&std::path::Path>,
 ) -> std::result::Result<std::path::PathBuf, String> {
     use std::path::{Component, Path};
     let real_root = tokio::fs::canonicalize(root).await.map_err(|e| {
@@ -1535,14 +1529,17 @@ async fn resolve_cwd(
              work"
         ));
     }
-    if let Some(trees) = trees
-        && let Ok(trees) = tokio::fs::canonicalize(trees).await
-        && at.starts_with(&trees)
-    {
+    // Worktrees are made under the repository's top level, which `root` may be above or
+    // below: any `.forkhive/worktrees` on the way is theirs.
+    let trees: Vec<std::path::Component<'_>> = Path::new(crate::worktree::DEFAULT_ROOT)
+        .components()
+        .collect();
+    let parts: Vec<std::path::Component<'_>> = at.components().collect();
+    if parts.windows(trees.len()).any(|w| w == trees.as_slice()) {
         return Err(format!(
-            "`cwd` `{asked}` is inside {}, where other agents have their worktrees; name a \
+            "`cwd` `{asked}` is inside `{}`, where agents have their worktrees; name a \
              directory of the main checkout",
-            trees.display()
+            crate::worktree::DEFAULT_ROOT
         ));
     }
     Ok(at)

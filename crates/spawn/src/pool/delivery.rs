@@ -823,11 +823,30 @@ impl Tool for PoolAgentTool {
         // unless the job was submitted — a call dropped mid-way (its timeout) leaves no promise.
         delivery.expect(job.task);
         let mut unsent = Withdraw(Some((delivery.clone(), job.task)));
-        if let Err(e) = self.pool.submit(&job).await {
-            return ToolOutput::error(format!(
-                "could not start the agent: {}",
-                crate::task::error_chain(&e)
-            ));
+        match self.pool.submit_checked(&job).await {
+            Ok(super::Submitted::Added(_)) => {}
+            // It may run: waited for as a submitted task, so its notification comes either
+            // way — its own, or `killed` once the store has not listed it for `lost_after`.
+            Ok(super::Submitted::Unknown(e)) => {
+                unsent.0 = None;
+                delivery.submitted(job.task, &job.description);
+                return ToolOutput::text(format!(
+                    "The pool did not confirm that this agent started ({}): it may be running \
+                     on pool `{}`.{}{} (its notification carries this id)\nEither way a \
+                     notification for it will come: its result if it runs, `killed` if the \
+                     pool never got it. Do not start it again before that.",
+                    crate::task::error_chain(&e),
+                    self.pool.name,
+                    crate::base::launched::POOL_AGENT_ID,
+                    job.task
+                ));
+            }
+            Err(e) => {
+                return ToolOutput::error(format!(
+                    "could not start the agent: {}",
+                    crate::task::error_chain(&e)
+                ));
+            }
         }
         unsent.0 = None;
         delivery.submitted(job.task, &job.description);
@@ -937,13 +956,30 @@ impl PoolAgentTool {
         if let Some(promise) = delivery.expect_teammate(job.task, true) {
             team.hold_remote(name, promise);
         }
-        self.pool
-            .submit(&job)
+        let unsure = match self
+            .pool
+            .submit_checked(&job)
             .await
-            .map_err(|e| format!("could not start the teammate: {e}"))?;
+            .map_err(|e| format!("could not start the teammate: {e}"))?
+        {
+            super::Submitted::Added(_) => None,
+            // It may run: kept on the roster and waited for, as one that started.
+            super::Submitted::Unknown(e) => Some(e),
+        };
         unsent.0 = None;
         off_roster.0 = None;
         delivery.submitted(job.task, &job.description);
+        if let Some(e) = unsure {
+            return Ok(format!(
+                "The pool did not confirm that teammate `{name}` started ({e}): it may be \
+                 running in team `{}` on pool `{}` as task {}. Either way you will hear of it: \
+                 an idle_notification if it runs, a `killed` notification if the pool never \
+                 got it. Do not start it again before that.",
+                team.name(),
+                self.pool.name,
+                job.task
+            ));
+        }
         Ok(format!(
             "Teammate `{name}` started in team `{}` on pool `{}` as task {}. It works on its \
              prompt, then goes idle and you get an idle_notification; it stays until you send \

@@ -71,6 +71,15 @@ pub const MAX_JOB_BYTES: usize = 1024 * 1024;
 /// How many times [`Pool::submit`] sends a submission whose answer does not come.
 pub const SUBMIT_TRIES: u32 = 3;
 
+/// How a submission went ([`Pool::submit_checked`]).
+#[derive(Debug)]
+pub(crate) enum Submitted {
+    /// Added (or found added by an earlier try): the job stream's entry id.
+    Added(String),
+    /// A try went unanswered and no later one was: the task may or may not run. Why.
+    Unknown(Error),
+}
+
 /// Whether `e` leaves unknown what the store did with a command: it may have been sent and
 /// run, and only its answer lost.
 fn unanswered(e: &redis::RedisError) -> bool {
@@ -491,8 +500,18 @@ impl Pool {
     /// It retries so itself: a submission whose answer did not come (a timeout, a dropped
     /// connection: a network partition, a store failing over) is sent again up to
     /// [`SUBMIT_TRIES`] times in all, half a second apart and then twice as long each time.
-    /// Past the last, the error says that whether the pool got it is unknown.
+    /// Past the last — or when a later try is refused after an earlier one went unanswered —
+    /// the error says that whether the pool got it is unknown.
     pub async fn submit(&self, job: &Job) -> Result<String> {
+        match self.submit_checked(job).await? {
+            Submitted::Added(entry) => Ok(entry),
+            Submitted::Unknown(e) => Err(e),
+        }
+    }
+
+    /// [`submit`](Self::submit), telling an unknown outcome from a failure: the `Agent` tool
+    /// keeps waiting for a task that may run, and says so to the model.
+    pub(crate) async fn submit_checked(&self, job: &Job) -> Result<Submitted> {
         let json = serde_json::to_string(job).map_err(|e| Error::Task {
             id: job.task,
             message: format!("the job cannot be written as JSON: {e}"),
@@ -517,6 +536,8 @@ impl Pool {
         }
         let mut wait = Duration::from_millis(500);
         let mut tries = 1;
+        // A try that went unanswered may have landed; a refused connection sent nothing.
+        let mut maybe_sent = false;
         loop {
             let mut conn = self.conn().await?;
             let sent = redis::Script::new(SUBMIT)
@@ -529,11 +550,12 @@ impl Pool {
                 .invoke_async(&mut conn)
                 .await;
             match sent {
-                Ok(entry) => return Ok(entry),
+                Ok(entry) => return Ok(Submitted::Added(entry)),
                 // Sent, perhaps, with its answer lost: the model told "could not start" would
                 // start it again while it ran. The script is idempotent by task id, so asking
                 // again is safe, and the answer tells.
                 Err(e) if unanswered(&e) && tries < SUBMIT_TRIES => {
+                    maybe_sent |= !e.is_connection_refusal();
                     tracing::warn!(
                         task = %job.task,
                         "submitting to pool `{}`: {e}; sending it again (try {} of \
@@ -545,19 +567,28 @@ impl Pool {
                     wait *= 2;
                     tries += 1;
                 }
-                Err(e) if unanswered(&e) => return Err(self.unknown_submission(job.task, &e)),
-                Err(e) => return Err(self.fail("submit", e)),
+                Err(e) => {
+                    maybe_sent |= unanswered(&e) && !e.is_connection_refusal();
+                    return if maybe_sent {
+                        Ok(Submitted::Unknown(
+                            self.unknown_submission(job.task, tries, &e),
+                        ))
+                    } else {
+                        Err(self.fail("submit", e))
+                    };
+                }
             }
         }
     }
 
-    /// The error of a submission whose every try went unanswered.
-    fn unknown_submission(&self, task: TaskId, e: &redis::RedisError) -> Error {
+    /// The error of a submission that may have landed: a try went unanswered, and none
+    /// after it (`tries` in all, the last answered `e`) was.
+    fn unknown_submission(&self, task: TaskId, tries: u32, e: &redis::RedisError) -> Error {
         Error::Pool {
             message: format!(
-                "`{}` at {}: submit: no answer in {SUBMIT_TRIES} tries ({e}); whether the pool \
-                 got task {task} is unknown: if it did, a worker runs it and its parent is \
-                 notified of it once",
+                "`{}` at {}: submit: {tries} tries, none answered with the task added (the \
+                 last: {e}); whether the pool got task {task} is unknown: if it did, a worker \
+                 runs it and its parent is notified of it once",
                 self.name, self.h.shown
             ),
         }
@@ -897,11 +928,11 @@ mod tests {
         let task: TaskId = "a01234567".parse().unwrap();
         let e = redis::RedisError::from(Io::new(K::TimedOut, "timed out"));
         assert_eq!(
-            pool.unknown_submission(task, &e).to_string(),
+            pool.unknown_submission(task, 3, &e).to_string(),
             format!(
-                "pool `p` at redis://127.0.0.1:1/: submit: no answer in 3 tries (timed out); \
-                 whether the pool got task {task} is unknown: if it did, a worker runs it and \
-                 its parent is notified of it once"
+                "pool `p` at redis://127.0.0.1:1/: submit: 3 tries, none answered with the task \
+                 added (the last: timed out); whether the pool got task {task} is unknown: if \
+                 it did, a worker runs it and its parent is notified of it once"
             )
         );
     }

@@ -89,27 +89,78 @@ pub(crate) enum Walk {
     Io(std::io::Error),
 }
 
-/// Follows `relative` from `root` (canonical) a segment at a time, each link resolved where it
-/// is met, in one trip to the blocking pool. A link that leads out of `root` ends the walk
-/// there: nothing beyond it is asked about, so what the caller is told never depends on
-/// whether a path outside exists (resolved whole, `link/x` would be "outside" where `x`
-/// exists out there and "not found" where it does not).
+/// The most links one walk follows (as Linux's `MAXSYMLINKS`): a loop, or `l/l/l/…` through a
+/// link to `.`, ends there.
+const MAX_LINKS: u32 = 40;
+
+/// Follows `relative` from `root` (canonical) a segment at a time, in one trip to the blocking
+/// pool, reading each link's target itself (`RESOLVE_BENEATH` by hand) rather than letting the
+/// system resolve it. A link whose target leaves `root` — absolute elsewhere, or a `..` above
+/// `root` — ends the walk where it is met, before the target is asked about: what the caller
+/// is told never depends on what exists outside (resolved by the system, `link/x` would be
+/// "outside" where `x` exists out there and "not found" where it does not, and a link to a
+/// missing file outside would be "not found").
 pub(crate) async fn walk_under(
     root: PathBuf,
     relative: PathBuf,
 ) -> std::result::Result<PathBuf, Walk> {
     let walk = move || {
-        let mut at = root.clone();
-        for part in relative.components() {
-            match part {
-                Component::Normal(name) => {
-                    at = std::fs::canonicalize(at.join(name)).map_err(Walk::Io)?;
-                    if !at.starts_with(&root) {
-                        return Err(Walk::Outside);
-                    }
+        use std::ffi::OsString;
+        // The segments still to follow, the next one last.
+        let mut todo: Vec<OsString> = Vec::new();
+        let push = |todo: &mut Vec<OsString>, path: &Path| -> std::result::Result<(), Walk> {
+            for part in path.components().rev() {
+                match part {
+                    Component::Normal(name) => todo.push(name.to_owned()),
+                    Component::ParentDir => todo.push(OsString::from("..")),
+                    Component::CurDir => {}
+                    // A root or a prefix in a path taken as relative: not below `root`.
+                    _ => return Err(Walk::Outside),
                 }
-                Component::CurDir => {}
-                _ => return Err(Walk::Outside),
+            }
+            Ok(())
+        };
+        if relative
+            .components()
+            .any(|c| matches!(c, Component::ParentDir))
+        {
+            return Err(Walk::Outside);
+        }
+        push(&mut todo, &relative)?;
+        let mut at = root.clone();
+        let mut links = 0;
+        while let Some(name) = todo.pop() {
+            if name == ".." {
+                // Only a link's target has these; above `root` is outside.
+                if at == root || !at.pop() {
+                    return Err(Walk::Outside);
+                }
+                continue;
+            }
+            let next = at.join(&name);
+            let meta = std::fs::symlink_metadata(&next).map_err(Walk::Io)?;
+            if !meta.file_type().is_symlink() {
+                at = next;
+                continue;
+            }
+            links += 1;
+            if links > MAX_LINKS {
+                return Err(Walk::Io(std::io::Error::other(format!(
+                    "more than {MAX_LINKS} links on the way"
+                ))));
+            }
+            let target = std::fs::read_link(&next).map_err(Walk::Io)?;
+            if target.is_absolute() {
+                // Spelled under `root` (canonical) or it leaves: an absolute target is never
+                // resolved outside to see whether it comes back.
+                let Ok(rest) = target.strip_prefix(&root) else {
+                    return Err(Walk::Outside);
+                };
+                let rest = rest.to_path_buf();
+                at = root.clone();
+                push(&mut todo, &rest)?;
+            } else {
+                push(&mut todo, &target)?;
             }
         }
         Ok(at)
@@ -499,6 +550,28 @@ mod tests {
         // exist gets the same answer as one that does, so the tools tell nothing of what
         // exists outside.
         assert_eq!(read(&tool, &cx, "dir/nope").await, refused("dir/nope"));
+        // A link's own target outside is not asked about either: one to a missing file gets
+        // the same answer as one to a file that exists.
+        std::os::unix::fs::symlink(elsewhere.path().join("missing"), root.path().join("gone"))
+            .unwrap();
+        assert_eq!(read(&tool, &cx, "gone").await, refused("gone"));
+        // Nor is a path through the outside that comes back in.
+        let back = format!(
+            "{}/../{}/a.txt",
+            elsewhere.path().display(),
+            root.path().display()
+        );
+        std::os::unix::fs::symlink(&back, root.path().join("round")).unwrap();
+        assert_eq!(read(&tool, &cx, "round").await, refused("round"));
+        // Links inside are followed through `..` as the system would, and a loop ends.
+        std::fs::create_dir(root.path().join("sub")).unwrap();
+        std::os::unix::fs::symlink("../a.txt", root.path().join("sub/up")).unwrap();
+        assert_eq!(read(&tool, &cx, "sub/up").await, ToolOutput::text("inside"));
+        std::os::unix::fs::symlink("loop", root.path().join("loop")).unwrap();
+        assert_eq!(
+            read(&tool, &cx, "loop").await,
+            ToolOutput::error("cannot open `loop`: more than 40 links on the way")
+        );
         assert_eq!(
             read(&tool, &cx, "dir/secret/x").await,
             refused("dir/secret/x")

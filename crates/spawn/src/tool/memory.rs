@@ -24,7 +24,7 @@ use forkhive_core::ToolDefinition;
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
-use crate::tool::fs::{canonical_root, definition, lexically_inside};
+use crate::tool::fs::{Walk, canonical_root, definition, lexically_inside, walk_under};
 use crate::tool::{Tool, ToolContext, ToolOutput};
 
 /// The memory's index file.
@@ -395,10 +395,16 @@ impl Tool for MemoryRead {
         if !lexically_inside(&self.root, Path::new(&path)) {
             return ToolOutput::error(refused_as_written(&path));
         }
-        let real = match tokio::fs::canonicalize(self.root.join(&path)).await {
-            Ok(r) if r.starts_with(&self.root) => r,
-            Ok(_) => return ToolOutput::error(outside(&path)),
-            Err(_) => return ToolOutput::error(format!("`{path}` is not in your memory")),
+        // A segment at a time: a link that leads out is refused where it is met, so the
+        // answer never tells whether something outside exists.
+        let relative = Path::new(&path);
+        let relative = relative.strip_prefix(&self.root).unwrap_or(relative);
+        let real = match walk_under(self.root.clone(), relative.to_path_buf()).await {
+            Ok(r) => r,
+            Err(Walk::Outside) => return ToolOutput::error(outside(&path)),
+            Err(Walk::Io(_)) => {
+                return ToolOutput::error(format!("`{path}` is not in your memory"));
+            }
         };
         match tokio::fs::metadata(&real).await {
             Ok(m) if m.is_dir() => {
