@@ -114,19 +114,26 @@ impl Tool for TaskStopTool {
                 listed(&mut mine)
             ));
         };
-        if service.parent_of(&id) == Some(me) && service.cancel(&id) {
+        if service.parent_of(&id) == Some(me) {
             // A teammate idle between prompts does not hold its lead's run; stopped, its
-            // `killed` notification is what the lead was just promised: wait for it.
-            if let Some(team) = cx
+            // `killed` notification is what the lead is promised: its run waits for it. Held
+            // before the stop: stopped first, the teammate could end (on another thread)
+            // before its promise was taken up, and the run return before its notification.
+            let team = cx
                 .caller()
-                .and_then(|c| c.tree().extensions().get::<crate::team::Team>())
-            {
+                .and_then(|c| c.tree().extensions().get::<crate::team::Team>());
+            if let Some(team) = &team {
                 team.await_end_of(&id);
             }
-            return ToolOutput::text(format!(
-                "Stopping task {id}. Its notification will say it was killed, with what it had \
-                 done."
-            ));
+            if service.cancel(&id) {
+                return ToolOutput::text(format!(
+                    "Stopping task {id}. Its notification will say it was killed, with what it \
+                     had done."
+                ));
+            }
+            if let Some(team) = &team {
+                team.not_stopping(&id);
+            }
         }
         match ended(&service, &id).await {
             Some(state) if service.parent_of(&id).is_none() => ToolOutput::error(format!(

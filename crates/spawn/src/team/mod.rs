@@ -1336,6 +1336,23 @@ impl Team {
         }
     }
 
+    /// [`await_end_of`](Self::await_end_of) undone, for a stop that did not happen (the task
+    /// was not running): a teammate resting between prompts sets its promise down again.
+    pub(crate) fn not_stopping(&self, id: &TaskId) {
+        let mut holds = self.holds();
+        let Some(name) = self.name_of(id) else { return };
+        if !holds.stopping.remove(&name) {
+            return;
+        }
+        let idle = self
+            .lock()
+            .get(&name)
+            .is_some_and(|m| m.state == MemberState::Idle);
+        if idle && let Some(promise) = holds.running.get(&name) {
+            promise.set_down();
+        }
+    }
+
     /// Teammate `name` has ended: stopped on the roster, and the letters it will never take
     /// no longer hold the lead's run.
     pub(crate) fn stopped(&self, name: &str) {
