@@ -87,6 +87,15 @@ async fn round_and_answers(
     (results, answers)
 }
 
+/// The error text of the one `Agent` call `input`, which must be refused.
+async fn refusal(config: AgentToolConfig, root: &Path, input: &str) -> String {
+    let mut got = round(config, root, &[input]).await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    let (text, is_error) = got.remove(0);
+    assert!(is_error, "{text}");
+    text
+}
+
 fn worker() -> AgentRegistry {
     let mut w = AgentDefinition::new("worker", "does one job", DefinitionSource::Project);
     w.system_prompt = "You are a worker.".into();
@@ -290,56 +299,30 @@ async fn a_cwd_that_is_not_a_directory_inside_the_root_is_refused_with_why() {
         .with_registry(worker())
         .with_fork_enabled(true)
         .with_cwd_root(Some(root.path().to_path_buf()));
-    let got = round(
-        config,
-        root.path(),
-        &[r#"{"description":"fork","prompt":"p","cwd":"app"}"#],
-    )
-    .await;
+    let fork = r#"{"description":"fork","prompt":"p","cwd":"app"}"#;
     assert_eq!(
-        got,
-        vec![(
-            "a fork shares its parent's directory and tools (and prompt cache); name a \
-             `subagent_type` to start an agent in `cwd`"
-                .to_owned(),
-            true
-        )]
+        refusal(config, root.path(), fork).await,
+        "a fork shares its parent's directory and tools (and prompt cache); name a \
+         `subagent_type` to start an agent in `cwd`"
     );
     // A `cwd_root` that is gone: said, for the host to mend.
     let gone = root.path().join("gone");
-    let got = round(
-        AgentToolConfig::default()
-            .with_registry(worker())
-            .with_cwd_root(Some(gone.clone())),
-        root.path(),
-        &[&call("app")],
-    )
-    .await;
+    let config = AgentToolConfig::default()
+        .with_registry(worker())
+        .with_cwd_root(Some(gone.clone()));
     assert_eq!(
-        got,
-        vec![(
-            format!(
-                "`cwd` is not available: the directory agents may be started in, {}, cannot be \
-                 read: No such file or directory (os error 2)",
-                gone.display()
-            ),
-            true
-        )]
+        refusal(config, root.path(), &call("app")).await,
+        format!(
+            "`cwd` is not available: the directory agents may be started in, {}, cannot be \
+             read: No such file or directory (os error 2)",
+            gone.display()
+        )
     );
-    let got = round(
-        AgentToolConfig::default().with_registry(worker()),
-        root.path(),
-        &[&call("app")],
-    )
-    .await;
+    let config = AgentToolConfig::default().with_registry(worker());
     assert_eq!(
-        got,
-        vec![(
-            "invalid input for tool `Agent`:\nat /: Additional properties are not allowed \
-             ('cwd' was unexpected)"
-                .to_owned(),
-            true
-        )]
+        refusal(config, root.path(), &call("app")).await,
+        "invalid input for tool `Agent`:\nat /: Additional properties are not allowed \
+         ('cwd' was unexpected)"
     );
 }
 
@@ -356,17 +339,13 @@ async fn a_cwd_whose_writer_tool_cannot_move_is_refused() {
         .with_registry(worker())
         .with_cwd_root(Some(root.path().to_path_buf()))
         .with_subagent_tools(Some(ToolPool::new([writer]).unwrap()));
-    let got = round(config, root.path(), &[&call("app")]).await;
     let app = std::fs::canonicalize(root.path().join("app")).unwrap();
     assert_eq!(
-        got,
-        vec![(
-            format!(
-                "cannot start the agent in `{}`: its tool \"Write\" changes things but cannot \
-                 work in another directory (it does not implement `Tool::rooted`)",
-                app.display()
-            ),
-            true
-        )]
+        refusal(config, root.path(), &call("app")).await,
+        format!(
+            "cannot start the agent in `{}`: its tool \"Write\" changes things but cannot work \
+             in another directory (it does not implement `Tool::rooted`)",
+            app.display()
+        )
     );
 }

@@ -1252,11 +1252,13 @@ async fn a_start_the_registry_does_not_answer_fails_after_the_registry_timeout()
         let said = parent.params().messages()[2].clone();
         let (_, text, is_error) = message_results(&said).remove(0);
         assert!(is_error, "{text}");
+        // `could not start the agent: task <id>: …`, as docs/background.md shows it.
         assert!(
-            text.contains(&format!(
-                "the task registry did not answer within 5s ({what}), so the child was not \
-                 started; its record is ended once the registry answers"
-            )),
+            text.starts_with("could not start the agent: task ")
+                && text.ends_with(&format!(
+                    ": the task registry did not answer within 5s ({what}), so the child was \
+                     not started; its record is ended once the registry answers"
+                )),
             "{what}: {text}"
         );
         assert_eq!(service.live(), 0, "{what}: the slot is freed");

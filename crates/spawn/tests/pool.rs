@@ -88,6 +88,20 @@ async fn pending_n(pool: &Pool, parent: &TaskId, n: usize) -> Vec<TaskNotificati
     panic!("{parent}: fewer than {n} notifications after 10 s");
 }
 
+/// A fresh prefix for `test`, pool `p` under it, a network to the same Redis that can be cut
+/// (a partition proxy), and the pool on that side of it, with `far`'s settings.
+async fn across_a_partition(
+    url: &str,
+    test: &str,
+    far: PoolConfig,
+) -> (String, Pool, support::Partition, Pool) {
+    let p = prefix(test);
+    let pool = Pool::new(url, &p, "p", fast()).unwrap();
+    let net = support::Partition::to(url).await;
+    let far = Pool::new(&net.url, &p, "p", far).unwrap();
+    (p, pool, net, far)
+}
+
 fn notifications(agent: &Agent) -> Vec<TaskNotification> {
     agent
         .params()
@@ -182,10 +196,7 @@ async fn every_task_reports_once_into_the_coordinators_conversation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_coordinator_cut_off_from_redis_gets_each_notification_once_when_it_heals() {
     let Some(url) = url() else { return };
-    let p = prefix("cutcoord");
-    let pool = Pool::new(&url, &p, "p", fast()).unwrap();
-    let net = support::Partition::to(&url).await;
-    let far = Pool::new(&net.url, &p, "p", fast()).unwrap();
+    let (_, pool, net, far) = across_a_partition(&url, "cutcoord", fast()).await;
     let (w1, s1) = start_worker(&pool, "w1", answering(Duration::from_millis(300)));
     let (mut agent, asked) = coordinator_of(&far, 5).await;
     let me = *agent.id();
@@ -238,10 +249,7 @@ async fn a_coordinator_cut_off_from_redis_gets_each_notification_once_when_it_he
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_submission_whose_answer_was_lost_is_sent_again_and_added_once() {
     let Some(url) = url() else { return };
-    let p = prefix("lostsubmit");
-    let pool = Pool::new(&url, &p, "p", fast()).unwrap();
-    let net = support::Partition::to(&url).await;
-    let far = Pool::new(&net.url, &p, "p", fast()).unwrap();
+    let (p, pool, net, far) = across_a_partition(&url, "lostsubmit", fast()).await;
     let me = parent();
     // Connected before the cut, as a running coordinator is.
     assert!(far.outstanding(&me).await.unwrap().is_empty());
@@ -296,16 +304,8 @@ async fn a_submission_whose_answer_was_lost_is_sent_again_and_added_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_start_the_pool_never_confirmed_is_waited_for_and_reported_once() {
     let Some(url) = url() else { return };
-    let p = prefix("unconfirmed");
-    let pool = Pool::new(&url, &p, "p", fast()).unwrap();
-    let net = support::Partition::to(&url).await;
-    let far = Pool::new(
-        &net.url,
-        &p,
-        "p",
-        fast().with_lost_after(Duration::from_secs(3)),
-    )
-    .unwrap();
+    let lost_soon = fast().with_lost_after(Duration::from_secs(3));
+    let (_, pool, net, far) = across_a_partition(&url, "unconfirmed", lost_soon).await;
     let (w1, s1) = start_worker(&pool, "w1", answering(Duration::from_millis(20)));
     let (mut agent, asked) = coordinator_of(&far, 1).await;
     let me = *agent.id();
@@ -556,10 +556,7 @@ async fn a_long_task_on_a_live_worker_keeps_its_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_worker_cut_off_from_redis_stops_its_run_and_the_task_is_reported_once() {
     let Some(url) = url() else { return };
-    let p = prefix("partition");
-    let pool = Pool::new(&url, &p, "p", fast()).unwrap();
-    let net = support::Partition::to(&url).await;
-    let far = Pool::new(&net.url, &p, "p", fast()).unwrap();
+    let (p, pool, net, far) = across_a_partition(&url, "partition", fast()).await;
     // One turn that calls a tool (15 tokens), then a model that never answers.
     let model: Arc<dyn Backend> =
         Arc::new(ScriptedBackend::from_async_fn(|r: Request| async move {
