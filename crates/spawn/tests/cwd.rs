@@ -349,3 +349,19 @@ async fn a_cwd_whose_writer_tool_cannot_move_is_refused() {
         )
     );
 }
+
+/// A host that itself works in a worktree (its `cwd_root` inside a `.forkhive/worktrees`)
+/// may start children in its directories: only worktrees below the root are refused.
+#[tokio::test]
+async fn a_root_inside_a_worktree_still_offers_its_own_directories() {
+    let top = tempfile::tempdir().unwrap();
+    let root = top.path().join(".forkhive/worktrees/host");
+    std::fs::create_dir_all(root.join("app")).unwrap();
+    std::fs::write(root.join("app/app.txt"), "a").unwrap();
+    let config = AgentToolConfig::default()
+        .with_registry(worker())
+        .with_cwd_root(Some(root.clone()));
+    let (got, answers) = round_and_answers(config, &root, &[&call("app")]).await;
+    assert!(!got[0].1, "{got:?}");
+    assert!(answers[0].contains("app.txt"), "{answers:?}");
+}

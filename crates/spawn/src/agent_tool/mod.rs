@@ -1529,12 +1529,13 @@ async fn resolve_cwd(
              work"
         ));
     }
-    // Worktrees are made under the repository's top level, which `root` may be above or
-    // below: any `.forkhive/worktrees` on the way is theirs.
+    // Worktrees are made under the repository's top level, which `root` may be above: any
+    // `.forkhive/worktrees` below `root` is theirs (a `root` that is itself inside one, a
+    // host working in a worktree, is the host's choice).
     let trees: Vec<std::path::Component<'_>> = Path::new(crate::worktree::DEFAULT_ROOT)
         .components()
         .collect();
-    let parts: Vec<std::path::Component<'_>> = at.components().collect();
+    let parts: Vec<std::path::Component<'_>> = inside.components().collect();
     if parts.windows(trees.len()).any(|w| w == trees.as_slice()) {
         return Err(format!(
             "`cwd` `{asked}` is inside `{}`, where agents have their worktrees; name a \
