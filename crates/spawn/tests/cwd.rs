@@ -365,3 +365,92 @@ async fn a_root_inside_a_worktree_still_offers_its_own_directories() {
     assert!(!got[0].1, "{got:?}");
     assert!(answers[0].contains("app.txt"), "{answers:?}");
 }
+
+/// A teammate started with `cwd` works there too: its `LS` lists the directory, its context
+/// names it, and it keeps `SendMessage` to reach its lead; the lead then shuts it down.
+#[tokio::test]
+async fn a_teammate_started_in_a_cwd_works_there() {
+    use forkhive_spawn::control::SendMessageTool;
+    use forkhive_spawn::mailbox::MemoryMailbox;
+    use forkhive_spawn::team::Team;
+
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("app")).unwrap();
+    std::fs::write(root.path().join("app/app.txt"), "a").unwrap();
+    std::fs::write(root.path().join("top.txt"), "t").unwrap();
+    let real_app = std::fs::canonicalize(root.path().join("app")).unwrap();
+    let b = brain(|r| {
+        let text = text_of(r);
+        if !is_parent(r) {
+            if !has_tool_result(r) {
+                return Plan::Reply(calls(&[("l1", "LS", "{}")]));
+            }
+            if called(r, "SendMessage") == 0 {
+                let (_, listing, _) = results(r).pop().unwrap();
+                let cwd: Vec<&str> = r
+                    .prefix
+                    .user_context()
+                    .iter()
+                    .filter(|(k, _)| k == "cwd")
+                    .map(|(_, v)| v.as_str())
+                    .collect();
+                let note = format!("listed {} in {}", listing.replace('\n', ","), cwd.join("|"));
+                return Plan::Reply(calls(&[(
+                    "s1",
+                    "SendMessage",
+                    &serde_json::json!({"to": "team-lead", "message": note}).to_string(),
+                )]));
+            }
+            return Plan::Reply(say("done"));
+        }
+        if r.all_messages().len() == 1 {
+            return Plan::Reply(calls(&[(
+                "a1",
+                "Agent",
+                r#"{"description":"alice","prompt":"task for alice","subagent_type":"worker","name":"alice","team_name":"review","cwd":"app"}"#,
+            )]));
+        }
+        if idle_notices(&text) > 0 && called(r, "shutdown_request") == 0 {
+            return Plan::Reply(calls(&[(
+                "x",
+                "SendMessage",
+                r#"{"to":"alice","message":{"type":"shutdown_request"}}"#,
+            )]));
+        }
+        Plan::Reply(say("ok"))
+    });
+    let config = AgentToolConfig::default()
+        .with_registry(worker())
+        .with_teams_enabled(true)
+        .with_warm_fanout(None)
+        .with_cwd_root(Some(root.path().to_path_buf()));
+    let tools = ToolPool::new([
+        AgentTool::new(config).unwrap().arc(),
+        Arc::new(SendMessageTool::new().unwrap()) as Arc<dyn Tool>,
+        Arc::new(ListDir::new(root.path()).await.unwrap()) as Arc<dyn Tool>,
+    ])
+    .unwrap();
+    let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
+    let mut lead = Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(tools)
+        .extension(Arc::clone(&team))
+        .limits(forkhive_spawn::runtime::Limits::default().with_max_turns(Some(40)))
+        .build()
+        .await
+        .unwrap();
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
+        .await
+        .expect("the lead's run returned");
+    assert_eq!(run.stop, StopReason::Completed, "{:?}", run.error);
+    let all = format!("{:?}", lead.params().messages());
+    assert!(
+        all.contains(&format!("listed app.txt in {}", real_app.display())),
+        "{all}"
+    );
+    assert!(
+        !all.contains("top.txt"),
+        "the teammate listed its lead's directory: {all}"
+    );
+}
