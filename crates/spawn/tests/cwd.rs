@@ -431,15 +431,7 @@ async fn a_teammate_started_in_a_cwd_works_there() {
     ])
     .unwrap();
     let team = Arc::new(Team::new("review", Arc::new(MemoryMailbox::new())).unwrap());
-    let mut lead = Agent::builder(b)
-        .model("m")
-        .system_prompt("You are the parent.")
-        .tools(tools)
-        .extension(Arc::clone(&team))
-        .limits(forkhive_spawn::runtime::Limits::default().with_max_turns(Some(40)))
-        .build()
-        .await
-        .unwrap();
+    let mut lead = lead_in(&team, b, tools).await;
     let run = tokio::time::timeout(std::time::Duration::from_secs(20), lead.run("go"))
         .await
         .expect("the lead's run returned");

@@ -41,19 +41,6 @@ fn lead_tools_with(extra: Vec<Arc<dyn Tool>>) -> ToolPool {
     ToolPool::new(tools).unwrap()
 }
 
-/// A lead with `tools` in `team`, its turns limited.
-async fn lead_in(team: &Arc<Team>, b: Arc<Brain>, tools: ToolPool) -> Agent {
-    Agent::builder(b)
-        .model("m")
-        .system_prompt("You are the parent.")
-        .tools(tools)
-        .extension(Arc::clone(team))
-        .limits(forkhive_spawn::runtime::Limits::default().with_max_turns(Some(40)))
-        .build()
-        .await
-        .unwrap()
-}
-
 /// The teammate's name a child request is for (its first message says `task for <name>`).
 fn who(r: &Request) -> String {
     let first = r.all_messages()[0].text();

@@ -586,6 +586,23 @@ impl forkhive_spawn::task::TaskRegistry for SlowRegistry {
     }
 }
 
+/// A lead ("You are the parent.") with `tools` in `team`, its turns limited to 40.
+pub(crate) async fn lead_in(
+    team: &Arc<forkhive_spawn::team::Team>,
+    b: Arc<Brain>,
+    tools: forkhive_spawn::tool::ToolPool,
+) -> forkhive_spawn::runtime::Agent {
+    forkhive_spawn::runtime::Agent::builder(b)
+        .model("m")
+        .system_prompt("You are the parent.")
+        .tools(tools)
+        .extension(Arc::clone(team))
+        .limits(forkhive_spawn::runtime::Limits::default().with_max_turns(Some(40)))
+        .build()
+        .await
+        .unwrap()
+}
+
 /// The Agent call that starts teammate `name` of team `review` (a `worker`).
 pub(crate) fn teammate(name: &str) -> String {
     format!(
