@@ -102,6 +102,29 @@ async fn across_a_partition(
     (p, pool, net, far)
 }
 
+/// `agent`'s run on a task of its own; the task hands the agent back with the run.
+fn run_aside(
+    mut agent: Agent,
+) -> tokio::task::JoinHandle<(Agent, forkhive_spawn::runtime::AgentRun)> {
+    tokio::spawn(async move {
+        let run = agent.run("go").await;
+        (agent, run)
+    })
+}
+
+/// Whether a [`coordinator_of`]'s model is asked again (its tool round has its answers)
+/// within `within`, looked at every `step`.
+async fn asked_again(asked: &AtomicUsize, within: Duration, step: Duration) -> bool {
+    let end = tokio::time::Instant::now() + within;
+    while asked.load(Ordering::SeqCst) < 2 {
+        if tokio::time::Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(step).await;
+    }
+    true
+}
+
 fn notifications(agent: &Agent) -> Vec<TaskNotification> {
     agent
         .params()
@@ -198,21 +221,13 @@ async fn a_coordinator_cut_off_from_redis_gets_each_notification_once_when_it_he
     let Some(url) = url() else { return };
     let (_, pool, net, far) = across_a_partition(&url, "cutcoord", fast()).await;
     let (w1, s1) = start_worker(&pool, "w1", answering(Duration::from_millis(300)));
-    let (mut agent, asked) = coordinator_of(&far, 5).await;
+    let (agent, asked) = coordinator_of(&far, 5).await;
     let me = *agent.id();
-    let running = tokio::spawn(async move {
-        let run = agent.run("go").await;
-        (agent, run)
-    });
+    let running = run_aside(agent);
     // Once its five tasks are submitted and their submissions answered (its model is asked
     // again), the coordinator is cut off. (Cut while an answer is on its way, a submission
     // would time out: an error result for that call, its task run all the same.)
-    for _ in 0..500 {
-        if asked.load(Ordering::SeqCst) >= 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    asked_again(&asked, Duration::from_secs(5), Duration::from_millis(10)).await;
     assert_eq!(pool.outstanding(&me).await.unwrap().len(), 5);
     net.cut(true);
     // The reports land in Redis meanwhile.
@@ -307,33 +322,18 @@ async fn a_start_the_pool_never_confirmed_is_waited_for_and_reported_once() {
     let lost_soon = fast().with_lost_after(Duration::from_secs(3));
     let (_, pool, net, far) = across_a_partition(&url, "unconfirmed", lost_soon).await;
     let (w1, s1) = start_worker(&pool, "w1", answering(Duration::from_millis(20)));
-    let (mut agent, asked) = coordinator_of(&far, 1).await;
+    let (agent, asked) = coordinator_of(&far, 1).await;
     let me = *agent.id();
     // Connected before the cut, as a running coordinator is.
     assert!(far.outstanding(&me).await.unwrap().is_empty());
     net.cut(true);
-    let running = tokio::spawn(async move {
-        let run = agent.run("go").await;
-        (agent, run)
-    });
+    let running = run_aside(agent);
     // Three tries of 10 s each, 1.5 s apart; then the model is asked again.
-    for _ in 0..600 {
-        if asked.load(Ordering::SeqCst) >= 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(asked.load(Ordering::SeqCst) >= 2, "the call answered");
+    assert!(
+        asked_again(&asked, Duration::from_secs(60), Duration::from_millis(100)).await,
+        "the call answered"
+    );
     net.cut(false);
-    for i in 0..20 {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        eprintln!(
-            "DIAG {i}: far outstanding {:?}; pool outstanding {:?}; pending {:?}",
-            far.outstanding(&me).await.map(|v| v.len()),
-            pool.outstanding(&me).await.map(|v| v.len()),
-            pool.queue().pending(&me).await.map(|v| v.len())
-        );
-    }
     let (agent, run) = tokio::time::timeout(Duration::from_secs(60), running)
         .await
         .expect("the coordinator's run ended once the network healed")
